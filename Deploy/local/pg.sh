@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# A private PostgreSQL cluster for local runs, tests and benchmarks.
+#
+#   pg.sh start DIR [PORT]   create (if needed) and start a cluster in DIR; prints its DATABASE_URL
+#   pg.sh stop DIR           stop it (fast shutdown)
+#   pg.sh url DIR            print the DATABASE_URL of a running cluster
+#
+# initdb refuses to run as root, so as root the cluster belongs to the `postgres` system user.
+# Extra server settings can be passed in PG_OPTIONS (e.g. "-c fsync=off" for throwaway clusters).
+set -euo pipefail
+
+bindir() {
+  local d
+  if command -v pg_config >/dev/null 2>&1; then
+    d=$(pg_config --bindir)
+    [ -x "$d/initdb" ] && { echo "$d"; return; }
+  fi
+  for d in $(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V -r); do
+    [ -x "$d/initdb" ] && { echo "$d"; return; }
+  done
+  echo "pg.sh: no PostgreSQL server binaries found (install postgresql)" >&2
+  exit 1
+}
+
+as_owner() {
+  if [ "$(id -u)" = 0 ]; then
+    runuser -u postgres -- "$@"
+  else
+    "$@"
+  fi
+}
+
+free_port() {
+  local p
+  for p in $(seq "${1:-55432}" 65000); do
+    if ! (exec 3<>/dev/tcp/127.0.0.1/"$p") 2>/dev/null; then
+      echo "$p"
+      return
+    fi
+  done
+  echo "pg.sh: no free port" >&2
+  exit 1
+}
+
+cmd=${1:-}
+dir=${2:-}
+[ -n "$cmd" ] && [ -n "$dir" ] || { sed -n '2,9p' "$0"; exit 2; }
+mkdir -p "$dir"
+dir=$(cd "$dir" && pwd)
+bin=$(bindir)
+
+case "$cmd" in
+  start)
+    if [ "$(id -u)" = 0 ]; then chown postgres: "$dir"; fi
+    if [ ! -f "$dir/PG_VERSION" ]; then
+      as_owner "$bin/initdb" -D "$dir" -U postgres --auth=trust -E UTF8 --locale=C.UTF-8 >"$dir/../$(basename "$dir").initdb.log" 2>&1 \
+        || as_owner "$bin/initdb" -D "$dir" -U postgres --auth=trust -E UTF8 --locale=C >"$dir/../$(basename "$dir").initdb.log" 2>&1
+    fi
+    if as_owner "$bin/pg_ctl" -D "$dir" status >/dev/null 2>&1; then
+      port=$(sed -n 4p "$dir/postmaster.pid")
+    else
+      port=${3:-$(free_port)}
+      # shellcheck disable=SC2086
+      as_owner "$bin/pg_ctl" -D "$dir" -w -t 60 -l "$dir/server.log" \
+        -o "-p $port -k $dir -c listen_addresses=127.0.0.1 -c max_connections=300 ${PG_OPTIONS:-}" start >/dev/null
+    fi
+    as_owner "$bin/psql" -h "$dir" -p "$port" -U postgres -d postgres -tAq \
+      -c "SELECT 1 FROM pg_database WHERE datname = 'marquee'" | grep -q 1 \
+      || as_owner "$bin/createdb" -h "$dir" -p "$port" -U postgres marquee
+    echo "postgresql://postgres@127.0.0.1:$port/marquee"
+    ;;
+  stop)
+    if [ -f "$dir/PG_VERSION" ]; then
+      as_owner "$bin/pg_ctl" -D "$dir" -m fast -w stop >/dev/null 2>&1 || true
+    fi
+    ;;
+  url)
+    port=$(sed -n 4p "$dir/postmaster.pid")
+    echo "postgresql://postgres@127.0.0.1:$port/marquee"
+    ;;
+  *)
+    sed -n '2,9p' "$0"
+    exit 2
+    ;;
+esac

@@ -1,0 +1,78 @@
+// swift-tools-version:6.0
+import PackageDescription
+
+/// Settings shared by every Swift target.
+let swiftSettings: [SwiftSetting] = [
+    .enableUpcomingFeature("ExistentialAny"),
+    .enableUpcomingFeature("MemberImportVisibility"),
+]
+
+let package = Package(
+    name: "Marquee",
+    platforms: [.macOS(.v15)],
+    products: [
+        .executable(name: "marquee", targets: ["marquee"])
+    ],
+    targets: [
+        // MARK: C libraries from Debian
+        .systemLibrary(
+            name: "CLibPQ",
+            pkgConfig: "libpq",
+            providers: [.apt(["libpq-dev"])]
+        ),
+        .systemLibrary(
+            name: "COpenSSL",
+            pkgConfig: "openssl",
+            providers: [.apt(["libssl-dev"])]
+        ),
+        .systemLibrary(
+            name: "CNGHTTP2",
+            pkgConfig: "libnghttp2",
+            providers: [.apt(["libnghttp2-dev"])]
+        ),
+        .systemLibrary(
+            name: "CMicroHTTPD",
+            pkgConfig: "libmicrohttpd",
+            providers: [.apt(["libmicrohttpd-dev"])]
+        ),
+
+        // MARK: Wire-level modules (know nothing of Marquee)
+        .target(name: "PostgresClient", dependencies: ["CLibPQ"], swiftSettings: swiftSettings),
+        .target(name: "HTTPServer", dependencies: ["CMicroHTTPD"], swiftSettings: swiftSettings),
+        .target(name: "Crypto", dependencies: ["COpenSSL"], swiftSettings: swiftSettings),
+        .target(name: "Observability", swiftSettings: swiftSettings),
+
+        // MARK: Marquee
+        .target(name: "MarqueeCore", swiftSettings: swiftSettings),
+        .target(
+            name: "MarqueeStore",
+            dependencies: ["MarqueeCore", "PostgresClient", "Crypto"],
+            swiftSettings: swiftSettings
+        ),
+        .target(
+            name: "MarqueeAPI",
+            dependencies: ["MarqueeCore", "MarqueeStore", "HTTPServer", "Observability", "PostgresClient"],
+            swiftSettings: swiftSettings
+        ),
+        .executableTarget(
+            name: "marquee",
+            dependencies: [
+                "MarqueeCore", "MarqueeStore", "MarqueeAPI", "PostgresClient", "HTTPServer", "Crypto",
+                "Observability",
+            ],
+            swiftSettings: swiftSettings
+        ),
+
+        // MARK: Tests
+        .testTarget(name: "PostgresClientTests", dependencies: ["PostgresClient"], swiftSettings: swiftSettings),
+        .testTarget(name: "HTTPServerTests", dependencies: ["HTTPServer"], swiftSettings: swiftSettings),
+        .testTarget(name: "CryptoTests", dependencies: ["Crypto"], swiftSettings: swiftSettings),
+        .testTarget(name: "ObservabilityTests", dependencies: ["Observability"], swiftSettings: swiftSettings),
+        .testTarget(name: "MarqueeCoreTests", dependencies: ["MarqueeCore"], swiftSettings: swiftSettings),
+        .testTarget(
+            name: "IntegrationTests",
+            dependencies: ["MarqueeCore", "MarqueeStore", "MarqueeAPI", "PostgresClient", "HTTPServer", "Observability"],
+            swiftSettings: swiftSettings
+        ),
+    ]
+)

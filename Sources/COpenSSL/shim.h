@@ -1,0 +1,29 @@
+#ifndef COPENSSL_SHIM_H
+#define COPENSSL_SHIM_H
+#include <openssl/bio.h>
+#include <openssl/bn.h>
+#include <openssl/crypto.h>
+#include <openssl/ec.h>
+#include <openssl/ecdsa.h>
+#include <openssl/err.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/pem.h>
+#include <openssl/rand.h>
+#include <openssl/rsa.h>
+#include <openssl/sha.h>
+#include <openssl/ssl.h>
+#include <openssl/x509.h>
+#include <openssl/x509v3.h>
+
+// Macros that Swift cannot import, wrapped as functions.
+static inline long copenssl_SSL_set_tlsext_host_name(SSL *ssl, const char *name) {
+    return SSL_set_tlsext_host_name(ssl, name);
+}
+static inline long copenssl_SSL_CTX_set_min_proto_version(SSL_CTX *ctx, int version) {
+    return SSL_CTX_set_min_proto_version(ctx, version);
+}
+static inline int copenssl_EVP_CTRL_GCM_SET_IVLEN(void) { return EVP_CTRL_GCM_SET_IVLEN; }
+static inline int copenssl_EVP_CTRL_GCM_GET_TAG(void) { return EVP_CTRL_GCM_GET_TAG; }
+static inline int copenssl_EVP_CTRL_GCM_SET_TAG(void) { return EVP_CTRL_GCM_SET_TAG; }
+#endif
