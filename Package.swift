@@ -41,6 +41,7 @@ let package = Package(
         .target(name: "HTTPServer", dependencies: ["CMicroHTTPD"], swiftSettings: swiftSettings),
         .target(name: "Crypto", dependencies: ["COpenSSL"], swiftSettings: swiftSettings),
         .target(name: "Observability", swiftSettings: swiftSettings),
+        .target(name: "ServiceLifecycle", dependencies: ["Observability"], swiftSettings: swiftSettings),
 
         // MARK: Marquee
         .target(name: "MarqueeCore", swiftSettings: swiftSettings),
@@ -58,7 +59,7 @@ let package = Package(
             name: "marquee",
             dependencies: [
                 "MarqueeCore", "MarqueeStore", "MarqueeAPI", "PostgresClient", "HTTPServer", "Crypto",
-                "Observability",
+                "Observability", "ServiceLifecycle",
             ],
             swiftSettings: swiftSettings
         ),
@@ -68,6 +69,9 @@ let package = Package(
         .testTarget(name: "HTTPServerTests", dependencies: ["HTTPServer"], swiftSettings: swiftSettings),
         .testTarget(name: "CryptoTests", dependencies: ["Crypto"], swiftSettings: swiftSettings),
         .testTarget(name: "ObservabilityTests", dependencies: ["Observability"], swiftSettings: swiftSettings),
+        .testTarget(
+            name: "ServiceLifecycleTests", dependencies: ["ServiceLifecycle", "Observability"],
+            swiftSettings: swiftSettings),
         .testTarget(name: "MarqueeCoreTests", dependencies: ["MarqueeCore"], swiftSettings: swiftSettings),
         .testTarget(
             name: "IntegrationTests",

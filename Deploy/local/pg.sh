@@ -4,6 +4,7 @@
 #   pg.sh start DIR [PORT]   create (if needed) and start a cluster in DIR; prints its DATABASE_URL
 #   pg.sh stop DIR           stop it (fast shutdown)
 #   pg.sh url DIR            print the DATABASE_URL of a running cluster
+#   pg.sh crash DIR          stop it the hard way (immediate mode), as a crash would
 #
 # initdb refuses to run as root, so as root the cluster belongs to the `postgres` system user.
 # Extra server settings can be passed in PG_OPTIONS (e.g. "-c fsync=off" for throwaway clusters).
@@ -44,7 +45,7 @@ free_port() {
 
 cmd=${1:-}
 dir=${2:-}
-[ -n "$cmd" ] && [ -n "$dir" ] || { sed -n '2,9p' "$0"; exit 2; }
+[ -n "$cmd" ] && [ -n "$dir" ] || { sed -n '2,10p' "$0"; exit 2; }
 mkdir -p "$dir"
 dir=$(cd "$dir" && pwd)
 bin=$(bindir)
@@ -74,12 +75,15 @@ case "$cmd" in
       as_owner "$bin/pg_ctl" -D "$dir" -m fast -w stop >/dev/null 2>&1 || true
     fi
     ;;
+  crash)
+    as_owner "$bin/pg_ctl" -D "$dir" -m immediate -w stop >/dev/null
+    ;;
   url)
     port=$(sed -n 4p "$dir/postmaster.pid")
     echo "postgresql://postgres@127.0.0.1:$port/marquee"
     ;;
   *)
-    sed -n '2,9p' "$0"
+    sed -n '2,10p' "$0"
     exit 2
     ;;
 esac

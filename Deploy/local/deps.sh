@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Installs the Debian packages Marquee needs to build, test and run locally, when they are missing.
+# Uses sudo when not root. The Swift toolchain itself is not a Debian package: it must already be on PATH.
+set -euo pipefail
+
+packages=(postgresql libpq-dev libssl-dev openssl libnghttp2-dev libmicrohttpd-dev pkg-config make curl ca-certificates)
+[ -n "${MARQUEE_EXTRA_PACKAGES:-}" ] && read -r -a extra <<<"$MARQUEE_EXTRA_PACKAGES" && packages+=("${extra[@]}")
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "deps: installing ${missing[*]}" >&2
+  sudo=""
+  [ "$(id -u)" = 0 ] || sudo="sudo"
+  $sudo env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+  $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  # Debian starts a default cluster on install; Marquee uses its own private clusters instead.
+fi
+
+if ! command -v swift >/dev/null 2>&1; then
+  echo "deps: the Swift 6 toolchain is not on PATH (expected e.g. /opt/swift/usr/bin)" >&2
+  exit 1
+fi

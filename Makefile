@@ -1,0 +1,33 @@
+# Marquee: the two commands the README promises, and a few helpers.
+.PHONY: run test build lint format deps bench-pg-bulk bench-http clean
+
+## Build in release mode and run everything locally (private PostgreSQL under .data/).
+run:
+	@Deploy/local/run.sh
+
+## Run the whole test suite against a throwaway PostgreSQL cluster.
+test:
+	@Deploy/local/test.sh
+
+## Install missing Debian packages.
+deps:
+	@Deploy/local/deps.sh
+
+build: deps
+	swift build -c release
+
+## swift format, strict: any finding fails.
+lint:
+	swift format lint --strict --recursive Package.swift Sources Tests bench
+
+format:
+	swift format --in-place --recursive Package.swift Sources Tests bench
+
+bench-pg-bulk:
+	@bench/pg-bulk/run.sh
+
+bench-http:
+	@bench/http/run.sh
+
+clean:
+	rm -rf .build

@@ -1,0 +1,146 @@
+import Foundation
+
+/// Marquee's process configuration, read from environment variables and validated at start.
+///
+/// Names are fixed because tools and scripts depend on them; the README's configuration table lists them all.
+public struct MarqueeConfiguration: Sendable, Equatable {
+    /// A `host:port` pair to listen on.
+    public struct ListenAddress: Sendable, Equatable, CustomStringConvertible {
+        public var host: String
+        public var port: Int
+
+        public init(host: String, port: Int) {
+            self.host = host
+            self.port = port
+        }
+
+        /// Parses `host:port`, `[v6]:port` or `:port` (all interfaces).
+        public init?(_ text: String) {
+            let hostPart: Substring
+            let portPart: Substring
+            if text.hasPrefix("[") {
+                guard let close = text.firstIndex(of: "]"), text[text.index(after: close)...].hasPrefix(":") else {
+                    return nil
+                }
+                hostPart = text[text.index(after: text.startIndex)..<close]
+                portPart = text[text.index(close, offsetBy: 2)...]
+            } else {
+                guard let colon = text.lastIndex(of: ":") else { return nil }
+                hostPart = text[..<colon]
+                portPart = text[text.index(after: colon)...]
+                if hostPart.contains(":") { return nil }
+            }
+            guard let port = Int(portPart), (0...65535).contains(port) else { return nil }
+            self.host = hostPart.isEmpty ? "0.0.0.0" : String(hostPart)
+            self.port = port
+        }
+
+        public var description: String { host.contains(":") ? "[\(host)]:\(port)" : "\(host):\(port)" }
+    }
+
+    /// `DATABASE_URL`: libpq URI or conninfo. Required by every command that touches the database.
+    public var databaseURL: String?
+    /// `MARQUEE_LISTEN`: the API's address. Default `127.0.0.1:8080`.
+    public var listen: ListenAddress
+    /// `MARQUEE_LOG_LEVEL`: `trace` … `critical`. Default `info`.
+    public var logLevel: String
+    /// `MARQUEE_MASTER_KEY`: base64 of 32 bytes; seals tenant secrets at rest.
+    public var masterKey: [UInt8]?
+    /// `MARQUEE_ADMIN_TOKEN`: bearer token for `/admin/v1/…`; the admin API is off when unset.
+    public var adminToken: String?
+    /// `MARQUEE_DB_POOL_SIZE`: connections per process. Default 16.
+    public var databasePoolSize: Int
+    /// `MARQUEE_HTTP_THREADS`: listener threads. Default: the number of cores, at least 2.
+    public var httpThreads: Int
+    /// `MARQUEE_MAX_BODY_BYTES`: request body limit. Default 1 MiB.
+    public var maxBodyBytes: Int
+    /// `MARQUEE_DRAIN_TIMEOUT`: seconds to finish in-flight work on SIGTERM. Default 30.
+    public var drainTimeoutSeconds: Int
+    /// `MARQUEE_MIGRATIONS_DIR`: where the numbered `.sql` files are. Default: found next to the binary or in `./Migrations`.
+    public var migrationsDirectory: String?
+
+    /// A configuration problem, naming the variable at fault (never its value, which may be a secret).
+    public struct Problem: Error, Sendable, Equatable, CustomStringConvertible {
+        public var variable: String
+        public var reason: String
+        public var description: String { "\(variable): \(reason)" }
+    }
+
+    /// Reads and validates the configuration; collects every problem rather than stopping at the first.
+    public init(environment: [String: String]) throws(ConfigurationError) {
+        var problems: [Problem] = []
+        func value(_ name: String) -> String? {
+            guard let v = environment[name]?.trimmingCharacters(in: .whitespaces), !v.isEmpty else { return nil }
+            return v
+        }
+        func integer(_ name: String, default def: Int, range: ClosedRange<Int>) -> Int {
+            guard let text = value(name) else { return def }
+            guard let n = Int(text), range.contains(n) else {
+                problems.append(Problem(variable: name, reason: "must be an integer in \(range.lowerBound)...\(range.upperBound)"))
+                return def
+            }
+            return n
+        }
+
+        databaseURL = value("DATABASE_URL")
+
+        if let text = value("MARQUEE_LISTEN") {
+            if let address = ListenAddress(text) {
+                listen = address
+            } else {
+                problems.append(Problem(variable: "MARQUEE_LISTEN", reason: "must be host:port, e.g. 127.0.0.1:8080"))
+                listen = ListenAddress(host: "127.0.0.1", port: 8080)
+            }
+        } else {
+            listen = ListenAddress(host: "127.0.0.1", port: 8080)
+        }
+
+        let levels = ["trace", "debug", "info", "notice", "warning", "warn", "error", "critical"]
+        let level = value("MARQUEE_LOG_LEVEL")?.lowercased() ?? "info"
+        if levels.contains(level) {
+            logLevel = level
+        } else {
+            problems.append(Problem(variable: "MARQUEE_LOG_LEVEL", reason: "must be one of \(levels.joined(separator: ", "))"))
+            logLevel = "info"
+        }
+
+        masterKey = nil
+        if let text = value("MARQUEE_MASTER_KEY") {
+            if let data = Data(base64Encoded: text), data.count == 32 {
+                masterKey = Array(data)
+            } else {
+                problems.append(Problem(variable: "MARQUEE_MASTER_KEY", reason: "must be the base64 encoding of exactly 32 bytes"))
+            }
+        }
+
+        adminToken = value("MARQUEE_ADMIN_TOKEN")
+        if let token = adminToken, token.utf8.count < 16 {
+            problems.append(Problem(variable: "MARQUEE_ADMIN_TOKEN", reason: "must be at least 16 characters"))
+        }
+
+        databasePoolSize = integer("MARQUEE_DB_POOL_SIZE", default: 16, range: 1...500)
+        httpThreads = integer(
+            "MARQUEE_HTTP_THREADS", default: max(2, ProcessInfo.processInfo.activeProcessorCount), range: 1...256)
+        maxBodyBytes = integer("MARQUEE_MAX_BODY_BYTES", default: 1 << 20, range: 1024...(64 << 20))
+        drainTimeoutSeconds = integer("MARQUEE_DRAIN_TIMEOUT", default: 30, range: 1...3600)
+        migrationsDirectory = value("MARQUEE_MIGRATIONS_DIR")
+
+        if !problems.isEmpty { throw ConfigurationError(problems: problems) }
+    }
+
+    /// The database URL, or a problem saying it is required.
+    public func requireDatabaseURL() throws(ConfigurationError) -> String {
+        guard let url = databaseURL else {
+            throw ConfigurationError(problems: [Problem(variable: "DATABASE_URL", reason: "is required")])
+        }
+        return url
+    }
+}
+
+/// One or more configuration problems; `description` lists them one per line.
+public struct ConfigurationError: Error, Sendable, Equatable, CustomStringConvertible {
+    public var problems: [MarqueeConfiguration.Problem]
+    public var description: String {
+        "invalid configuration:\n" + problems.map { "  \($0)" }.joined(separator: "\n")
+    }
+}

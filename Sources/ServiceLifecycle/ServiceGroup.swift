@@ -1,0 +1,185 @@
+import Dispatch
+import Foundation
+import Observability
+import Synchronization
+
+/// A long-lived component: an HTTP listener, a connection pool's health checker, a worker loop.
+///
+/// `run()` works until its task is cancelled, then finishes what is in flight (drains) and returns. Throwing means
+/// the component failed; the group then stops the others.
+public protocol Service: Sendable {
+    func run() async throws
+}
+
+/// A service made from a closure, for small components.
+public struct ClosureService: Service {
+    private let body: @Sendable () async throws -> Void
+    public init(_ body: @escaping @Sendable () async throws -> Void) { self.body = body }
+    public func run() async throws { try await body() }
+}
+
+/// Runs services together and shuts them all down on SIGTERM/SIGINT, or when any one of them stops.
+///
+/// Shutdown is cancellation: every service's task is cancelled and the group waits for all of them to return, up to
+/// `drainTimeout`; past that, or on a second signal, the process exits at once with status 1.
+public struct ServiceGroup: Sendable {
+    public struct Configuration: Sendable {
+        /// Signals that start a graceful shutdown. Default SIGTERM and SIGINT.
+        public var signals: [Int32]
+        /// How long services may take to drain after shutdown begins. Default 30 s.
+        public var drainTimeout: Duration
+
+        public init(signals: [Int32] = [SIGTERM, SIGINT], drainTimeout: Duration = .seconds(30)) {
+            self.signals = signals
+            self.drainTimeout = drainTimeout
+        }
+    }
+
+    /// Why the group stopped.
+    public enum StopReason: Sendable, Equatable {
+        case signal(Int32)
+        case serviceFinished(String)
+        case serviceFailed(String)
+        case cancelled
+    }
+
+    private let services: [(name: String, service: any Service)]
+    private let configuration: Configuration
+    private let logger: Logger
+
+    public init(
+        services: [(name: String, service: any Service)], configuration: Configuration = .init(), logger: Logger
+    ) {
+        self.services = services
+        self.configuration = configuration
+        self.logger = logger
+    }
+
+    private enum Event: Sendable {
+        case signal(Int32)
+        case finished(String)
+        case failed(String, any Error)
+    }
+
+    /// Runs every service until shutdown; rethrows the first service error, if any.
+    @discardableResult
+    public func run() async throws -> StopReason {
+        let signals = SignalStream(signals: configuration.signals)
+        defer { signals.cancel() }
+        return try await withThrowingTaskGroup(of: Event?.self) { group in
+            for (name, service) in services {
+                group.addTask {
+                    do {
+                        try await service.run()
+                        return .finished(name)
+                    } catch {
+                        return .failed(name, error)
+                    }
+                }
+            }
+            group.addTask {
+                for await signal in signals.stream {
+                    return .signal(signal)
+                }
+                return nil
+            }
+
+            var reason = StopReason.cancelled
+            var firstError: (any Error)?
+            if let first = try await group.next() ?? nil {
+                switch first {
+                case .signal(let signal):
+                    reason = .signal(signal)
+                    logger.notice(
+                        "shutting down", metadata: ["signal": .int(Int(signal)), "drain.timeout": .string("\(configuration.drainTimeout)")])
+                case .finished(let name):
+                    reason = .serviceFinished(name)
+                    logger.notice("service stopped; shutting down the others", metadata: ["service": .string(name)])
+                case .failed(let name, let error):
+                    reason = .serviceFailed(name)
+                    firstError = error
+                    logger.error(
+                        "service failed; shutting down the others",
+                        metadata: ["service": .string(name), "error": .string(String(describing: error))])
+                }
+            }
+            group.cancelAll()
+            let watchdog = Watchdog(timeout: configuration.drainTimeout, signals: signals, logger: logger)
+            defer { watchdog.disarm() }
+            while let event = try await group.next() {
+                if case .failed(let name, let error)? = event {
+                    if error is CancellationError { continue }
+                    logger.warning(
+                        "service failed while draining",
+                        metadata: ["service": .string(name), "error": .string(String(describing: error))])
+                    if firstError == nil { firstError = error }
+                }
+            }
+            if let firstError { throw firstError }
+            return reason
+        }
+    }
+}
+
+/// Bridges POSIX signals to an AsyncStream through Dispatch signal sources.
+final class SignalStream: Sendable {
+    let stream: AsyncStream<Int32>
+    private let sources: Mutex<[any DispatchSourceSignal]>
+    private let continuation: AsyncStream<Int32>.Continuation
+
+    init(signals: [Int32]) {
+        let (stream, continuation) = AsyncStream<Int32>.makeStream()
+        self.stream = stream
+        self.continuation = continuation
+        var sources: [any DispatchSourceSignal] = []
+        for sig in signals {
+            signal(sig, SIG_IGN)
+            let source = DispatchSource.makeSignalSource(signal: sig, queue: .global())
+            source.setEventHandler { continuation.yield(sig) }
+            source.resume()
+            sources.append(source)
+        }
+        self.sources = Mutex(sources)
+    }
+
+    /// Observes later signals during the drain: a second one forces an exit.
+    func onNextSignal(_ handler: @escaping @Sendable (Int32) -> Void) {
+        sources.withLock { sources in
+            for source in sources {
+                let sig = Int32(source.handle)
+                source.setEventHandler { handler(sig) }
+            }
+        }
+    }
+
+    func cancel() {
+        sources.withLock { sources in
+            for source in sources { source.cancel() }
+        }
+        continuation.finish()
+    }
+}
+
+/// Forces the process out if the drain takes too long or the operator signals again.
+final class Watchdog: Sendable {
+    private let timer: Mutex<any DispatchSourceTimer>
+
+    init(timeout: Duration, signals: SignalStream, logger: Logger) {
+        let timer = DispatchSource.makeTimerSource(queue: .global())
+        let (seconds, attoseconds) = timeout.components
+        let nanos = Int(seconds) * 1_000_000_000 + Int(attoseconds / 1_000_000_000)
+        timer.schedule(deadline: .now() + .nanoseconds(nanos))
+        timer.setEventHandler {
+            logger.critical("drain timed out; exiting")
+            exit(1)
+        }
+        timer.resume()
+        self.timer = Mutex(timer)
+        signals.onNextSignal { sig in
+            logger.critical("second signal during drain; exiting", metadata: ["signal": .int(Int(sig))])
+            exit(1)
+        }
+    }
+
+    func disarm() { timer.withLock { $0.cancel() } }
+}

@@ -1,0 +1,69 @@
+import Foundation
+import MarqueeCore
+import Observability
+
+/// The `marquee` command line: parses the subcommand and hands over to it.
+@main
+struct Marquee {
+    static let usage = """
+        usage: marquee <command> [options]
+
+        commands:
+          serve              run the REST API (MARQUEE_LISTEN, DATABASE_URL)
+          migrate            apply pending migrations (safe to run concurrently)
+          migrate --status   show applied and pending migrations; exit 1 if not current
+          version            print the version
+          help               show this text
+
+        Configuration comes from the environment; see the README's configuration table.
+        """
+
+    static func main() async {
+        var arguments = Array(CommandLine.arguments.dropFirst())
+        guard !arguments.isEmpty else {
+            FileHandle.standardError.write(Data((usage + "\n").utf8))
+            exit(2)
+        }
+        let command = arguments.removeFirst()
+        do {
+            switch command {
+            case "serve":
+                try await ServeCommand(arguments: arguments).run()
+            case "migrate":
+                try await MigrateCommand(arguments: arguments).run()
+            case "version", "--version":
+                print("marquee \(MarqueeVersion.current)")
+            case "help", "--help", "-h":
+                print(usage)
+            default:
+                throw UsageError("unknown command '\(command)'")
+            }
+        } catch let error as UsageError {
+            FileHandle.standardError.write(Data("marquee: \(error.message)\n\n\(usage)\n".utf8))
+            exit(2)
+        } catch let error as ConfigurationError {
+            FileHandle.standardError.write(Data("marquee: \(error)\n".utf8))
+            exit(2)
+        } catch {
+            FileHandle.standardError.write(Data("marquee: \(error)\n".utf8))
+            exit(1)
+        }
+    }
+}
+
+/// A mistake in the command line.
+struct UsageError: Error {
+    var message: String
+    init(_ message: String) { self.message = message }
+}
+
+/// Shared start-up steps of every command.
+enum Startup {
+    static func configuration() throws -> MarqueeConfiguration {
+        try MarqueeConfiguration(environment: ProcessInfo.processInfo.environment)
+    }
+
+    static func logger(_ label: String, _ configuration: MarqueeConfiguration) -> Logger {
+        Logger(label: label, level: LogLevel(string: configuration.logLevel) ?? .info)
+    }
+}

@@ -1,0 +1,65 @@
+import Foundation
+import MarqueeCore
+import MarqueeStore
+import Observability
+import PostgresClient
+
+/// `marquee migrate [--status]`.
+struct MigrateCommand {
+    var statusOnly = false
+
+    init(arguments: [String]) throws {
+        for argument in arguments {
+            switch argument {
+            case "--status": statusOnly = true
+            default: throw UsageError("migrate: unknown option '\(argument)'")
+            }
+        }
+    }
+
+    func run() async throws {
+        let configuration = try Startup.configuration()
+        let logger = Startup.logger("marquee.migrate", configuration)
+        let migrations = try Database.migrations(configuration)
+        var pgConfiguration = try PostgresConfiguration(url: try configuration.requireDatabaseURL())
+        pgConfiguration.applicationName = "marquee-migrate"
+        let pool = PostgresPool(pgConfiguration, options: .init(maxConnections: 1))
+        defer { pool.close() }
+        let migrator = Migrator(pool: pool, migrations: migrations)
+
+        if statusOnly {
+            let status = try await migrator.status()
+            for migration in migrations {
+                let state =
+                    status.changed.contains(migration.version)
+                    ? "CHANGED" : status.pending.contains(migration) ? "pending" : "applied"
+                print("\(state)\t\(migration.fileName)")
+            }
+            for version in status.unknown { print("unknown\t\(version) (applied by a newer release)") }
+            if !status.isCurrent { exit(1) }
+            return
+        }
+
+        let applied = try await migrator.migrate { migration, elapsed in
+            logger.info(
+                "migration applied",
+                metadata: [
+                    "migration.version": .int(migration.version), "migration.name": .string(migration.name),
+                    "duration.ms": .double(Double(elapsed.components.seconds) * 1000 + Double(elapsed.components.attoseconds) / 1e15),
+                ])
+        }
+        logger.info(
+            applied.isEmpty ? "database is current" : "migrations done",
+            metadata: ["migrations.applied": .int(applied.count), "migrations.known": .int(migrations.count)])
+    }
+}
+
+/// Database set-up shared by commands.
+enum Database {
+    static func migrations(_ configuration: MarqueeConfiguration) throws -> [Migration] {
+        guard let directory = MigrationFiles.locate(explicit: configuration.migrationsDirectory) else {
+            throw MigrationError(code: .directoryNotFound, subject: "Migrations (set MARQUEE_MIGRATIONS_DIR)")
+        }
+        return try MigrationFiles.load(directory: directory)
+    }
+}

@@ -1,0 +1,97 @@
+import Foundation
+import HTTPServer
+import MarqueeAPI
+import MarqueeCore
+import MarqueeStore
+import Observability
+import PostgresClient
+import ServiceLifecycle
+
+/// `marquee serve`: the REST API.
+struct ServeCommand {
+    init(arguments: [String]) throws {
+        if let first = arguments.first { throw UsageError("serve: unknown option '\(first)'") }
+    }
+
+    func run() async throws {
+        let configuration = try Startup.configuration()
+        let logger = Startup.logger("marquee.api", configuration)
+        let migrations = try Database.migrations(configuration)
+
+        var pgConfiguration = try PostgresConfiguration(url: try configuration.requireDatabaseURL())
+        pgConfiguration.applicationName = "marquee-serve"
+        let pool = PostgresPool(pgConfiguration, options: .init(maxConnections: configuration.databasePoolSize))
+        let migrator = Migrator(pool: pool, migrations: migrations)
+        let metrics = MetricsRegistry()
+        let httpMetrics = HTTPMetrics(registry: metrics)
+
+        var router = Router()
+        SystemRoutes(pool: pool, migrator: migrator, metrics: metrics, logger: logger).register(in: &router)
+
+        let accessLogger = logger.labelled("marquee.access")
+        let server = HTTPServer(
+            configuration: .init(
+                host: configuration.listen.host, port: configuration.listen.port,
+                maxBodySize: configuration.maxBodyBytes, threadCount: configuration.httpThreads,
+                drainTimeout: .seconds(configuration.drainTimeoutSeconds)),
+            router: router,
+            onRequestCompleted: { record in
+                httpMetrics.record(record)
+                accessLogger.info("request", metadata: HTTPMetrics.accessMetadata(record))
+            })
+
+        if let status = try? await migrator.status(), !status.isCurrent {
+            logger.warning(
+                "database schema is not current; /readyz answers 503 until `marquee migrate` runs",
+                metadata: ["migrations.pending": .int(status.pending.count)])
+        }
+        logger.info(
+            "listening",
+            metadata: ["listen": .string(configuration.listen.description), "version": .string(MarqueeVersion.current)])
+        try await ServiceGroup(
+            services: [("postgres.pool", pool), ("http", server)],
+            configuration: .init(drainTimeout: .seconds(configuration.drainTimeoutSeconds + 5)),
+            logger: logger
+        ).run()
+        pool.close()
+        logger.info("stopped")
+    }
+}
+
+/// Request counters and latency histograms, by method, route pattern and status.
+struct HTTPMetrics: Sendable {
+    let requests: Counter
+    let duration: Histogram
+
+    init(registry: MetricsRegistry) {
+        requests = registry.counter(
+            "marquee_http_requests_total", help: "HTTP requests served.", labels: ["method", "route", "status"])
+        duration = registry.histogram(
+            "marquee_http_request_duration_seconds", help: "Time from request received to response queued.",
+            labels: ["method", "route", "status"])
+    }
+
+    func record(_ record: AccessLogRecord) {
+        // The route pattern, never the raw path: paths carry tokens and would explode cardinality.
+        let labels = [record.method.rawValue, record.route ?? "unmatched", String(record.status)]
+        requests.inc(1, labels)
+        duration.observe(record.duration, labels)
+    }
+
+    /// Access-log fields. The raw path is left out on purpose: it can hold device tokens.
+    static func accessMetadata(_ record: AccessLogRecord) -> LogMetadata {
+        var metadata: LogMetadata = [
+            "request.id": .string(record.requestID),
+            "http.method": .string(record.method.rawValue),
+            "http.route": .string(record.route ?? "unmatched"),
+            "http.status": .int(record.status),
+            "http.bytes_in": .int(record.bytesIn),
+            "http.bytes_out": .int(record.bytesOut),
+            "duration.ms": .double(
+                Double(record.duration.components.seconds) * 1000 + Double(record.duration.components.attoseconds) / 1e15),
+        ]
+        if let address = record.remoteAddress { metadata["client.address"] = .string(address) }
+        if let agent = record.userAgent { metadata["http.user_agent"] = .string(agent) }
+        return metadata
+    }
+}

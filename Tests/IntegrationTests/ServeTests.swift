@@ -1,0 +1,146 @@
+import Foundation
+import Testing
+
+/// `marquee serve` as a real process against the real database.
+@Suite("marquee serve")
+struct ServeTests {
+    /// A migrated database and a serving process on a free port.
+    func startServe(databaseURL: String? = nil, migrate: Bool = true) async throws -> MarqueeProcess {
+        let url: String
+        if let databaseURL {
+            url = databaseURL
+        } else {
+            url = try await TestEnvironment.makeDatabase()
+        }
+        let env = ["DATABASE_URL": url, "MARQUEE_MIGRATIONS_DIR": TestEnvironment.migrationsDirectory]
+        if migrate {
+            let result = try runCommand(TestEnvironment.marqueeBinary, ["migrate"], environment: env)
+            try #require(result.status == 0, "\(result.output)")
+        }
+        let serve = try MarqueeProcess(["serve"], environment: env, port: TestEnvironment.freePort())
+        try await serve.waitUntilServing()
+        return serve
+    }
+
+    @Test("healthz, readyz and metrics answer; metrics count requests by route and status")
+    func systemEndpoints() async throws {
+        let serve = try await startServe()
+        let health = try await HTTP.get(serve.baseURL + "/healthz")
+        #expect(health.status == 200)
+        #expect(try health.json()["status"] as? String == "ok")
+        let ready = try await HTTP.get(serve.baseURL + "/readyz")
+        #expect(ready.status == 200, "\(ready.text)")
+        #expect(ready.header("X-Request-Id")?.isEmpty == false)
+
+        let metrics = try await HTTP.get(serve.baseURL + "/metrics")
+        #expect(metrics.status == 200)
+        #expect(metrics.header("Content-Type")?.hasPrefix("text/plain") == true)
+        #expect(metrics.text.contains("# TYPE marquee_http_requests_total counter"))
+        #expect(
+            metrics.text.contains(#"marquee_http_requests_total{method="GET",route="/healthz",status="200"}"#))
+        #expect(metrics.text.contains("# TYPE marquee_http_request_duration_seconds histogram"))
+        #expect(metrics.text.contains(#"marquee_http_request_duration_seconds_bucket{method="GET",route="/readyz""#))
+    }
+
+    @Test("readyz is 503 problem+json until migrations are applied")
+    func readyNeedsMigrations() async throws {
+        let url = try await TestEnvironment.makeDatabase()
+        let serve = try await startServe(databaseURL: url, migrate: false)
+        let before = try await HTTP.get(serve.baseURL + "/readyz")
+        #expect(before.status == 503)
+        #expect(before.header("Content-Type") == "application/problem+json")
+        #expect(try before.json()["type"] as? String == "https://marquee.dev/problems/migrations-pending")
+        let result = try runCommand(
+            TestEnvironment.marqueeBinary, ["migrate"],
+            environment: ["DATABASE_URL": url, "MARQUEE_MIGRATIONS_DIR": TestEnvironment.migrationsDirectory])
+        #expect(result.status == 0)
+        #expect(try await HTTP.get(serve.baseURL + "/readyz").status == 200)
+    }
+
+    @Test("client mistakes are problem+json with the right status")
+    func problems() async throws {
+        let serve = try await startServe()
+        let unknown = try await HTTP.get(serve.baseURL + "/no/such/path")
+        #expect(unknown.status == 404)
+        #expect(unknown.header("Content-Type") == "application/problem+json")
+        let problem = try unknown.json()
+        #expect((problem["type"] as? String)?.isEmpty == false)
+        #expect(problem["status"] as? Int == 404)
+
+        let wrongMethod = try await HTTP.send("DELETE", serve.baseURL + "/healthz", body: nil)
+        #expect(wrongMethod.status == 405)
+        #expect(wrongMethod.header("Content-Type") == "application/problem+json")
+
+        let huge = Data(repeating: UInt8(ascii: "a"), count: 2 << 20)
+        let tooLarge = try await HTTP.send(
+            "POST", serve.baseURL + "/healthz", headers: ["Content-Type": "application/json"], body: huge)
+        #expect(tooLarge.status == 413)
+        #expect(tooLarge.header("Content-Type") == "application/problem+json")
+    }
+
+    @Test("SIGTERM stops the process cleanly")
+    func sigtermDrains() async throws {
+        let serve = try await startServe()
+        #expect(try await HTTP.get(serve.baseURL + "/healthz").status == 200)
+        serve.signal(SIGTERM)
+        #expect(try await serve.waitForExit() == 0)
+        #expect(serve.log.contains("\"msg\":\"stopped\""))
+    }
+
+    @Test("logs are JSON lines with request IDs and no raw paths")
+    func accessLog() async throws {
+        let serve = try await startServe()
+        _ = try await HTTP.get(serve.baseURL + "/healthz", headers: ["X-Request-Id": "test-req-42"])
+        _ = try await HTTP.get(serve.baseURL + "/secret-token-in-path-abc123")
+        serve.signal(SIGTERM)
+        _ = try await serve.waitForExit()
+        let lines = serve.log.split(separator: "\n")
+        #expect(!lines.isEmpty)
+        for line in lines {
+            #expect((try? JSONSerialization.jsonObject(with: Data(line.utf8))) != nil, "not JSON: \(line)")
+        }
+        #expect(lines.contains { $0.contains("\"request.id\":\"test-req-42\"") && $0.contains("\"http.route\":\"/healthz\"") })
+        #expect(!serve.log.contains("secret-token-in-path-abc123"))
+    }
+}
+
+/// Readiness across a PostgreSQL crash: the same process recovers by itself.
+@Suite("Readiness across a database restart", .serialized)
+struct DatabaseRestartTests {
+    @Test("pg_ctl stop -m immediate gives 503; after restart 200 within 5 s, same process")
+    func restart() async throws {
+        let dir = NSTemporaryDirectory() + "marquee-restart-\(UUID().uuidString.prefix(8))"
+        let script = TestEnvironment.repositoryRoot + "/Deploy/local/pg.sh"
+        let start = try runCommand("/bin/bash", [script, "start", dir])
+        try #require(start.status == 0, "\(start.output)")
+        defer { _ = try? runCommand("/bin/bash", [script, "stop", dir]) }
+        let url = start.output.trimmingCharacters(in: .whitespacesAndNewlines)
+        let port = try #require(URLComponents(string: url)?.port)
+
+        let env = ["DATABASE_URL": url, "MARQUEE_MIGRATIONS_DIR": TestEnvironment.migrationsDirectory]
+        #expect(try runCommand(TestEnvironment.marqueeBinary, ["migrate"], environment: env).status == 0)
+        let serve = try MarqueeProcess(["serve"], environment: env, port: TestEnvironment.freePort())
+        try await serve.waitUntilServing()
+        #expect(try await HTTP.get(serve.baseURL + "/readyz").status == 200)
+
+        let stop = try runCommand("/bin/bash", [script, "crash", dir])
+        try #require(stop.status == 0, "\(stop.output)")
+        let down = try await HTTP.get(serve.baseURL + "/readyz")
+        #expect(down.status == 503)
+        #expect(down.header("Content-Type") == "application/problem+json")
+        #expect(try down.json()["type"] as? String == "https://marquee.dev/problems/database-unavailable")
+
+        let restarted = try runCommand("/bin/bash", [script, "start", dir, String(port)])
+        try #require(restarted.status == 0, "\(restarted.output)")
+        let clock = ContinuousClock()
+        let began = clock.now
+        var status = 0
+        while clock.now - began < .seconds(5) {
+            status = (try? await HTTP.get(serve.baseURL + "/readyz").status) ?? 0
+            if status == 200 { break }
+            try await Task.sleep(for: .milliseconds(100))
+        }
+        #expect(status == 200, "readyz did not recover within 5 s:\n\(serve.log)")
+        #expect(serve.process.isRunning)
+    }
+}

@@ -1,0 +1,63 @@
+import Testing
+
+@testable import MarqueeCore
+
+@Suite("Configuration from the environment")
+struct ConfigurationTests {
+    @Test("defaults")
+    func defaults() throws {
+        let c = try MarqueeConfiguration(environment: [:])
+        #expect(c.listen == .init(host: "127.0.0.1", port: 8080))
+        #expect(c.logLevel == "info")
+        #expect(c.databaseURL == nil)
+        #expect(c.masterKey == nil)
+        #expect(c.maxBodyBytes == 1 << 20)
+        #expect(throws: ConfigurationError.self) { try c.requireDatabaseURL() }
+    }
+
+    @Test("values are read and validated")
+    func values() throws {
+        let key = String(repeating: "A", count: 43) + "="  // 32 zero bytes in base64
+        let c = try MarqueeConfiguration(environment: [
+            "DATABASE_URL": "postgresql://u@h/db", "MARQUEE_LISTEN": "0.0.0.0:9000", "MARQUEE_LOG_LEVEL": "DEBUG",
+            "MARQUEE_MASTER_KEY": key, "MARQUEE_ADMIN_TOKEN": "0123456789abcdef",
+        ])
+        #expect(c.listen == .init(host: "0.0.0.0", port: 9000))
+        #expect(c.logLevel == "debug")
+        #expect(c.masterKey == Array(repeating: 0, count: 32))
+        #expect(try c.requireDatabaseURL() == "postgresql://u@h/db")
+    }
+
+    @Test("every problem is reported, naming the variable and never echoing a secret")
+    func problems() {
+        let secret = "c2hvcnQ="  // "short"
+        do {
+            _ = try MarqueeConfiguration(environment: [
+                "MARQUEE_LISTEN": "nonsense", "MARQUEE_LOG_LEVEL": "loud", "MARQUEE_MASTER_KEY": secret,
+                "MARQUEE_ADMIN_TOKEN": "short", "MARQUEE_DB_POOL_SIZE": "0",
+            ])
+            Issue.record("expected a configuration error")
+        } catch {
+            let variables = error.problems.map(\.variable)
+            #expect(
+                variables == [
+                    "MARQUEE_LISTEN", "MARQUEE_LOG_LEVEL", "MARQUEE_MASTER_KEY", "MARQUEE_ADMIN_TOKEN",
+                    "MARQUEE_DB_POOL_SIZE",
+                ])
+            #expect(!error.description.contains(secret))
+        }
+    }
+
+    @Test("listen addresses", arguments: [
+        ("127.0.0.1:8080", "127.0.0.1", 8080), (":8081", "0.0.0.0", 8081), ("[::1]:443", "::1", 443),
+    ])
+    func listen(text: String, host: String, port: Int) throws {
+        let address = try #require(MarqueeConfiguration.ListenAddress(text))
+        #expect(address.host == host && address.port == port)
+    }
+
+    @Test("bad listen addresses", arguments: ["8080", "host:", "host:70000", "::1:80", "[::1]80"])
+    func badListen(text: String) {
+        #expect(MarqueeConfiguration.ListenAddress(text) == nil)
+    }
+}
