@@ -81,7 +81,9 @@ public struct ULID: Sendable, Hashable, Comparable, CustomStringConvertible, Cod
     /// The same 128 bits as a UUID (not an RFC 9562 v7 UUID: the version and variant bits are random).
     public var uuid: UUID {
         let b = bytes
-        return UUID(uuid: (b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]))
+        return UUID(
+            uuid: (b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15])
+        )
     }
 
     /// The canonical 26-character uppercase form.
@@ -184,7 +186,8 @@ public final class ULIDGenerator: Sendable {
         precondition(bytes.count == 10, "ULID random source returned the wrong number of bytes")
         var randomLow: UInt64 = 0
         for byte in bytes[2..<10] { randomLow = randomLow << 8 | UInt64(byte) }
-        return ULID(milliseconds: milliseconds, randomHigh: UInt16(bytes[0]) << 8 | UInt16(bytes[1]), randomLow: randomLow)
+        return ULID(
+            milliseconds: milliseconds, randomHigh: UInt16(bytes[0]) << 8 | UInt16(bytes[1]), randomLow: randomLow)
     }
 
     private func increment(_ last: ULID) -> ULID {
