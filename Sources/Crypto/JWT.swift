@@ -2,12 +2,19 @@ import Foundation
 
 /// A JSON value in a JWT header or claims set.
 public enum JSONClaim: Sendable, Equatable, Codable {
+    /// A JSON string.
     case string(String)
+    /// A JSON number that is an integer (e.g. `iat`, `exp`).
     case int(Int64)
+    /// Any other JSON number.
     case double(Double)
+    /// `true` or `false`.
     case bool(Bool)
+    /// A JSON array (e.g. a multi-valued `aud`).
     case array([JSONClaim])
+    /// A nested JSON object.
     case object([String: JSONClaim])
+    /// JSON `null`.
     case null
 
     /// Decodes any JSON value; integers that fit `Int64` become `.int`, other numbers `.double`.

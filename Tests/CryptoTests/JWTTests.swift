@@ -338,3 +338,30 @@ struct KeyErrorTests {
         #expect(error?.code == .invalidKey)
     }
 }
+
+@Suite("Keys under concurrency")
+struct KeyConcurrencyTests {
+    @Test("One key signs and verifies from many tasks at once")
+    func concurrentSigning() async throws {
+        let es = ES256PrivateKey.generate()
+        let rs = try RS256PrivateKey.generate()
+        let results = await withTaskGroup(of: Bool.self) { group in
+            for index in 0..<64 {
+                group.addTask {
+                    let message = Array("message-\(index)".utf8)
+                    guard let esSignature = try? es.sign(message), let rsSignature = try? rs.sign(message) else {
+                        return false
+                    }
+                    return es.publicKey.verify(signature: esSignature, message: message)
+                        && rs.publicKey.verify(signature: rsSignature, message: message)
+                        && !es.publicKey.verify(signature: esSignature, message: message + [0])
+                }
+            }
+            var all: [Bool] = []
+            for await result in group { all.append(result) }
+            return all
+        }
+        #expect(results.count == 64)
+        #expect(results.allSatisfy { $0 })
+    }
+}
