@@ -21,14 +21,19 @@ final class EVPKey: @unchecked Sendable {
 
     /// Reads the first private key in `pem` (PKCS#8, SEC1 or PKCS#1). Encrypted keys are refused, never prompted.
     static func privateKey(pem: String) -> EVPKey? {
-        withMemoryBIO(pem) { bio in
+        let key = withMemoryBIO(pem) { bio in
             PEM_read_bio_PrivateKey(bio, nil, refusePassphrase, nil)
-        }.map(EVPKey.init(taking:))
+        }
+        guard let key else { return nil }
+        // Decoders may leave entries from formats they tried first; a success must not leave the queue dirty.
+        ERR_clear_error()
+        return EVPKey(taking: key)
     }
 
     /// Reads a `BEGIN PUBLIC KEY` (SubjectPublicKeyInfo) PEM, or the public key of a `BEGIN CERTIFICATE` PEM.
     static func publicKey(pem: String) -> EVPKey? {
         if let key = withMemoryBIO(pem, { PEM_read_bio_PUBKEY($0, nil, refusePassphrase, nil) }) {
+            ERR_clear_error()
             return EVPKey(taking: key)
         }
         _ = drainOpenSSLErrors()
@@ -37,7 +42,9 @@ final class EVPKey: @unchecked Sendable {
             defer { X509_free(certificate) }
             return X509_get_pubkey(certificate)
         }
-        return fromCertificate.map(EVPKey.init(taking:))
+        guard let fromCertificate else { return nil }
+        ERR_clear_error()
+        return EVPKey(taking: fromCertificate)
     }
 
     /// Generates a key with `EVP_PKEY_CTX_new_from_name`; `configure` sets parameters after `keygen_init`.

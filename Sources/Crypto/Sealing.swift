@@ -203,3 +203,19 @@ public struct SealingKeyRing: Sendable {
             keyID: sealed[2..<headerEnd], headerEnd: headerEnd, tagStart: sealed.count - tagByteCount)
     }
 }
+
+extension SealingKeyRing: CustomStringConvertible, CustomDebugStringConvertible, CustomReflectable {
+    /// Names the key IDs only; key material never appears in logs, `print` or `dump`.
+    public var description: String {
+        let others = keys.keys.filter { $0 != current.id }.sorted()
+        return "SealingKeyRing(current: \(current.id), previous: \(others))"
+    }
+
+    /// Same as `description`.
+    public var debugDescription: String { description }
+
+    /// A mirror without key material, so `dump` and reflection cannot leak keys.
+    public var customMirror: Mirror {
+        Mirror(self, children: ["currentKeyID": current.id], displayStyle: .struct)
+    }
+}

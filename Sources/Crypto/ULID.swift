@@ -167,8 +167,11 @@ public final class ULIDGenerator: Sendable {
 
     /// Returns a ULID greater than every ULID this generator returned before.
     public func next() -> ULID {
-        let seconds = now().timeIntervalSince1970
-        let clock: UInt64 = seconds <= 0 ? 0 : min(UInt64(seconds * 1000), ULID.maxTimestamp)
+        // Clamp in floating point first: a NaN, negative or far-future clock must not trap the conversion.
+        let milliseconds = now().timeIntervalSince1970 * 1000
+        let clock: UInt64 =
+            milliseconds.isNaN || milliseconds <= 0
+            ? 0 : UInt64(min(milliseconds, Double(ULID.maxTimestamp)).rounded(.down))
         return state.withLock { state in
             let id: ULID
             if let last = state.last, clock <= last.milliseconds {

@@ -122,6 +122,9 @@ struct JWTTests {
                 generate: ["ecparam", "-name", "prime256v1", "-genkey", "-noout"], pkcs8: false,
                 label: "BEGIN EC PRIVATE KEY"),
             CLIKeyCase(
+                generate: ["ecparam", "-name", "prime256v1", "-genkey"], pkcs8: false,
+                label: "BEGIN EC PARAMETERS"),
+            CLIKeyCase(
                 generate: ["genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048"], pkcs8: false,
                 label: "BEGIN PRIVATE KEY"),
             CLIKeyCase(generate: ["genrsa", "-traditional"], pkcs8: false, label: "BEGIN RSA PRIVATE KEY"),

@@ -160,3 +160,21 @@ struct SealingTests {
         #expect(result.stdout == "interop")
     }
 }
+
+@Suite("Key ring redaction")
+struct SealingRedactionTests {
+    @Test("print, debugPrint and dump of a key ring show IDs but never key bytes")
+    func redacted() throws {
+        let key = [UInt8](repeating: 0xAB, count: 32)
+        let ring = try SealingKeyRing(
+            current: (id: "k2", key: key), previous: [(id: "k1", key: SecureRandom.bytes(32))])
+        var dumped = ""
+        dump(ring, to: &dumped)
+        for text in [String(describing: ring), String(reflecting: ring), dumped] {
+            #expect(text.contains("k2"))
+            #expect(!text.contains("171"), "decimal key byte leaked: \(text)")
+            #expect(!text.lowercased().contains("abab"))
+        }
+        #expect(String(describing: ring) == "SealingKeyRing(current: k2, previous: [\"k1\"])")
+    }
+}

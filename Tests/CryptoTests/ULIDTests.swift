@@ -119,3 +119,17 @@ struct ULIDTests {
         }
     }
 }
+
+@Suite("ULID clock edge cases")
+struct ULIDClockTests {
+    @Test("Pre-1970 and absurdly far-future clocks never trap and stay monotonic")
+    func extremeClocks() {
+        let past = ULIDGenerator(now: { Date(timeIntervalSince1970: -5) })
+        #expect(past.next().milliseconds == 0)
+        let future = ULIDGenerator(now: { Date(timeIntervalSince1970: 1e300) })
+        let a = future.next()
+        let b = future.next()
+        #expect(a.milliseconds == (1 << 48) - 1)
+        #expect(b > a)
+    }
+}
