@@ -26,4 +26,6 @@ static inline long copenssl_SSL_CTX_set_min_proto_version(SSL_CTX *ctx, int vers
 static inline int copenssl_EVP_CTRL_GCM_SET_IVLEN(void) { return EVP_CTRL_GCM_SET_IVLEN; }
 static inline int copenssl_EVP_CTRL_GCM_GET_TAG(void) { return EVP_CTRL_GCM_GET_TAG; }
 static inline int copenssl_EVP_CTRL_GCM_SET_TAG(void) { return EVP_CTRL_GCM_SET_TAG; }
+static inline long copenssl_BIO_get_mem_data(BIO *bio, char **data) { return BIO_get_mem_data(bio, data); }
+static inline int copenssl_MBSTRING_UTF8(void) { return MBSTRING_UTF8; }
 #endif
