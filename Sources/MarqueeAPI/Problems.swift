@@ -1,15 +1,18 @@
 import HTTPServer
+import MarqueeCore
+import MarqueeStore
+import PostgresClient
 
 /// Marquee's problem types. Each `type` is stable: clients may branch on it.
 public enum Problems {
     /// Prefix of every Marquee problem type.
-    public static let typeBase = "https://marquee.dev/problems/"
+    public static let typeBase = HTTPProblem.typeBase
 
-    /// The database cannot be reached (readiness).
+    /// The database cannot be reached (readiness, or a request that needs it).
     public static func databaseUnavailable() -> HTTPProblem {
         HTTPProblem(
             status: 503, type: typeBase + "database-unavailable", title: "Database unavailable",
-            detail: "PostgreSQL is not reachable from this process.")
+            detail: "PostgreSQL is not reachable from this process.", headers: ["Retry-After": "1"])
     }
 
     /// Migrations known to this build are not all applied (readiness).
@@ -18,7 +21,73 @@ public enum Problems {
         if !versions.isEmpty { detail += "; pending: " + versions.map(String.init).joined(separator: ", ") }
         if !changed.isEmpty { detail += "; changed after apply: " + changed.map(String.init).joined(separator: ", ") }
         detail += ". Run `marquee migrate`."
+        return HTTPProblem(status: 503, type: typeBase + "migrations-pending", title: "Migrations pending", detail: detail)
+    }
+
+    /// 401: no key, or a key that is unknown, malformed or revoked (never saying which).
+    public static func unauthorized(_ detail: String = "A valid API key is required: Authorization: Bearer <key>.")
+        -> HTTPProblem
+    {
+        HTTPProblem(
+            status: 401, type: typeBase + "unauthorized", title: "Unauthorized", detail: detail,
+            headers: ["WWW-Authenticate": "Bearer realm=\"marquee\""])
+    }
+
+    /// 403: a valid key of the wrong kind.
+    public static func forbidden(_ detail: String) -> HTTPProblem {
+        HTTPProblem(status: 403, type: typeBase + "forbidden", title: "Forbidden", detail: detail)
+    }
+
+    /// 404 for a resource: the same answer whether it is another tenant's or does not exist.
+    public static func notFound(_ resource: String) -> HTTPProblem {
+        let name = resource.replacingOccurrences(of: "_", with: " ")
         return HTTPProblem(
-            status: 503, type: typeBase + "migrations-pending", title: "Migrations pending", detail: detail)
+            status: 404, type: typeBase + "not-found", title: "Not Found", detail: "No such \(name).")
+    }
+
+    /// 409: the request conflicts with the current state.
+    public static func conflict(field: String, reason: String) -> HTTPProblem {
+        HTTPProblem(
+            status: 409, type: typeBase + "conflict", title: "Conflict", detail: "\(field) \(reason)", field: field)
+    }
+
+    /// 422 for a field, from the domain's validation error.
+    public static func validation(_ error: ValidationError) -> HTTPProblem {
+        HTTPProblem(
+            status: 422, type: typeBase + error.code.rawValue, title: "Invalid request field",
+            detail: "\(error.field) \(error.reason)", field: error.field)
+    }
+}
+
+extension String {
+    fileprivate func replacingOccurrences(of target: Character, with replacement: String) -> String {
+        var out = ""
+        for c in self { if c == target { out += replacement } else { out.append(c) } }
+        return out
+    }
+}
+
+/// Turns the errors the stores and rules throw into problems; anything else stays a 500.
+func problem(for error: any Error) -> HTTPProblem? {
+    switch error {
+    case let p as HTTPProblem: return p
+    case let v as ValidationError: return Problems.validation(v)
+    case let n as NotFound: return Problems.notFound(n.resource)
+    case let c as Conflict: return Problems.conflict(field: c.field, reason: c.reason)
+    case let p as PostgresError where p.code == .connectionFailed || p.code == .connectionLost || p.code == .poolTimeout:
+        return Problems.databaseUnavailable()
+    default: return nil
+    }
+}
+
+/// Wraps a handler so that domain errors render as problems.
+func guarded(_ handler: @escaping HTTPHandler) -> HTTPHandler {
+    { request in
+        do {
+            return try await handler(request)
+        } catch {
+            if let p = problem(for: error) { throw p }
+            throw error
+        }
     }
 }

@@ -63,6 +63,10 @@ public struct MarqueeConfiguration: Sendable, Equatable {
     public struct Problem: Error, Sendable, Equatable, CustomStringConvertible {
         public var variable: String
         public var reason: String
+        public init(variable: String, reason: String) {
+            self.variable = variable
+            self.reason = reason
+        }
         public var description: String { "\(variable): \(reason)" }
     }
 

@@ -12,6 +12,13 @@ struct Marquee {
           serve              run the REST API (MARQUEE_LISTEN, DATABASE_URL)
           migrate            apply pending migrations (safe to run concurrently)
           migrate --status   show applied and pending migrations; exit 1 if not current
+          tenant create --name N [--json]
+                             create a tenant; prints its ID, an app key and an sdk key (once)
+          tenant list [--json]
+          key create --tenant T --kind app|sdk
+          key list --tenant T
+          key revoke --tenant T --key K
+          key rotate --tenant T --key K [--grace-seconds S]
           version            print the version
           help               show this text
 
@@ -31,6 +38,8 @@ struct Marquee {
                 try await ServeCommand(arguments: arguments).run()
             case "migrate":
                 try await MigrateCommand(arguments: arguments).run()
+            case "tenant", "key":
+                try await TenantCommand(group: command, arguments: arguments).run()
             case "version", "--version":
                 print("marquee \(MarqueeVersion.current)")
             case "help", "--help", "-h":

@@ -1,4 +1,5 @@
 import Foundation
+import Crypto
 import HTTPServer
 import MarqueeAPI
 import MarqueeCore
@@ -25,8 +26,16 @@ struct ServeCommand {
         let metrics = MetricsRegistry()
         let httpMetrics = HTTPMetrics(registry: metrics)
 
+        guard let masterKey = configuration.masterKey else {
+            throw ConfigurationError(problems: [.init(variable: "MARQUEE_MASTER_KEY", reason: "is required by serve")])
+        }
+        let keyRing = try SealingKeyRing(current: (id: "k1", key: masterKey))
+
         var router = Router()
-        SystemRoutes(pool: pool, migrator: migrator, metrics: metrics, logger: logger).register(in: &router)
+        MarqueeAPI(
+            pool: pool, migrator: migrator, keyRing: keyRing, adminToken: configuration.adminToken, metrics: metrics,
+            logger: logger
+        ).register(in: &router)
 
         let accessLogger = logger.labelled("marquee.access")
         let server = HTTPServer(

@@ -1,0 +1,65 @@
+import Foundation
+import HTTPServer
+import MarqueeCore
+import MarqueeStore
+
+/// `/v1/activity_types` (app key).
+struct ActivityTypeRoutes: Sendable {
+    let authenticator: Authenticator
+    let registry: RegistryStore
+
+    func register(in router: inout Router) {
+        router.add(.PUT, "/v1/activity_types/{identifier}", guarded(put))
+        router.add(.GET, "/v1/activity_types", guarded(list))
+        router.add(.GET, "/v1/activity_types/{identifier}", guarded(get))
+    }
+
+    func put(_ request: HTTPRequest) async throws -> HTTPResponse {
+        let principal = try await authenticator.require(request, kinds: [.app])
+        let identifier = try Identifiers.activityType(request.pathParameters["identifier"] ?? "")
+        let body = try JSONBody.parse(request)
+        try body.rejectUnknown(["attributes_type", "content_state_schema", "date_fields", "payload_profile"])
+        let attributesType = try Identifiers.attributesType(body.requiredString("attributes_type"))
+        var schema: JSONValue?
+        if let value = body.value("content_state_schema") {
+            _ = try ContentSchema(value)
+            schema = value
+        }
+        var dateFields: [String: DateEncoding] = [:]
+        if let fields = try body.objectValue("date_fields")?.objectValue {
+            for (pointer, value) in fields {
+                let field = "date_fields." + pointer
+                guard JSONPointer(pointer) != nil, !pointer.isEmpty else {
+                    throw ValidationError(field: field, reason: "keys must be JSON pointers such as /eta")
+                }
+                guard let encoding = value.stringValue.flatMap(DateEncoding.init(rawValue:)) else {
+                    throw ValidationError(
+                        field: field,
+                        reason: "must be one of " + DateEncoding.allCases.map(\.rawValue).joined(separator: ", "))
+                }
+                dateFields[pointer] = encoding
+            }
+        }
+        let profile = try body.enumValue("payload_profile", PayloadProfile.self) ?? .marquee
+        let (type, created) = try await registry.putActivityType(
+            tenant: principal.tenantID,
+            ActivityType(
+                identifier: identifier, attributesType: attributesType, contentStateSchema: schema,
+                dateFields: dateFields, payloadProfile: profile))
+        return .json(Render.activityType(type), status: created ? 201 : 200)
+    }
+
+    func list(_ request: HTTPRequest) async throws -> HTTPResponse {
+        let principal = try await authenticator.require(request, kinds: [.app])
+        let types = try await registry.activityTypes(tenant: principal.tenantID)
+        return .json(.object(["activity_types": .array(types.map(Render.activityType))]))
+    }
+
+    func get(_ request: HTTPRequest) async throws -> HTTPResponse {
+        let principal = try await authenticator.require(request, kinds: [.app])
+        guard let identifier = try? Identifiers.activityType(request.pathParameters["identifier"] ?? "") else {
+            throw Problems.notFound("activity_type")
+        }
+        return .json(Render.activityType(try await registry.activityType(tenant: principal.tenantID, identifier: identifier)))
+    }
+}

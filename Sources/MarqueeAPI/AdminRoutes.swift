@@ -1,0 +1,85 @@
+import Foundation
+import HTTPServer
+import MarqueeCore
+import MarqueeStore
+
+/// `/admin/v1/…`: tenants and keys, guarded by `MARQUEE_ADMIN_TOKEN`.
+struct AdminRoutes: Sendable {
+    let authenticator: Authenticator
+    let tenants: TenantStore
+
+    func register(in router: inout Router) {
+        router.add(.POST, "/admin/v1/tenants", guarded(createTenant))
+        router.add(.GET, "/admin/v1/tenants", guarded(listTenants))
+        router.add(.GET, "/admin/v1/tenants/{tenant_id}", guarded(getTenant))
+        router.add(.GET, "/admin/v1/tenants/{tenant_id}/keys", guarded(listKeys))
+        router.add(.POST, "/admin/v1/tenants/{tenant_id}/keys", guarded(createKey))
+        router.add(.POST, "/admin/v1/tenants/{tenant_id}/keys/{key_id}/rotate", guarded(rotateKey))
+        router.add(.DELETE, "/admin/v1/tenants/{tenant_id}/keys/{key_id}", guarded(revokeKey))
+    }
+
+    func createTenant(_ request: HTTPRequest) async throws -> HTTPResponse {
+        try authenticator.requireAdmin(request)
+        let body = try JSONBody.parse(request)
+        try body.rejectUnknown(["name"])
+        let name = try body.requiredString("name", maxLength: 200)
+        let created = try await tenants.create(name: name)
+        return .json(Render.createdTenant(created), status: 201)
+    }
+
+    func listTenants(_ request: HTTPRequest) async throws -> HTTPResponse {
+        try authenticator.requireAdmin(request)
+        let all = try await tenants.list()
+        return .json(.object(["tenants": .array(all.map(Render.tenant))]))
+    }
+
+    func getTenant(_ request: HTTPRequest) async throws -> HTTPResponse {
+        try authenticator.requireAdmin(request)
+        return .json(Render.tenant(try await tenants.get(try tenantID(request))))
+    }
+
+    func listKeys(_ request: HTTPRequest) async throws -> HTTPResponse {
+        try authenticator.requireAdmin(request)
+        let keys = try await tenants.keys(tenant: try tenantID(request))
+        return .json(.object(["keys": .array(keys.map(Render.key))]))
+    }
+
+    func createKey(_ request: HTTPRequest) async throws -> HTTPResponse {
+        try authenticator.requireAdmin(request)
+        let body = try JSONBody.parse(request)
+        try body.rejectUnknown(["kind"])
+        let kind = try body.requiredEnum("kind", APIKeyKind.self)
+        let issued = try await tenants.createKey(tenant: try tenantID(request), kind: kind)
+        return .json(Render.issuedKey(issued), status: 201)
+    }
+
+    func rotateKey(_ request: HTTPRequest) async throws -> HTTPResponse {
+        try authenticator.requireAdmin(request)
+        let body = try JSONBody.parse(request, allowEmpty: true)
+        try body.rejectUnknown(["grace_seconds"])
+        let grace = try body.integer("grace_seconds", range: 0...(30 * 86400)) ?? 0
+        let issued = try await tenants.rotateKey(
+            tenant: try tenantID(request), key: try keyID(request), grace: .seconds(grace))
+        return .json(Render.issuedKey(issued), status: 201)
+    }
+
+    func revokeKey(_ request: HTTPRequest) async throws -> HTTPResponse {
+        try authenticator.requireAdmin(request)
+        let record = try await tenants.revokeKey(tenant: try tenantID(request), key: try keyID(request))
+        return .json(Render.key(record))
+    }
+
+    func tenantID(_ request: HTTPRequest) throws -> UUID {
+        guard let id = request.pathParameters["tenant_id"].flatMap(UUID.init(uuidString:)) else {
+            throw Problems.notFound("tenant")
+        }
+        return id
+    }
+
+    func keyID(_ request: HTTPRequest) throws -> UUID {
+        guard let id = request.pathParameters["key_id"].flatMap(UUID.init(uuidString:)) else {
+            throw Problems.notFound("api_key")
+        }
+        return id
+    }
+}

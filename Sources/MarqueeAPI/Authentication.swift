@@ -1,0 +1,71 @@
+import Crypto
+import Foundation
+import HTTPServer
+import MarqueeCore
+import MarqueeStore
+
+/// Checks API keys and the admin token.
+struct Authenticator: Sendable {
+    let tenants: TenantStore
+    /// SHA-256 of `MARQUEE_ADMIN_TOKEN`, or nil when the admin API is off.
+    let adminTokenHash: [UInt8]?
+
+    init(tenants: TenantStore, adminToken: String?) {
+        self.tenants = tenants
+        self.adminTokenHash = adminToken.map { SHA256.hash(Array($0.utf8)) }
+    }
+
+    /// How a route accepts keys.
+    enum Scheme {
+        /// `Authorization: Bearer <key>`.
+        case bearer
+        /// Bearer, or Basic with the key as the user name (the Customer.io SDK's way), or a `writeKey` fallback.
+        case bearerOrBasic
+    }
+
+    /// The caller, if the key is valid and of an allowed kind: 401 otherwise, 403 for a valid key of another kind.
+    func require(
+        _ request: HTTPRequest, kinds: Set<APIKeyKind>, scheme: Scheme = .bearer, fallbackKey: String? = nil
+    ) async throws -> Principal {
+        guard let presented = Self.presentedKey(request, scheme: scheme) ?? fallbackKey else {
+            throw Problems.unauthorized()
+        }
+        guard let principal = try await tenants.authenticate(presented) else {
+            throw Problems.unauthorized("The API key is not valid.")
+        }
+        guard kinds.contains(principal.kind) else {
+            let allowed = kinds.map(\.rawValue).sorted().joined(separator: " or ")
+            throw Problems.forbidden("This endpoint needs a key of kind \(allowed); this key is \(principal.kind.rawValue).")
+        }
+        return principal
+    }
+
+    /// Checks `Authorization: Bearer $MARQUEE_ADMIN_TOKEN`, comparing in constant time.
+    func requireAdmin(_ request: HTTPRequest) throws {
+        guard let expected = adminTokenHash else {
+            throw Problems.forbidden("The admin API is disabled: set MARQUEE_ADMIN_TOKEN to enable it.")
+        }
+        guard let presented = Self.presentedKey(request, scheme: .bearer),
+            ConstantTime.equals(SHA256.hash(Array(presented.utf8)), expected)
+        else { throw Problems.unauthorized("A valid admin token is required.") }
+    }
+
+    static func presentedKey(_ request: HTTPRequest, scheme: Scheme) -> String? {
+        guard let header = request.headers["Authorization"]?.trimmingCharacters(in: .whitespaces) else { return nil }
+        let parts = header.split(separator: " ", maxSplits: 1)
+        guard parts.count == 2 else { return nil }
+        let value = parts[1].trimmingCharacters(in: .whitespaces)
+        switch parts[0].lowercased() {
+        case "bearer":
+            return value.isEmpty ? nil : value
+        case "basic" where scheme == .bearerOrBasic:
+            guard let data = Data(base64Encoded: value), let decoded = String(data: data, encoding: .utf8) else {
+                return nil
+            }
+            let user = decoded.split(separator: ":", maxSplits: 1, omittingEmptySubsequences: false).first ?? ""
+            return user.isEmpty ? nil : String(user)
+        default:
+            return nil
+        }
+    }
+}

@@ -1,0 +1,141 @@
+import Foundation
+import HTTPServer
+import MarqueeCore
+
+/// A JSON object request body, with typed field access whose errors name the field.
+struct JSONBody: Sendable {
+    let object: [String: JSONValue]
+    /// Prefix for field names in errors (for nested objects).
+    let path: String
+
+    init(object: [String: JSONValue], path: String = "") {
+        self.object = object
+        self.path = path
+    }
+
+    /// Parses the request body; an empty body reads as `{}` when `allowEmpty`.
+    static func parse(_ request: HTTPRequest, allowEmpty: Bool = false) throws(HTTPProblem) -> JSONBody {
+        if request.body.isEmpty {
+            if allowEmpty { return JSONBody(object: [:]) }
+            throw HTTPProblem.malformedJSON(detail: "The request body is empty; a JSON object is required.")
+        }
+        let value: JSONValue
+        do {
+            value = try JSONValue.parse(request.body)
+        } catch {
+            throw HTTPProblem.malformedJSON(detail: "The body is not valid JSON: \(error.reason) at byte \(error.offset).")
+        }
+        guard let object = value.objectValue else {
+            throw HTTPProblem(
+                status: 400, slug: "malformed-json", title: "Malformed JSON",
+                detail: "The body must be a JSON object, not \(value.typeName).")
+        }
+        return JSONBody(object: object)
+    }
+
+    func name(_ key: String) -> String { path.isEmpty ? key : path + "." + key }
+
+    func has(_ key: String) -> Bool { object[key].map { !$0.isNull } ?? false }
+
+    func value(_ key: String) -> JSONValue? {
+        guard let v = object[key], !v.isNull else { return nil }
+        return v
+    }
+
+    /// A string field; `nil` when absent or null. Length counted in characters.
+    func string(_ key: String, maxLength: Int = 1024, allowEmpty: Bool = false) throws(ValidationError) -> String? {
+        guard let v = value(key) else { return nil }
+        guard let s = v.stringValue else {
+            throw ValidationError(field: name(key), reason: "must be a string")
+        }
+        if !allowEmpty && s.isEmpty { throw ValidationError(field: name(key), reason: "must not be empty") }
+        if s.count > maxLength { throw ValidationError(field: name(key), reason: "must be at most \(maxLength) characters") }
+        return s
+    }
+
+    func requiredString(_ key: String, maxLength: Int = 1024) throws(ValidationError) -> String {
+        guard let s = try string(key, maxLength: maxLength) else { throw ValidationError.missing(name(key)) }
+        return s
+    }
+
+    func enumValue<E: RawRepresentable & CaseIterable>(_ key: String, _ type: E.Type) throws(ValidationError) -> E?
+    where E.RawValue == String {
+        guard let s = try string(key) else { return nil }
+        guard let e = E(rawValue: s) else {
+            throw ValidationError(
+                field: name(key), reason: "must be one of " + E.allCases.map { $0.rawValue }.joined(separator: ", "))
+        }
+        return e
+    }
+
+    func requiredEnum<E: RawRepresentable & CaseIterable>(_ key: String, _ type: E.Type) throws(ValidationError) -> E
+    where E.RawValue == String {
+        guard let e = try enumValue(key, type) else { throw ValidationError.missing(name(key)) }
+        return e
+    }
+
+    func objectValue(_ key: String) throws(ValidationError) -> JSONValue? {
+        guard let v = value(key) else { return nil }
+        guard v.objectValue != nil else { throw ValidationError(field: name(key), reason: "must be a JSON object") }
+        return v
+    }
+
+    func nested(_ key: String) throws(ValidationError) -> JSONBody? {
+        guard let v = try objectValue(key) else { return nil }
+        return JSONBody(object: v.objectValue!, path: name(key))
+    }
+
+    func integer(_ key: String, range: ClosedRange<Int64>) throws(ValidationError) -> Int64? {
+        guard let v = value(key) else { return nil }
+        guard let i = v.intValue, range.contains(i) else {
+            throw ValidationError(field: name(key), reason: "must be an integer in \(range.lowerBound)...\(range.upperBound)")
+        }
+        return i
+    }
+
+    /// A timestamp given as epoch seconds (number) or an ISO 8601 string.
+    func timestamp(_ key: String) throws(ValidationError) -> Date? {
+        guard let v = value(key) else { return nil }
+        if let seconds = v.doubleValue, seconds.isFinite, seconds >= 0, seconds < 32_503_680_000 {
+            return Date(timeIntervalSince1970: seconds)
+        }
+        if let s = v.stringValue, let date = Timestamps.parse(s) { return date }
+        throw ValidationError(field: name(key), reason: "must be epoch seconds or an ISO 8601 date-time")
+    }
+
+    /// Rejects fields other than `allowed`, so a typo is an error instead of being ignored.
+    func rejectUnknown(_ allowed: Set<String>) throws(ValidationError) {
+        for key in object.keys.sorted() where !allowed.contains(key) {
+            throw ValidationError(field: name(key), reason: "is not a known field")
+        }
+    }
+}
+
+/// ISO 8601 formatting and parsing for API responses and inputs.
+enum Timestamps {
+    static func format(_ date: Date) -> String {
+        let formatter = ISO8601DateFormatter()
+        formatter.formatOptions = [.withInternetDateTime, .withFractionalSeconds]
+        return formatter.string(from: date)
+    }
+
+    static func parse(_ text: String) -> Date? {
+        let formatter = ISO8601DateFormatter()
+        formatter.formatOptions = [.withInternetDateTime, .withFractionalSeconds]
+        if let date = formatter.date(from: text) { return date }
+        formatter.formatOptions = [.withInternetDateTime]
+        return formatter.date(from: text)
+    }
+}
+
+extension HTTPResponse {
+    /// A JSON response from a `JSONValue`.
+    static func json(_ value: JSONValue, status: Int = 200) -> HTTPResponse {
+        HTTPResponse(status: status, headers: ["Content-Type": "application/json"], body: value.bytes)
+    }
+}
+
+extension JSONValue {
+    static func from(_ string: String?) -> JSONValue { string.map { .string($0) } ?? .null }
+    static func from(_ date: Date?) -> JSONValue { date.map { .string(Timestamps.format($0)) } ?? .null }
+}

@@ -1,0 +1,180 @@
+import Crypto
+import Foundation
+import HTTPServer
+import MarqueeCore
+import MarqueeStore
+
+/// People, devices, tokens, lifecycle events and delivery metrics: what device SDKs call (sdk or app key).
+struct RegistryRoutes: Sendable {
+    let authenticator: Authenticator
+    let registry: RegistryStore
+    let tenants: TenantStore
+
+    static let anyKey: Set<APIKeyKind> = [.app, .sdk]
+
+    func register(in router: inout Router) {
+        router.add(.PUT, "/v1/people/{id}", guarded(putPerson))
+        router.add(.GET, "/v1/people/{id}", guarded(getPerson))
+        router.add(.DELETE, "/v1/people/{id}", guarded(deletePerson))
+        router.add(.PUT, "/v1/people/{id}/devices/{device_token}", guarded(putDevice))
+        router.add(.DELETE, "/v1/people/{id}/devices/{device_token}", guarded(deleteDevice))
+        router.add(
+            .PUT, "/v1/people/{id}/devices/{device_token}/push_to_start/{activity_type}", guarded(putPushToStart))
+        router.add(.PUT, "/v1/live_notifications/{instance_id}/tokens/{device_token}", guarded(putActivityToken))
+        router.add(.POST, "/v1/live_notifications/{instance_id}/events", guarded(postEvent))
+        router.add(.POST, "/v1/deliveries/{delivery_id}/metrics", guarded(postMetric))
+    }
+
+    // MARK: People
+
+    func putPerson(_ request: HTTPRequest) async throws -> HTTPResponse {
+        let principal = try await authenticator.require(request, kinds: Self.anyKey)
+        let id = try Identifiers.personID(request.pathParameters["id"] ?? "")
+        let body = try JSONBody.parse(request, allowEmpty: true)
+        try body.rejectUnknown(["email", "attributes"])
+        let email = try Self.email(body.string("email", maxLength: 320))
+        let attributes = try body.objectValue("attributes")
+        let person = try await registry.upsertPerson(
+            tenant: principal.tenantID, id: id, email: email, attributes: attributes)
+        return .json(Render.person(person))
+    }
+
+    func getPerson(_ request: HTTPRequest) async throws -> HTTPResponse {
+        let principal = try await authenticator.require(request, kinds: [.app])
+        guard let id = try? Identifiers.personID(request.pathParameters["id"] ?? "") else {
+            throw Problems.notFound("person")
+        }
+        return .json(Render.personDetail(try await registry.person(tenant: principal.tenantID, id: id)))
+    }
+
+    func deletePerson(_ request: HTTPRequest) async throws -> HTTPResponse {
+        let principal = try await authenticator.require(request, kinds: [.app])
+        guard let id = try? Identifiers.personID(request.pathParameters["id"] ?? "") else {
+            throw Problems.notFound("person")
+        }
+        try await registry.deletePerson(tenant: principal.tenantID, id: id)
+        return .noContent()
+    }
+
+    // MARK: Devices
+
+    func putDevice(_ request: HTTPRequest) async throws -> HTTPResponse {
+        let principal = try await authenticator.require(request, kinds: Self.anyKey)
+        let personID = try Identifiers.personID(request.pathParameters["id"] ?? "")
+        let body = try JSONBody.parse(request)
+        try body.rejectUnknown(["platform", "app_id", "os_version", "app_version", "attributes"])
+        let platform = try body.requiredEnum("platform", Platform.self)
+        let token = try Identifiers.deviceToken(
+            request.pathParameters["device_token"] ?? "", platform: platform, field: "device_token")
+        let device = try await registry.upsertDevice(
+            tenant: principal.tenantID,
+            DeviceRegistration(
+                personID: personID, token: token, platform: platform, appID: body.string("app_id", maxLength: 255),
+                osVersion: body.string("os_version", maxLength: 64), appVersion: body.string("app_version", maxLength: 64),
+                attributes: body.objectValue("attributes")))
+        return .json(Render.device(device))
+    }
+
+    func deleteDevice(_ request: HTTPRequest) async throws -> HTTPResponse {
+        let principal = try await authenticator.require(request, kinds: Self.anyKey)
+        guard let personID = try? Identifiers.personID(request.pathParameters["id"] ?? ""),
+            let token = try? Identifiers.anyDeviceToken(request.pathParameters["device_token"] ?? "", field: "device_token")
+        else { throw Problems.notFound("device") }
+        try await registry.deleteDevice(tenant: principal.tenantID, personID: personID, token: token)
+        return .noContent()
+    }
+
+    // MARK: Tokens
+
+    func putPushToStart(_ request: HTTPRequest) async throws -> HTTPResponse {
+        let principal = try await authenticator.require(request, kinds: Self.anyKey)
+        let personID = try Identifiers.personID(request.pathParameters["id"] ?? "")
+        let deviceToken = try Identifiers.apnsToken(request.pathParameters["device_token"] ?? "", field: "device_token")
+        let activityType = try Identifiers.activityType(request.pathParameters["activity_type"] ?? "", field: "activity_type")
+        let body = try JSONBody.parse(request)
+        try body.rejectUnknown(["token", "attributes_type"])
+        let token = try Identifiers.apnsToken(body.requiredString("token", maxLength: 4096), field: "token")
+        let attributesType = try body.string("attributes_type").map { s throws(ValidationError) in
+            try Identifiers.attributesType(s)
+        }
+        let result = try await registry.registerPushToStart(
+            tenant: principal.tenantID, personID: personID, deviceToken: deviceToken, activityType: activityType,
+            token: token, attributesType: attributesType)
+        return .json(Self.registration(result, kind: "push_to_start", token: token))
+    }
+
+    func putActivityToken(_ request: HTTPRequest) async throws -> HTTPResponse {
+        let principal = try await authenticator.require(request, kinds: Self.anyKey)
+        let instanceID = try Identifiers.instanceID(request.pathParameters["instance_id"] ?? "")
+        let deviceToken = try Identifiers.anyDeviceToken(request.pathParameters["device_token"] ?? "", field: "device_token")
+        let body = try JSONBody.parse(request)
+        try body.rejectUnknown(["token"])
+        let raw = try body.requiredString("token", maxLength: 4096)
+        guard let platform = try await registry.devicePlatform(tenant: principal.tenantID, token: deviceToken) else {
+            throw Problems.notFound("device")
+        }
+        let token =
+            platform == .ios
+            ? try Identifiers.apnsToken(raw, field: "token") : try Identifiers.fcmToken(raw, field: "token")
+        let result = try await registry.registerActivityToken(
+            tenant: principal.tenantID, instanceID: instanceID, deviceToken: deviceToken, token: token)
+        return .json(Self.registration(result, kind: "activity", token: token))
+    }
+
+    static func registration(_ result: TokenRegistration, kind: String, token: String) -> JSONValue {
+        .object([
+            "kind": .string(kind), "token": .string(maskToken(token)), "status": .string("active"),
+            "rotated": .bool(result.rotated), "unchanged": .bool(result.unchanged),
+        ])
+    }
+
+    // MARK: Events and metrics
+
+    func postEvent(_ request: HTTPRequest) async throws -> HTTPResponse {
+        let principal = try await authenticator.require(request, kinds: Self.anyKey)
+        let instanceID = try Identifiers.instanceID(request.pathParameters["instance_id"] ?? "")
+        let body = try JSONBody.parse(request)
+        try body.rejectUnknown(["event", "device_token", "at", "content_state"])
+        let event = try body.requiredEnum("event", LifecycleEvent.self)
+        let deviceToken = try Identifiers.anyDeviceToken(
+            body.requiredString("device_token", maxLength: 4096), field: "device_token")
+        guard let at = try body.timestamp("at") else { throw ValidationError.missing("at") }
+        let contentState = try body.objectValue("content_state")
+        try await registry.recordEvent(
+            tenant: principal.tenantID, instanceID: instanceID, event: event, deviceToken: deviceToken, at: at,
+            contentState: contentState)
+        return .json(.object(["recorded": .bool(true)]), status: 202)
+    }
+
+    func postMetric(_ request: HTTPRequest) async throws -> HTTPResponse {
+        let principal = try await authenticator.require(request, kinds: Self.anyKey)
+        guard let deliveryID = request.pathParameters["delivery_id"], (1...128).contains(deliveryID.utf8.count),
+            deliveryID.utf8.allSatisfy({ $0 > 0x20 && $0 < 0x7F })
+        else { throw ValidationError(field: "delivery_id", reason: "must be 1 to 128 printable characters") }
+        let body = try JSONBody.parse(request)
+        try body.rejectUnknown(["metric", "recipient", "delivery_token", "at"])
+        let metric = try body.requiredEnum("metric", DeliveryMetric.self)
+        let recipient = try body.string("recipient", maxLength: 4096)
+        let at = try body.timestamp("at")
+        if let presented = try body.string("delivery_token", maxLength: 256) {
+            let secret = try await tenants.deliverySecret(tenant: principal.tenantID)
+            guard DeliveryTokens.verify(presented, deliveryID: deliveryID, secret: secret) else {
+                throw ValidationError(field: "delivery_token", reason: "does not match this delivery")
+            }
+        }
+        let recorded = try await registry.recordMetric(
+            tenant: principal.tenantID, deliveryID: deliveryID, metric: metric, recipient: recipient, at: at)
+        return .json(.object(["recorded": .bool(recorded), "duplicate": .bool(!recorded)]), status: 202)
+    }
+
+    // MARK: Field rules
+
+    static func email(_ text: String?) throws(ValidationError) -> String? {
+        guard let text else { return nil }
+        let parts = text.split(separator: "@", omittingEmptySubsequences: false)
+        guard parts.count == 2, !parts[0].isEmpty, parts[1].contains("."), !text.contains(" ") else {
+            throw ValidationError(field: "email", reason: "must be an email address")
+        }
+        return text
+    }
+}

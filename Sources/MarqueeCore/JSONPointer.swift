@@ -1,0 +1,107 @@
+/// An RFC 6901 JSON Pointer, e.g. `/content_state/eta`.
+public struct JSONPointer: Sendable, Hashable, CustomStringConvertible {
+    /// The unescaped reference tokens.
+    public var tokens: [String]
+
+    public init(tokens: [String] = []) { self.tokens = tokens }
+
+    /// Parses `""` (the whole document) or `/a/b`, with `~1` for `/` and `~0` for `~`.
+    public init?(_ text: String) {
+        if text.isEmpty {
+            tokens = []
+            return
+        }
+        guard text.hasPrefix("/") else { return nil }
+        var parsed: [String] = []
+        for raw in text.dropFirst().split(separator: "/", omittingEmptySubsequences: false) {
+            // Reject a `~` not followed by 0 or 1.
+            var token = ""
+            var iterator = raw.makeIterator()
+            while let c = iterator.next() {
+                if c == "~" {
+                    switch iterator.next() {
+                    case "0": token.append("~")
+                    case "1": token.append("/")
+                    default: return nil
+                    }
+                } else {
+                    token.append(c)
+                }
+            }
+            parsed.append(token)
+        }
+        tokens = parsed
+    }
+
+    /// A pointer one level deeper.
+    public func appending(_ token: String) -> JSONPointer { JSONPointer(tokens: tokens + [token]) }
+    public func appending(_ index: Int) -> JSONPointer { appending(String(index)) }
+
+    public var description: String {
+        tokens.map { "/" + $0.replacingOccurrences(of: "~", with: "~0").replacingOccurrences(of: "/", with: "~1") }
+            .joined()
+    }
+}
+
+extension String {
+    fileprivate func replacingOccurrences(of target: String, with replacement: String) -> String {
+        guard !target.isEmpty, self.contains(target) else { return self }
+        var out = ""
+        var rest = Substring(self)
+        while let range = rest.firstRange(of: target) {
+            out += rest[..<range.lowerBound]
+            out += replacement
+            rest = rest[range.upperBound...]
+        }
+        out += rest
+        return out
+    }
+}
+
+extension JSONValue {
+    /// The value at `pointer`, or nil when some step does not exist.
+    public subscript(pointer pointer: JSONPointer) -> JSONValue? {
+        var current = self
+        for token in pointer.tokens {
+            switch current {
+            case .object(let o):
+                guard let next = o[token] else { return nil }
+                current = next
+            case .array(let a):
+                guard let i = Int(token), token == String(i), a.indices.contains(i) else { return nil }
+                current = a[i]
+            default:
+                return nil
+            }
+        }
+        return current
+    }
+
+    /// Replaces the value at an existing `pointer`; returns false (and changes nothing) if it does not exist.
+    @discardableResult
+    public mutating func replace(at pointer: JSONPointer, with value: JSONValue) -> Bool {
+        replace(tokens: pointer.tokens[...], with: value)
+    }
+
+    private mutating func replace(tokens: ArraySlice<String>, with value: JSONValue) -> Bool {
+        guard let first = tokens.first else {
+            self = value
+            return true
+        }
+        switch self {
+        case .object(var o):
+            guard var child = o[first] else { return false }
+            guard child.replace(tokens: tokens.dropFirst(), with: value) else { return false }
+            o[first] = child
+            self = .object(o)
+            return true
+        case .array(var a):
+            guard let i = Int(first), a.indices.contains(i) else { return false }
+            guard a[i].replace(tokens: tokens.dropFirst(), with: value) else { return false }
+            self = .array(a)
+            return true
+        default:
+            return false
+        }
+    }
+}

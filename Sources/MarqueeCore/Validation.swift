@@ -1,0 +1,163 @@
+/// A client mistake in one field: which field, why, and a stable code. Rendered by the API as a 422 problem.
+public struct ValidationError: Error, Sendable, Equatable, CustomStringConvertible {
+    /// Stable kinds; the API turns each into a problem `type`.
+    public struct Code: Hashable, Sendable, CustomStringConvertible {
+        public let rawValue: String
+        public init(_ rawValue: String) { self.rawValue = rawValue }
+        public static let invalidField = Code("invalid-field")
+        public static let missingField = Code("missing-field")
+        public static let invalidToken = Code("invalid-token")
+        public static let invalidKey = Code("invalid-key")
+        public static let schemaViolation = Code("schema-violation")
+        public var description: String { rawValue }
+    }
+
+    public var code: Code
+    /// The field at fault: a name (`platform`), a dotted path (`push_payload.alert`) or a JSON pointer.
+    public var field: String
+    /// Readable reason, safe to show: it never quotes a token or a secret.
+    public var reason: String
+
+    public init(_ code: Code = .invalidField, field: String, reason: String) {
+        self.code = code
+        self.field = field
+        self.reason = reason
+    }
+
+    public static func missing(_ field: String) -> ValidationError {
+        ValidationError(.missingField, field: field, reason: "is required")
+    }
+
+    public var description: String { "\(field): \(reason)" }
+}
+
+/// Device platforms.
+public enum Platform: String, Sendable, CaseIterable, Codable {
+    case ios
+    case android
+}
+
+/// Token and identifier rules shared by the API and the stores.
+public enum Identifiers {
+    /// APNs device, push-to-start and activity tokens: hex, 64–200 characters; stored lowercase.
+    public static func apnsToken(_ text: String, field: String) throws(ValidationError) -> String {
+        let utf8 = text.utf8
+        guard (64...200).contains(utf8.count), utf8.allSatisfy(isHexDigit) else {
+            throw ValidationError(.invalidToken, field: field, reason: "must be an APNs token: 64 to 200 hexadecimal characters")
+        }
+        return text.lowercased()
+    }
+
+    /// FCM registration tokens: 1–4096 printable ASCII characters.
+    public static func fcmToken(_ text: String, field: String) throws(ValidationError) -> String {
+        let utf8 = text.utf8
+        guard (1...4096).contains(utf8.count), utf8.allSatisfy({ $0 >= 0x21 && $0 <= 0x7E }) else {
+            throw ValidationError(.invalidToken, field: field, reason: "must be an FCM token: 1 to 4096 printable ASCII characters")
+        }
+        return text
+    }
+
+    /// A device token by platform.
+    public static func deviceToken(_ text: String, platform: Platform, field: String) throws(ValidationError) -> String {
+        switch platform {
+        case .ios: try apnsToken(text, field: field)
+        case .android: try fcmToken(text, field: field)
+        }
+    }
+
+    /// A device token whose platform is not known yet (path parameters): an APNs token is normalised to lowercase,
+    /// anything else must be a valid FCM token.
+    public static func anyDeviceToken(_ text: String, field: String) throws(ValidationError) -> String {
+        if let apns = try? apnsToken(text, field: field) { return apns }
+        return try fcmToken(text, field: field)
+    }
+
+    /// A person's ID, chosen by the product team: 1–256 characters, no control characters.
+    public static func personID(_ text: String, field: String = "id") throws(ValidationError) -> String {
+        guard (1...256).contains(text.unicodeScalars.count),
+            !text.unicodeScalars.contains(where: { $0.properties.generalCategory == .control })
+        else {
+            throw ValidationError(field: field, reason: "must be 1 to 256 characters without control characters")
+        }
+        return text
+    }
+
+    /// A live activity instance ID: 1–128 characters of `[A-Za-z0-9._:-]`.
+    public static func instanceID(_ text: String, field: String = "instance_id") throws(ValidationError) -> String {
+        guard (1...128).contains(text.utf8.count),
+            text.utf8.allSatisfy({ isAlphanumeric($0) || $0 == 0x2E || $0 == 0x5F || $0 == 0x3A || $0 == 0x2D })
+        else {
+            throw ValidationError(field: field, reason: "must be 1 to 128 characters of A-Z a-z 0-9 . _ : -")
+        }
+        return text
+    }
+
+    /// An activity type identifier in reverse-DNS form, e.g. `com.example.delivery`: at least two dot-separated
+    /// labels of `[A-Za-z0-9_-]`, at most 255 characters.
+    public static func activityType(_ text: String, field: String = "identifier") throws(ValidationError) -> String {
+        let labels = text.split(separator: ".", omittingEmptySubsequences: false)
+        guard text.utf8.count <= 255, labels.count >= 2,
+            labels.allSatisfy({ label in
+                !label.isEmpty && label.utf8.allSatisfy { isAlphanumeric($0) || $0 == 0x5F || $0 == 0x2D }
+            })
+        else {
+            throw ValidationError(field: field, reason: "must be a reverse-DNS identifier such as com.example.delivery")
+        }
+        return text
+    }
+
+    /// A Swift type name as ActivityKit sends it in `attributes-type`: an identifier, possibly dotted.
+    public static func attributesType(_ text: String, field: String = "attributes_type") throws(ValidationError)
+        -> String
+    {
+        let parts = text.split(separator: ".", omittingEmptySubsequences: false)
+        guard (1...200).contains(text.utf8.count),
+            parts.allSatisfy({ part in
+                guard let first = part.utf8.first, !isDigit(first) else { return false }
+                return part.utf8.allSatisfy { isAlphanumeric($0) || $0 == 0x5F }
+            })
+        else {
+            throw ValidationError(field: field, reason: "must be a Swift type name such as DeliveryAttributes")
+        }
+        return text
+    }
+
+    static func isDigit(_ c: UInt8) -> Bool { c >= 0x30 && c <= 0x39 }
+    static func isHexDigit(_ c: UInt8) -> Bool { isDigit(c) || (c >= 0x41 && c <= 0x46) || (c >= 0x61 && c <= 0x66) }
+    static func isAlphanumeric(_ c: UInt8) -> Bool { isDigit(c) || (c >= 0x41 && c <= 0x5A) || (c >= 0x61 && c <= 0x7A) }
+}
+
+/// How a date field of the content state is encoded for the app's decoder.
+public enum DateEncoding: String, Sendable, CaseIterable, Codable {
+    /// Seconds since 1970 (a number).
+    case epochSeconds = "epoch_seconds"
+    /// Seconds since 2001-01-01 00:00:00 UTC: what ActivityKit's default `Date` decoding expects.
+    case appleReference = "apple_reference"
+    /// An ISO 8601 string in UTC.
+    case iso8601
+}
+
+/// Which client library the pushed payload is shaped for.
+public enum PayloadProfile: String, Sendable, CaseIterable, Codable {
+    case marquee
+    case customerio
+    case capacitor
+}
+
+/// Lifecycle events a device reports for an activity instance.
+public enum LifecycleEvent: String, Sendable, CaseIterable, Codable {
+    case started
+    case updated
+    case ended
+    case dismissed
+    case stale
+
+    /// After these, the device gets no more sends for the instance.
+    public var stopsSends: Bool { self == .ended || self == .dismissed }
+}
+
+/// Delivery metrics reported by the SDK.
+public enum DeliveryMetric: String, Sendable, CaseIterable, Codable {
+    case delivered
+    case opened
+}

@@ -1,0 +1,520 @@
+import Foundation
+import MarqueeCore
+import PostgresClient
+
+/// An activity type: how instances of it are validated and shaped for the device.
+public struct ActivityType: Sendable, Equatable {
+    public var identifier: String
+    public var attributesType: String
+    public var contentStateSchema: JSONValue?
+    /// JSON pointers into the content state, each with its encoding.
+    public var dateFields: [String: DateEncoding]
+    public var payloadProfile: PayloadProfile
+    public var autoCreated: Bool
+    public var createdAt: Date
+    public var updatedAt: Date
+
+    public init(
+        identifier: String, attributesType: String, contentStateSchema: JSONValue? = nil,
+        dateFields: [String: DateEncoding] = [:], payloadProfile: PayloadProfile = .marquee, autoCreated: Bool = false,
+        createdAt: Date = Date(), updatedAt: Date = Date()
+    ) {
+        self.identifier = identifier
+        self.attributesType = attributesType
+        self.contentStateSchema = contentStateSchema
+        self.dateFields = dateFields
+        self.payloadProfile = payloadProfile
+        self.autoCreated = autoCreated
+        self.createdAt = createdAt
+        self.updatedAt = updatedAt
+    }
+}
+
+public struct Person: Sendable, Equatable {
+    public var id: String
+    public var email: String?
+    public var attributes: JSONValue
+    public var createdAt: Date
+    public var updatedAt: Date
+}
+
+public struct Device: Sendable, Equatable {
+    public var token: String
+    public var personID: String
+    public var platform: Platform
+    public var appID: String?
+    public var osVersion: String?
+    public var appVersion: String?
+    public var attributes: JSONValue
+    public var createdAt: Date
+    public var updatedAt: Date
+}
+
+/// A registered token as shown in reads: `masked`, never whole.
+public struct TokenInfo: Sendable, Equatable {
+    public enum Kind: String, Sendable { case pushToStart = "push_to_start", activity }
+    public var kind: Kind
+    /// The activity type (push-to-start) or the instance ID (activity tokens).
+    public var scope: String
+    public var masked: String
+    public var status: String
+    public var updatedAt: Date
+}
+
+public struct DeviceDetail: Sendable, Equatable {
+    public var device: Device
+    public var tokens: [TokenInfo]
+}
+
+public struct PersonDetail: Sendable, Equatable {
+    public var person: Person
+    public var devices: [DeviceDetail]
+}
+
+/// Device fields as registered.
+public struct DeviceRegistration: Sendable {
+    public var personID: String
+    public var token: String
+    public var platform: Platform
+    public var appID: String?
+    public var osVersion: String?
+    public var appVersion: String?
+    public var attributes: JSONValue?
+
+    public init(
+        personID: String, token: String, platform: Platform, appID: String? = nil, osVersion: String? = nil,
+        appVersion: String? = nil, attributes: JSONValue? = nil
+    ) {
+        self.personID = personID
+        self.token = token
+        self.platform = platform
+        self.appID = appID
+        self.osVersion = osVersion
+        self.appVersion = appVersion
+        self.attributes = attributes
+    }
+}
+
+/// The outcome of a token registration.
+public struct TokenRegistration: Sendable, Equatable {
+    /// A different token was active and has been retired.
+    public var rotated: Bool
+    /// The token was already the active one.
+    public var unchanged: Bool
+}
+
+/// A token a send would go to for an instance (update and end targets).
+public struct ActivityTarget: Sendable, Equatable {
+    public var deviceToken: String
+    public var platform: Platform
+    /// The per-activity APNs token, or the FCM token for Android.
+    public var token: String
+}
+
+/// Shows the ends of a token only.
+public func maskToken(_ token: String) -> String {
+    guard token.count > 12 else { return String(repeating: "•", count: token.count) }
+    return token.prefix(4) + "…" + token.suffix(4)
+}
+
+/// People, devices, activity types, tokens, lifecycle events and delivery metrics.
+public struct RegistryStore: Sendable {
+    let database: TenantDatabase
+
+    public init(database: TenantDatabase) {
+        self.database = database
+    }
+
+    // MARK: Activity types
+
+    /// Creates or replaces an activity type. Returns it and whether it was created.
+    public func putActivityType(tenant: UUID, _ type: ActivityType) async throws -> (ActivityType, created: Bool) {
+        let dateFields = JSONValue.object(type.dateFields.mapValues { .string($0.rawValue) })
+        return try await database.tenantTransaction(tenant) { connection in
+            let rows = try connection.query(
+                """
+                INSERT INTO activity_types (tenant_id, identifier, attributes_type, content_state_schema, date_fields,
+                                            payload_profile, auto_created)
+                VALUES (\(tenant), \(type.identifier), \(type.attributesType), \(type.contentStateSchema),
+                        \(dateFields), \(type.payloadProfile.rawValue), false)
+                ON CONFLICT (tenant_id, identifier) DO UPDATE SET
+                    attributes_type = EXCLUDED.attributes_type, content_state_schema = EXCLUDED.content_state_schema,
+                    date_fields = EXCLUDED.date_fields, payload_profile = EXCLUDED.payload_profile,
+                    auto_created = false
+                RETURNING \(unsafeRaw: Self.typeColumns), (xmax = 0) AS inserted
+                """)
+            return (try Self.activityType(rows[0]), try rows[0].decode(Bool.self, "inserted"))
+        }
+    }
+
+    public func activityType(tenant: UUID, identifier: String) async throws -> ActivityType {
+        try await database.tenantTransaction(tenant) { connection in
+            let rows = try connection.query(
+                """
+                SELECT \(unsafeRaw: Self.typeColumns) FROM activity_types
+                WHERE tenant_id = \(tenant) AND identifier = \(identifier)
+                """)
+            guard let row = rows.first else { throw NotFound("activity_type") }
+            return try Self.activityType(row)
+        }
+    }
+
+    public func activityTypes(tenant: UUID) async throws -> [ActivityType] {
+        try await database.tenantTransaction(tenant) { connection in
+            try connection.query(
+                """
+                SELECT \(unsafeRaw: Self.typeColumns) FROM activity_types
+                WHERE tenant_id = \(tenant) ORDER BY identifier
+                """
+            ).map(Self.activityType)
+        }
+    }
+
+    /// Creates a permissive type the first time SDK registration names it (as Customer.io does).
+    static func ensureActivityType(
+        _ connection: PostgresConnection, tenant: UUID, identifier: String, attributesType: String?,
+        profile: PayloadProfile
+    ) throws {
+        let attributes = attributesType ?? String(identifier.split(separator: ".").last ?? Substring(identifier))
+        try connection.execute(
+            """
+            INSERT INTO activity_types (tenant_id, identifier, attributes_type, payload_profile, auto_created)
+            VALUES (\(tenant), \(identifier), \(attributes), \(profile.rawValue), true)
+            ON CONFLICT (tenant_id, identifier) DO NOTHING
+            """)
+    }
+
+    // MARK: People
+
+    /// Creates or updates a person. Absent fields keep their stored values; `attributes` replaces the object.
+    public func upsertPerson(tenant: UUID, id: String, email: String?, attributes: JSONValue?) async throws -> Person {
+        try await database.tenantTransaction(tenant) { connection in
+            try Self.upsertPerson(connection, tenant: tenant, id: id, email: email, attributes: attributes)
+        }
+    }
+
+    static func upsertPerson(
+        _ connection: PostgresConnection, tenant: UUID, id: String, email: String?, attributes: JSONValue?
+    ) throws -> Person {
+        do {
+            let rows = try connection.query(
+                """
+                INSERT INTO people (tenant_id, id, email, attributes)
+                VALUES (\(tenant), \(id), \(email), COALESCE(\(attributes), '{}'::jsonb))
+                ON CONFLICT (tenant_id, id) DO UPDATE SET
+                    email = COALESCE(EXCLUDED.email, people.email),
+                    attributes = CASE WHEN \(attributes) IS NULL THEN people.attributes ELSE EXCLUDED.attributes END
+                RETURNING id, email, attributes, created_at, updated_at
+                """)
+            return try person(rows[0])
+        } catch let error as PostgresError where error.code == .uniqueViolation {
+            throw Conflict(field: "email", reason: "belongs to another person")
+        }
+    }
+
+    /// The person with every device and (masked) token.
+    public func person(tenant: UUID, id: String) async throws -> PersonDetail {
+        try await database.tenantTransaction(tenant) { connection in
+            let rows = try connection.query(
+                """
+                SELECT id, email, attributes, created_at, updated_at FROM people
+                WHERE tenant_id = \(tenant) AND id = \(id)
+                """)
+            guard let row = rows.first else { throw NotFound("person") }
+            let person = try Self.person(row)
+            let devices = try connection.query(
+                """
+                SELECT \(unsafeRaw: Self.deviceColumns) FROM devices
+                WHERE tenant_id = \(tenant) AND person_id = \(id) ORDER BY created_at, token
+                """
+            ).map(Self.device)
+            let tokenRows = try connection.query(
+                """
+                SELECT 'push_to_start' AS kind, device_token, activity_type AS scope, token, status, updated_at
+                FROM push_to_start_tokens p
+                WHERE p.tenant_id = \(tenant) AND p.device_token IN (
+                    SELECT token FROM devices WHERE tenant_id = \(tenant) AND person_id = \(id))
+                UNION ALL
+                SELECT 'activity', device_token, instance_id, token, status, updated_at
+                FROM activity_tokens a
+                WHERE a.tenant_id = \(tenant) AND a.device_token IN (
+                    SELECT token FROM devices WHERE tenant_id = \(tenant) AND person_id = \(id))
+                ORDER BY updated_at DESC
+                """)
+            var tokens: [String: [TokenInfo]] = [:]
+            for row in tokenRows {
+                let info = TokenInfo(
+                    kind: TokenInfo.Kind(rawValue: try row.decode(String.self, "kind")) ?? .activity,
+                    scope: try row.decode(String.self, "scope"), masked: maskToken(try row.decode(String.self, "token")),
+                    status: try row.decode(String.self, "status"), updatedAt: try row.decode(Date.self, "updated_at"))
+                tokens[try row.decode(String.self, "device_token"), default: []].append(info)
+            }
+            return PersonDetail(
+                person: person, devices: devices.map { DeviceDetail(device: $0, tokens: tokens[$0.token] ?? []) })
+        }
+    }
+
+    /// Erases a person with their devices and every token (by cascade).
+    public func deletePerson(tenant: UUID, id: String) async throws {
+        let deleted = try await database.tenantTransaction(tenant) { connection in
+            try connection.execute("DELETE FROM people WHERE tenant_id = \(tenant) AND id = \(id)")
+        }
+        if deleted == 0 { throw NotFound("person") }
+    }
+
+    // MARK: Devices
+
+    /// Registers a device for a person (creating the person if needed). A token registered before under someone
+    /// else moves to this person: a device has one owner.
+    public func upsertDevice(tenant: UUID, _ registration: DeviceRegistration) async throws -> Device {
+        try await database.tenantTransaction(tenant) { connection in
+            try connection.execute(
+                """
+                INSERT INTO people (tenant_id, id) VALUES (\(tenant), \(registration.personID))
+                ON CONFLICT (tenant_id, id) DO NOTHING
+                """)
+            let rows = try connection.query(
+                """
+                INSERT INTO devices (tenant_id, token, person_id, platform, app_id, os_version, app_version, attributes)
+                VALUES (\(tenant), \(registration.token), \(registration.personID), \(registration.platform.rawValue),
+                        \(registration.appID), \(registration.osVersion), \(registration.appVersion),
+                        COALESCE(\(registration.attributes), '{}'::jsonb))
+                ON CONFLICT (tenant_id, token) DO UPDATE SET
+                    person_id = EXCLUDED.person_id, platform = EXCLUDED.platform,
+                    app_id = COALESCE(EXCLUDED.app_id, devices.app_id),
+                    os_version = COALESCE(EXCLUDED.os_version, devices.os_version),
+                    app_version = COALESCE(EXCLUDED.app_version, devices.app_version),
+                    attributes = CASE WHEN \(registration.attributes) IS NULL THEN devices.attributes
+                                      ELSE EXCLUDED.attributes END
+                RETURNING \(unsafeRaw: Self.deviceColumns)
+                """)
+            return try Self.device(rows[0])
+        }
+    }
+
+    /// Removes a device (and its tokens). With `personID`, only if it belongs to that person.
+    public func deleteDevice(tenant: UUID, personID: String?, token: String) async throws {
+        let deleted = try await database.tenantTransaction(tenant) { connection in
+            if let personID {
+                return try connection.execute(
+                    "DELETE FROM devices WHERE tenant_id = \(tenant) AND token = \(token) AND person_id = \(personID)")
+            }
+            return try connection.execute("DELETE FROM devices WHERE tenant_id = \(tenant) AND token = \(token)")
+        }
+        if deleted == 0 { throw NotFound("device") }
+    }
+
+    /// The device's platform, or nil if it is not registered (to this person, when one is given).
+    public func devicePlatform(tenant: UUID, token: String, personID: String? = nil) async throws -> Platform? {
+        try await database.tenantTransaction(tenant) { connection in
+            try Self.devicePlatform(connection, tenant: tenant, token: token, personID: personID)
+        }
+    }
+
+    static func devicePlatform(_ connection: PostgresConnection, tenant: UUID, token: String, personID: String?) throws
+        -> Platform?
+    {
+        let rows = try connection.query(
+            """
+            SELECT platform FROM devices
+            WHERE tenant_id = \(tenant) AND token = \(token) AND (\(personID)::text IS NULL OR person_id = \(personID))
+            """)
+        guard let row = rows.first else { return nil }
+        return Platform(rawValue: try row.decode(String.self, "platform"))
+    }
+
+    // MARK: Tokens
+
+    /// Registers the push-to-start token of a person's iOS device for an activity type. A different active token
+    /// for the same (device, type) is retired. Unknown types are created with permissive defaults.
+    public func registerPushToStart(
+        tenant: UUID, personID: String, deviceToken: String, activityType: String, token: String,
+        attributesType: String?, profile: PayloadProfile = .marquee
+    ) async throws -> TokenRegistration {
+        try await retryingRace {
+            try await database.tenantTransaction(tenant) { connection in
+                guard
+                    let platform = try Self.devicePlatform(
+                        connection, tenant: tenant, token: deviceToken, personID: personID)
+                else { throw NotFound("device") }
+                guard platform == .ios else {
+                    throw Conflict(field: "device_token", reason: "push-to-start tokens exist only for iOS devices")
+                }
+                try Self.ensureActivityType(
+                    connection, tenant: tenant, identifier: activityType, attributesType: attributesType,
+                    profile: profile)
+                let retired = try connection.execute(
+                    """
+                    UPDATE push_to_start_tokens
+                    SET status = 'retired', retired_reason = 'rotated', retired_at = now()
+                    WHERE tenant_id = \(tenant) AND device_token = \(deviceToken) AND activity_type = \(activityType)
+                      AND status = 'active' AND token <> \(token)
+                    """)
+                let rows = try connection.query(
+                    """
+                    INSERT INTO push_to_start_tokens (tenant_id, device_token, activity_type, token, attributes_type)
+                    VALUES (\(tenant), \(deviceToken), \(activityType), \(token), \(attributesType))
+                    ON CONFLICT (tenant_id, device_token, activity_type, token) DO UPDATE SET
+                        attributes_type = COALESCE(EXCLUDED.attributes_type, push_to_start_tokens.attributes_type),
+                        status = 'active', retired_reason = NULL, retired_at = NULL
+                    RETURNING (xmax = 0) AS inserted
+                    """)
+                let inserted = try rows[0].decode(Bool.self, "inserted")
+                return TokenRegistration(rotated: retired > 0, unchanged: !inserted && retired == 0)
+            }
+        }
+    }
+
+    /// Registers the per-activity token of a device for an instance; a different active token is retired.
+    public func registerActivityToken(tenant: UUID, instanceID: String, deviceToken: String, token: String)
+        async throws -> TokenRegistration
+    {
+        try await retryingRace {
+            try await database.tenantTransaction(tenant) { connection in
+                guard try Self.devicePlatform(connection, tenant: tenant, token: deviceToken, personID: nil) != nil
+                else { throw NotFound("device") }
+                let retired = try connection.execute(
+                    """
+                    UPDATE activity_tokens
+                    SET status = 'retired', retired_reason = 'rotated', retired_at = now()
+                    WHERE tenant_id = \(tenant) AND instance_id = \(instanceID) AND device_token = \(deviceToken)
+                      AND status = 'active' AND token <> \(token)
+                    """)
+                let rows = try connection.query(
+                    """
+                    INSERT INTO activity_tokens (tenant_id, instance_id, device_token, token)
+                    VALUES (\(tenant), \(instanceID), \(deviceToken), \(token))
+                    ON CONFLICT (tenant_id, instance_id, device_token, token) DO UPDATE SET
+                        status = 'active', retired_reason = NULL, retired_at = NULL
+                    RETURNING (xmax = 0) AS inserted
+                    """)
+                let inserted = try rows[0].decode(Bool.self, "inserted")
+                return TokenRegistration(rotated: retired > 0, unchanged: !inserted && retired == 0)
+            }
+        }
+    }
+
+    /// The tokens an update or end of `instanceID` goes to: every active per-activity token, and the FCM tokens of
+    /// the Android devices of the instance, leaving out devices that reported `ended` or `dismissed`.
+    public func activityTargets(tenant: UUID, instanceID: String) async throws -> [ActivityTarget] {
+        try await database.tenantTransaction(tenant) { connection in
+            try connection.query(
+                """
+                SELECT d.token AS device_token, d.platform, COALESCE(a.token, d.token) AS token
+                FROM devices d
+                LEFT JOIN activity_tokens a
+                  ON a.tenant_id = d.tenant_id AND a.device_token = d.token
+                 AND a.instance_id = \(instanceID) AND a.status = 'active'
+                LEFT JOIN instance_devices s
+                  ON s.tenant_id = d.tenant_id AND s.device_token = d.token AND s.instance_id = \(instanceID)
+                WHERE d.tenant_id = \(tenant)
+                  AND (a.token IS NOT NULL OR (d.platform = 'android' AND s.device_token IS NOT NULL))
+                  AND (s.state IS NULL OR s.state NOT IN ('ended', 'dismissed'))
+                ORDER BY d.token
+                """
+            ).map { row in
+                ActivityTarget(
+                    deviceToken: try row.decode(String.self, "device_token"),
+                    platform: Platform(rawValue: try row.decode(String.self, "platform")) ?? .ios,
+                    token: try row.decode(String.self, "token"))
+            }
+        }
+    }
+
+    // MARK: Lifecycle events and delivery metrics
+
+    /// Records a lifecycle event and moves the device's state for the instance. `ended` and `dismissed` are final:
+    /// a later `updated` does not bring the device back. Older events never overwrite newer ones.
+    public func recordEvent(
+        tenant: UUID, instanceID: String, event: LifecycleEvent, deviceToken: String, at: Date,
+        contentState: JSONValue?
+    ) async throws {
+        try await database.tenantTransaction(tenant) { connection in
+            guard try Self.devicePlatform(connection, tenant: tenant, token: deviceToken, personID: nil) != nil else {
+                throw NotFound("device")
+            }
+            try connection.execute(
+                """
+                INSERT INTO activity_events (tenant_id, id, instance_id, device_token, event, at, content_state)
+                VALUES (\(tenant), \(UUID()), \(instanceID), \(deviceToken), \(event.rawValue), \(at), \(contentState))
+                """)
+            try connection.execute(
+                """
+                INSERT INTO instance_devices (tenant_id, instance_id, device_token, state, state_at, content_state)
+                VALUES (\(tenant), \(instanceID), \(deviceToken), \(event.rawValue), \(at), \(contentState))
+                ON CONFLICT (tenant_id, instance_id, device_token) DO UPDATE SET
+                    state = EXCLUDED.state, state_at = EXCLUDED.state_at,
+                    content_state = COALESCE(EXCLUDED.content_state, instance_devices.content_state)
+                WHERE instance_devices.state NOT IN ('ended', 'dismissed')
+                  AND instance_devices.state_at <= EXCLUDED.state_at
+                """)
+        }
+    }
+
+    /// Records a delivery metric. `delivered` counts once per (delivery, recipient): returns false for a repeat.
+    public func recordMetric(
+        tenant: UUID, deliveryID: String, metric: DeliveryMetric, recipient: String?, at: Date?
+    ) async throws -> Bool {
+        try await database.tenantTransaction(tenant) { connection in
+            let inserted = try connection.execute(
+                """
+                INSERT INTO delivery_metrics (tenant_id, id, delivery_id, metric, recipient, at)
+                VALUES (\(tenant), \(UUID()), \(deliveryID), \(metric.rawValue), \(recipient ?? ""),
+                        COALESCE(\(at), now()))
+                ON CONFLICT (tenant_id, delivery_id, recipient) WHERE metric = 'delivered' DO NOTHING
+                """)
+            return inserted > 0
+        }
+    }
+
+    // MARK: Rows
+
+    static let typeColumns =
+        "identifier, attributes_type, content_state_schema, date_fields, payload_profile, auto_created, created_at, updated_at"
+    static let deviceColumns =
+        "token, person_id, platform, app_id, os_version, app_version, attributes, created_at, updated_at"
+
+    static func activityType(_ row: PostgresRow) throws -> ActivityType {
+        var dateFields: [String: DateEncoding] = [:]
+        for (pointer, value) in try row.decode(JSONValue.self, "date_fields").objectValue ?? [:] {
+            if let encoding = value.stringValue.flatMap(DateEncoding.init(rawValue:)) { dateFields[pointer] = encoding }
+        }
+        return ActivityType(
+            identifier: try row.decode(String.self, "identifier"),
+            attributesType: try row.decode(String.self, "attributes_type"),
+            contentStateSchema: try row.decode(JSONValue?.self, "content_state_schema"), dateFields: dateFields,
+            payloadProfile: PayloadProfile(rawValue: try row.decode(String.self, "payload_profile")) ?? .marquee,
+            autoCreated: try row.decode(Bool.self, "auto_created"), createdAt: try row.decode(Date.self, "created_at"),
+            updatedAt: try row.decode(Date.self, "updated_at"))
+    }
+
+    static func person(_ row: PostgresRow) throws -> Person {
+        Person(
+            id: try row.decode(String.self, "id"), email: try row.decode(String?.self, "email"),
+            attributes: try row.decode(JSONValue.self, "attributes"), createdAt: try row.decode(Date.self, "created_at"),
+            updatedAt: try row.decode(Date.self, "updated_at"))
+    }
+
+    static func device(_ row: PostgresRow) throws -> Device {
+        Device(
+            token: try row.decode(String.self, "token"), personID: try row.decode(String.self, "person_id"),
+            platform: Platform(rawValue: try row.decode(String.self, "platform")) ?? .ios,
+            appID: try row.decode(String?.self, "app_id"), osVersion: try row.decode(String?.self, "os_version"),
+            appVersion: try row.decode(String?.self, "app_version"),
+            attributes: try row.decode(JSONValue.self, "attributes"), createdAt: try row.decode(Date.self, "created_at"),
+            updatedAt: try row.decode(Date.self, "updated_at"))
+    }
+}
+
+/// Two registrations racing for the same (device, scope) can both try to insert the active row; the loser hits the
+/// partial unique index. Running it again sees the winner's row and rotates it properly.
+func retryingRace<T: Sendable>(_ body: () async throws -> T) async throws -> T {
+    for _ in 0..<3 {
+        do {
+            return try await body()
+        } catch let error as PostgresError where error.code == .uniqueViolation {
+            continue
+        }
+    }
+    return try await body()
+}

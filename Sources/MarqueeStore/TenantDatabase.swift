@@ -1,0 +1,74 @@
+import Foundation
+import MarqueeCore
+import PostgresClient
+
+/// The database as the stores see it: the pool plus tenant-scoped transactions.
+///
+/// `tenantTransaction` switches the transaction to the `marquee_api` role and sets `marquee.tenant_id`, both with
+/// `SET LOCAL` semantics, so PostgreSQL's row-level security confines every statement in it to that tenant (the
+/// stores also name `tenant_id` in every statement: isolation twice). System work (creating tenants, looking up
+/// keys) uses `systemTransaction`, as the connecting role.
+public struct TenantDatabase: Sendable {
+    public let pool: PostgresPool
+
+    public init(pool: PostgresPool) {
+        self.pool = pool
+    }
+
+    /// Runs `body` in one transaction confined to `tenant`.
+    public func tenantTransaction<T: Sendable>(
+        _ tenant: UUID, _ body: @escaping @Sendable (PostgresConnection) throws -> T
+    ) async throws -> T {
+        try await pool.transaction { connection in
+            try connection.enterTenant(tenant)
+            return try body(connection)
+        }
+    }
+
+    /// Runs `body` in one transaction as the connecting role (no tenant, no row-level security).
+    public func systemTransaction<T: Sendable>(_ body: @escaping @Sendable (PostgresConnection) throws -> T)
+        async throws -> T
+    {
+        try await pool.transaction { connection in try body(connection) }
+    }
+}
+
+extension PostgresConnection {
+    /// Confines the current transaction to `tenant` (role `marquee_api`, `marquee.tenant_id`).
+    public func enterTenant(_ tenant: UUID) throws {
+        try query(
+            """
+            SELECT set_config('role', 'marquee_api', true), set_config('marquee.tenant_id', \(tenant.uuidString), true)
+            """)
+    }
+}
+
+extension JSONValue: @retroactive PostgresEncodable, @retroactive PostgresDecodable {
+    public static var postgresTypeOID: UInt32 { PostgresOID.jsonb }
+
+    public func encodePostgres() -> PostgresBind {
+        PostgresBind(bytes: bytes, oid: PostgresOID.jsonb)
+    }
+
+    public static func decodePostgres(from cell: PostgresCell) throws -> JSONValue {
+        let raw = try PostgresJSON.decodePostgres(from: cell)
+        return try JSONValue.parse(raw.bytes)
+    }
+}
+
+/// A record was not found in this tenant (or does not exist at all: the two are never told apart).
+public struct NotFound: Error, Sendable, Equatable {
+    /// What was looked for: `person`, `device`, `activity_type`, `tenant`, `api_key`, `credentials`.
+    public var resource: String
+    public init(_ resource: String) { self.resource = resource }
+}
+
+/// A request that conflicts with the current state (e.g. a push-to-start token for an Android device).
+public struct Conflict: Error, Sendable, Equatable {
+    public var field: String
+    public var reason: String
+    public init(field: String, reason: String) {
+        self.field = field
+        self.reason = reason
+    }
+}

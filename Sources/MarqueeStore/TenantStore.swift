@@ -1,0 +1,222 @@
+import Crypto
+import Foundation
+import MarqueeCore
+import PostgresClient
+
+/// A tenant (workspace).
+public struct Tenant: Sendable, Equatable {
+    public var id: UUID
+    public var name: String
+    public var createdAt: Date
+}
+
+/// An API key as listed: never its text, which is shown once at creation.
+public struct APIKeyRecord: Sendable, Equatable {
+    public var id: UUID
+    public var tenantID: UUID
+    public var kind: APIKeyKind
+    public var hint: String
+    public var createdAt: Date
+    public var revokedAt: Date?
+    public var lastUsedAt: Date?
+}
+
+/// A freshly made key: the record and the one-time text.
+public struct IssuedKey: Sendable {
+    public var record: APIKeyRecord
+    public var text: String
+}
+
+/// A new tenant with its first app and sdk keys.
+public struct CreatedTenant: Sendable {
+    public var tenant: Tenant
+    public var appKey: IssuedKey
+    public var sdkKey: IssuedKey
+}
+
+/// Who is calling, once a key has been checked.
+public struct Principal: Sendable, Equatable {
+    public var tenantID: UUID
+    public var keyID: UUID
+    public var kind: APIKeyKind
+}
+
+/// Tenants and their API keys.
+public struct TenantStore: Sendable {
+    let database: TenantDatabase
+    let keyRing: SealingKeyRing
+
+    public init(database: TenantDatabase, keyRing: SealingKeyRing) {
+        self.database = database
+        self.keyRing = keyRing
+    }
+
+    /// Creates a tenant with one app key and one sdk key, in one transaction.
+    public func create(name: String) async throws -> CreatedTenant {
+        let trimmed = name.trimmingCharacters(in: .whitespacesAndNewlines)
+        guard (1...200).contains(trimmed.count) else {
+            throw ValidationError(field: "name", reason: "must be 1 to 200 characters")
+        }
+        let id = UUID()
+        let secret = SecureRandom.bytes(32)
+        let sealed = try keyRing.seal(secret, associatedData: Self.deliverySecretContext(id))
+        return try await database.systemTransaction { connection in
+            let rows = try connection.query(
+                """
+                INSERT INTO tenants (id, name, sealed_delivery_secret) VALUES (\(id), \(trimmed), \(sealed))
+                RETURNING created_at
+                """)
+            let tenant = Tenant(id: id, name: trimmed, createdAt: try rows[0].decode(Date.self, "created_at"))
+            let app = try Self.insertKey(connection, tenant: id, kind: .app)
+            let sdk = try Self.insertKey(connection, tenant: id, kind: .sdk)
+            return CreatedTenant(tenant: tenant, appKey: app, sdkKey: sdk)
+        }
+    }
+
+    /// Every tenant, oldest first.
+    public func list() async throws -> [Tenant] {
+        try await database.systemTransaction { connection in
+            try connection.query("SELECT id, name, created_at FROM tenants ORDER BY created_at, id").map(Self.tenant)
+        }
+    }
+
+    /// One tenant.
+    public func get(_ id: UUID) async throws -> Tenant {
+        try await database.systemTransaction { connection in
+            let rows = try connection.query("SELECT id, name, created_at FROM tenants WHERE id = \(id)")
+            guard let row = rows.first else { throw NotFound("tenant") }
+            return try Self.tenant(row)
+        }
+    }
+
+    /// The tenant's keys, newest first.
+    public func keys(tenant: UUID) async throws -> [APIKeyRecord] {
+        try await database.systemTransaction { connection in
+            guard try !connection.query("SELECT 1 FROM tenants WHERE id = \(tenant)").isEmpty else {
+                throw NotFound("tenant")
+            }
+            return try connection.query(
+                """
+                SELECT id, tenant_id, kind, hint, created_at, revoked_at, last_used_at
+                FROM api_keys WHERE tenant_id = \(tenant) ORDER BY created_at DESC, id
+                """
+            ).map(Self.keyRecord)
+        }
+    }
+
+    /// Issues a new key of `kind`.
+    public func createKey(tenant: UUID, kind: APIKeyKind) async throws -> IssuedKey {
+        try await database.systemTransaction { connection in
+            guard try !connection.query("SELECT 1 FROM tenants WHERE id = \(tenant)").isEmpty else {
+                throw NotFound("tenant")
+            }
+            return try Self.insertKey(connection, tenant: tenant, kind: kind)
+        }
+    }
+
+    /// Revokes a key, at once or after `grace` (to let clients switch). Revoking twice keeps the first time.
+    @discardableResult
+    public func revokeKey(tenant: UUID, key: UUID, grace: Duration = .zero) async throws -> APIKeyRecord {
+        let graceSeconds = Double(grace.components.seconds)
+        return try await database.systemTransaction { connection in
+            let rows = try connection.query(
+                """
+                UPDATE api_keys
+                SET revoked_at = COALESCE(revoked_at, now() + make_interval(secs => \(graceSeconds)))
+                WHERE tenant_id = \(tenant) AND id = \(key)
+                RETURNING id, tenant_id, kind, hint, created_at, revoked_at, last_used_at
+                """)
+            guard let row = rows.first else { throw NotFound("api_key") }
+            return try Self.keyRecord(row)
+        }
+    }
+
+    /// Rotates a key: issues a new one of the same kind and revokes the old one after `grace`.
+    public func rotateKey(tenant: UUID, key: UUID, grace: Duration = .zero) async throws -> IssuedKey {
+        let graceSeconds = Double(grace.components.seconds)
+        return try await database.systemTransaction { connection in
+            let rows = try connection.query(
+                """
+                UPDATE api_keys
+                SET revoked_at = LEAST(COALESCE(revoked_at, 'infinity'), now() + make_interval(secs => \(graceSeconds)))
+                WHERE tenant_id = \(tenant) AND id = \(key)
+                RETURNING kind
+                """)
+            guard let row = rows.first, let kind = APIKeyKind(rawValue: try row.decode(String.self, "kind")) else {
+                throw NotFound("api_key")
+            }
+            return try Self.insertKey(connection, tenant: tenant, kind: kind)
+        }
+    }
+
+    /// Checks a presented key. Returns nil for anything unknown, malformed or revoked (the caller answers 401
+    /// without saying which). Records `last_used_at`, at most once a minute per key.
+    public func authenticate(_ presented: String) async throws -> Principal? {
+        guard let parsed = APIKeyText(parsing: presented), let tenant = UUID(uuidString: parsed.tenantUUIDString) else {
+            return nil
+        }
+        let hash = SHA256.hash(Array(presented.utf8))
+        return try await database.pool.withConnection { connection in
+            let rows = try connection.query(
+                """
+                WITH key AS (
+                    SELECT id, kind, last_used_at FROM api_keys
+                    WHERE tenant_id = \(tenant) AND hash = \(hash)
+                      AND (revoked_at IS NULL OR revoked_at > now())
+                ), touched AS (
+                    UPDATE api_keys SET last_used_at = now()
+                    WHERE tenant_id = \(tenant) AND id IN (
+                        SELECT id FROM key WHERE last_used_at IS NULL OR last_used_at < now() - interval '60 seconds')
+                    RETURNING id
+                )
+                SELECT key.id, key.kind, (SELECT count(*) FROM touched) AS touched FROM key
+                """)
+            guard let row = rows.first, let kind = APIKeyKind(rawValue: try row.decode(String.self, "kind")),
+                kind == parsed.kind
+            else { return nil }
+            return Principal(tenantID: tenant, keyID: try row.decode(UUID.self, "id"), kind: kind)
+        }
+    }
+
+    /// The tenant's HMAC key for delivery tokens.
+    public func deliverySecret(tenant: UUID) async throws -> [UInt8] {
+        let sealed = try await database.systemTransaction { connection in
+            let rows = try connection.query("SELECT sealed_delivery_secret FROM tenants WHERE id = \(tenant)")
+            guard let row = rows.first else { throw NotFound("tenant") }
+            return try row.decode([UInt8].self, "sealed_delivery_secret")
+        }
+        return try keyRing.open(sealed, associatedData: Self.deliverySecretContext(tenant))
+    }
+
+    static func deliverySecretContext(_ tenant: UUID) -> [UInt8] {
+        Array("tenant:\(tenant.uuidString.lowercased()):delivery-secret".utf8)
+    }
+
+    static func insertKey(_ connection: PostgresConnection, tenant: UUID, kind: APIKeyKind) throws -> IssuedKey {
+        let tenantHex = tenant.uuidString.lowercased().replacingOccurrences(of: "-", with: "")
+        let key = APIKeyText(kind: kind, tenantHex: tenantHex, secret: SecureRandom.token(byteCount: 32))
+        let id = UUID()
+        let hash = SHA256.hash(Array(key.text.utf8))
+        let rows = try connection.query(
+            """
+            INSERT INTO api_keys (tenant_id, id, kind, hash, hint)
+            VALUES (\(tenant), \(id), \(kind.rawValue), \(hash), \(key.hint))
+            RETURNING id, tenant_id, kind, hint, created_at, revoked_at, last_used_at
+            """)
+        return IssuedKey(record: try keyRecord(rows[0]), text: key.text)
+    }
+
+    static func tenant(_ row: PostgresRow) throws -> Tenant {
+        Tenant(
+            id: try row.decode(UUID.self, "id"), name: try row.decode(String.self, "name"),
+            createdAt: try row.decode(Date.self, "created_at"))
+    }
+
+    static func keyRecord(_ row: PostgresRow) throws -> APIKeyRecord {
+        APIKeyRecord(
+            id: try row.decode(UUID.self, "id"), tenantID: try row.decode(UUID.self, "tenant_id"),
+            kind: APIKeyKind(rawValue: try row.decode(String.self, "kind")) ?? .sdk,
+            hint: try row.decode(String.self, "hint"), createdAt: try row.decode(Date.self, "created_at"),
+            revokedAt: try row.decode(Date?.self, "revoked_at"), lastUsedAt: try row.decode(Date?.self, "last_used_at"))
+    }
+}

@@ -1,0 +1,116 @@
+import Crypto
+import Foundation
+import MarqueeAPI
+import MarqueeCore
+import MarqueeStore
+import PostgresClient
+
+/// `marquee tenant create|list` and `marquee key create|revoke|list|rotate`: the admin API's operations from a
+/// shell, straight against the database (no running server needed).
+struct TenantCommand {
+    enum Action {
+        case create(name: String)
+        case list
+        case keyCreate(tenant: UUID, kind: APIKeyKind)
+        case keyRevoke(tenant: UUID, key: UUID)
+        case keyRotate(tenant: UUID, key: UUID, grace: Int)
+        case keyList(tenant: UUID)
+    }
+
+    var action: Action
+    var json = false
+
+    /// `group` is `tenant` or `key`.
+    init(group: String, arguments: [String]) throws {
+        var args = arguments
+        guard !args.isEmpty else { throw UsageError("\(group): missing subcommand") }
+        let sub = args.removeFirst()
+        var options: [String: String] = [:]
+        while !args.isEmpty {
+            let flag = args.removeFirst()
+            switch flag {
+            case "--json": json = true
+            case "--name", "--tenant", "--kind", "--key", "--grace-seconds":
+                guard !args.isEmpty else { throw UsageError("\(flag) needs a value") }
+                options[flag] = args.removeFirst()
+            default: throw UsageError("\(group) \(sub): unknown option '\(flag)'")
+            }
+        }
+        func uuid(_ flag: String) throws -> UUID {
+            guard let text = options[flag] else { throw UsageError("\(group) \(sub): \(flag) is required") }
+            guard let id = UUID(uuidString: text) else { throw UsageError("\(flag) must be a UUID") }
+            return id
+        }
+        switch (group, sub) {
+        case ("tenant", "create"):
+            guard let name = options["--name"] else { throw UsageError("tenant create: --name is required") }
+            action = .create(name: name)
+        case ("tenant", "list"):
+            action = .list
+        case ("key", "create"):
+            guard let kind = options["--kind"].flatMap(APIKeyKind.init(rawValue:)) else {
+                throw UsageError("key create: --kind app|sdk is required")
+            }
+            action = .keyCreate(tenant: try uuid("--tenant"), kind: kind)
+        case ("key", "revoke"):
+            action = .keyRevoke(tenant: try uuid("--tenant"), key: try uuid("--key"))
+        case ("key", "rotate"):
+            action = .keyRotate(
+                tenant: try uuid("--tenant"), key: try uuid("--key"), grace: Int(options["--grace-seconds"] ?? "0") ?? 0)
+        case ("key", "list"):
+            action = .keyList(tenant: try uuid("--tenant"))
+        default:
+            throw UsageError("unknown command '\(group) \(sub)'")
+        }
+    }
+
+    func run() async throws {
+        let configuration = try Startup.configuration()
+        guard let masterKey = configuration.masterKey else {
+            throw ConfigurationError(problems: [.init(variable: "MARQUEE_MASTER_KEY", reason: "is required")])
+        }
+        var pgConfiguration = try PostgresConfiguration(url: try configuration.requireDatabaseURL())
+        pgConfiguration.applicationName = "marquee-admin"
+        let pool = PostgresPool(pgConfiguration, options: .init(maxConnections: 1))
+        defer { pool.close() }
+        let store = TenantStore(
+            database: TenantDatabase(pool: pool), keyRing: try SealingKeyRing(current: (id: "k1", key: masterKey)))
+        do {
+            switch action {
+            case .create(let name):
+                let created = try await store.create(name: name)
+                if json {
+                    print(Render.createdTenant(created).serialized())
+                } else {
+                    print("tenant  \(created.tenant.id.uuidString.lowercased())  \(created.tenant.name)")
+                    print("app key \(created.appKey.text)")
+                    print("sdk key \(created.sdkKey.text)")
+                    print("(keys are shown once: store them now)")
+                }
+            case .list:
+                let tenants = try await store.list()
+                if json {
+                    print(JSONValue.array(tenants.map(Render.tenant)).serialized())
+                } else {
+                    for t in tenants { print("\(t.id.uuidString.lowercased())\t\(t.name)") }
+                }
+            case .keyCreate(let tenant, let kind):
+                try output(Render.issuedKey(try await store.createKey(tenant: tenant, kind: kind)))
+            case .keyRevoke(let tenant, let key):
+                try output(Render.key(try await store.revokeKey(tenant: tenant, key: key)))
+            case .keyRotate(let tenant, let key, let grace):
+                try output(Render.issuedKey(try await store.rotateKey(tenant: tenant, key: key, grace: .seconds(grace))))
+            case .keyList(let tenant):
+                try output(.array(try await store.keys(tenant: tenant).map(Render.key)))
+            }
+        } catch let error as NotFound {
+            throw UsageError("no such \(error.resource)")
+        } catch let error as ValidationError {
+            throw UsageError(error.description)
+        }
+    }
+
+    func output(_ value: JSONValue) throws {
+        print(value.serialized())
+    }
+}

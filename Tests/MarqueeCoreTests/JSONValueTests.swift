@@ -1,0 +1,77 @@
+import Testing
+
+@testable import MarqueeCore
+
+@Suite("JSON values")
+struct JSONValueTests {
+    @Test("parses every kind of value and serializes with sorted keys")
+    func roundTrip() throws {
+        let text = #"{"b":[1,-2.5,true,false,null],"a":"x\"y\\z\n\u00e9\ud83d\ude00","c":{},"d":[],"e":1e3}"#
+        let value = try JSONValue.parse(text)
+        #expect(value["a"] == .string("x\"y\\z\né😀"))
+        #expect(value["b"] == .array([.int(1), .double(-2.5), .bool(true), .bool(false), .null]))
+        #expect(value["e"] == .int(1000))
+        #expect(value.serialized() == #"{"a":"x\"y\\z\né😀","b":[1,-2.5,true,false,null],"c":{},"d":[],"e":1000}"#)
+        #expect(try JSONValue.parse(value.serialized()) == value)
+    }
+
+    @Test("malformed documents report where they stop", arguments: [
+        ("{", 1), ("{\"a\":}", 5), ("[1,]", 3), ("tru", 0), ("\"abc", 4), ("01", 1), ("1.", 0), ("{\"a\" 1}", 5),
+        ("[1] x", 4), ("\"\\ud800\"", 7), ("", 0),
+    ])
+    func malformed(text: String, offset: Int) {
+        #expect(throws: JSONParseError.self) { try JSONValue.parse(text) }
+        do {
+            _ = try JSONValue.parse(text)
+        } catch {
+            #expect(error.offset == offset, "\(text): \(error)")
+        }
+    }
+
+    @Test("control characters in strings and deep nesting are rejected")
+    func limits() {
+        #expect(throws: JSONParseError.self) { try JSONValue.parse("\"a\u{01}\"") }
+        let deep = String(repeating: "[", count: 65) + String(repeating: "]", count: 65)
+        #expect(throws: JSONParseError.self) { try JSONValue.parse(deep) }
+        let ok = String(repeating: "[", count: 64) + String(repeating: "]", count: 64)
+        #expect((try? JSONValue.parse(ok)) != nil)
+    }
+
+    @Test("invalid UTF-8 is rejected")
+    func invalidUTF8() {
+        #expect(throws: JSONParseError.self) { try JSONValue.parse([0x22, 0xFF, 0x22]) }
+    }
+
+    @Test("numbers compare by value across int and double; integers stay integers")
+    func numbers() throws {
+        #expect(JSONValue.int(1) == .double(1.0))
+        #expect(JSONValue.int(1).hashValue == JSONValue.double(1.0).hashValue)
+        #expect(try JSONValue.parse("9223372036854775807") == .int(Int64.max))
+        #expect(try JSONValue.parse("92233720368547758070") == .double(92233720368547758070))
+        #expect(JSONValue.double(2.0).serialized() == "2")
+        #expect(JSONValue.int(3).typeName == "integer")
+        #expect(JSONValue.double(3.5).typeName == "number")
+    }
+
+    @Test("JSON pointers parse, escape and address values")
+    func pointers() throws {
+        let doc = try JSONValue.parse(#"{"a":{"b/c":[10,{"~d":true}]}}"#)
+        let pointer = try #require(JSONPointer("/a/b~1c/1/~0d"))
+        #expect(pointer.tokens == ["a", "b/c", "1", "~d"])
+        #expect(pointer.description == "/a/b~1c/1/~0d")
+        #expect(doc[pointer: pointer] == .bool(true))
+        #expect(doc[pointer: JSONPointer("/a/b~1c/0")!] == .int(10))
+        #expect(doc[pointer: JSONPointer("/a/missing")!] == nil)
+        #expect(doc[pointer: JSONPointer("/a/b~1c/01")!] == nil)
+        #expect(doc[pointer: JSONPointer("")!] == doc)
+        #expect(JSONPointer("no-slash") == nil)
+        #expect(JSONPointer("/bad~2") == nil)
+
+        var copy = doc
+        let replaced = copy.replace(at: JSONPointer("/a/b~1c/0")!, with: .string("x"))
+        #expect(replaced)
+        #expect(copy[pointer: JSONPointer("/a/b~1c/0")!] == .string("x"))
+        let missing = copy.replace(at: JSONPointer("/nope/x")!, with: .null)
+        #expect(!missing)
+    }
+}
