@@ -11,18 +11,25 @@ public struct HTTPMethod: RawRepresentable, Hashable, Sendable, CustomStringConv
     }
 
     /// `GET`
+    // swift-format-ignore: AlwaysUseLowerCamelCase
     public static let GET = HTTPMethod(rawValue: "GET")
     /// `POST`
+    // swift-format-ignore: AlwaysUseLowerCamelCase
     public static let POST = HTTPMethod(rawValue: "POST")
     /// `PUT`
+    // swift-format-ignore: AlwaysUseLowerCamelCase
     public static let PUT = HTTPMethod(rawValue: "PUT")
     /// `PATCH`
+    // swift-format-ignore: AlwaysUseLowerCamelCase
     public static let PATCH = HTTPMethod(rawValue: "PATCH")
     /// `DELETE`
+    // swift-format-ignore: AlwaysUseLowerCamelCase
     public static let DELETE = HTTPMethod(rawValue: "DELETE")
     /// `HEAD`
+    // swift-format-ignore: AlwaysUseLowerCamelCase
     public static let HEAD = HTTPMethod(rawValue: "HEAD")
     /// `OPTIONS`
+    // swift-format-ignore: AlwaysUseLowerCamelCase
     public static let OPTIONS = HTTPMethod(rawValue: "OPTIONS")
 
     /// The method token.

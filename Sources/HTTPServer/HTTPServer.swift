@@ -223,15 +223,17 @@ final class ServerCore: Sendable {
         if address.isIPv6 { flags |= MHD_USE_IPv6.rawValue }
         let cls = Unmanaged.passUnretained(self).toOpaque()
         let completed: MHD_RequestCompletedCallback = mhdRequestCompleted
-        let uriLog: @convention(c) (UnsafeMutableRawPointer?, UnsafePointer<CChar>?, OpaquePointer?)
-            -> UnsafeMutableRawPointer? = mhdURILog
+        let uriLog:
+            @convention(c) (UnsafeMutableRawPointer?, UnsafePointer<CChar>?, OpaquePointer?)
+                -> UnsafeMutableRawPointer? = mhdURILog
         let timeout = Self.wholeSeconds(config.connectionTimeout)
         let errnoAfter: Int32
         let daemon: OpaquePointer? = address.withSockaddr { sockaddr in
             var arguments: [any CVarArg] = [
                 MHD_OPTION.CONNECTION_TIMEOUT.rawValue, UInt32(clamping: timeout),
                 MHD_OPTION.CONNECTION_LIMIT.rawValue, UInt32(clamping: config.connectionLimit),
-                MHD_OPTION.NOTIFY_COMPLETED.rawValue, unsafeBitCast(completed, to: OpaquePointer.self), OpaquePointer(cls),
+                MHD_OPTION.NOTIFY_COMPLETED.rawValue, unsafeBitCast(completed, to: OpaquePointer.self),
+                OpaquePointer(cls),
                 MHD_OPTION.URI_LOG_CALLBACK.rawValue, unsafeBitCast(uriLog, to: OpaquePointer.self), OpaquePointer(cls),
                 MHD_OPTION.SOCK_ADDR.rawValue, sockaddr,
             ]
@@ -333,10 +335,12 @@ final class ServerCore: Sendable {
 
     /// Synchronous last-resort stop (deinit of a server that is still running).
     func stopImmediately() {
-        guard let daemon = state.withLock({ s -> OpaquePointer? in
-            guard s.phase == .running || s.phase == .draining else { return nil }
-            return s.daemon?.pointer
-        }) else { return }
+        guard
+            let daemon = state.withLock({ s -> OpaquePointer? in
+                guard s.phase == .running || s.phase == .draining else { return nil }
+                return s.daemon?.pointer
+            })
+        else { return }
         resumeRemainingWith503()
         let deadline = ContinuousClock.now + .milliseconds(500)
         while state.withLock({ $0.liveRequests }) > 0, ContinuousClock.now < deadline {

@@ -76,7 +76,8 @@ public struct Router: Sendable {
         _ method: HTTPMethod, _ pattern: String, body: BodyPolicy = .json, _ handler: @escaping HTTPHandler
     ) {
         let segments = Self.parse(pattern)
-        routes.removeAll { $0.method == method && $0.segments == segments }
+        let shape = Self.shapeKey(segments)
+        routes.removeAll { $0.method == method && Self.shapeKey($0.segments) == shape }
         routes.append(
             Route(method: method, pattern: pattern, segments: segments, handler: handler, bodyPolicy: body))
     }
@@ -155,6 +156,13 @@ public struct Router: Sendable {
             }
             precondition(!part.contains("{") && !part.contains("}"), "Router: bad segment '\(part)' in '\(pattern)'")
             return .literal(String(part))
+        }
+    }
+
+    /// Patterns that differ only in parameter names match the same paths.
+    static func shapeKey(_ segments: [Segment]) -> [String?] {
+        segments.map { segment in
+            if case .literal(let literal) = segment { literal } else { nil }
         }
     }
 
