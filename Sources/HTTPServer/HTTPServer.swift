@@ -27,7 +27,8 @@ public final class HTTPServer: Sendable {
         /// Idle time after which MHD closes a connection; `.zero` disables it. Rounded up to whole seconds.
         /// Suspended connections (handler running) do not time out. Default 60 s.
         public var connectionTimeout: Duration
-        /// Most connections open at once; beyond it new connections are closed at once. Default 10 000.
+        /// Most connections open at once (MHD splits it across its threads); beyond it new connections wait in
+        /// the kernel's listen backlog until one closes. Default 10 000.
         public var connectionLimit: Int
         /// How long `stop()` waits for in-flight requests before answering the rest with 503. Default 10 s.
         public var drainTimeout: Duration
@@ -102,7 +103,7 @@ public final class HTTPServer: Sendable {
 
     /// Requests received and not yet finished (for tests and diagnostics).
     var liveRequestCount: Int {
-        core.state.withLock { $0.liveRequests }
+        core.liveRequests.load(ordering: .relaxed)
     }
 }
 
@@ -171,7 +172,6 @@ final class ServerCore: Sendable {
         var phase = Phase.idle
         var daemon: MHDHandle?
         var boundPort = 0
-        var liveRequests = 0
         /// Suspended connections by context. Suspending, resuming and the phase change to `.closing` all
         /// happen under this lock, so no connection can be suspended when the daemon is stopped.
         /// (MHD's own lock is taken inside; MHD never calls back into us while holding it.)
@@ -185,6 +185,9 @@ final class ServerCore: Sendable {
     let router: Router
     let onRequestCompleted: (@Sendable (AccessLogRecord) -> Void)?
     let state = Mutex(State())
+    /// Requests between MHD's URI callback and its completion callback. An atomic rather than `state`, so
+    /// those callbacks take none of our locks.
+    let liveRequests = Atomic<Int>(0)
 
     init(
         configuration: HTTPServer.Configuration, router: Router,
@@ -320,13 +323,13 @@ final class ServerCore: Sendable {
                 _ = shutdown(listenSocket, Int32(SHUT_RDWR))
             }
             let deadline = ContinuousClock.now + configuration.drainTimeout
-            while state.withLock({ $0.liveRequests }) > 0, ContinuousClock.now < deadline {
+            while liveRequests.load(ordering: .acquiring) > 0, ContinuousClock.now < deadline {
                 await Self.pause(milliseconds: 5)
             }
             resumeRemainingWith503()
             // Give the 503s (and responses still being written) a moment to go out.
             let closeDeadline = ContinuousClock.now + .seconds(1)
-            while state.withLock({ $0.liveRequests }) > 0, ContinuousClock.now < closeDeadline {
+            while liveRequests.load(ordering: .acquiring) > 0, ContinuousClock.now < closeDeadline {
                 await Self.pause(milliseconds: 5)
             }
             finishStop(daemon, listenSocket: listenSocket)
@@ -343,7 +346,7 @@ final class ServerCore: Sendable {
         else { return }
         resumeRemainingWith503()
         let deadline = ContinuousClock.now + .milliseconds(500)
-        while state.withLock({ $0.liveRequests }) > 0, ContinuousClock.now < deadline {
+        while liveRequests.load(ordering: .acquiring) > 0, ContinuousClock.now < deadline {
             usleep(2_000)
         }
         finishStop(daemon, listenSocket: -1)
@@ -393,12 +396,12 @@ final class ServerCore: Sendable {
     // MARK: Request handling (MHD threads)
 
     func requestStarted(target: String, connection: OpaquePointer?) -> RequestContext {
-        state.withLock { $0.liveRequests += 1 }
+        liveRequests.add(1, ordering: .relaxed)
         return RequestContext(target: target, remoteAddress: connection.flatMap(Self.clientAddress))
     }
 
     func requestCompleted(_ context: RequestContext, termination: MHD_RequestTerminationCode) {
-        state.withLock { $0.liveRequests -= 1 }
+        liveRequests.subtract(1, ordering: .releasing)
         guard let onRequestCompleted else { return }
         let snapshot = context.state.withLock { $0 }
         if case .new = snapshot.stage { return }  // never reached us (MHD rejected it)

@@ -335,4 +335,57 @@ struct ServerTests {
             #expect(server.liveRequestCount == 0)
         }
     }
+
+    @Test func idleKeepAliveConnectionsTimeOut() async throws {
+        let oneSecond: (inout HTTPServer.Configuration) -> Void = { $0.connectionTimeout = .seconds(1) }
+        try await withServer(Self.router(), configure: oneSecond) { server in
+            let port = server.boundPort
+            let (status, closed, elapsed) = try await onThread {
+                let connection = try RawConnection(port: port, timeoutSeconds: 5)
+                try connection.sendRequest("GET", "/hello")
+                let status = try connection.readResponse().status
+                let clock = ContinuousClock()
+                let start = clock.now
+                let closed = connection.isClosedByPeer()
+                return (status, closed, clock.now - start)
+            }
+            #expect(status == 200)
+            #expect(closed)
+            #expect(elapsed > .milliseconds(500) && elapsed < .seconds(4), "closed after \(elapsed)")
+        }
+    }
+
+    @Test func connectionLimitHoldsBackExtraConnections() async throws {
+        let singleConnection: (inout HTTPServer.Configuration) -> Void = {
+            $0.connectionLimit = 1
+            $0.threadCount = 1
+        }
+        try await withServer(Self.router(), configure: singleConnection) { server in
+            let port = server.boundPort
+            let (first, servedWhileFull, afterwards) = try await onThread {
+                var first: RawConnection? = try RawConnection(port: port)
+                try first!.sendRequest("GET", "/hello")
+                let status = try first!.readResponse().status
+                let second = try RawConnection(port: port, timeoutSeconds: 1)  // waits in the listen backlog
+                try second.sendRequest("GET", "/hello")
+                let servedWhileFull = (try? second.readResponse()) != nil
+                first = nil  // frees the slot
+                return (status, servedWhileFull, try second.readResponse().status)
+            }
+            #expect(first == 200)
+            #expect(!servedWhileFull)
+            #expect(afterwards == 200)
+        }
+    }
+
+    @Test func droppingARunningServerStopsIt() async throws {
+        var port = 0
+        do {
+            let server = HTTPServer(configuration: .init(port: 0, threadCount: 2), router: Self.router())
+            try server.start()
+            port = server.boundPort
+            #expect(try await request(port, "GET", "/hello").status == 200)
+        }
+        #expect(throws: ClientError.self) { try RawConnection(port: port) }
+    }
 }
