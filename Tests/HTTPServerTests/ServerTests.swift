@@ -318,6 +318,13 @@ struct ServerTests {
                 try connection.send("GET /hello HTTP/1.1\r\nHost: x\r\nbroken header line\r\n\r\n")
                 return try connection.readResponse()
             }
+            // nor one whose client hangs up in the middle of the headers
+            _ = try await onThread {
+                let connection = try RawConnection(port: port)
+                try connection.send("GET /hello HTTP/1.1\r\nHost: x\r\nUser-")
+                usleep(50_000)
+                return 0
+            }
             let all = await records.waitFor(4)
             #expect(all.count == 4)
             let byPath = Dictionary(grouping: all, by: \.path)
