@@ -1,1 +1,664 @@
-// HTTPServer
+import CMicroHTTPD
+import Dispatch
+import Foundation
+import Synchronization
+
+/// An HTTP/1.1 server on libmicrohttpd.
+///
+/// MHD's internal thread pool (epoll) parses requests and collects bodies; when a request is complete its
+/// connection is *suspended* and the handler runs as a Swift task, so thousands of requests can wait on
+/// slow work without holding a server thread. When the handler returns, the response is queued and the
+/// connection resumed. Keep-alive is on for HTTP/1.1 clients.
+///
+/// Use `run()` from a service group (serves until cancelled, then drains), or `start()` + `stop()`.
+public final class HTTPServer: Sendable {
+    /// Server settings.
+    public struct Configuration: Sendable {
+        /// Numeric IPv4 or IPv6 address to listen on (`localhost` means `127.0.0.1`). Default `127.0.0.1`.
+        public var host: String
+        /// TCP port; 0 picks an ephemeral one (see `boundPort`). Default 8080.
+        public var port: Int
+        /// Largest accepted request body in bytes; beyond it the answer is 413. Checked against
+        /// `Content-Length` up front and while receiving. Default 1 MiB.
+        public var maxBodySize: Int
+        /// MHD threads doing network I/O (handlers run on Swift's task pool, not here).
+        /// Default: the number of cores, at least 2.
+        public var threadCount: Int
+        /// Idle time after which MHD closes a connection; `.zero` disables it. Rounded up to whole seconds.
+        /// Suspended connections (handler running) do not time out. Default 60 s.
+        public var connectionTimeout: Duration
+        /// Most connections open at once (MHD splits it across its threads); beyond it new connections wait in
+        /// the kernel's listen backlog until one closes. Default 10 000.
+        public var connectionLimit: Int
+        /// How long `stop()` waits for in-flight requests before answering the rest with 503. Default 10 s.
+        public var drainTimeout: Duration
+
+        /// Creates a configuration; every parameter has the documented default.
+        public init(
+            host: String = "127.0.0.1",
+            port: Int = 8080,
+            maxBodySize: Int = 1 << 20,
+            threadCount: Int = max(2, ProcessInfo.processInfo.activeProcessorCount),
+            connectionTimeout: Duration = .seconds(60),
+            connectionLimit: Int = 10_000,
+            drainTimeout: Duration = .seconds(10)
+        ) {
+            self.host = host
+            self.port = port
+            self.maxBodySize = maxBodySize
+            self.threadCount = threadCount
+            self.connectionTimeout = connectionTimeout
+            self.connectionLimit = connectionLimit
+            self.drainTimeout = drainTimeout
+        }
+    }
+
+    let core: ServerCore
+
+    /// Creates a server. Nothing listens until `start()` or `run()`.
+    ///
+    /// `onRequestCompleted` is called once per request when it is over, on a server thread: keep it quick
+    /// (hand the record to a logger or a metrics registry).
+    public init(
+        configuration: Configuration, router: Router,
+        onRequestCompleted: (@Sendable (AccessLogRecord) -> Void)? = nil
+    ) {
+        core = ServerCore(configuration: configuration, router: router, onRequestCompleted: onRequestCompleted)
+    }
+
+    deinit {
+        core.stopImmediately()
+    }
+
+    /// Starts listening, serves until the calling task is cancelled (or `stop()` is called), then drains
+    /// gracefully and returns. Throws if the address can't be bound.
+    public func run() async throws {
+        try start()
+        await withTaskCancellationHandler {
+            await core.waitForStopRequest()
+        } onCancel: {
+            core.requestStop()
+        }
+        await stop()
+    }
+
+    /// Binds and starts serving; on return `boundPort` is valid. Throws `HTTPServerError` if the server
+    /// was already started or the address can't be bound.
+    public func start() throws {
+        try core.start()
+    }
+
+    /// Stops gracefully: stops accepting connections (new ones are refused), lets in-flight requests
+    /// finish for up to `drainTimeout` (their responses carry `Connection: close`), answers any still
+    /// running with 503, then shuts the daemon down. Safe to call more than once and concurrently; every
+    /// caller returns once the server is stopped.
+    public func stop() async {
+        await core.stop()
+    }
+
+    /// The port the server listens on (useful with port 0); 0 before `start()`.
+    public var boundPort: Int {
+        core.state.withLock { $0.boundPort }
+    }
+
+    /// Requests received and not yet finished (for tests and diagnostics).
+    var liveRequestCount: Int {
+        core.liveRequests.load(ordering: .relaxed)
+    }
+}
+
+// MARK: - Core
+
+/// Per-request state, shared between the MHD thread that owns the connection and the handler task.
+final class RequestContext: Sendable {
+    enum Stage {
+        /// Created at the request line; the access handler has not run yet.
+        case new
+        /// Headers seen; collecting the body.
+        case receiving
+        /// Handler running, connection suspended.
+        case suspended
+        /// Handler finished; the next access-handler call queues this.
+        case ready(HTTPResponse)
+        /// A response was queued.
+        case responded
+    }
+
+    struct State {
+        var stage: Stage = .new
+        var method = HTTPMethod.GET
+        var headers = HTTPHeaders()
+        var path = ""
+        var requestID = ""
+        var body: [UInt8] = []
+        var bytesIn = 0
+        var tooLarge = false
+        var route: String?
+        var status = 0
+        var bytesOut = 0
+        var handlerError: String?
+    }
+
+    let target: String
+    let remoteAddress: String?
+    let startedAt = ContinuousClock.now
+    let state = Mutex(State())
+
+    init(target: String, remoteAddress: String?) {
+        self.target = target
+        self.remoteAddress = remoteAddress
+    }
+}
+
+/// The server's shared state and the logic behind the MHD callbacks.
+final class ServerCore: Sendable {
+    enum Phase {
+        case idle
+        case running
+        /// Quiesced; in-flight requests may finish.
+        case draining
+        /// Drain time is over: no new suspensions, remaining ones answered 503.
+        case closing
+        case stopped
+    }
+
+    struct Suspension {
+        var context: RequestContext
+        var connection: MHDHandle
+        var task: Task<Void, Never>?
+    }
+
+    struct State {
+        var phase = Phase.idle
+        var daemon: MHDHandle?
+        var boundPort = 0
+        /// Suspended connections by context. Suspending, resuming and the phase change to `.closing` all
+        /// happen under this lock, so no connection can be suspended when the daemon is stopped.
+        /// (MHD's own lock is taken inside; MHD never calls back into us while holding it.)
+        var suspended: [ObjectIdentifier: Suspension] = [:]
+        var stopRequested = false
+        var stopRequestWaiters: [CheckedContinuation<Void, Never>] = []
+        var stoppedWaiters: [CheckedContinuation<Void, Never>] = []
+    }
+
+    let configuration: HTTPServer.Configuration
+    let router: Router
+    let onRequestCompleted: (@Sendable (AccessLogRecord) -> Void)?
+    let state = Mutex(State())
+    /// Requests between MHD's URI callback and its completion callback. An atomic rather than `state`, so
+    /// those callbacks take none of our locks.
+    let liveRequests = Atomic<Int>(0)
+
+    init(
+        configuration: HTTPServer.Configuration, router: Router,
+        onRequestCompleted: (@Sendable (AccessLogRecord) -> Void)?
+    ) {
+        self.configuration = configuration
+        self.router = router
+        self.onRequestCompleted = onRequestCompleted
+    }
+
+    // MARK: Lifecycle
+
+    func start() throws(HTTPServerError) {
+        let config = configuration
+        guard (0...65_535).contains(config.port) else {
+            throw HTTPServerError(.invalidConfiguration, "port must be 0...65535", details: "port \(config.port)")
+        }
+        guard config.maxBodySize >= 0, config.connectionLimit > 0, config.threadCount > 0 else {
+            throw HTTPServerError(
+                .invalidConfiguration, "maxBodySize, connectionLimit and threadCount must be positive")
+        }
+        guard var address = SocketAddress(host: config.host, port: UInt16(config.port)) else {
+            throw HTTPServerError(
+                .invalidConfiguration, "host must be a numeric IP address", details: "host \(config.host)")
+        }
+        try state.withLock { (s: inout State) throws(HTTPServerError) in
+            guard s.phase == .idle else {
+                throw HTTPServerError(.invalidState, "the server was already started")
+            }
+            s.phase = .running
+        }
+
+        var flags =
+            MHD_USE_INTERNAL_POLLING_THREAD.rawValue | MHD_USE_EPOLL.rawValue
+            | MHD_ALLOW_SUSPEND_RESUME.rawValue
+        if address.isIPv6 { flags |= MHD_USE_IPv6.rawValue }
+        let cls = Unmanaged.passUnretained(self).toOpaque()
+        let completed: MHD_RequestCompletedCallback = mhdRequestCompleted
+        let uriLog:
+            @convention(c) (UnsafeMutableRawPointer?, UnsafePointer<CChar>?, OpaquePointer?)
+                -> UnsafeMutableRawPointer? = mhdURILog
+        let timeout = Self.wholeSeconds(config.connectionTimeout)
+        let errnoAfter: Int32
+        let daemon: OpaquePointer? = address.withSockaddr { sockaddr in
+            var arguments: [any CVarArg] = [
+                MHD_OPTION.CONNECTION_TIMEOUT.rawValue, UInt32(clamping: timeout),
+                MHD_OPTION.CONNECTION_LIMIT.rawValue, UInt32(clamping: config.connectionLimit),
+                MHD_OPTION.NOTIFY_COMPLETED.rawValue, unsafeBitCast(completed, to: OpaquePointer.self),
+                OpaquePointer(cls),
+                MHD_OPTION.URI_LOG_CALLBACK.rawValue, unsafeBitCast(uriLog, to: OpaquePointer.self), OpaquePointer(cls),
+                MHD_OPTION.SOCK_ADDR.rawValue, sockaddr,
+            ]
+            if config.threadCount > 1 {
+                arguments += [MHD_OPTION.THREAD_POOL_SIZE.rawValue, UInt32(clamping: config.threadCount)]
+            }
+            arguments.append(MHD_OPTION.END.rawValue)
+            return withVaList(arguments) { list in
+                MHD_start_daemon_va(flags, UInt16(config.port), nil, nil, mhdAccessHandler, cls, list)
+            }
+        }
+        errnoAfter = errno
+        guard let daemon else {
+            state.withLock { $0.phase = .stopped }
+            throw HTTPServerError(
+                .bindFailed, "could not start listening on \(config.host):\(config.port)",
+                details: String(cString: strerror(errnoAfter)))
+        }
+        let port = cmhd_get_daemon_info(daemon, .DAEMON_INFO_BIND_PORT).map { Int($0.pointee.port) }
+        let handle = MHDHandle(daemon)
+        state.withLock { s in
+            s.daemon = handle
+            s.boundPort = port ?? config.port
+        }
+    }
+
+    /// Marks that the server should stop (used by `run()`'s cancellation handler).
+    func requestStop() {
+        let waiters = state.withLock { s in
+            s.stopRequested = true
+            defer { s.stopRequestWaiters = [] }
+            return s.stopRequestWaiters
+        }
+        for waiter in waiters { waiter.resume() }
+    }
+
+    func waitForStopRequest() async {
+        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+            let ready = state.withLock { s in
+                if s.stopRequested { return true }
+                s.stopRequestWaiters.append(continuation)
+                return false
+            }
+            if ready { continuation.resume() }
+        }
+    }
+
+    func stop() async {
+        requestStop()
+        enum Action {
+            case drain(OpaquePointer)
+            case wait
+            case done
+        }
+        let action: Action = state.withLock { s in
+            switch s.phase {
+            case .idle, .stopped:
+                s.phase = .stopped
+                return .done
+            case .running:
+                s.phase = .draining
+                return s.daemon.map { .drain($0.pointer) } ?? .done
+            case .draining, .closing:
+                return .wait
+            }
+        }
+        switch action {
+        case .done:
+            return
+        case .wait:
+            await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+                let stopped = state.withLock { s in
+                    if s.phase == .stopped { return true }
+                    s.stoppedWaiters.append(continuation)
+                    return false
+                }
+                if stopped { continuation.resume() }
+            }
+        case .drain(let daemon):
+            let listenSocket = MHD_quiesce_daemon(daemon)
+            if listenSocket >= 0 {
+                // Take the socket out of LISTEN so new connections are refused instead of queueing in the
+                // backlog. It is closed only after MHD_stop_daemon, as MHD requires.
+                _ = shutdown(listenSocket, Int32(SHUT_RDWR))
+            }
+            let deadline = ContinuousClock.now + configuration.drainTimeout
+            while liveRequests.load(ordering: .acquiring) > 0, ContinuousClock.now < deadline {
+                await Self.pause(milliseconds: 5)
+            }
+            resumeRemainingWith503()
+            // Give the 503s (and responses still being written) a moment to go out.
+            let closeDeadline = ContinuousClock.now + .seconds(1)
+            while liveRequests.load(ordering: .acquiring) > 0, ContinuousClock.now < closeDeadline {
+                await Self.pause(milliseconds: 5)
+            }
+            finishStop(daemon, listenSocket: listenSocket)
+        }
+    }
+
+    /// Synchronous last-resort stop (deinit of a server that is still running).
+    func stopImmediately() {
+        guard
+            let daemon = state.withLock({ s -> OpaquePointer? in
+                guard s.phase == .running || s.phase == .draining else { return nil }
+                return s.daemon?.pointer
+            })
+        else { return }
+        resumeRemainingWith503()
+        let deadline = ContinuousClock.now + .milliseconds(500)
+        while liveRequests.load(ordering: .acquiring) > 0, ContinuousClock.now < deadline {
+            usleep(2_000)
+        }
+        finishStop(daemon, listenSocket: -1)
+    }
+
+    private func resumeRemainingWith503() {
+        let unavailable = HTTPResponse.problem(
+            .serviceUnavailable(detail: "The server is shutting down.", retryAfterSeconds: 1))
+        state.withLock { s in
+            s.phase = .closing
+            for entry in s.suspended.values {
+                entry.task?.cancel()
+                entry.context.state.withLock { $0.stage = .ready(unavailable) }
+                MHD_resume_connection(entry.connection.pointer)
+            }
+            s.suspended = [:]
+        }
+    }
+
+    private func finishStop(_ daemon: OpaquePointer, listenSocket: Int32) {
+        MHD_stop_daemon(daemon)
+        if listenSocket >= 0 { close(listenSocket) }
+        let waiters = state.withLock { s in
+            s.phase = .stopped
+            s.daemon = nil
+            defer { s.stoppedWaiters = [] }
+            return s.stoppedWaiters
+        }
+        for waiter in waiters { waiter.resume() }
+    }
+
+    /// Sleeps without observing cancellation (stop() often runs in a cancelled task).
+    private static func pause(milliseconds: Int) async {
+        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+            DispatchQueue.global().asyncAfter(deadline: .now() + .milliseconds(milliseconds)) {
+                continuation.resume()
+            }
+        }
+    }
+
+    static func wholeSeconds(_ duration: Duration) -> Int {
+        let (seconds, attoseconds) = duration.components
+        if seconds < 0 { return 0 }
+        return Int(seconds) + (attoseconds > 0 ? 1 : 0)
+    }
+
+    // MARK: Request handling (MHD threads)
+
+    func requestStarted(target: String, connection: OpaquePointer?) -> RequestContext {
+        liveRequests.add(1, ordering: .relaxed)
+        return RequestContext(target: target, remoteAddress: connection.flatMap(Self.clientAddress))
+    }
+
+    func requestCompleted(_ context: RequestContext, termination: MHD_RequestTerminationCode) {
+        liveRequests.subtract(1, ordering: .releasing)
+        guard let onRequestCompleted else { return }
+        let snapshot = context.state.withLock { $0 }
+        if case .new = snapshot.stage { return }  // never reached us (MHD rejected it)
+        onRequestCompleted(
+            AccessLogRecord(
+                method: snapshot.method, path: snapshot.path, route: snapshot.route, status: snapshot.status,
+                bytesIn: snapshot.bytesIn, bytesOut: snapshot.bytesOut,
+                duration: ContinuousClock.now - context.startedAt, requestID: snapshot.requestID,
+                remoteAddress: context.remoteAddress, userAgent: snapshot.headers["User-Agent"],
+                handlerError: snapshot.handlerError,
+                completed: termination == .REQUEST_TERMINATED_COMPLETED_OK))
+    }
+
+    /// The access handler: returns false to make MHD close the connection.
+    func access(
+        _ context: RequestContext, connection: OpaquePointer, method: String,
+        upload: UnsafePointer<CChar>?, uploadSize: UnsafeMutablePointer<Int>
+    ) -> Bool {
+        let stage = context.state.withLock { $0.stage }
+        switch stage {
+        case .new:
+            let headers = Self.requestHeaders(connection)
+            let path = PercentDecoding.decode(RequestTarget(context.target).rawPath)
+            context.state.withLock { s in
+                s.stage = .receiving
+                s.method = HTTPMethod(rawValue: method)
+                s.headers = headers
+                s.path = path
+                s.requestID = RequestID.accept(headers["X-Request-Id"]) ?? RequestID.generate()
+            }
+            if let length = headers["Content-Length"].flatMap({ Int($0.trimmingCharacters(in: .whitespaces)) }),
+                length > configuration.maxBodySize
+            {
+                // Answer before the body is read (MHD then skips it and closes the connection); with
+                // `Expect: 100-continue` the client never sends it.
+                context.state.withLock { $0.tooLarge = true }
+                var response = HTTPResponse.problem(.payloadTooLarge(limit: configuration.maxBodySize))
+                response.headers["Connection"] = "close"
+                return queue(response, context: context, connection: connection)
+            }
+            if uploadSize.pointee == 0 { return true }
+            return receive(context, connection: connection, upload: upload, uploadSize: uploadSize)
+        case .receiving:
+            return receive(context, connection: connection, upload: upload, uploadSize: uploadSize)
+        case .ready(let response):
+            return queue(response, context: context, connection: connection)
+        case .suspended, .responded:
+            uploadSize.pointee = 0
+            return true
+        }
+    }
+
+    private func receive(
+        _ context: RequestContext, connection: OpaquePointer, upload: UnsafePointer<CChar>?,
+        uploadSize: UnsafeMutablePointer<Int>
+    ) -> Bool {
+        let size = uploadSize.pointee
+        if size > 0 {
+            let limit = configuration.maxBodySize
+            context.state.withLock { s in
+                s.bytesIn += size
+                guard !s.tooLarge else { return }
+                if s.body.count + size > limit {
+                    s.tooLarge = true  // keep reading (and dropping) so the 413 reaches the client cleanly
+                    s.body = []
+                } else if let upload {
+                    s.body.append(contentsOf: UnsafeRawBufferPointer(start: upload, count: size))
+                }
+            }
+            uploadSize.pointee = 0
+            return true
+        }
+        return dispatch(context, connection: connection)
+    }
+
+    /// The request is complete: route it and either answer at once or suspend and run the handler.
+    private func dispatch(_ context: RequestContext, connection: OpaquePointer) -> Bool {
+        let snapshot = context.state.withLock { s in
+            defer { s.body = [] }
+            return s
+        }
+        if snapshot.tooLarge {
+            return queue(
+                .problem(.payloadTooLarge(limit: configuration.maxBodySize)), context: context,
+                connection: connection)
+        }
+        var request = HTTPRequest(
+            method: snapshot.method, target: context.target, headers: snapshot.headers, body: snapshot.body,
+            requestID: snapshot.requestID, remoteAddress: context.remoteAddress)
+        let match: RouteMatch
+        switch router.route(request) {
+        case .problem(let problem):
+            return queue(.problem(problem), context: context, connection: connection)
+        case .matched(let found):
+            match = found
+        }
+        request.route = match.pattern
+        request.pathParameters = match.parameters
+        context.state.withLock { $0.route = match.pattern }
+        if let problem = match.bodyPolicy.violation(for: request) {
+            return queue(.problem(problem), context: context, connection: connection)
+        }
+
+        let handler = match.handler
+        let routed = request
+        let handle = MHDHandle(connection)
+        let suspended = state.withLock { s -> Bool in
+            guard s.phase == .running || s.phase == .draining else { return false }
+            context.state.withLock { $0.stage = .suspended }
+            MHD_suspend_connection(handle.pointer)
+            // One task per request is the point of the design: the handler may await for a long time and
+            // must not hold an MHD thread. It is not a child of `run()` on purpose, so that cancelling
+            // `run()` lets in-flight handlers finish during the drain.
+            let task = Task { [self] in
+                await self.runHandler(handler, request: routed, context: context)
+            }
+            s.suspended[ObjectIdentifier(context)] = Suspension(
+                context: context, connection: handle, task: task)
+            return true
+        }
+        if !suspended {
+            return queue(
+                .problem(.serviceUnavailable(detail: "The server is shutting down.", retryAfterSeconds: 1)),
+                context: context, connection: connection)
+        }
+        return true
+    }
+
+    private func runHandler(_ handler: HTTPHandler, request: HTTPRequest, context: RequestContext) async {
+        var response: HTTPResponse
+        var failure: String?
+        do {
+            response = try await handler(request)
+        } catch let error as any HTTPProblemConvertible {
+            response = .problem(error.problem)
+        } catch {
+            failure = String(describing: error)
+            response = .problem(.internalError(requestID: request.requestID))
+        }
+        state.withLock { s in
+            guard let entry = s.suspended.removeValue(forKey: ObjectIdentifier(context)) else { return }
+            context.state.withLock { c in
+                c.stage = .ready(response)
+                c.handlerError = failure
+            }
+            MHD_resume_connection(entry.connection.pointer)
+        }
+    }
+
+    /// Finalizes headers and hands the response to MHD.
+    private func queue(_ response: HTTPResponse, context: RequestContext, connection: OpaquePointer) -> Bool {
+        var response = response
+        let (method, requestID) = context.state.withLock { ($0.method, $0.requestID) }
+        if !(100...999).contains(response.status) {
+            response = .problem(.internalError(requestID: requestID))
+        }
+        response.headers["X-Request-Id"] = requestID
+        response.headers.remove("Content-Length")
+        response.headers.remove("Transfer-Encoding")
+        if response.status < 200 || response.status == 204 || response.status == 304 {
+            response.body = []
+        } else if !response.body.isEmpty, !response.headers.contains("Content-Type") {
+            response.headers["Content-Type"] = "application/octet-stream"
+        }
+        if state.withLock({ $0.phase != .running }) {
+            response.headers["Connection"] = "close"
+        }
+        let sentBytes = method == .HEAD ? 0 : response.body.count
+        context.state.withLock { s in
+            s.stage = .responded
+            s.status = response.status
+            s.bytesOut = sentBytes
+        }
+
+        let mhdResponse = response.body.withUnsafeBytes { bytes in
+            MHD_create_response_from_buffer(
+                bytes.count, UnsafeMutableRawPointer(mutating: bytes.baseAddress), .RESPMEM_MUST_COPY)
+        }
+        guard let mhdResponse else { return false }
+        defer { MHD_destroy_response(mhdResponse) }
+        for (name, value) in response.headers {
+            _ = MHD_add_response_header(mhdResponse, name, value)  // MHD refuses CR/LF; such headers are dropped
+        }
+        return MHD_queue_response(connection, UInt32(response.status), mhdResponse) == .YES
+    }
+
+    private static func requestHeaders(_ connection: OpaquePointer) -> HTTPHeaders {
+        var headers = HTTPHeaders()
+        withUnsafeMutablePointer(to: &headers) { pointer in
+            _ = MHD_get_connection_values(connection, .HEADER_KIND, mhdCollectHeader, pointer)
+        }
+        return headers
+    }
+
+    private static func clientAddress(_ connection: OpaquePointer) -> String? {
+        guard let info = cmhd_get_connection_info(connection, .CONNECTION_INFO_CLIENT_ADDRESS),
+            let address = info.pointee.client_addr
+        else { return nil }
+        return SocketAddress.numericHost(address)
+    }
+}
+
+/// An MHD daemon or connection pointer that crosses threads.
+///
+/// `@unchecked Sendable` is safe here because the pointer is only used through MHD entry points that MHD
+/// documents as callable from any thread (`MHD_resume_connection`, `MHD_quiesce_daemon`,
+/// `MHD_stop_daemon`). Connection handles are suspended and resumed only under `ServerCore.state`'s lock,
+/// which also keeps the pointee alive: a suspended connection cannot be freed until it is resumed, and the
+/// daemon (quiesced and stopped once, by the single caller that wins the phase change in `stop()`) is
+/// stopped only after every suspended connection was resumed (see `ServerCore.State.suspended`).
+struct MHDHandle: @unchecked Sendable {
+    let pointer: OpaquePointer
+    init(_ pointer: OpaquePointer) { self.pointer = pointer }
+}
+
+// MARK: - C callbacks (nonisolated free functions; context arrives through Unmanaged)
+
+private func mhdURILog(
+    _ cls: UnsafeMutableRawPointer?, _ uri: UnsafePointer<CChar>?, _ connection: OpaquePointer?
+) -> UnsafeMutableRawPointer? {
+    guard let cls else { return nil }
+    let core = Unmanaged<ServerCore>.fromOpaque(cls).takeUnretainedValue()
+    let context = core.requestStarted(target: uri.map { String(cString: $0) } ?? "/", connection: connection)
+    return Unmanaged.passRetained(context).toOpaque()  // released in mhdRequestCompleted
+}
+
+private func mhdAccessHandler(
+    _ cls: UnsafeMutableRawPointer?, _ connection: OpaquePointer?, _ url: UnsafePointer<CChar>?,
+    _ method: UnsafePointer<CChar>?, _ version: UnsafePointer<CChar>?, _ uploadData: UnsafePointer<CChar>?,
+    _ uploadDataSize: UnsafeMutablePointer<Int>?, _ requestContext: UnsafeMutablePointer<UnsafeMutableRawPointer?>?
+) -> MHD_Result {
+    guard let cls, let connection, let uploadDataSize, let opaque = requestContext?.pointee else { return .NO }
+    let core = Unmanaged<ServerCore>.fromOpaque(cls).takeUnretainedValue()
+    let context = Unmanaged<RequestContext>.fromOpaque(opaque).takeUnretainedValue()
+    let handled = core.access(
+        context, connection: connection, method: method.map { String(cString: $0) } ?? "GET",
+        upload: uploadData, uploadSize: uploadDataSize)
+    return handled ? .YES : .NO
+}
+
+private func mhdRequestCompleted(
+    _ cls: UnsafeMutableRawPointer?, _ connection: OpaquePointer?,
+    _ requestContext: UnsafeMutablePointer<UnsafeMutableRawPointer?>?, _ termination: MHD_RequestTerminationCode
+) {
+    guard let cls, let requestContext, let opaque = requestContext.pointee else { return }
+    requestContext.pointee = nil
+    let core = Unmanaged<ServerCore>.fromOpaque(cls).takeUnretainedValue()
+    let context = Unmanaged<RequestContext>.fromOpaque(opaque).takeRetainedValue()
+    core.requestCompleted(context, termination: termination)
+}
+
+private func mhdCollectHeader(
+    _ cls: UnsafeMutableRawPointer?, _ kind: MHD_ValueKind, _ key: UnsafePointer<CChar>?,
+    _ value: UnsafePointer<CChar>?
+) -> MHD_Result {
+    guard let cls, let key else { return .YES }
+    let headers = cls.assumingMemoryBound(to: HTTPHeaders.self)
+    headers.pointee.add(String(cString: key), value.map { String(cString: $0) } ?? "")
+    return .YES
+}

@@ -1,0 +1,49 @@
+/// What the server reports once per request, when the request is over (response sent, or the exchange
+/// failed). Apps use it for access logs and latency histograms by route and status.
+public struct AccessLogRecord: Sendable {
+    /// The request method.
+    public var method: HTTPMethod
+    /// The percent-decoded request path, without the query string.
+    public var path: String
+    /// The matched route pattern, nil when routing did not happen or found nothing (404).
+    public var route: String?
+    /// The status sent, or 0 if no response was produced (the client went away first).
+    public var status: Int
+    /// Body bytes received.
+    public var bytesIn: Int
+    /// Body bytes in the response.
+    public var bytesOut: Int
+    /// From the end of the request headers to the end of the exchange.
+    public var duration: Duration
+    /// The request ID (echoed or generated), also sent as `X-Request-Id`.
+    public var requestID: String
+    /// The client's IP address, when known.
+    public var remoteAddress: String?
+    /// The `User-Agent` header.
+    public var userAgent: String?
+    /// `String(describing:)` of a non-problem error the handler threw (the client only saw a 500 with the
+    /// request ID). For server-side logs only: it may contain anything the error carried.
+    public var handlerError: String?
+    /// Whether the response was handed to the client completely.
+    public var completed: Bool
+
+    /// Creates a record.
+    public init(
+        method: HTTPMethod, path: String, route: String?, status: Int, bytesIn: Int, bytesOut: Int,
+        duration: Duration, requestID: String, remoteAddress: String?, userAgent: String?,
+        handlerError: String? = nil, completed: Bool = true
+    ) {
+        self.method = method
+        self.path = path
+        self.route = route
+        self.status = status
+        self.bytesIn = bytesIn
+        self.bytesOut = bytesOut
+        self.duration = duration
+        self.requestID = requestID
+        self.remoteAddress = remoteAddress
+        self.userAgent = userAgent
+        self.handlerError = handlerError
+        self.completed = completed
+    }
+}

@@ -1,0 +1,398 @@
+import Foundation
+import Synchronization
+import Testing
+
+@testable import HTTPServer
+
+struct SecretError: Error, CustomStringConvertible {
+    var description: String { "db password is hunter2" }
+}
+
+struct TeapotError: HTTPProblemConvertible {
+    var problem: HTTPProblem { HTTPProblem(status: 418, slug: "teapot", title: "I'm a teapot") }
+}
+
+@Suite("HTTPServer over sockets")
+struct ServerTests {
+    static func router(handlerRuns: Counter = Counter()) -> Router {
+        var router = Router()
+        router.get("/v1/people/{id}/devices/{device_token}") { request in
+            .json([
+                "id": request.pathParameters["id"] ?? "", "token": request.pathParameters["device_token"] ?? "",
+                "route": request.route ?? "", "q": request.query["q"] ?? "",
+            ])
+        }
+        router.post("/v1/people") { request in
+            handlerRuns.enter()
+            let person = try request.decodeJSON(Person.self)
+            return .json(person, status: 201)
+        }
+        router.get("/boom") { _ in throw SecretError() }
+        router.get("/teapot") { _ in throw TeapotError() }
+        router.get("/hello") { _ in .text("hello world") }
+        router.post("/echo", body: .any) { request in
+            HTTPResponse(status: 200, headers: ["Content-Type": "application/octet-stream"], body: request.body)
+        }
+        return router
+    }
+
+    @Test func routesWithDecodedPathParameters() async throws {
+        try await withServer(Self.router()) { server in
+            let response = try await request(server.boundPort, "GET", "/v1/people/a%20b/devices/x%2Fy?q=%C3%A9")
+            #expect(response.status == 200)
+            #expect(response.headers["Content-Type"] == "application/json")
+            let body = try response.json([String: String].self)
+            #expect(body == ["id": "a b", "token": "x/y", "route": "/v1/people/{id}/devices/{device_token}", "q": "é"])
+            let id = try #require(response.headers["X-Request-Id"])
+            #expect(id.count == 32 && id.allSatisfy { $0.isHexDigit })
+        }
+    }
+
+    @Test func requestIDIsEchoedOrGenerated() async throws {
+        try await withServer(Self.router()) { server in
+            let echoed = try await request(server.boundPort, "GET", "/hello", headers: [("X-Request-Id", "client-42")])
+            #expect(echoed.headers["X-Request-Id"] == "client-42")
+            let replaced = try await request(server.boundPort, "GET", "/hello", headers: [("X-Request-Id", "bad id!")])
+            #expect(replaced.headers["X-Request-Id"] != "bad id!")
+            #expect(replaced.headers["X-Request-Id"]?.count == 32)
+            // on error responses too
+            let missing = try await request(server.boundPort, "GET", "/nope", headers: [("X-Request-Id", "r-404")])
+            #expect(missing.headers["X-Request-Id"] == "r-404")
+        }
+    }
+
+    @Test func errorsAreProblemJSON() async throws {
+        let runs = Counter()
+        try await withServer(Self.router(handlerRuns: runs)) { server in
+            let port = server.boundPort
+            let json = [("Content-Type", "application/json")]
+            let cases: [(String, String, [(String, String)], String, Int, String)] = [
+                ("GET", "/nope", [], "", 404, "not-found"),
+                ("DELETE", "/v1/people", [], "", 405, "method-not-allowed"),
+                ("POST", "/v1/people", json, "{", 400, "malformed-json"),
+                ("POST", "/v1/people", [("Content-Type", "text/plain")], "name=Ada", 415, "unsupported-media-type"),
+                ("POST", "/v1/people", json, #"{"name":"Ada"}"#, 422, "validation-failed"),
+            ]
+            for (method, target, headers, body, status, slug) in cases {
+                let response = try await request(port, method, target, headers: headers, body: Array(body.utf8))
+                #expect(response.status == status, "\(method) \(target)")
+                #expect(response.headers["Content-Type"] == "application/problem+json")
+                let problem = try response.problem()
+                #expect(problem.status == status)
+                #expect(problem.type == HTTPProblem.typeBase + slug)
+            }
+            let notAllowed = try await request(port, "DELETE", "/v1/people")
+            #expect(notAllowed.headers["Allow"] == "POST, OPTIONS")
+            // the 415 was decided centrally: the handler ran only for the 400 and the 422
+            #expect(runs.total == 2)
+            let created = try await request(
+                port, "POST", "/v1/people", headers: json, body: Array(#"{"name":"Ada","age":36}"#.utf8))
+            #expect(created.status == 201)
+            #expect(try created.json(Person.self) == Person(name: "Ada", age: 36))
+        }
+    }
+
+    @Test func bodyOverTheLimitIs413() async throws {
+        let records = RecordSink()
+        try await withServer(Self.router(), records: records) { server in
+            let port = server.boundPort
+            // Content-Length checked up front: the answer comes before the body is sent.
+            let upFront = try await onThread {
+                let connection = try RawConnection(port: port)
+                try connection.send("POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: \(2 << 20)\r\n\r\n")
+                return try connection.readResponse()
+            }
+            #expect(upFront.status == 413)
+            #expect(try upFront.problem().type == HTTPProblem.typeBase + "payload-too-large")
+            #expect(upFront.headers["X-Request-Id"] != nil)
+
+            // A client that sends the whole 2 MiB body before reading still gets the 413.
+            let naive = try await onThread {
+                let connection = try RawConnection(port: port)
+                try? connection.sendRequest("PUT", "/echo", body: [UInt8](repeating: 0x63, count: 2 << 20))
+                return try connection.readResponse()
+            }
+            #expect(naive.status == 413)
+
+            // Chunked (no Content-Length): counted while streaming; 2 MiB in 64 KiB chunks.
+            let streamed = try await onThread {
+                let connection = try RawConnection(port: port)
+                try connection.send("POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
+                let chunk = [UInt8](repeating: 0x61, count: 65_536)
+                for _ in 0..<32 { try connection.send(Array("10000\r\n".utf8) + chunk + Array("\r\n".utf8)) }
+                try connection.send("0\r\n\r\n")
+                return try connection.readResponse()
+            }
+            #expect(streamed.status == 413)
+            #expect(try streamed.problem().status == 413)
+
+            // Just under the limit is fine.
+            let body = [UInt8](repeating: 0x62, count: 1 << 20)
+            let fits = try await request(port, "POST", "/echo", body: body)
+            #expect(fits.status == 200)
+            #expect(fits.body == body)
+        }
+        let statuses = await records.waitFor(4).map(\.status).sorted()
+        #expect(statuses == [200, 413, 413, 413])
+    }
+
+    @Test func handlerErrorsAreHidden() async throws {
+        let records = RecordSink()
+        try await withServer(Self.router(), records: records) { server in
+            let response = try await request(server.boundPort, "GET", "/boom", headers: [("X-Request-Id", "req-500")])
+            #expect(response.status == 500)
+            #expect(!response.text.contains("hunter2"))
+            let problem = try response.problem()
+            #expect(problem.type == HTTPProblem.typeBase + "internal-error")
+            #expect(problem.detail == "Internal error. Request ID: req-500.")
+            #expect(response.headers["X-Request-Id"] == "req-500")
+
+            let teapot = try await request(server.boundPort, "GET", "/teapot")
+            #expect(teapot.status == 418)
+            #expect(try teapot.problem().type == HTTPProblem.typeBase + "teapot")
+        }
+        let failures = await records.waitFor(2).compactMap(\.handlerError)
+        #expect(failures == ["db password is hunter2"])
+    }
+
+    @Test func keepAliveServesTwoRequestsOnOneConnection() async throws {
+        try await withServer(Self.router()) { server in
+            let port = server.boundPort
+            let (first, second, third) = try await onThread {
+                let connection = try RawConnection(port: port)
+                try connection.sendRequest("GET", "/hello")
+                let first = try connection.readResponse()
+                try connection.sendRequest("HEAD", "/hello")
+                let second = try connection.readResponse(head: true)
+                try connection.sendRequest("GET", "/nope")
+                let third = try connection.readResponse()
+                return (first, second, third)
+            }
+            #expect(first.status == 200)
+            #expect(first.text == "hello world")
+            #expect(first.headers["Connection"]?.lowercased() != "close")
+            #expect(second.status == 200)
+            #expect(second.headers["Content-Length"] == "11")  // HEAD: length of the GET body, no body bytes
+            #expect(third.status == 404)  // parsed cleanly, so HEAD sent no stray body
+        }
+    }
+
+    @Test func manySlowHandlersRunConcurrently() async throws {
+        let inFlight = Counter()
+        var router = Router()
+        router.get("/slow/{n}") { request in
+            inFlight.enter()
+            defer { inFlight.leave() }
+            try await Task.sleep(for: .milliseconds(200))
+            return .text(request.pathParameters["n"] ?? "")
+        }
+        let count = 200
+        let twoThreads: (inout HTTPServer.Configuration) -> Void = { $0.threadCount = 2 }
+        try await withServer(router, configure: twoThreads) { server in
+            let port = server.boundPort
+            let clock = ContinuousClock()
+            let started = clock.now
+            let bodies = try await onThread {
+                var connections: [RawConnection] = []
+                for index in 0..<count {
+                    let connection = try RawConnection(port: port)
+                    try connection.sendRequest("GET", "/slow/\(index)")
+                    connections.append(connection)
+                }
+                return try connections.map { try $0.readResponse().text }
+            }
+            let elapsed = clock.now - started
+            #expect(bodies == (0..<count).map(String.init))
+            // Sequentially this would take 40 s; two MHD threads can only finish it fast if connections are
+            // suspended while handlers sleep.
+            #expect(elapsed < .seconds(5), "took \(elapsed)")
+            #expect(inFlight.peak >= count / 2, "peak concurrency \(inFlight.peak)")
+        }
+    }
+
+    @Test func gracefulStopFinishesInFlightAndRefusesNew() async throws {
+        let entered = Counter()
+        let records = RecordSink()
+        var router = Router()
+        router.get("/slow") { _ in
+            entered.enter()
+            try await Task.sleep(for: .milliseconds(600))
+            return .text("finished")
+        }
+        let server = HTTPServer(
+            configuration: .init(port: 0, threadCount: 2, drainTimeout: .seconds(5)), router: router,
+            onRequestCompleted: { records.append($0) })
+        try server.start()
+        let port = server.boundPort
+        let inFlight = Task { try await request(port, "GET", "/slow") }
+        while entered.total == 0 { try await Task.sleep(for: .milliseconds(5)) }
+
+        let clock = ContinuousClock()
+        let stopStarted = clock.now
+        let stopping = Task { await server.stop() }
+        // New connections are refused soon after stop begins, while the slow request is still running.
+        var refused = false
+        for _ in 0..<100 {
+            do {
+                _ = try RawConnection(port: port)
+                try await Task.sleep(for: .milliseconds(5))
+            } catch let error as ClientError {
+                refused = error.errno == ECONNREFUSED
+                break
+            }
+        }
+        #expect(refused)
+        #expect(entered.total == 1)
+
+        let response = try await inFlight.value
+        #expect(response.status == 200)
+        #expect(response.text == "finished")
+        #expect(response.headers["Connection"]?.lowercased() == "close")
+        await stopping.value
+        #expect(clock.now - stopStarted < .seconds(3))
+        #expect(records.all.count == 1)
+        #expect(records.all.first?.completed == true)
+        #expect(server.liveRequestCount == 0)
+        #expect(throws: ClientError.self) { try RawConnection(port: port) }
+    }
+
+    @Test func drainTimeoutAnswersStragglersWith503() async throws {
+        var router = Router()
+        let entered = Counter()
+        router.get("/forever") { _ in
+            entered.enter()
+            try? await Task.sleep(for: .seconds(30))
+            return .text("too late")
+        }
+        let server = HTTPServer(
+            configuration: .init(port: 0, threadCount: 2, drainTimeout: .milliseconds(200)), router: router)
+        try server.start()
+        let port = server.boundPort
+        let inFlight = Task { try await request(port, "GET", "/forever") }
+        while entered.total == 0 { try await Task.sleep(for: .milliseconds(5)) }
+        let clock = ContinuousClock()
+        let started = clock.now
+        await server.stop()
+        #expect(clock.now - started < .seconds(3))
+        let response = try await inFlight.value
+        #expect(response.status == 503)
+        #expect(try response.problem().type == HTTPProblem.typeBase + "service-unavailable")
+    }
+
+    @Test func runServesUntilCancelled() async throws {
+        let server = HTTPServer(configuration: .init(port: 0, threadCount: 2), router: Self.router())
+        let running = Task { try await server.run() }
+        while server.boundPort == 0 { try await Task.sleep(for: .milliseconds(5)) }
+        let port = server.boundPort
+        #expect(try await request(port, "GET", "/hello").status == 200)
+        running.cancel()
+        try await running.value
+        #expect(throws: ClientError.self) { try RawConnection(port: port) }
+    }
+
+    @Test func bindFailureThrows() async throws {
+        try await withServer(Self.router()) { server in
+            let second = HTTPServer(configuration: .init(port: server.boundPort), router: Router())
+            #expect {
+                try second.start()
+            } throws: { error in
+                (error as? HTTPServerError)?.code == .bindFailed
+            }
+        }
+        let badHost = HTTPServer(configuration: .init(host: "example.com", port: 0), router: Router())
+        #expect(throws: HTTPServerError.self) { try badHost.start() }
+    }
+
+    @Test func everyRequestIsReportedOnce() async throws {
+        let records = RecordSink()
+        let router = Self.router()
+        try await withServer(router, records: records) { server in
+            let port = server.boundPort
+            _ = try await request(port, "GET", "/hello", headers: [("User-Agent", "tests/1")])
+            _ = try await request(port, "GET", "/v1/people/1/devices/2")
+            _ = try await request(port, "GET", "/missing")
+            _ = try await request(port, "POST", "/echo", body: Array("abc".utf8))
+            // a request MHD itself rejects (malformed header line) must not leak its context
+            _ = try? await onThread {
+                let connection = try RawConnection(port: port)
+                try connection.send("GET /hello HTTP/1.1\r\nHost: x\r\nbroken header line\r\n\r\n")
+                return try connection.readResponse()
+            }
+            // nor one whose client hangs up in the middle of the headers
+            _ = try await onThread {
+                let connection = try RawConnection(port: port)
+                try connection.send("GET /hello HTTP/1.1\r\nHost: x\r\nUser-")
+                usleep(50_000)
+                return 0
+            }
+            let all = await records.waitFor(4)
+            #expect(all.count == 4)
+            let byPath = Dictionary(grouping: all, by: \.path)
+            let hello = try #require(byPath["/hello"]?.first)
+            #expect(hello.status == 200)
+            #expect(hello.route == "/hello")
+            #expect(hello.userAgent == "tests/1")
+            #expect(hello.bytesOut == 11)
+            #expect(hello.remoteAddress == "127.0.0.1")
+            #expect(byPath["/v1/people/1/devices/2"]?.first?.route == "/v1/people/{id}/devices/{device_token}")
+            #expect(byPath["/missing"]?.first?.status == 404)
+            #expect(byPath["/missing"]?.first?.route == nil)
+            #expect(byPath["/echo"]?.first?.bytesIn == 3)
+            for _ in 0..<200 where server.liveRequestCount != 0 { try await Task.sleep(for: .milliseconds(5)) }
+            #expect(server.liveRequestCount == 0)
+        }
+    }
+
+    @Test func idleKeepAliveConnectionsTimeOut() async throws {
+        let oneSecond: (inout HTTPServer.Configuration) -> Void = { $0.connectionTimeout = .seconds(1) }
+        try await withServer(Self.router(), configure: oneSecond) { server in
+            let port = server.boundPort
+            let (status, closed, elapsed) = try await onThread {
+                let connection = try RawConnection(port: port, timeoutSeconds: 5)
+                try connection.sendRequest("GET", "/hello")
+                let status = try connection.readResponse().status
+                let clock = ContinuousClock()
+                let start = clock.now
+                let closed = connection.isClosedByPeer()
+                return (status, closed, clock.now - start)
+            }
+            #expect(status == 200)
+            #expect(closed)
+            #expect(elapsed > .milliseconds(500) && elapsed < .seconds(4), "closed after \(elapsed)")
+        }
+    }
+
+    @Test func connectionLimitHoldsBackExtraConnections() async throws {
+        let singleConnection: (inout HTTPServer.Configuration) -> Void = {
+            $0.connectionLimit = 1
+            $0.threadCount = 1
+        }
+        try await withServer(Self.router(), configure: singleConnection) { server in
+            let port = server.boundPort
+            let (first, servedWhileFull, afterwards) = try await onThread {
+                var first: RawConnection? = try RawConnection(port: port)
+                try first!.sendRequest("GET", "/hello")
+                let status = try first!.readResponse().status
+                let second = try RawConnection(port: port, timeoutSeconds: 1)  // waits in the listen backlog
+                try second.sendRequest("GET", "/hello")
+                let servedWhileFull = (try? second.readResponse()) != nil
+                first = nil  // frees the slot
+                return (status, servedWhileFull, try second.readResponse().status)
+            }
+            #expect(first == 200)
+            #expect(!servedWhileFull)
+            #expect(afterwards == 200)
+        }
+    }
+
+    @Test func droppingARunningServerStopsIt() async throws {
+        var port = 0
+        do {
+            let server = HTTPServer(configuration: .init(port: 0, threadCount: 2), router: Self.router())
+            try server.start()
+            port = server.boundPort
+            #expect(try await request(port, "GET", "/hello").status == 200)
+        }
+        #expect(throws: ClientError.self) { try RawConnection(port: port) }
+    }
+}
