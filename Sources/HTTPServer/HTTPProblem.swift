@@ -70,11 +70,10 @@ public struct HTTPProblem: Error, Sendable, Equatable, Codable, CustomStringConv
 
     /// 404: no route matches the path. The path is carried as `instance`.
     public static func notFound(path: String) -> HTTPProblem {
-        var problem = HTTPProblem(
-            status: 404, slug: "not-found", title: "Not Found",
-            detail: "No resource matches the request path.")
-        problem.instance = path
-        return problem
+        // The path is not echoed: paths can carry tokens, and error bodies never repeat them.
+        _ = path
+        return HTTPProblem(
+            status: 404, slug: "not-found", title: "Not Found", detail: "No resource matches the request path.")
     }
 
     /// 405: the path exists but not with this method; sets the `Allow` header.
