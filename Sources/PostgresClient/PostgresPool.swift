@@ -9,6 +9,24 @@ extension Duration {
     }
 }
 
+/// Hands a closure to another thread exactly once.
+final class ClosureHolder<T: Sendable>: Sendable {
+    typealias Body = @Sendable (PostgresConnection) throws -> T
+    private let body: Mutex<Body?>
+
+    init(_ body: @escaping Body) {
+        self.body = Mutex(body)
+    }
+
+    /// Returns the closure and forgets it.
+    func take() -> Body? {
+        body.withLock { body in
+            defer { body = nil }
+            return body
+        }
+    }
+}
+
 /// What happened to one checkout on a slot's queue.
 enum SlotOutcome<T: Sendable>: Sendable {
     case finished(Result<T, any Error>, reusable: Bool)
@@ -185,9 +203,18 @@ public final class PostgresPool: Sendable {
         }
         let configuration = self.configuration
         let outcome: SlotOutcome<T> = await withoutActuallyEscaping(body) { escapingBody in
-            await withCheckedContinuation { continuation in
+            // The dispatch block must not keep the closure alive after we resume (withoutActuallyEscaping
+            // checks), so it reaches the block through a holder that is emptied first.
+            let holder = ClosureHolder(escapingBody)
+            return await withCheckedContinuation { continuation in
                 slot.queue.async {
-                    continuation.resume(returning: slot.run(preparation, configuration, escapingBody))
+                    let outcome: SlotOutcome<T>
+                    if let body = holder.take() {
+                        outcome = slot.run(preparation, configuration, body)
+                    } else {
+                        outcome = .connectFailed(PostgresError(code: .unsupported, context: "checkout body missing"))
+                    }
+                    continuation.resume(returning: outcome)
                 }
             }
         }

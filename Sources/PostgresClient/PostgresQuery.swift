@@ -58,6 +58,12 @@ public struct PostgresQuery: Sendable, ExpressibleByStringInterpolation, CustomS
             sql += "$\(binds.count)"
         }
 
+        /// `\(optional)`: a bind parameter; `nil` binds SQL NULL of the wrapped type.
+        public mutating func appendInterpolation<Value: PostgresEncodable>(_ value: Value?) {
+            binds.append(value.encodePostgres())
+            sql += "$\(binds.count)"
+        }
+
         /// `\(unsafeRaw: text)`: spliced verbatim. Only for text the program controls (never user input).
         public mutating func appendInterpolation(unsafeRaw text: String) {
             sql += text
