@@ -54,8 +54,9 @@ public final class PostgresConnection {
         let keys = parameters.map { strdup($0.key) }
         let values = parameters.map { strdup($0.value) }
         defer {
-            keys.forEach { free($0) }
-            values.forEach { free($0) }
+            for pointer in keys + values {
+                free(pointer)
+            }
         }
         let keyPointers: [UnsafePointer<CChar>?] = keys.map { UnsafePointer($0) } + [nil]
         let valuePointers: [UnsafePointer<CChar>?] = values.map { UnsafePointer($0) } + [nil]
@@ -127,7 +128,8 @@ public final class PostgresConnection {
                 try execute("COMMIT")
             case PQTRANS_INERROR:
                 throw lastError
-                    ?? PostgresError(code: .server, sqlState: "25P02", context: "transaction aborted by an earlier error")
+                    ?? PostgresError(
+                        code: .server, sqlState: "25P02", context: "transaction aborted by an earlier error")
             default:
                 throw PostgresError(code: .unsupported, context: "the transaction body ended the transaction itself")
             }
@@ -367,29 +369,42 @@ public final class PostgresConnection {
 
     // MARK: Health
 
-    /// A free check (no round trip): reads anything the server sent while idle — such as the FATAL message
-    /// and EOF of a terminated backend — and reports whether the connection still looks usable.
-    /// Pooled connections discard stray notifications (nobody would read them); the listener keeps them.
-    func looksHealthyWithoutRoundTrip(discardingNotifications: Bool = true) -> Bool {
-        guard PQstatus(handle) == CONNECTION_OK else { return false }
-        var descriptor = pollfd(fd: PQsocket(handle), events: Int16(POLLIN), revents: 0)
-        if poll(&descriptor, 1, 0) > 0 {
-            if PQconsumeInput(handle) == 0 {
-                return false
-            }
-            while discardingNotifications, let notification = PQnotifies(handle) {
-                PQfreemem(notification)
-            }
-        }
-        return PQstatus(handle) == CONNECTION_OK
+    /// What a free (no round trip) look at an idle connection found.
+    enum IdleState {
+        /// Nothing arrived while idle.
+        case quiet
+        /// Something arrived (a terminated backend's FATAL message, a notice, …); only a round trip can tell
+        /// whether the connection still works, because EOF may not have been read yet.
+        case hadInput
+        /// libpq already knows the connection is broken.
+        case broken
     }
 
-    /// A cheap round trip (an empty query).
-    func ping(discardingNotifications: Bool = true) -> Bool {
-        guard looksHealthyWithoutRoundTrip(discardingNotifications: discardingNotifications),
-            let result = PQexec(handle, "") else { return false }
-        defer { PQclear(result) }
-        return PQresultStatus(result) == PGRES_EMPTY_QUERY && PQstatus(handle) == CONNECTION_OK
+    /// Polls the socket without blocking and reads whatever the server sent while the connection was idle.
+    /// Pooled connections discard stray notifications (nobody would read them); the listener keeps them.
+    func checkIdle(discardingNotifications: Bool = true) -> IdleState {
+        guard PQstatus(handle) == CONNECTION_OK else { return .broken }
+        var descriptor = pollfd(fd: PQsocket(handle), events: Int16(POLLIN), revents: 0)
+        guard poll(&descriptor, 1, 0) > 0 else { return .quiet }
+        guard PQconsumeInput(handle) == 1 else { return .broken }
+        while discardingNotifications, let notification = PQnotifies(handle) {
+            PQfreemem(notification)
+        }
+        return PQstatus(handle) == CONNECTION_OK ? .hadInput : .broken
+    }
+
+    /// Checks an idle connection: free if nothing arrived, else (or if `force`) an empty-query round trip.
+    func validate(forcePing force: Bool, discardingNotifications: Bool = true) -> Bool {
+        switch checkIdle(discardingNotifications: discardingNotifications) {
+        case .broken:
+            return false
+        case .quiet where !force:
+            return true
+        case .quiet, .hadInput:
+            guard let result = PQexec(handle, "") else { return false }
+            defer { PQclear(result) }
+            return PQresultStatus(result) == PGRES_EMPTY_QUERY && PQstatus(handle) == CONNECTION_OK
+        }
     }
 
     /// Makes the connection ready for the next user: rolls back a leftover transaction. Returns false if the

@@ -168,7 +168,7 @@ public final class PostgresListener: Sendable {
                 continue
             }
             if ready == 0 {
-                guard connection.ping(discardingNotifications: false) else { return }
+                guard connection.validate(forcePing: true, discardingNotifications: false) else { return }
                 continue
             }
             if PQconsumeInput(connection.handle) == 0 || connection.isBroken {

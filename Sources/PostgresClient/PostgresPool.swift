@@ -63,8 +63,7 @@ final class PoolSlot: @unchecked Sendable {
     ) -> SlotOutcome<T> {
         dispatchPrecondition(condition: .onQueue(queue))
         if case .reuse(let ping) = preparation, let existing = connection {
-            let healthy = ping ? existing.ping() : existing.looksHealthyWithoutRoundTrip()
-            if !healthy {
+            if !existing.validate(forcePing: ping) {
                 connection = nil
             }
         }
@@ -91,7 +90,7 @@ final class PoolSlot: @unchecked Sendable {
     /// A round-trip health check; drops the connection if it fails.
     func healthCheck() -> Bool {
         dispatchPrecondition(condition: .onQueue(queue))
-        guard let connection, connection.ping() else {
+        guard let connection, connection.validate(forcePing: true) else {
             connection = nil
             return false
         }
@@ -111,8 +110,9 @@ final class PoolSlot: @unchecked Sendable {
 /// per connection, never on Swift's cooperative threads; async callers are resumed through continuations.
 ///
 /// Broken connections are discarded, never reused. A connection that sat idle is checked before use
-/// (a free socket check always, a round-trip ping after `validateAfterIdle`), and a stale one is
-/// replaced transparently, so the first caller after a server restart does not see a stale-connection error.
+/// (a free socket check always; a round-trip ping after `validateAfterIdle` or if the server sent
+/// anything while it was idle), and a stale one is replaced transparently, so the first caller after a
+/// server restart does not see a stale-connection error.
 /// A statement that fails because the connection broke throws `.connectionLost` and is never retried.
 public final class PostgresPool: Sendable {
     /// Pool settings.

@@ -37,17 +37,20 @@ struct ErrorTests {
             return errors
         }
         try #require(errors.count == 6)
-        #expect(errors.map(\.code) == [
-            .uniqueViolation, .foreignKeyViolation, .checkViolation, .notNullViolation,
-            .invalidTextRepresentation, .undefinedTable,
-        ])
+        #expect(
+            errors.map(\.code) == [
+                .uniqueViolation, .foreignKeyViolation, .checkViolation, .notNullViolation,
+                .invalidTextRepresentation, .undefinedTable,
+            ])
         #expect(errors.map(\.sqlState) == ["23505", "23503", "23514", "23502", "22P02", "42P01"])
         #expect(errors[0].constraint == "parent_email_key")
         #expect(errors[0].table == "parent")
         #expect(errors[1].constraint == "child_parent_fk")
         #expect(errors[2].constraint == "child_qty_positive")
         #expect(errors[3].column == "label")
-        #expect(errors[0].description == "PostgresError: unique violation (23505) on constraint parent_email_key in table parent")
+        #expect(
+            errors[0].description
+                == "PostgresError: unique violation (23505) on constraint parent_email_key in table parent")
         for error in errors {
             #expect(!error.description.contains(secret), "\(error.code)")
         }

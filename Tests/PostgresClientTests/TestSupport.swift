@@ -1,5 +1,6 @@
 import Foundation
 import PostgresClient
+import Synchronization
 import Testing
 
 /// Raised when the test database is not configured; tests fail (never skip) with this message.
@@ -64,4 +65,19 @@ func eventually(
         try? await Task.sleep(for: interval)
     }
     return try await condition()
+}
+
+/// A Mutex-protected value that concurrent test closures can share by reference.
+final class Locked<Value: Sendable>: Sendable {
+    private let mutex: Mutex<Value>
+
+    init(_ value: Value) {
+        mutex = Mutex(value)
+    }
+
+    func withLock<R: Sendable>(_ body: (inout Value) -> R) -> R {
+        mutex.withLock { body(&$0) }
+    }
+
+    var value: Value { mutex.withLock { $0 } }
 }

@@ -37,7 +37,8 @@ struct TextFormatTests {
         #expect(parse("0044-03-15 00:00:00+00 BC") == Date(timeIntervalSince1970: -63_517_824_000))
         #expect(parse("infinity") == .distantFuture)
         #expect(parse("-infinity") == .distantPast)
-        for bad in ["", "2024-13-01", "2024-03-05 12:34", "2024-03-05 12:34:56+", "yesterday", "2024-03-05 12:34:56 x"] {
+        for bad in ["", "2024-13-01", "2024-03-05 12:34", "2024-03-05 12:34:56+", "yesterday", "2024-03-05 12:34:56 x"]
+        {
             #expect(parse(bad) == nil, "\(bad)")
         }
     }
@@ -47,7 +48,8 @@ struct TextFormatTests {
         #expect(PostgresTimestamp.format(utc(2024, 3, 5, 12, 34, 56) + 0.25) == "2024-03-05 12:34:56.250000+00")
         #expect(PostgresTimestamp.format(Date(timeIntervalSince1970: -0.5)) == "1969-12-31 23:59:59.500000+00")
         #expect(
-            PostgresTimestamp.format(Date(timeIntervalSince1970: -63_517_824_000)) == "0044-03-15 00:00:00.000000+00 BC")
+            PostgresTimestamp.format(Date(timeIntervalSince1970: -63_517_824_000)) == "0044-03-15 00:00:00.000000+00 BC"
+        )
         for seconds in [0, 1_709_642_096.123456, -2_208_988_800.5, 253_402_300_799.999999] {
             let date = Date(timeIntervalSince1970: seconds)
             #expect(parse(PostgresTimestamp.format(date)) == date, "\(seconds)")

@@ -55,8 +55,8 @@ struct TransactionTests {
         let table = TestDatabase.uniqueName("ser")
         try await pool.execute("CREATE TABLE \(identifier: table) (id int PRIMARY KEY, v int)")
         try await pool.execute("INSERT INTO \(identifier: table) VALUES (1, 0)")
-        let attempts = Mutex(0)
-        let observedErrors = Mutex<[String?]>([])
+        let attempts = Locked(0)
+        let observedErrors = Locked<[String?]>([])
 
         let final = try await pool.transaction(isolation: .repeatableRead) { connection in
             let attempt = attempts.withLock { value in
