@@ -1,0 +1,560 @@
+import CLibPQ
+import Foundation
+
+/// Holds the notice handler that libpq's notice callback forwards to.
+final class NoticeSink {
+    let handler: (@Sendable (String) -> Void)?
+
+    init(handler: (@Sendable (String) -> Void)?) {
+        self.handler = handler
+    }
+}
+
+/// libpq notice processor: a nonisolated free function; `context` is an unretained `NoticeSink`.
+private func postgresNoticeProcessor(_ context: UnsafeMutableRawPointer?, _ message: UnsafePointer<CChar>?) {
+    guard let context, let message else { return }
+    let sink = Unmanaged<NoticeSink>.fromOpaque(context).takeUnretainedValue()
+    sink.handler?(String(cString: message))
+}
+
+/// Transaction isolation levels.
+public enum IsolationLevel: Sendable, Hashable {
+    case readCommitted
+    case repeatableRead
+    case serializable
+
+    var sql: String {
+        switch self {
+        case .readCommitted: return "READ COMMITTED"
+        case .repeatableRead: return "REPEATABLE READ"
+        case .serializable: return "SERIALIZABLE"
+        }
+    }
+}
+
+/// One libpq connection. Every call blocks the calling thread until the server answers.
+///
+/// Not thread-safe and not `Sendable`: use it from one thread at a time, normally inside a
+/// `PostgresPool.withConnection` closure, which runs on a dedicated thread.
+public final class PostgresConnection {
+    let handle: OpaquePointer
+    private let noticeSink: Unmanaged<NoticeSink>
+    /// The last error a statement on this connection raised.
+    private(set) var lastError: PostgresError?
+
+    /// Size of the chunks COPY hands to `PQputCopyData`.
+    static let copyChunkSize = 64 * 1024
+
+    /// Opens a connection, blocking the calling thread (up to `connectTimeout`).
+    /// Do not call this on Swift's cooperative thread pool; the pool and listener call it on their own threads.
+    ///
+    /// - Throws: `PostgresError` with code `.connectionFailed`.
+    public init(connecting configuration: PostgresConfiguration) throws {
+        let parameters = configuration.connectionParameters()
+        let keys = parameters.map { strdup($0.key) }
+        let values = parameters.map { strdup($0.value) }
+        defer {
+            for pointer in keys + values {
+                free(pointer)
+            }
+        }
+        let keyPointers: [UnsafePointer<CChar>?] = keys.map { UnsafePointer($0) } + [nil]
+        let valuePointers: [UnsafePointer<CChar>?] = values.map { UnsafePointer($0) } + [nil]
+        guard let handle = PQconnectdbParams(keyPointers, valuePointers, 0) else {
+            throw PostgresError(code: .connectionFailed, context: "libpq could not allocate a connection")
+        }
+        guard PQstatus(handle) == CONNECTION_OK else {
+            let message = String(cString: PQerrorMessage(handle))
+            PQfinish(handle)
+            throw PostgresError(
+                code: .connectionFailed, context: "could not connect to \(configuration.host ?? "default host")",
+                underlying: message.trimmingCharacters(in: .whitespacesAndNewlines))
+        }
+        self.handle = handle
+        self.noticeSink = Unmanaged.passRetained(NoticeSink(handler: configuration.noticeHandler))
+        PQsetNoticeProcessor(handle, postgresNoticeProcessor, noticeSink.toOpaque())
+    }
+
+    deinit {
+        PQfinish(handle)
+        noticeSink.release()
+    }
+
+    /// The server process ID serving this connection (as in `pg_stat_activity.pid`).
+    public var backendPID: Int32 { PQbackendPID(handle) }
+
+    /// The server version as an integer, e.g. 150004.
+    public var serverVersion: Int { Int(PQserverVersion(handle)) }
+
+    /// True once libpq has seen the connection break. A broken connection never recovers.
+    public var isBroken: Bool { PQstatus(handle) != CONNECTION_OK }
+
+    /// True while inside a transaction block (including a failed one).
+    public var isInTransaction: Bool {
+        let status = PQtransactionStatus(handle)
+        return status == PQTRANS_INTRANS || status == PQTRANS_INERROR
+    }
+
+    // MARK: Statements
+
+    /// Runs a statement and returns its rows. Without binds, the text may hold several statements
+    /// (the last one's result is returned).
+    @discardableResult
+    public func query(_ query: PostgresQuery) throws -> PostgresRows {
+        let result = try run(query)
+        defer { PQclear(result) }
+        return Self.rows(from: result)
+    }
+
+    /// Runs a statement and returns the number of affected rows.
+    @discardableResult
+    public func execute(_ query: PostgresQuery) throws -> Int {
+        let result = try run(query)
+        defer { PQclear(result) }
+        return Self.affectedRows(result)
+    }
+
+    /// Runs `body` between `BEGIN` and `COMMIT`; on a throw it rolls back and rethrows. No retries (the pool's
+    /// `transaction` retries). If a statement failed inside `body` and `body` swallowed the error, the
+    /// transaction is rolled back and that error is thrown rather than committing nothing silently.
+    public func transaction<T>(
+        isolation: IsolationLevel = .readCommitted, _ body: (PostgresConnection) throws -> T
+    ) throws -> T {
+        try execute(PostgresQuery(unsafeSQL: "BEGIN ISOLATION LEVEL \(isolation.sql)"))
+        do {
+            let value = try body(self)
+            switch PQtransactionStatus(handle) {
+            case PQTRANS_INTRANS:
+                try execute("COMMIT")
+            case PQTRANS_INERROR:
+                throw lastError
+                    ?? PostgresError(
+                        code: .server, sqlState: "25P02", context: "transaction aborted by an earlier error")
+            default:
+                throw PostgresError(code: .unsupported, context: "the transaction body ended the transaction itself")
+            }
+            return value
+        } catch {
+            rollbackQuietly()
+            throw error
+        }
+    }
+
+    func rollbackQuietly() {
+        guard PQstatus(handle) == CONNECTION_OK, isInTransaction, let result = PQexec(handle, "ROLLBACK") else {
+            return
+        }
+        PQclear(result)
+    }
+
+    /// Sends one statement and returns its successful result (caller clears it).
+    private func run(_ query: PostgresQuery) throws -> OpaquePointer {
+        let result: OpaquePointer?
+        if query.binds.isEmpty {
+            result = PQexec(handle, query.sql)
+        } else {
+            result = Self.withBinds(query.binds) { count, types, values, lengths, formats in
+                PQexecParams(handle, query.sql, count, types, values, lengths, formats, 0)
+            }
+        }
+        guard let result else {
+            throw record(connectionError(context: "no result from server"))
+        }
+        switch PQresultStatus(result) {
+        case PGRES_TUPLES_OK, PGRES_COMMAND_OK, PGRES_EMPTY_QUERY:
+            return result
+        case PGRES_COPY_IN, PGRES_COPY_OUT, PGRES_COPY_BOTH:
+            PQclear(result)
+            abandonCopy()
+            throw record(PostgresError(code: .unsupported, context: "COPY through query(); use copyFrom"))
+        default:
+            let error = self.error(from: result)
+            PQclear(result)
+            throw record(error)
+        }
+    }
+
+    private func record(_ error: PostgresError) -> PostgresError {
+        lastError = error
+        return error
+    }
+
+    private func abandonCopy() {
+        _ = PQputCopyEnd(handle, "not supported by this client")
+        while let result = PQgetResult(handle) {
+            PQclear(result)
+        }
+    }
+
+    /// Sends a notification (`pg_notify`); inside a transaction it is delivered on commit.
+    public func notify(channel: String, payload: String = "") throws {
+        try execute("SELECT pg_notify(\(channel), \(payload))")
+    }
+
+    // MARK: COPY
+
+    /// Bulk-loads rows with `COPY table (columns) FROM STDIN` in text format and returns the number of rows
+    /// copied. Values are escaped for COPY (backslash, tab, newline, CR; NULL as `\N`; bytea as hex) and sent in
+    /// 64 KiB chunks. `table` may be schema-qualified; table and column names are quoted.
+    ///
+    /// - Throws: `PostgresError`; on a server-side error nothing is copied.
+    public func copyFrom(table: String, columns: [String], rows: some Sequence<[PostgresBind]>) throws -> Int {
+        var sql = "COPY " + PostgresIdentifier.quoteQualified(table)
+        if !columns.isEmpty {
+            sql += " (" + columns.map(PostgresIdentifier.quote).joined(separator: ", ") + ")"
+        }
+        sql += " FROM STDIN"
+        guard let start = PQexec(handle, sql) else {
+            throw record(connectionError(context: "no result from server"))
+        }
+        guard PQresultStatus(start) == PGRES_COPY_IN else {
+            let error = self.error(from: start)
+            PQclear(start)
+            throw record(error)
+        }
+        PQclear(start)
+
+        var buffer: [UInt8] = []
+        buffer.reserveCapacity(Self.copyChunkSize + 4096)
+        do {
+            for row in rows {
+                guard columns.isEmpty || row.count == columns.count else {
+                    throw PostgresError(
+                        code: .encoding, context: "COPY row has \(row.count) fields, expected \(columns.count)")
+                }
+                for (position, field) in row.enumerated() {
+                    if position > 0 {
+                        buffer.append(0x09)
+                    }
+                    try PostgresCopyText.appendField(field, to: &buffer)
+                }
+                buffer.append(0x0A)
+                if buffer.count >= Self.copyChunkSize {
+                    try sendCopyData(buffer)
+                    buffer.removeAll(keepingCapacity: true)
+                }
+            }
+            if !buffer.isEmpty {
+                try sendCopyData(buffer)
+            }
+        } catch {
+            abandonCopy()
+            throw record(error as? PostgresError ?? PostgresError(code: .encoding, underlying: "\(error)"))
+        }
+        guard PQputCopyEnd(handle, nil) == 1 else {
+            throw record(connectionError(context: "COPY end failed"))
+        }
+        var copied = 0
+        var failure: PostgresError?
+        while let result = PQgetResult(handle) {
+            if PQresultStatus(result) == PGRES_COMMAND_OK {
+                copied = Self.affectedRows(result)
+            } else if failure == nil {
+                failure = self.error(from: result)
+            }
+            PQclear(result)
+        }
+        if let failure {
+            throw record(failure)
+        }
+        return copied
+    }
+
+    private func sendCopyData(_ buffer: [UInt8]) throws {
+        let status = buffer.withUnsafeBufferPointer { bytes in
+            bytes.withMemoryRebound(to: CChar.self) { chars in
+                PQputCopyData(handle, chars.baseAddress, Int32(chars.count))
+            }
+        }
+        guard status == 1 else {
+            throw connectionError(context: "COPY data could not be sent")
+        }
+    }
+
+    // MARK: Pipeline
+
+    /// Sends all `queries` at once in libpq pipeline mode (one round trip) and returns one result per query.
+    ///
+    /// Each query is followed by its own sync point, so each runs in its own implicit transaction unless the
+    /// pipeline runs inside an explicit one (`transaction`), in which case a failure makes the later queries fail
+    /// with "current transaction is aborted" (25P02). COPY is not allowed in a pipeline.
+    ///
+    /// - Throws: only if the pipeline could not be sent at all; per-query errors are in the results.
+    public func pipeline(_ queries: [PostgresQuery]) throws -> [Result<PostgresRows, PostgresError>] {
+        guard !queries.isEmpty else { return [] }
+        guard PQenterPipelineMode(handle) == 1 else {
+            throw record(connectionError(context: "could not enter pipeline mode"))
+        }
+        defer { _ = PQexitPipelineMode(handle) }
+        do {
+            guard PQsetnonblocking(handle, 1) == 0 else {
+                throw connectionError(context: "could not switch to non-blocking mode")
+            }
+            defer { _ = PQsetnonblocking(handle, 0) }
+            for query in queries {
+                let sent = Self.withBinds(query.binds) { count, types, values, lengths, formats in
+                    PQsendQueryParams(handle, query.sql, count, types, values, lengths, formats, 0)
+                }
+                guard sent == 1, PQpipelineSync(handle) == 1 else {
+                    throw connectionError(context: "could not queue a pipelined statement")
+                }
+            }
+            try flushAll()
+        } catch {
+            throw record(error as? PostgresError ?? connectionError(context: "\(error)"))
+        }
+
+        var results: [Result<PostgresRows, PostgresError>] = []
+        results.reserveCapacity(queries.count)
+        for _ in queries {
+            if isBroken {
+                results.append(.failure(connectionError(context: "connection lost during pipeline")))
+                continue
+            }
+            guard let result = PQgetResult(handle) else {
+                results.append(.failure(connectionError(context: "missing pipeline result")))
+                continue
+            }
+            switch PQresultStatus(result) {
+            case PGRES_TUPLES_OK, PGRES_COMMAND_OK, PGRES_EMPTY_QUERY:
+                results.append(.success(Self.rows(from: result)))
+            case PGRES_PIPELINE_ABORTED:
+                results.append(
+                    .failure(PostgresError(code: .server, context: "skipped after an earlier pipeline error")))
+            default:
+                results.append(.failure(record(error(from: result))))
+            }
+            PQclear(result)
+            // Drain to this query's sync point: NULL, then PGRES_PIPELINE_SYNC.
+            var emptyResults = 0
+            while !isBroken {
+                guard let next = PQgetResult(handle) else {
+                    emptyResults += 1
+                    if emptyResults > 1 {
+                        break
+                    }
+                    continue
+                }
+                let isSync = PQresultStatus(next) == PGRES_PIPELINE_SYNC
+                PQclear(next)
+                if isSync {
+                    break
+                }
+            }
+        }
+        return results
+    }
+
+    /// Flushes libpq's output buffer in non-blocking mode, reading input meanwhile so the server can never
+    /// block on a full socket while we block writing to it.
+    private func flushAll() throws {
+        while true {
+            let status = PQflush(handle)
+            if status == 0 {
+                return
+            }
+            guard status > 0 else {
+                throw connectionError(context: "flush failed")
+            }
+            var descriptor = pollfd(fd: PQsocket(handle), events: Int16(POLLIN | POLLOUT), revents: 0)
+            let ready = poll(&descriptor, 1, 30_000)
+            guard ready > 0 else {
+                throw connectionError(context: "socket not writable")
+            }
+            if descriptor.revents & Int16(POLLIN) != 0, PQconsumeInput(handle) == 0 {
+                throw connectionError(context: "read failed during flush")
+            }
+        }
+    }
+
+    // MARK: Health
+
+    /// What a free (no round trip) look at an idle connection found.
+    enum IdleState {
+        /// Nothing arrived while idle.
+        case quiet
+        /// Something arrived (a terminated backend's FATAL message, a notice, …); only a round trip can tell
+        /// whether the connection still works, because EOF may not have been read yet.
+        case hadInput
+        /// libpq already knows the connection is broken.
+        case broken
+    }
+
+    /// Polls the socket without blocking and reads whatever the server sent while the connection was idle.
+    /// Pooled connections discard stray notifications (nobody would read them); the listener keeps them.
+    func checkIdle(discardingNotifications: Bool = true) -> IdleState {
+        guard PQstatus(handle) == CONNECTION_OK else { return .broken }
+        var descriptor = pollfd(fd: PQsocket(handle), events: Int16(POLLIN), revents: 0)
+        guard poll(&descriptor, 1, 0) > 0 else { return .quiet }
+        guard PQconsumeInput(handle) == 1 else { return .broken }
+        while discardingNotifications, let notification = PQnotifies(handle) {
+            PQfreemem(notification)
+        }
+        return PQstatus(handle) == CONNECTION_OK ? .hadInput : .broken
+    }
+
+    /// Checks an idle connection: free if nothing arrived, else (or if `force`) an empty-query round trip.
+    func validate(forcePing force: Bool, discardingNotifications: Bool = true) -> Bool {
+        switch checkIdle(discardingNotifications: discardingNotifications) {
+        case .broken:
+            return false
+        case .quiet where !force:
+            return true
+        case .quiet, .hadInput:
+            guard let result = PQexec(handle, "") else { return false }
+            defer { PQclear(result) }
+            return PQresultStatus(result) == PGRES_EMPTY_QUERY && PQstatus(handle) == CONNECTION_OK
+        }
+    }
+
+    /// Makes the connection ready for the next user: rolls back a leftover transaction. Returns false if the
+    /// connection must be discarded.
+    func resetForReuse() -> Bool {
+        guard PQstatus(handle) == CONNECTION_OK, PQpipelineStatus(handle) == PQ_PIPELINE_OFF else { return false }
+        switch PQtransactionStatus(handle) {
+        case PQTRANS_IDLE:
+            return true
+        case PQTRANS_INTRANS, PQTRANS_INERROR:
+            rollbackQuietly()
+            return PQtransactionStatus(handle) == PQTRANS_IDLE
+        default:
+            return false
+        }
+    }
+
+    // MARK: Errors
+
+    /// Builds an error from a failed result, classifying it as `.connectionLost` if the connection broke.
+    func error(from result: OpaquePointer) -> PostgresError {
+        func field(_ code: Character) -> String? {
+            guard let value = PQresultErrorField(result, Int32(code.asciiValue!)) else { return nil }
+            return String(cString: value)
+        }
+        let sqlState = field("C")
+        var error = PostgresError(
+            code: sqlState.map(PostgresError.code(forSQLState:)) ?? .server, sqlState: sqlState)
+        error.serverMessage = field("M")
+        error.detail = field("D")
+        error.hint = field("H")
+        error.constraint = field("n")
+        error.table = field("t")
+        error.column = field("c")
+        error.schema = field("s")
+        if sqlState == nil, let message = PQresultErrorMessage(result) {
+            error.underlying = String(cString: message).trimmingCharacters(in: .whitespacesAndNewlines)
+        }
+        if PQstatus(handle) != CONNECTION_OK {
+            error.code = .connectionLost
+        }
+        return error
+    }
+
+    func connectionError(context: String) -> PostgresError {
+        let message = String(cString: PQerrorMessage(handle)).trimmingCharacters(in: .whitespacesAndNewlines)
+        let code: PostgresError.Code = PQstatus(handle) == CONNECTION_OK ? .server : .connectionLost
+        return PostgresError(code: code, context: context, underlying: message.isEmpty ? nil : message)
+    }
+
+    // MARK: Result conversion
+
+    static func affectedRows(_ result: OpaquePointer) -> Int {
+        guard let text = PQcmdTuples(result) else { return 0 }
+        return Int(String(cString: text)) ?? 0
+    }
+
+    static func rows(from result: OpaquePointer) -> PostgresRows {
+        let rowCount = Int(PQntuples(result))
+        let columnCount = Int(PQnfields(result))
+        guard columnCount > 0 else {
+            return PostgresRows(storage: .empty, affectedRows: affectedRows(result))
+        }
+        var columns: [String] = []
+        var types: [UInt32] = []
+        for column in 0..<Int32(columnCount) {
+            columns.append(PQfname(result, column).map { String(cString: $0) } ?? "?column?")
+            types.append(PQftype(result, column))
+        }
+        let cellCount = rowCount * columnCount
+        var starts: [Int] = []
+        var lengths: [Int32] = []
+        starts.reserveCapacity(cellCount)
+        lengths.reserveCapacity(cellCount)
+        var total = 0
+        for row in 0..<Int32(rowCount) {
+            for column in 0..<Int32(columnCount) {
+                total += Int(PQgetlength(result, row, column))
+            }
+        }
+        var data: [UInt8] = []
+        data.reserveCapacity(total)
+        for row in 0..<Int32(rowCount) {
+            for column in 0..<Int32(columnCount) {
+                starts.append(data.count)
+                if PQgetisnull(result, row, column) == 1 {
+                    lengths.append(-1)
+                    continue
+                }
+                let length = PQgetlength(result, row, column)
+                lengths.append(length)
+                if length > 0, let value = PQgetvalue(result, row, column) {
+                    data.append(contentsOf: UnsafeRawBufferPointer(start: value, count: Int(length)))
+                }
+            }
+        }
+        let storage = PostgresResultStorage(
+            columns: columns, columnTypes: types, rowCount: rowCount, data: data, starts: starts, lengths: lengths)
+        return PostgresRows(storage: storage, affectedRows: affectedRows(result))
+    }
+
+    /// Lays out binds as the parallel C arrays `PQexecParams` wants, valid for the duration of `body`.
+    static func withBinds<R>(
+        _ binds: [PostgresBind],
+        _ body: (
+            Int32, UnsafePointer<Oid>?, UnsafePointer<UnsafePointer<CChar>?>?, UnsafePointer<Int32>?,
+            UnsafePointer<Int32>?
+        ) -> R
+    ) -> R {
+        let total = binds.reduce(0) { $0 + ($1.bytes?.count ?? 0) + 1 }
+        let storage = UnsafeMutablePointer<CChar>.allocate(capacity: max(total, 1))
+        defer { storage.deallocate() }
+        var types: [Oid] = []
+        var values: [UnsafePointer<CChar>?] = []
+        var lengths: [Int32] = []
+        var formats: [Int32] = []
+        types.reserveCapacity(binds.count)
+        values.reserveCapacity(binds.count)
+        lengths.reserveCapacity(binds.count)
+        formats.reserveCapacity(binds.count)
+        var offset = 0
+        for bind in binds {
+            types.append(bind.oid)
+            formats.append(bind.binary ? 1 : 0)
+            guard let bytes = bind.bytes else {
+                values.append(nil)
+                lengths.append(0)
+                continue
+            }
+            let destination = storage + offset
+            bytes.withUnsafeBytes { source in
+                if let base = source.baseAddress, source.count > 0 {
+                    UnsafeMutableRawPointer(destination).copyMemory(from: base, byteCount: source.count)
+                }
+            }
+            destination[bytes.count] = 0
+            values.append(UnsafePointer(destination))
+            lengths.append(Int32(bytes.count))
+            offset += bytes.count + 1
+        }
+        return types.withUnsafeBufferPointer { typePointer in
+            values.withUnsafeBufferPointer { valuePointer in
+                lengths.withUnsafeBufferPointer { lengthPointer in
+                    formats.withUnsafeBufferPointer { formatPointer in
+                        body(
+                            Int32(binds.count), typePointer.baseAddress, valuePointer.baseAddress,
+                            lengthPointer.baseAddress, formatPointer.baseAddress)
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,122 @@
+import Foundation
+import PostgresClient
+import Testing
+
+@Suite("COPY and pipeline (database)")
+struct CopyAndPipelineTests {
+    static let tricky: [String?] = [
+        "plain", "tab\there", "new\nline", "carriage\rreturn", "back\\slash", "\\N", "", nil, "ünïcode ☃ 日本",
+        "quote\"s and 'apostrophes'", "ends with backslash\\", "\\.", "comma,separated",
+    ]
+
+    @Test("COPY of 50k rows with tricky strings, NULLs, bytea and arrays round-trips exactly")
+    func copyManyRows() async throws {
+        let pool = try TestDatabase.pool()
+        defer { pool.close() }
+        let table = TestDatabase.uniqueName("copy")
+        try await pool.execute(
+            "CREATE TABLE \(identifier: table) (id int8 PRIMARY KEY, s text, b bytea, t timestamptz, tags text[])")
+        // Microsecond-exact instants (what timestamptz stores).
+        @Sendable func instant(_ id: Int) -> Date {
+            Date(timeIntervalSince1970: Double(1_700_000_000_000_000 + id * 1000) / 1_000_000)
+        }
+        let count = 50_000
+        @Sendable func row(_ id: Int) -> [PostgresBind] {
+            let text = Self.tricky[id % Self.tricky.count]
+            let bytes: [UInt8]? = id % 7 == 0 ? nil : [UInt8(id % 256), 0x5C, 0x09, 0x0A, 0x00, 0xFF]
+            return [
+                id.encodePostgres(), text.encodePostgres(), bytes.encodePostgres(),
+                instant(id).encodePostgres(),
+                [text, "x,y", nil].encodePostgres(),
+            ]
+        }
+        let start = ContinuousClock.now
+        let copied = try await pool.withConnection { connection in
+            try connection.copyFrom(
+                table: table, columns: ["id", "s", "b", "t", "tags"], rows: (0..<count).lazy.map(row))
+        }
+        let elapsed = ContinuousClock.now - start
+        #expect(copied == count)
+        #expect(elapsed < .seconds(20))
+
+        let rows = try await pool.query("SELECT id, s, b, t, tags FROM \(identifier: table) ORDER BY id")
+        #expect(rows.count == count)
+        var mismatches = 0
+        for (id, stored) in rows.enumerated() {
+            let text = Self.tricky[id % Self.tricky.count]
+            let ok =
+                try stored.decode(Int.self, "id") == id && stored.decode(String?.self, "s") == text
+                && stored.decode([UInt8]?.self, "b")
+                    == (id % 7 == 0 ? nil : [UInt8(id % 256), 0x5C, 0x09, 0x0A, 0x00, 0xFF])
+                && stored.decode(Date.self, "t") == instant(id)
+                && stored.decode([String?].self, "tags") == [text, "x,y", nil]
+            if !ok {
+                mismatches += 1
+            }
+        }
+        #expect(mismatches == 0)
+        try await pool.execute("DROP TABLE \(identifier: table)")
+    }
+
+    @Test("COPY errors are reported and leave the connection usable")
+    func copyErrors() async throws {
+        let pool = try TestDatabase.pool(options: .init(maxConnections: 1))
+        defer { pool.close() }
+        let results = try await pool.withConnection { connection -> [PostgresError.Code?] in
+            try connection.execute("CREATE TEMP TABLE c (id int PRIMARY KEY, s text)")
+            var codes: [PostgresError.Code?] = []
+            let attempts: [[[PostgresBind]]] = [
+                [[1.encodePostgres(), "a".encodePostgres()], [1.encodePostgres(), "b".encodePostgres()]],
+                [[2.encodePostgres()]],
+                [["not a number".encodePostgres(), "x".encodePostgres()]],
+            ]
+            for rows in attempts {
+                do {
+                    _ = try connection.copyFrom(table: "c", columns: ["id", "s"], rows: rows)
+                    codes.append(nil)
+                } catch let error as PostgresError {
+                    codes.append(error.code)
+                }
+            }
+            #expect(try connection.query("SELECT count(*) AS n FROM c")[0].decode(Int.self, "n") == 0)
+            return codes
+        }
+        #expect(results == [.uniqueViolation, .encoding, .invalidTextRepresentation])
+    }
+
+    @Test("pipeline runs many statements in one go with per-statement results")
+    func pipeline() async throws {
+        let pool = try TestDatabase.pool(options: .init(maxConnections: 1))
+        defer { pool.close() }
+        let (results, many, after) = try await pool.withConnection { connection in
+            try connection.execute("CREATE TEMP TABLE p (id int PRIMARY KEY, s text)")
+            let results = try connection.pipeline([
+                "INSERT INTO p VALUES (\(1), \("one"))",
+                "INSERT INTO p VALUES (\(1), \("dup"))",
+                "SELECT s FROM p WHERE id = \(1)",
+                "SELECT * FROM missing_table_for_pipeline",
+                "UPDATE p SET s = \("uno") WHERE id = \(1)",
+            ])
+            let many = try connection.pipeline(
+                (0..<2000).map { "INSERT INTO p VALUES (\($0 + 10), \(String(repeating: "x", count: 200)))" })
+            let after = try connection.query("SELECT count(*) AS n FROM p")[0].decode(Int.self, "n")
+            return (results, many, after)
+        }
+        #expect(results.count == 5)
+        #expect(try results[0].get().affectedRows == 1)
+        #expect(throws: PostgresError.self) { try results[1].get() }
+        if case .failure(let error) = results[1] {
+            #expect(error.code == .uniqueViolation)
+        }
+        #expect(try results[2].get().first?.decode(String.self, "s") == "one")
+        if case .failure(let error) = results[3] {
+            #expect(error.code == .undefinedTable)
+        } else {
+            Issue.record("query on a missing table should fail")
+        }
+        #expect(try results[4].get().affectedRows == 1)
+        #expect(many.count == 2000)
+        #expect(many.allSatisfy { (try? $0.get().affectedRows) == 1 })
+        #expect(after == 2001)
+    }
+}

@@ -1,0 +1,65 @@
+import Foundation
+import PostgresClient
+import Synchronization
+import Testing
+
+@Suite("LISTEN/NOTIFY (database)")
+struct ListenerTests {
+    @Test("notifications arrive, and arrive again after the listener's backend is terminated")
+    func listenAndReconnect() async throws {
+        let application = TestDatabase.uniqueName("listen")
+        let channel = TestDatabase.uniqueName("Chan")  // mixed case: must be quoted correctly
+        let listener = PostgresListener(try TestDatabase.configuration(application: application), channels: [channel])
+        let pool = try TestDatabase.pool()
+        defer { pool.close() }
+        let received = Locked<[PostgresNotification]>([])
+
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            group.addTask { try await listener.run() }
+            group.addTask {
+                for await notification in listener.notifications {
+                    received.withLock { $0.append(notification) }
+                }
+            }
+
+            func payloads() -> [String] { received.withLock { $0.map(\.payload) } }
+
+            #expect(await eventually { listener.isListening })
+            try await pool.notify(channel: channel, payload: "first")
+            #expect(await eventually { payloads().contains("first") })
+            let first = try #require(received.withLock { $0.first })
+            #expect(first.channel == channel)
+            #expect(first.pid > 0)
+
+            #expect(try await TestDatabase.terminateBackends(pool, application: application) == 1)
+            #expect(await eventually { listener.connectionCount == 2 && listener.isListening })
+            try await pool.execute("SELECT pg_notify(\(channel), \("second ☃"))")
+            #expect(await eventually { payloads().contains("second ☃") })
+
+            // A notification inside a transaction is delivered on commit only.
+            try await pool.transaction { connection in
+                try connection.notify(channel: channel, payload: "third")
+            }
+            #expect(await eventually { payloads().contains("third") })
+            group.cancelAll()
+            try await group.waitForAll()
+        }
+        #expect(received.value.map(\.payload) == ["first", "second ☃", "third"])
+    }
+
+    @Test("run() returns promptly when cancelled even while the server is unreachable")
+    func cancelWhileReconnecting() async throws {
+        var configuration = try PostgresConfiguration(url: "postgresql://postgres@127.0.0.1:1/marquee")
+        configuration.connectTimeout = .seconds(2)
+        let listener = PostgresListener(configuration, channels: ["x"])
+        let task = Task { try await listener.run() }
+        try await Task.sleep(for: .milliseconds(300))
+        #expect(!listener.isListening)
+        let start = ContinuousClock.now
+        task.cancel()
+        try await task.value
+        #expect(ContinuousClock.now - start < .seconds(3))
+        var iterator = listener.notifications.makeAsyncIterator()
+        #expect(await iterator.next() == nil)  // the stream finished
+    }
+}

@@ -1,0 +1,187 @@
+import Foundation
+import Synchronization
+import Testing
+
+@testable import PostgresClient
+
+@Suite("Pool behaviour (database)")
+struct PoolTests {
+    @Test("N+k concurrent callers never open more than N connections")
+    func bounded() async throws {
+        let application = TestDatabase.uniqueName("bound")
+        let pool = try TestDatabase.pool(application: application, options: .init(maxConnections: 3))
+        defer { pool.close() }
+        let observed = Locked<[Int]>([])
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            for _ in 0..<12 {
+                group.addTask {
+                    try await pool.withConnection { connection in
+                        let rows = try connection.query(
+                            """
+                            SELECT count(*) AS n, pg_sleep(0.05) FROM pg_stat_activity
+                            WHERE application_name = \(application)
+                            """)
+                        let count = try rows[0].decode(Int.self, "n")
+                        observed.withLock { $0.append(count) }
+                    }
+                    #expect(pool.statistics.open <= 3)
+                }
+            }
+            try await group.waitForAll()
+        }
+        let counts = observed.withLock { $0 }
+        #expect(counts.count == 12)
+        #expect(counts.max() == 3)
+        #expect(pool.statistics.open == 3)
+        #expect(pool.statistics.idle == 3)
+    }
+
+    @Test("callers beyond the bound time out with poolTimeout")
+    func acquireTimeout() async throws {
+        let pool = try TestDatabase.pool(options: .init(maxConnections: 1, acquireTimeout: .milliseconds(200)))
+        defer { pool.close() }
+        let holder = Task { try await pool.execute("SELECT pg_sleep(1.5)") }
+        #expect(await eventually { pool.statistics.idle == 0 && pool.statistics.open == 1 })
+        try await Task.sleep(for: .milliseconds(50))
+        let start = ContinuousClock.now
+        let error = await #expect(throws: PostgresError.self) { try await pool.query("SELECT 1") }
+        #expect(error?.code == .poolTimeout)
+        let waited = ContinuousClock.now - start
+        #expect(waited >= .milliseconds(150) && waited < .seconds(1))
+        _ = try await holder.value
+        #expect(try await pool.query("SELECT 1 AS one")[0].decode(Int.self, "one") == 1)
+    }
+
+    @Test("a cancelled waiter stops waiting")
+    func cancelledWaiter() async throws {
+        let pool = try TestDatabase.pool(options: .init(maxConnections: 1, acquireTimeout: .seconds(10)))
+        defer { pool.close() }
+        let holder = Task { try await pool.execute("SELECT pg_sleep(1)") }
+        #expect(await eventually { pool.statistics.idle == 0 && pool.statistics.open == 1 })
+        let waiter = Task { try await pool.query("SELECT 1") }
+        #expect(await eventually { pool.statistics.waiting == 1 })
+        waiter.cancel()
+        await #expect(throws: CancellationError.self) { try await waiter.value }
+        #expect(pool.statistics.waiting == 0)
+        _ = try await holder.value
+    }
+
+    @Test("the pool recovers by itself after all its backends are terminated")
+    func recoversAfterTerminate() async throws {
+        let application = TestDatabase.uniqueName("recover")
+        let pool = try TestDatabase.pool(application: application, options: .init(maxConnections: 3))
+        let admin = try TestDatabase.pool()
+        defer {
+            pool.close()
+            admin.close()
+        }
+        // Warm up three connections.
+        let before = try await withThrowingTaskGroup(of: Int32.self) { group in
+            for _ in 0..<3 {
+                group.addTask {
+                    try await pool.withConnection { connection in
+                        try connection.execute("SELECT pg_sleep(0.1)")
+                        return connection.backendPID
+                    }
+                }
+            }
+            return try await group.reduce(into: Set<Int32>()) { $0.insert($1) }
+        }
+        #expect(before.count == 3)
+        #expect(try await TestDatabase.terminateBackends(admin, application: application) == 3)
+        #expect(try await eventually { try await TestDatabase.backendCount(admin, application: application) == 0 })
+
+        // Every caller succeeds: stale idle connections are detected at checkout and replaced.
+        let after = try await withThrowingTaskGroup(of: Int32.self) { group in
+            for _ in 0..<6 {
+                group.addTask {
+                    try await pool.withConnection { connection in
+                        try connection.execute("SELECT 1")
+                        return connection.backendPID
+                    }
+                }
+            }
+            return try await group.reduce(into: Set<Int32>()) { $0.insert($1) }
+        }
+        #expect(after.isDisjoint(with: before))
+        #expect(pool.statistics.open <= 3)
+        #expect(try await TestDatabase.backendCount(admin, application: application) <= 3)
+    }
+
+    @Test("a connection lost mid-use throws connectionLost and is discarded, not reused")
+    func connectionLostMidUse() async throws {
+        let application = TestDatabase.uniqueName("lost")
+        let pool = try TestDatabase.pool(application: application, options: .init(maxConnections: 1))
+        let configuration = try TestDatabase.configuration()
+        defer { pool.close() }
+        let error = await #expect(throws: PostgresError.self) {
+            try await pool.withConnection { connection in
+                let pid = connection.backendPID
+                let admin = try PostgresConnection(connecting: configuration)
+                try admin.execute("SELECT pg_terminate_backend(\(pid))")
+                Thread.sleep(forTimeInterval: 0.2)
+                try connection.execute("INSERT INTO nowhere VALUES (1)")
+            }
+        }
+        #expect(error?.code == .connectionLost)
+        #expect(pool.statistics.open == 0)
+        let fresh = try await pool.withConnection { $0.isBroken }
+        #expect(fresh == false)
+    }
+
+    @Test("a server that goes away while idle is noticed by the health check")
+    func healthCheckAndReaping() async throws {
+        let application = TestDatabase.uniqueName("health")
+        let pool = try TestDatabase.pool(
+            application: application,
+            options: .init(
+                maxConnections: 2, healthCheckInterval: .milliseconds(50), idleTimeout: .milliseconds(400)))
+        let admin = try TestDatabase.pool()
+        defer {
+            pool.close()
+            admin.close()
+        }
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            for _ in 0..<2 {
+                group.addTask { try await pool.execute("SELECT pg_sleep(0.05)") }
+            }
+            try await group.waitForAll()
+        }
+        #expect(pool.statistics.open == 2)
+        try await TestDatabase.terminateBackends(admin, application: application)
+        try await Task.sleep(for: .milliseconds(100))
+        await pool.maintain()
+        #expect(pool.statistics.open == 0)
+
+        try await pool.execute("SELECT 1")
+        #expect(pool.statistics.open == 1)
+        try await Task.sleep(for: .milliseconds(450))
+        await pool.maintain()
+        #expect(pool.statistics.open == 0)
+        #expect(try await eventually { try await TestDatabase.backendCount(admin, application: application) == 0 })
+    }
+
+    @Test("run() returns when cancelled; close() fails later checkouts")
+    func lifecycle() async throws {
+        let pool = try TestDatabase.pool(options: .init(healthCheckInterval: .milliseconds(20)))
+        let runner = Task { try await pool.run() }
+        try await pool.execute("SELECT 1")
+        try await Task.sleep(for: .milliseconds(60))
+        runner.cancel()
+        try await runner.value
+        pool.close()
+        let error = await #expect(throws: PostgresError.self) { try await pool.query("SELECT 1") }
+        #expect(error?.code == .poolClosed)
+    }
+
+    @Test("notices are routed to the handler, not printed")
+    func notices() async throws {
+        var configuration = try TestDatabase.configuration()
+        let received = Locked<[String]>([])
+        configuration.noticeHandler = { message in received.withLock { $0.append(message) } }
+        let pool = PostgresPool(configuration)
+        defer { pool.close() }
+        try await pool.execute("DO $$ BEGIN RAISE NOTICE 'hello from plpgsql'; END $$")
+        #expect(received.withLock { $0 }.contains { $0.contains("hello from plpgsql") })
+    }
+}
