@@ -144,6 +144,7 @@ public struct MarqueeConfiguration: Sendable, Equatable {
 /// One or more configuration problems; `description` lists them one per line.
 public struct ConfigurationError: Error, Sendable, Equatable, CustomStringConvertible {
     public var problems: [MarqueeConfiguration.Problem]
+    public init(problems: [MarqueeConfiguration.Problem]) { self.problems = problems }
     public var description: String {
         "invalid configuration:\n" + problems.map { "  \($0)" }.joined(separator: "\n")
     }

@@ -46,6 +46,12 @@ public struct MigrationError: Error, Sendable, CustomStringConvertible, Equatabl
     public var subject: String
     public var underlying: String?
 
+    public init(code: Code, subject: String, underlying: String? = nil) {
+        self.code = code
+        self.subject = subject
+        self.underlying = underlying
+    }
+
     public var description: String {
         switch code {
         case .changedAfterApply:
@@ -179,7 +185,7 @@ public struct Migrator: Sendable {
                 let start = clock.now
                 try connection.execute("BEGIN")
                 do {
-                    try connection.executeScript(migration.sql)
+                    try connection.execute(PostgresQuery(unsafeSQL: migration.sql))
                     let elapsed = clock.now - start
                     let millis = Int(elapsed.components.seconds * 1000 + elapsed.components.attoseconds / 1_000_000_000_000_000)
                     try connection.execute(

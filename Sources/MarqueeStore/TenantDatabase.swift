@@ -43,7 +43,7 @@ extension PostgresConnection {
     }
 }
 
-extension JSONValue: @retroactive PostgresEncodable, @retroactive PostgresDecodable {
+extension JSONValue: PostgresEncodable, PostgresDecodable {
     public static var postgresTypeOID: UInt32 { PostgresOID.jsonb }
 
     public func encodePostgres() -> PostgresBind {
