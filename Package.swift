@@ -64,6 +64,14 @@ let package = Package(
             swiftSettings: swiftSettings
         ),
 
+        // MARK: Benchmarks (drivers for bench/*/run.sh)
+        .executableTarget(
+            name: "marquee-bench",
+            dependencies: ["PostgresClient"],
+            path: "bench/Sources/marquee-bench",
+            swiftSettings: swiftSettings
+        ),
+
         // MARK: Tests
         .testTarget(name: "PostgresClientTests", dependencies: ["PostgresClient"], swiftSettings: swiftSettings),
         .testTarget(name: "HTTPServerTests", dependencies: ["HTTPServer"], swiftSettings: swiftSettings),
@@ -75,7 +83,9 @@ let package = Package(
         .testTarget(name: "MarqueeCoreTests", dependencies: ["MarqueeCore"], swiftSettings: swiftSettings),
         .testTarget(
             name: "IntegrationTests",
-            dependencies: ["MarqueeCore", "MarqueeStore", "MarqueeAPI", "PostgresClient", "HTTPServer", "Observability"],
+            dependencies: [
+                "MarqueeCore", "MarqueeStore", "MarqueeAPI", "PostgresClient", "HTTPServer", "Observability",
+            ],
             swiftSettings: swiftSettings
         ),
     ]

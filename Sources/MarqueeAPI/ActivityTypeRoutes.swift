@@ -60,6 +60,7 @@ struct ActivityTypeRoutes: Sendable {
         guard let identifier = try? Identifiers.activityType(request.pathParameters["identifier"] ?? "") else {
             throw Problems.notFound("activity_type")
         }
-        return .json(Render.activityType(try await registry.activityType(tenant: principal.tenantID, identifier: identifier)))
+        return .json(
+            Render.activityType(try await registry.activityType(tenant: principal.tenantID, identifier: identifier)))
     }
 }

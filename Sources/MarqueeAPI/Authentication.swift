@@ -35,7 +35,8 @@ struct Authenticator: Sendable {
         }
         guard kinds.contains(principal.kind) else {
             let allowed = kinds.map(\.rawValue).sorted().joined(separator: " or ")
-            throw Problems.forbidden("This endpoint needs a key of kind \(allowed); this key is \(principal.kind.rawValue).")
+            throw Problems.forbidden(
+                "This endpoint needs a key of kind \(allowed); this key is \(principal.kind.rawValue).")
         }
         return principal
     }

@@ -13,8 +13,10 @@ struct CompatRoutes: Sendable {
     let events: Counter
     let logger: Logger
 
-    init(authenticator: Authenticator, registry: RegistryStore, tenants: TenantStore, metrics: MetricsRegistry, logger: Logger)
-    {
+    init(
+        authenticator: Authenticator, registry: RegistryStore, tenants: TenantStore, metrics: MetricsRegistry,
+        logger: Logger
+    ) {
         self.authenticator = authenticator
         self.registry = registry
         self.tenants = tenants
@@ -44,7 +46,8 @@ struct CompatRoutes: Sendable {
         let principal = try await authenticator.require(
             request, kinds: [.sdk], scheme: .bearerOrBasic, fallbackKey: try? body.string("writeKey"))
         guard let list = body.value("batch")?.arrayValue else {
-            throw ValidationError(body.has("batch") ? .invalidField : .missingField, field: "batch", reason: "must be an array of events")
+            throw ValidationError(
+                body.has("batch") ? .invalidField : .missingField, field: "batch", reason: "must be an array of events")
         }
         guard list.count <= 1000 else { throw ValidationError(field: "batch", reason: "must hold at most 1000 events") }
         var applied = 0
@@ -140,7 +143,9 @@ struct CompatRoutes: Sendable {
     func identify(_ event: JSONBody, tenant: UUID) async throws -> Outcome {
         let userID = try Identifiers.personID(event.requiredString("userId", maxLength: 256), field: "userId")
         let traits = try event.objectValue("traits")
-        let email = try traits.flatMap { try JSONBody(object: $0.objectValue!, path: "traits").string("email", maxLength: 320) }
+        let email = try traits.flatMap {
+            try JSONBody(object: $0.objectValue!, path: "traits").string("email", maxLength: 320)
+        }
         _ = try await registry.upsertPerson(
             tenant: tenant, id: userID, email: try RegistryRoutes.email(email), attributes: traits)
         return .applied
@@ -207,7 +212,8 @@ struct CompatRoutes: Sendable {
 
         case "Report Delivery Event":
             let metric = try properties.requiredEnum("metric", DeliveryMetric.self)
-            let deliveryID = try properties.string("deliveryId", maxLength: 128) ?? event.string("anonymousId", maxLength: 128)
+            let deliveryID =
+                try properties.string("deliveryId", maxLength: 128) ?? event.string("anonymousId", maxLength: 128)
             guard let deliveryID else { throw ValidationError.missing("properties.deliveryId") }
             _ = try await registry.recordMetric(
                 tenant: tenant, deliveryID: deliveryID, metric: metric,

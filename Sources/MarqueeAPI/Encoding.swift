@@ -5,7 +5,9 @@ import MarqueeStore
 /// JSON shapes of API responses, in one place so that every endpoint shows a resource the same way.
 public enum Render {
     public static func tenant(_ t: Tenant) -> JSONValue {
-        .object(["id": .string(t.id.uuidString.lowercased()), "name": .string(t.name), "created_at": .from(t.createdAt)])
+        .object([
+            "id": .string(t.id.uuidString.lowercased()), "name": .string(t.name), "created_at": .from(t.createdAt),
+        ])
     }
 
     /// A new tenant with its keys, as `POST /admin/v1/tenants` and `marquee tenant create --json` print it.

@@ -23,7 +23,8 @@ struct JSONBody: Sendable {
         do {
             value = try JSONValue.parse(request.body)
         } catch {
-            throw HTTPProblem.malformedJSON(detail: "The body is not valid JSON: \(error.reason) at byte \(error.offset).")
+            throw HTTPProblem.malformedJSON(
+                detail: "The body is not valid JSON: \(error.reason) at byte \(error.offset).")
         }
         guard let object = value.objectValue else {
             throw HTTPProblem(
@@ -49,7 +50,9 @@ struct JSONBody: Sendable {
             throw ValidationError(field: name(key), reason: "must be a string")
         }
         if !allowEmpty && s.isEmpty { throw ValidationError(field: name(key), reason: "must not be empty") }
-        if s.count > maxLength { throw ValidationError(field: name(key), reason: "must be at most \(maxLength) characters") }
+        if s.count > maxLength {
+            throw ValidationError(field: name(key), reason: "must be at most \(maxLength) characters")
+        }
         return s
     }
 
@@ -88,7 +91,8 @@ struct JSONBody: Sendable {
     func integer(_ key: String, range: ClosedRange<Int64>) throws(ValidationError) -> Int64? {
         guard let v = value(key) else { return nil }
         guard let i = v.intValue, range.contains(i) else {
-            throw ValidationError(field: name(key), reason: "must be an integer in \(range.lowerBound)...\(range.upperBound)")
+            throw ValidationError(
+                field: name(key), reason: "must be an integer in \(range.lowerBound)...\(range.upperBound)")
         }
         return i
     }

@@ -21,7 +21,8 @@ public enum Problems {
         if !versions.isEmpty { detail += "; pending: " + versions.map(String.init).joined(separator: ", ") }
         if !changed.isEmpty { detail += "; changed after apply: " + changed.map(String.init).joined(separator: ", ") }
         detail += ". Run `marquee migrate`."
-        return HTTPProblem(status: 503, type: typeBase + "migrations-pending", title: "Migrations pending", detail: detail)
+        return HTTPProblem(
+            status: 503, type: typeBase + "migrations-pending", title: "Migrations pending", detail: detail)
     }
 
     /// 401: no key, or a key that is unknown, malformed or revoked (never saying which).
@@ -74,7 +75,8 @@ func problem(for error: any Error) -> HTTPProblem? {
     case let v as ValidationError: return Problems.validation(v)
     case let n as NotFound: return Problems.notFound(n.resource)
     case let c as Conflict: return Problems.conflict(field: c.field, reason: c.reason)
-    case let p as PostgresError where p.code == .connectionFailed || p.code == .connectionLost || p.code == .poolTimeout:
+    case let p as PostgresError
+    where p.code == .connectionFailed || p.code == .connectionLost || p.code == .poolTimeout:
         return Problems.databaseUnavailable()
     default: return nil
     }

@@ -70,7 +70,8 @@ struct RegistryRoutes: Sendable {
             tenant: principal.tenantID,
             DeviceRegistration(
                 personID: personID, token: token, platform: platform, appID: body.string("app_id", maxLength: 255),
-                osVersion: body.string("os_version", maxLength: 64), appVersion: body.string("app_version", maxLength: 64),
+                osVersion: body.string("os_version", maxLength: 64),
+                appVersion: body.string("app_version", maxLength: 64),
                 attributes: body.objectValue("attributes")))
         return .json(Render.device(device))
     }
@@ -78,7 +79,8 @@ struct RegistryRoutes: Sendable {
     func deleteDevice(_ request: HTTPRequest) async throws -> HTTPResponse {
         let principal = try await authenticator.require(request, kinds: Self.anyKey)
         guard let personID = try? Identifiers.personID(request.pathParameters["id"] ?? ""),
-            let token = try? Identifiers.anyDeviceToken(request.pathParameters["device_token"] ?? "", field: "device_token")
+            let token = try? Identifiers.anyDeviceToken(
+                request.pathParameters["device_token"] ?? "", field: "device_token")
         else { throw Problems.notFound("device") }
         try await registry.deleteDevice(tenant: principal.tenantID, personID: personID, token: token)
         return .noContent()
@@ -90,7 +92,8 @@ struct RegistryRoutes: Sendable {
         let principal = try await authenticator.require(request, kinds: Self.anyKey)
         let personID = try Identifiers.personID(request.pathParameters["id"] ?? "")
         let deviceToken = try Identifiers.apnsToken(request.pathParameters["device_token"] ?? "", field: "device_token")
-        let activityType = try Identifiers.activityType(request.pathParameters["activity_type"] ?? "", field: "activity_type")
+        let activityType = try Identifiers.activityType(
+            request.pathParameters["activity_type"] ?? "", field: "activity_type")
         let body = try JSONBody.parse(request)
         try body.rejectUnknown(["token", "attributes_type"])
         let token = try Identifiers.apnsToken(body.requiredString("token", maxLength: 4096), field: "token")
@@ -106,7 +109,8 @@ struct RegistryRoutes: Sendable {
     func putActivityToken(_ request: HTTPRequest) async throws -> HTTPResponse {
         let principal = try await authenticator.require(request, kinds: Self.anyKey)
         let instanceID = try Identifiers.instanceID(request.pathParameters["instance_id"] ?? "")
-        let deviceToken = try Identifiers.anyDeviceToken(request.pathParameters["device_token"] ?? "", field: "device_token")
+        let deviceToken = try Identifiers.anyDeviceToken(
+            request.pathParameters["device_token"] ?? "", field: "device_token")
         let body = try JSONBody.parse(request)
         try body.rejectUnknown(["token"])
         let raw = try body.requiredString("token", maxLength: 4096)

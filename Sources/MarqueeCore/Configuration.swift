@@ -80,7 +80,8 @@ public struct MarqueeConfiguration: Sendable, Equatable {
         func integer(_ name: String, default def: Int, range: ClosedRange<Int>) -> Int {
             guard let text = value(name) else { return def }
             guard let n = Int(text), range.contains(n) else {
-                problems.append(Problem(variable: name, reason: "must be an integer in \(range.lowerBound)...\(range.upperBound)"))
+                problems.append(
+                    Problem(variable: name, reason: "must be an integer in \(range.lowerBound)...\(range.upperBound)"))
                 return def
             }
             return n
@@ -104,7 +105,8 @@ public struct MarqueeConfiguration: Sendable, Equatable {
         if levels.contains(level) {
             logLevel = level
         } else {
-            problems.append(Problem(variable: "MARQUEE_LOG_LEVEL", reason: "must be one of \(levels.joined(separator: ", "))"))
+            problems.append(
+                Problem(variable: "MARQUEE_LOG_LEVEL", reason: "must be one of \(levels.joined(separator: ", "))"))
             logLevel = "info"
         }
 
@@ -113,7 +115,8 @@ public struct MarqueeConfiguration: Sendable, Equatable {
             if let data = Data(base64Encoded: text), data.count == 32 {
                 masterKey = Array(data)
             } else {
-                problems.append(Problem(variable: "MARQUEE_MASTER_KEY", reason: "must be the base64 encoding of exactly 32 bytes"))
+                problems.append(
+                    Problem(variable: "MARQUEE_MASTER_KEY", reason: "must be the base64 encoding of exactly 32 bytes"))
             }
         }
 

@@ -26,7 +26,9 @@ public indirect enum ContentSchema: Sendable, Equatable {
     }
 
     static let knownTypes: Set<String> = ["null", "boolean", "integer", "number", "string", "array", "object"]
-    static let annotations: Set<String> = ["title", "description", "$schema", "$comment", "default", "examples", "format"]
+    static let annotations: Set<String> = [
+        "title", "description", "$schema", "$comment", "default", "examples", "format",
+    ]
 
     /// Parses a schema document; errors name the schema location as a JSON pointer.
     public init(_ value: JSONValue, field: String = "content_state_schema") throws(ValidationError) {
@@ -151,7 +153,8 @@ public indirect enum ContentSchema: Sendable, Equatable {
                 }
                 switch node.additionalProperties {
                 case .allowed: continue
-                case .forbidden: return Violation(pointer: pointer.appending(name), reason: "is not an allowed property")
+                case .forbidden:
+                    return Violation(pointer: pointer.appending(name), reason: "is not an allowed property")
                 case .schema(let sub):
                     if let violation = sub.check(child, at: pointer.appending(name)) { return violation }
                 }

@@ -396,7 +396,9 @@ struct JSONParser {
         }
         let text = String(decoding: bytes[start..<index], as: UTF8.self)
         if isInteger, let i = Int64(text) { return .int(i) }
-        guard let d = Double(text), d.isFinite else { throw JSONParseError(offset: start, reason: "number out of range") }
+        guard let d = Double(text), d.isFinite else {
+            throw JSONParseError(offset: start, reason: "number out of range")
+        }
         return .double(d)
     }
 }

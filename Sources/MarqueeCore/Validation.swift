@@ -43,7 +43,8 @@ public enum Identifiers {
     public static func apnsToken(_ text: String, field: String) throws(ValidationError) -> String {
         let utf8 = text.utf8
         guard (64...200).contains(utf8.count), utf8.allSatisfy(isHexDigit) else {
-            throw ValidationError(.invalidToken, field: field, reason: "must be an APNs token: 64 to 200 hexadecimal characters")
+            throw ValidationError(
+                .invalidToken, field: field, reason: "must be an APNs token: 64 to 200 hexadecimal characters")
         }
         return text.lowercased()
     }
@@ -52,13 +53,15 @@ public enum Identifiers {
     public static func fcmToken(_ text: String, field: String) throws(ValidationError) -> String {
         let utf8 = text.utf8
         guard (1...4096).contains(utf8.count), utf8.allSatisfy({ $0 >= 0x21 && $0 <= 0x7E }) else {
-            throw ValidationError(.invalidToken, field: field, reason: "must be an FCM token: 1 to 4096 printable ASCII characters")
+            throw ValidationError(
+                .invalidToken, field: field, reason: "must be an FCM token: 1 to 4096 printable ASCII characters")
         }
         return text
     }
 
     /// A device token by platform.
-    public static func deviceToken(_ text: String, platform: Platform, field: String) throws(ValidationError) -> String {
+    public static func deviceToken(_ text: String, platform: Platform, field: String) throws(ValidationError) -> String
+    {
         switch platform {
         case .ios: try apnsToken(text, field: field)
         case .android: try fcmToken(text, field: field)
@@ -124,7 +127,9 @@ public enum Identifiers {
 
     static func isDigit(_ c: UInt8) -> Bool { c >= 0x30 && c <= 0x39 }
     static func isHexDigit(_ c: UInt8) -> Bool { isDigit(c) || (c >= 0x41 && c <= 0x46) || (c >= 0x61 && c <= 0x66) }
-    static func isAlphanumeric(_ c: UInt8) -> Bool { isDigit(c) || (c >= 0x41 && c <= 0x5A) || (c >= 0x61 && c <= 0x7A) }
+    static func isAlphanumeric(_ c: UInt8) -> Bool {
+        isDigit(c) || (c >= 0x41 && c <= 0x5A) || (c >= 0x61 && c <= 0x7A)
+    }
 }
 
 /// How a date field of the content state is encoded for the app's decoder.

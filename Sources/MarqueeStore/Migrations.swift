@@ -90,7 +90,8 @@ public enum MigrationFiles {
             if migrations.contains(where: { $0.version == version }) {
                 throw MigrationError(code: .duplicateVersion, subject: String(version))
             }
-            migrations.append(Migration(version: version, name: String(stem[stem.index(after: underscore)...]), sql: sql))
+            migrations.append(
+                Migration(version: version, name: String(stem[stem.index(after: underscore)...]), sql: sql))
         }
         return migrations.sorted { $0.version < $1.version }
     }
@@ -187,7 +188,8 @@ public struct Migrator: Sendable {
                 do {
                     try connection.execute(PostgresQuery(unsafeSQL: migration.sql))
                     let elapsed = clock.now - start
-                    let millis = Int(elapsed.components.seconds * 1000 + elapsed.components.attoseconds / 1_000_000_000_000_000)
+                    let millis = Int(
+                        elapsed.components.seconds * 1000 + elapsed.components.attoseconds / 1_000_000_000_000_000)
                     try connection.execute(
                         """
                         INSERT INTO schema_migrations (version, name, checksum, duration_ms)

@@ -52,7 +52,10 @@ public struct Device: Sendable, Equatable {
 
 /// A registered token as shown in reads: `masked`, never whole.
 public struct TokenInfo: Sendable, Equatable {
-    public enum Kind: String, Sendable { case pushToStart = "push_to_start", activity }
+    public enum Kind: String, Sendable {
+        case pushToStart = "push_to_start"
+        case activity
+    }
     public var kind: Kind
     /// The activity type (push-to-start) or the instance ID (activity tokens).
     public var scope: String
@@ -245,7 +248,8 @@ public struct RegistryStore: Sendable {
             for row in tokenRows {
                 let info = TokenInfo(
                     kind: TokenInfo.Kind(rawValue: try row.decode(String.self, "kind")) ?? .activity,
-                    scope: try row.decode(String.self, "scope"), masked: maskToken(try row.decode(String.self, "token")),
+                    scope: try row.decode(String.self, "scope"),
+                    masked: maskToken(try row.decode(String.self, "token")),
                     status: try row.decode(String.self, "status"), updatedAt: try row.decode(Date.self, "updated_at"))
                 tokens[try row.decode(String.self, "device_token"), default: []].append(info)
             }
@@ -491,7 +495,8 @@ public struct RegistryStore: Sendable {
     static func person(_ row: PostgresRow) throws -> Person {
         Person(
             id: try row.decode(String.self, "id"), email: try row.decode(String?.self, "email"),
-            attributes: try row.decode(JSONValue.self, "attributes"), createdAt: try row.decode(Date.self, "created_at"),
+            attributes: try row.decode(JSONValue.self, "attributes"),
+            createdAt: try row.decode(Date.self, "created_at"),
             updatedAt: try row.decode(Date.self, "updated_at"))
     }
 
@@ -501,7 +506,8 @@ public struct RegistryStore: Sendable {
             platform: Platform(rawValue: try row.decode(String.self, "platform")) ?? .ios,
             appID: try row.decode(String?.self, "app_id"), osVersion: try row.decode(String?.self, "os_version"),
             appVersion: try row.decode(String?.self, "app_version"),
-            attributes: try row.decode(JSONValue.self, "attributes"), createdAt: try row.decode(Date.self, "created_at"),
+            attributes: try row.decode(JSONValue.self, "attributes"),
+            createdAt: try row.decode(Date.self, "created_at"),
             updatedAt: try row.decode(Date.self, "updated_at"))
     }
 }

@@ -56,7 +56,8 @@ public final class MetricsRegistry: Sendable {
             }
             let family = make()
             for label in family.labelNames {
-                precondition(Self.isValidName(label) && !label.hasPrefix("__") && label != "le", "invalid label \(label)")
+                precondition(
+                    Self.isValidName(label) && !label.hasPrefix("__") && label != "le", "invalid label \(label)")
             }
             families[name] = family
             return family
@@ -67,7 +68,8 @@ public final class MetricsRegistry: Sendable {
         var isFirst = true
         for c in name.unicodeScalars {
             let ok =
-                (c >= "a" && c <= "z") || (c >= "A" && c <= "Z") || c == "_" || c == ":" || (!isFirst && c >= "0" && c <= "9")
+                (c >= "a" && c <= "z") || (c >= "A" && c <= "Z") || c == "_" || c == ":"
+                || (!isFirst && c >= "0" && c <= "9")
             if !ok { return false }
             isFirst = false
         }
@@ -183,7 +185,8 @@ public final class Histogram: MetricFamily {
     private let series = Mutex<[LabelValues: Series]>([:])
 
     init(name: String, help: String, labelNames: [String], buckets: [Double]) {
-        precondition(!buckets.isEmpty && zip(buckets, buckets.dropFirst()).allSatisfy { $0 < $1 }, "buckets must ascend")
+        precondition(
+            !buckets.isEmpty && zip(buckets, buckets.dropFirst()).allSatisfy { $0 < $1 }, "buckets must ascend")
         self.name = name
         self.help = help
         self.labelNames = labelNames

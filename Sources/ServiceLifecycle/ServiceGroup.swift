@@ -91,7 +91,10 @@ public struct ServiceGroup: Sendable {
                 case .signal(let signal):
                     reason = .signal(signal)
                     logger.notice(
-                        "shutting down", metadata: ["signal": .int(Int(signal)), "drain.timeout": .string("\(configuration.drainTimeout)")])
+                        "shutting down",
+                        metadata: [
+                            "signal": .int(Int(signal)), "drain.timeout": .string("\(configuration.drainTimeout)"),
+                        ])
                 case .finished(let name):
                     reason = .serviceFinished(name)
                     logger.notice("service stopped; shutting down the others", metadata: ["service": .string(name)])

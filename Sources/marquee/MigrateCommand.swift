@@ -45,7 +45,8 @@ struct MigrateCommand {
                 "migration applied",
                 metadata: [
                     "migration.version": .int(migration.version), "migration.name": .string(migration.name),
-                    "duration.ms": .double(Double(elapsed.components.seconds) * 1000 + Double(elapsed.components.attoseconds) / 1e15),
+                    "duration.ms": .double(
+                        Double(elapsed.components.seconds) * 1000 + Double(elapsed.components.attoseconds) / 1e15),
                 ])
         }
         logger.info(

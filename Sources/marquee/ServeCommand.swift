@@ -1,5 +1,5 @@
-import Foundation
 import Crypto
+import Foundation
 import HTTPServer
 import MarqueeAPI
 import MarqueeCore
@@ -97,7 +97,8 @@ struct HTTPMetrics: Sendable {
             "http.bytes_in": .int(record.bytesIn),
             "http.bytes_out": .int(record.bytesOut),
             "duration.ms": .double(
-                Double(record.duration.components.seconds) * 1000 + Double(record.duration.components.attoseconds) / 1e15),
+                Double(record.duration.components.seconds) * 1000 + Double(record.duration.components.attoseconds)
+                    / 1e15),
         ]
         if let address = record.remoteAddress { metadata["client.address"] = .string(address) }
         if let agent = record.userAgent { metadata["http.user_agent"] = .string(agent) }

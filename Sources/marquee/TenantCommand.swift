@@ -56,7 +56,8 @@ struct TenantCommand {
             action = .keyRevoke(tenant: try uuid("--tenant"), key: try uuid("--key"))
         case ("key", "rotate"):
             action = .keyRotate(
-                tenant: try uuid("--tenant"), key: try uuid("--key"), grace: Int(options["--grace-seconds"] ?? "0") ?? 0)
+                tenant: try uuid("--tenant"), key: try uuid("--key"), grace: Int(options["--grace-seconds"] ?? "0") ?? 0
+            )
         case ("key", "list"):
             action = .keyList(tenant: try uuid("--tenant"))
         default:
@@ -99,7 +100,8 @@ struct TenantCommand {
             case .keyRevoke(let tenant, let key):
                 try output(Render.key(try await store.revokeKey(tenant: tenant, key: key)))
             case .keyRotate(let tenant, let key, let grace):
-                try output(Render.issuedKey(try await store.rotateKey(tenant: tenant, key: key, grace: .seconds(grace))))
+                try output(
+                    Render.issuedKey(try await store.rotateKey(tenant: tenant, key: key, grace: .seconds(grace))))
             case .keyList(let tenant):
                 try output(.array(try await store.keys(tenant: tenant).map(Render.key)))
             }

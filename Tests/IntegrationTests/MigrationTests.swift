@@ -41,10 +41,8 @@ struct MigrationTests {
             "0002_more.sql": "CREATE TABLE b (id int PRIMARY KEY); INSERT INTO b VALUES (1);",
         ])
         let env = ["DATABASE_URL": url, "MARQUEE_MIGRATIONS_DIR": dir]
-        async let first = Task.detached { try runCommand(TestEnvironment.marqueeBinary, ["migrate"], environment: env) }
-            .value
-        async let second = Task.detached { try runCommand(TestEnvironment.marqueeBinary, ["migrate"], environment: env) }
-            .value
+        async let first = runCommand(TestEnvironment.marqueeBinary, ["migrate"], environment: env)
+        async let second = runCommand(TestEnvironment.marqueeBinary, ["migrate"], environment: env)
         let results = try await [first, second]
         for result in results {
             #expect(result.status == 0, "\(result.output)")
@@ -55,7 +53,7 @@ struct MigrationTests {
         #expect(try rows.map { try $0.decode(Int.self, "version") } == [1, 2])
         let b = try await pool.query("SELECT count(*)::int AS n FROM b")
         #expect(try b.first!.decode(Int.self, "n") == 1)
-        let status = try runCommand(TestEnvironment.marqueeBinary, ["migrate", "--status"], environment: env)
+        let status = try await runCommand(TestEnvironment.marqueeBinary, ["migrate", "--status"], environment: env)
         #expect(status.status == 0)
         #expect(status.output.contains("applied\t0002_more.sql"))
     }
@@ -79,8 +77,9 @@ struct MigrationTests {
         #expect(try two.first!.decode(Bool.self, "absent"))
 
         let dir = try directory(["0001_one.sql": "CREATE TABLE one (id bigint);"])
-        let cli = try runCommand(
-            TestEnvironment.marqueeBinary, ["migrate"], environment: ["DATABASE_URL": url, "MARQUEE_MIGRATIONS_DIR": dir])
+        let cli = try await runCommand(
+            TestEnvironment.marqueeBinary, ["migrate"],
+            environment: ["DATABASE_URL": url, "MARQUEE_MIGRATIONS_DIR": dir])
         #expect(cli.status == 1)
         #expect(cli.output.contains("changed after it was applied"))
     }

@@ -14,7 +14,7 @@ struct ServeTests {
         }
         let env = ["DATABASE_URL": url, "MARQUEE_MIGRATIONS_DIR": TestEnvironment.migrationsDirectory]
         if migrate {
-            let result = try runCommand(TestEnvironment.marqueeBinary, ["migrate"], environment: env)
+            let result = try await runCommand(TestEnvironment.marqueeBinary, ["migrate"], environment: env)
             try #require(result.status == 0, "\(result.output)")
         }
         let serve = try MarqueeProcess(["serve"], environment: env, port: TestEnvironment.freePort())
@@ -50,7 +50,7 @@ struct ServeTests {
         #expect(before.status == 503)
         #expect(before.header("Content-Type") == "application/problem+json")
         #expect(try before.json()["type"] as? String == "https://marquee.dev/problems/migrations-pending")
-        let result = try runCommand(
+        let result = try await runCommand(
             TestEnvironment.marqueeBinary, ["migrate"],
             environment: ["DATABASE_URL": url, "MARQUEE_MIGRATIONS_DIR": TestEnvironment.migrationsDirectory])
         #expect(result.status == 0)
@@ -99,7 +99,10 @@ struct ServeTests {
         for line in lines {
             #expect((try? JSONSerialization.jsonObject(with: Data(line.utf8))) != nil, "not JSON: \(line)")
         }
-        #expect(lines.contains { $0.contains("\"request.id\":\"test-req-42\"") && $0.contains("\"http.route\":\"/healthz\"") })
+        #expect(
+            lines.contains {
+                $0.contains("\"request.id\":\"test-req-42\"") && $0.contains("\"http.route\":\"/healthz\"")
+            })
         #expect(!serve.log.contains("secret-token-in-path-abc123"))
     }
 }
@@ -111,26 +114,35 @@ struct DatabaseRestartTests {
     func restart() async throws {
         let dir = NSTemporaryDirectory() + "marquee-restart-\(UUID().uuidString.prefix(8))"
         let script = TestEnvironment.repositoryRoot + "/Deploy/local/pg.sh"
-        let start = try runCommand("/bin/bash", [script, "start", dir])
+        let start = try await runCommand("/bin/bash", [script, "start", dir])
         try #require(start.status == 0, "\(start.output)")
-        defer { _ = try? runCommand("/bin/bash", [script, "stop", dir]) }
-        let url = start.output.trimmingCharacters(in: .whitespacesAndNewlines)
+        do {
+            try await exercise(url: start.output, script: script, dir: dir)
+        } catch {
+            _ = try? await runCommand("/bin/bash", [script, "stop", dir])
+            throw error
+        }
+        _ = try? await runCommand("/bin/bash", [script, "stop", dir])
+    }
+
+    func exercise(url output: String, script: String, dir: String) async throws {
+        let url = output.trimmingCharacters(in: .whitespacesAndNewlines)
         let port = try #require(URLComponents(string: url)?.port)
 
         let env = ["DATABASE_URL": url, "MARQUEE_MIGRATIONS_DIR": TestEnvironment.migrationsDirectory]
-        #expect(try runCommand(TestEnvironment.marqueeBinary, ["migrate"], environment: env).status == 0)
+        #expect(try await runCommand(TestEnvironment.marqueeBinary, ["migrate"], environment: env).status == 0)
         let serve = try MarqueeProcess(["serve"], environment: env, port: TestEnvironment.freePort())
         try await serve.waitUntilServing()
         #expect(try await HTTP.get(serve.baseURL + "/readyz").status == 200)
 
-        let stop = try runCommand("/bin/bash", [script, "crash", dir])
+        let stop = try await runCommand("/bin/bash", [script, "crash", dir])
         try #require(stop.status == 0, "\(stop.output)")
         let down = try await HTTP.get(serve.baseURL + "/readyz")
         #expect(down.status == 503)
         #expect(down.header("Content-Type") == "application/problem+json")
         #expect(try down.json()["type"] as? String == "https://marquee.dev/problems/database-unavailable")
 
-        let restarted = try runCommand("/bin/bash", [script, "start", dir, String(port)])
+        let restarted = try await runCommand("/bin/bash", [script, "start", dir, String(port)])
         try #require(restarted.status == 0, "\(restarted.output)")
         let clock = ContinuousClock()
         let began = clock.now

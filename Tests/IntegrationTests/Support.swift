@@ -66,51 +66,116 @@ struct CommandResult {
     var output: String
 }
 
-func runCommand(_ executable: String, _ arguments: [String], environment: [String: String] = [:]) throws
+/// A child process started with posix_spawn, its output going to a file.
+///
+/// Foundation's `Process.waitUntilExit` was seen to hang on Linux when children exit while many tests run; `waitpid`
+/// is used instead, on a Dispatch thread so that Swift's cooperative threads never block on it.
+final class Subprocess: Sendable {
+    let pid: pid_t
+    let outputPath: String
+    private let exitStatus = Mutex<Int32?>(nil)
+
+    init(_ executable: String, _ arguments: [String], environment: [String: String], outputPath: String) throws {
+        self.outputPath = outputPath
+        var env = ProcessInfo.processInfo.environment
+        env.merge(environment) { _, new in new }
+        let argv = ([executable] + arguments).map { strdup($0) } + [nil]
+        let envp = env.map { strdup("\($0.key)=\($0.value)") } + [nil]
+        defer {
+            for p in argv { free(p) }
+            for p in envp { free(p) }
+        }
+        var actions = posix_spawn_file_actions_t()
+        posix_spawn_file_actions_init(&actions)
+        defer { posix_spawn_file_actions_destroy(&actions) }
+        posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
+        posix_spawn_file_actions_addopen(&actions, 1, outputPath, O_WRONLY | O_CREAT | O_APPEND, 0o644)
+        posix_spawn_file_actions_adddup2(&actions, 1, 2)
+        var pid: pid_t = 0
+        let rc = posix_spawn(&pid, executable, &actions, nil, argv, envp)
+        guard rc == 0 else { throw TestFailure("posix_spawn \(executable) failed: \(rc)") }
+        self.pid = pid
+    }
+
+    var output: String { (try? String(contentsOfFile: outputPath, encoding: .utf8)) ?? "" }
+
+    /// Non-blocking: whether the child is still running (reaps it if it has exited).
+    var isRunning: Bool {
+        exitStatus.withLock { status in
+            if status != nil { return false }
+            var raw: Int32 = 0
+            let r = waitpid(pid, &raw, WNOHANG)
+            if r == pid {
+                status = Self.decode(raw)
+                return false
+            }
+            return r == 0
+        }
+    }
+
+    /// The exit status once the child has exited (128 + signal for a signal).
+    var terminationStatus: Int32? {
+        _ = isRunning
+        return exitStatus.withLock { $0 }
+    }
+
+    /// Waits for the child to exit, off the cooperative pool.
+    func wait() async -> Int32 {
+        if let status = terminationStatus { return status }
+        let pid = self.pid
+        let raw: Int32 = await withCheckedContinuation { continuation in
+            DispatchQueue.global().async {
+                var raw: Int32 = 0
+                while waitpid(pid, &raw, 0) == -1 && errno == EINTR {}
+                continuation.resume(returning: raw)
+            }
+        }
+        let status = Self.decode(raw)
+        exitStatus.withLock { if $0 == nil { $0 = status } }
+        return exitStatus.withLock { $0! }
+    }
+
+    func signal(_ sig: Int32) { kill(pid, sig) }
+
+    static func decode(_ raw: Int32) -> Int32 {
+        let signal = raw & 0x7F
+        return signal == 0 ? (raw >> 8) & 0xFF : 128 + signal
+    }
+}
+
+func runCommand(_ executable: String, _ arguments: [String], environment: [String: String] = [:]) async throws
     -> CommandResult
 {
-    let process = Process()
-    process.executableURL = URL(fileURLWithPath: executable)
-    process.arguments = arguments
-    var env = ProcessInfo.processInfo.environment
-    env.merge(environment) { _, new in new }
-    process.environment = env
-    let pipe = Pipe()
-    process.standardOutput = pipe
-    process.standardError = pipe
-    try process.run()
-    let data = pipe.fileHandleForReading.readDataToEndOfFile()
-    process.waitUntilExit()
-    return CommandResult(status: process.terminationStatus, output: String(decoding: data, as: UTF8.self))
+    let path = NSTemporaryDirectory() + "cmd-\(UUID().uuidString).log"
+    defer { try? FileManager.default.removeItem(atPath: path) }
+    let child = try Subprocess(executable, arguments, environment: environment, outputPath: path)
+    let status = await child.wait()
+    return CommandResult(status: status, output: child.output)
 }
 
 /// A `marquee` child process (e.g. `serve`), its output captured to a file.
 final class MarqueeProcess: Sendable {
-    let process: Process
-    let logPath: String
+    let process: Subprocess
     let port: Int
+
+    /// A master key for test processes (32 zero bytes would do, but a random one catches key-handling bugs).
+    static let masterKey = Data((0..<32).map { _ in UInt8.random(in: 0...255) }).base64EncodedString()
+    static let adminToken = "test-admin-token-0123456789"
 
     init(_ arguments: [String], environment: [String: String], port: Int) throws {
         self.port = port
-        logPath = NSTemporaryDirectory() + "marquee-\(UUID().uuidString).log"
-        FileManager.default.createFile(atPath: logPath, contents: nil)
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: TestEnvironment.marqueeBinary)
-        process.arguments = arguments
-        var env = ProcessInfo.processInfo.environment
-        env["MARQUEE_LISTEN"] = "127.0.0.1:\(port)"
-        env["MARQUEE_MIGRATIONS_DIR"] = TestEnvironment.migrationsDirectory
+        var env: [String: String] = [
+            "MARQUEE_LISTEN": "127.0.0.1:\(port)", "MARQUEE_MIGRATIONS_DIR": TestEnvironment.migrationsDirectory,
+            "MARQUEE_MASTER_KEY": Self.masterKey, "MARQUEE_ADMIN_TOKEN": Self.adminToken,
+        ]
         env.merge(environment) { _, new in new }
-        process.environment = env
-        let log = FileHandle(forWritingAtPath: logPath)!
-        process.standardOutput = log
-        process.standardError = log
-        try process.run()
-        self.process = process
+        process = try Subprocess(
+            TestEnvironment.marqueeBinary, arguments, environment: env,
+            outputPath: NSTemporaryDirectory() + "marquee-\(UUID().uuidString).log")
     }
 
     var baseURL: String { "http://127.0.0.1:\(port)" }
-    var log: String { (try? String(contentsOfFile: logPath, encoding: .utf8)) ?? "" }
+    var log: String { process.output }
 
     /// Waits until `/healthz` answers.
     func waitUntilServing(timeout: Duration = .seconds(20)) async throws {
@@ -124,7 +189,7 @@ final class MarqueeProcess: Sendable {
         throw TestFailure("marquee did not start serving:\n\(log)")
     }
 
-    func signal(_ sig: Int32) { kill(process.processIdentifier, sig) }
+    func signal(_ sig: Int32) { process.signal(sig) }
 
     /// Waits for the process to exit and returns its status.
     func waitForExit(timeout: Duration = .seconds(20)) async throws -> Int32 {
@@ -132,17 +197,21 @@ final class MarqueeProcess: Sendable {
         let deadline = clock.now + timeout
         while process.isRunning {
             if clock.now > deadline {
-                process.terminate()
+                process.signal(SIGKILL)
                 throw TestFailure("marquee did not exit in time")
             }
             try await Task.sleep(for: .milliseconds(20))
         }
-        return process.terminationStatus
+        return process.terminationStatus ?? -1
     }
 
     deinit {
-        if process.isRunning { kill(process.processIdentifier, SIGKILL) }
-        try? FileManager.default.removeItem(atPath: logPath)
+        if process.isRunning {
+            process.signal(SIGKILL)
+            var raw: Int32 = 0
+            waitpid(process.pid, &raw, 0)
+        }
+        try? FileManager.default.removeItem(atPath: process.outputPath)
     }
 }
 

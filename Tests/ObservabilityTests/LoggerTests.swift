@@ -38,10 +38,11 @@ struct LoggerTests {
         let captured = CapturedLines()
         let logger = Logger(label: "t", level: .warning, sink: captured.sink)
         let evaluated = Mutex(false)
-        logger.debug({ () -> String in
-            evaluated.withLock { $0 = true }
-            return "x"
-        }())
+        logger.debug(
+            { () -> String in
+                evaluated.withLock { $0 = true }
+                return "x"
+            }())
         logger.error("kept")
         #expect(captured.all.count == 1)
         #expect(!evaluated.withLock { $0 })

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# http: wrk -c64 -d10s against /healthz of `marquee serve` (release build, access log on, written to a file).
+source "$(dirname "$0")/../lib.sh"
+MARQUEE_EXTRA_PACKAGES="wrk" "$root/Deploy/local/deps.sh"
+bench_build
+bench_pg
+port=${PORT:-18080}
+export MARQUEE_LISTEN=127.0.0.1:$port
+MARQUEE_MASTER_KEY=$(head -c 32 /dev/urandom | base64)
+export MARQUEE_MASTER_KEY
+export MARQUEE_MIGRATIONS_DIR="$root/Migrations"
+"$bin/marquee" migrate >/dev/null 2>&1
+"$bin/marquee" serve >"$out/http-serve.log" 2>&1 &
+pid=$!
+trap 'kill -TERM $pid 2>/dev/null; wait $pid 2>/dev/null; bench_pg_stop' EXIT
+for _ in $(seq 1 100); do curl -sf "http://$MARQUEE_LISTEN/healthz" >/dev/null && break; sleep 0.1; done
+
+machine
+echo "== wrk -t2 -c64 -d10s http://$MARQUEE_LISTEN/healthz"
+wrk -t2 -c64 -d10s --latency "http://$MARQUEE_LISTEN/healthz"
+echo "server RSS after run: $(ps -o rss= -p $pid) KiB"
