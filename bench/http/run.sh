@@ -10,12 +10,15 @@ MARQUEE_MASTER_KEY=$(head -c 32 /dev/urandom | base64)
 export MARQUEE_MASTER_KEY
 export MARQUEE_MIGRATIONS_DIR="$root/Migrations"
 "$bin/marquee" migrate >/dev/null 2>&1
-"$bin/marquee" serve >"$out/http-serve.log" 2>&1 &
-pid=$!
-trap 'kill -TERM $pid 2>/dev/null; wait $pid 2>/dev/null; bench_pg_stop' EXIT
-for _ in $(seq 1 100); do curl -sf "http://$MARQUEE_LISTEN/healthz" >/dev/null && break; sleep 0.1; done
-
+trap 'kill -TERM ${pid:-0} 2>/dev/null; wait ${pid:-0} 2>/dev/null; bench_pg_stop' EXIT
 machine
-echo "== wrk -t2 -c64 -d10s http://$MARQUEE_LISTEN/healthz"
-wrk -t2 -c64 -d10s --latency "http://$MARQUEE_LISTEN/healthz"
-echo "server RSS after run: $(ps -o rss= -p $pid) KiB"
+for level in info warning; do
+  MARQUEE_LOG_LEVEL=$level "$bin/marquee" serve >"$out/http-serve.log" 2>&1 &
+  pid=$!
+  for _ in $(seq 1 100); do curl -sf "http://$MARQUEE_LISTEN/healthz" >/dev/null && break; sleep 0.1; done
+  echo "== MARQUEE_LOG_LEVEL=$level (access log $([ $level = info ] && echo on || echo off)): wrk -t2 -c64 -d10s /healthz"
+  wrk -t2 -c64 -d10s --latency "http://$MARQUEE_LISTEN/healthz"
+  echo "server RSS after run: $(ps -o rss= -p $pid) KiB"
+  kill -TERM $pid
+  wait $pid || true
+done

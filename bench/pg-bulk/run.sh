@@ -47,5 +47,5 @@ for clients in 1 2; do
   tx=$((rows / per / clients))
   pgbench -n -h 127.0.0.1 -p "$PGPORT" -U postgres -c "$clients" -j "$clients" -t "$tx" -f "$script" marquee 2>&1 \
     | grep -E "^(tps|latency average|number of transactions actually)" \
-    | sed "s/^tps = \([0-9.]*\).*/tps = \1  => rows\/s = \1 x $per/"
+    | awk -v per="$per" '/^tps/ { printf "tps = %s  => rows/s = %d\n", $3, $3 * per; next } { print }'
 done
