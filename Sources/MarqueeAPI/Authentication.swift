@@ -3,6 +3,7 @@ import Foundation
 import HTTPServer
 import MarqueeCore
 import MarqueeStore
+import Synchronization
 
 /// Checks API keys and the admin token.
 struct Authenticator: Sendable {
@@ -10,9 +11,14 @@ struct Authenticator: Sendable {
     /// SHA-256 of `MARQUEE_ADMIN_TOKEN`, or nil when the admin API is off.
     let adminTokenHash: [UInt8]?
 
-    init(tenants: TenantStore, adminToken: String?) {
+    /// Recently verified keys, so that a busy device fleet does not cost a key lookup per request. Only successes
+    /// are cached; a revoked key stops working within `cacheTTL`.
+    let cache: KeyCache
+
+    init(tenants: TenantStore, adminToken: String?, cacheTTL: Duration = .seconds(5)) {
         self.tenants = tenants
         self.adminTokenHash = adminToken.map { SHA256.hash(Array($0.utf8)) }
+        self.cache = KeyCache(ttl: cacheTTL)
     }
 
     /// How a route accepts keys.
@@ -30,8 +36,15 @@ struct Authenticator: Sendable {
         guard let presented = Self.presentedKey(request, scheme: scheme) ?? fallbackKey else {
             throw Problems.unauthorized()
         }
-        guard let principal = try await tenants.authenticate(presented) else {
-            throw Problems.unauthorized("The API key is not valid.")
+        let principal: Principal
+        if let cached = cache.lookup(presented) {
+            principal = cached
+        } else {
+            guard let checked = try await tenants.authenticate(presented) else {
+                throw Problems.unauthorized("The API key is not valid.")
+            }
+            cache.store(presented, checked)
+            principal = checked
         }
         guard kinds.contains(principal.kind) else {
             let allowed = kinds.map(\.rawValue).sorted().joined(separator: " or ")
@@ -67,6 +80,44 @@ struct Authenticator: Sendable {
             return user.isEmpty ? nil : String(user)
         default:
             return nil
+        }
+    }
+}
+
+/// A small time-bounded cache of verified keys, keyed by the SHA-256 of the key (the key text itself is not kept).
+final class KeyCache: Sendable {
+    private struct Entry {
+        var principal: Principal
+        var expires: ContinuousClock.Instant
+    }
+
+    private let entries = Mutex<[[UInt8]: Entry]>([:])
+    private let ttl: Duration
+    private let capacity = 10_000
+
+    init(ttl: Duration) { self.ttl = ttl }
+
+    func lookup(_ key: String) -> Principal? {
+        guard ttl > .zero else { return nil }
+        let hash = SHA256.hash(Array(key.utf8))
+        let now = ContinuousClock.now
+        return entries.withLock { entries in
+            guard let entry = entries[hash] else { return nil }
+            if entry.expires <= now {
+                entries[hash] = nil
+                return nil
+            }
+            return entry.principal
+        }
+    }
+
+    func store(_ key: String, _ principal: Principal) {
+        guard ttl > .zero else { return }
+        let hash = SHA256.hash(Array(key.utf8))
+        let expires = ContinuousClock.now + ttl
+        entries.withLock { entries in
+            if entries.count >= capacity { entries.removeAll(keepingCapacity: true) }
+            entries[hash] = Entry(principal: principal, expires: expires)
         }
     }
 }

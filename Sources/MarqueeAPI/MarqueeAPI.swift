@@ -15,12 +15,12 @@ public struct MarqueeAPI: Sendable {
 
     public init(
         pool: PostgresPool, migrator: Migrator, keyRing: SealingKeyRing, adminToken: String?,
-        metrics: MetricsRegistry, logger: Logger
+        keyCacheTTL: Duration = .seconds(5), metrics: MetricsRegistry, logger: Logger
     ) {
         let database = TenantDatabase(pool: pool)
         let tenants = TenantStore(database: database, keyRing: keyRing)
         let registryStore = RegistryStore(database: database)
-        let authenticator = Authenticator(tenants: tenants, adminToken: adminToken)
+        let authenticator = Authenticator(tenants: tenants, adminToken: adminToken, cacheTTL: keyCacheTTL)
         system = SystemRoutes(pool: pool, migrator: migrator, metrics: metrics, logger: logger)
         admin = AdminRoutes(authenticator: authenticator, tenants: tenants)
         credentials = CredentialRoutes(

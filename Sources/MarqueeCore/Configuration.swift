@@ -56,6 +56,9 @@ public struct MarqueeConfiguration: Sendable, Equatable {
     public var maxBodyBytes: Int
     /// `MARQUEE_DRAIN_TIMEOUT`: seconds to finish in-flight work on SIGTERM. Default 30.
     public var drainTimeoutSeconds: Int
+    /// `MARQUEE_KEY_CACHE_SECONDS`: how long a verified API key is trusted without a database lookup. Default 5;
+    /// 0 turns the cache off. A revoked key keeps working for at most this long.
+    public var keyCacheSeconds: Int
     /// `MARQUEE_MIGRATIONS_DIR`: where the numbered `.sql` files are. Default: found next to the binary or in `./Migrations`.
     public var migrationsDirectory: String?
 
@@ -130,6 +133,7 @@ public struct MarqueeConfiguration: Sendable, Equatable {
             "MARQUEE_HTTP_THREADS", default: max(2, ProcessInfo.processInfo.activeProcessorCount), range: 1...256)
         maxBodyBytes = integer("MARQUEE_MAX_BODY_BYTES", default: 1 << 20, range: 1024...(64 << 20))
         drainTimeoutSeconds = integer("MARQUEE_DRAIN_TIMEOUT", default: 30, range: 1...3600)
+        keyCacheSeconds = integer("MARQUEE_KEY_CACHE_SECONDS", default: 5, range: 0...300)
         migrationsDirectory = value("MARQUEE_MIGRATIONS_DIR")
 
         if !problems.isEmpty { throw ConfigurationError(problems: problems) }

@@ -173,20 +173,6 @@ public struct RegistryStore: Sendable {
         }
     }
 
-    /// Creates a permissive type the first time SDK registration names it (as Customer.io does).
-    static func ensureActivityType(
-        _ connection: PostgresConnection, tenant: UUID, identifier: String, attributesType: String?,
-        profile: PayloadProfile
-    ) throws {
-        let attributes = attributesType ?? String(identifier.split(separator: ".").last ?? Substring(identifier))
-        try connection.execute(
-            """
-            INSERT INTO activity_types (tenant_id, identifier, attributes_type, payload_profile, auto_created)
-            VALUES (\(tenant), \(identifier), \(attributes), \(profile.rawValue), true)
-            ON CONFLICT (tenant_id, identifier) DO NOTHING
-            """)
-    }
-
     // MARK: People
 
     /// Creates or updates a person. Absent fields keep their stored values; `attributes` replaces the object.
@@ -331,41 +317,26 @@ public struct RegistryStore: Sendable {
 
     /// Registers the push-to-start token of a person's iOS device for an activity type. A different active token
     /// for the same (device, type) is retired. Unknown types are created with permissive defaults.
+    ///
+    /// One statement (`marquee_register_push_to_start`, migration 0003), confined to the tenant by row-level
+    /// security like every other query.
     public func registerPushToStart(
         tenant: UUID, personID: String, deviceToken: String, activityType: String, token: String,
         attributesType: String?, profile: PayloadProfile = .marquee
     ) async throws -> TokenRegistration {
-        try await retryingRace {
-            try await database.tenantTransaction(tenant) { connection in
-                guard
-                    let platform = try Self.devicePlatform(
-                        connection, tenant: tenant, token: deviceToken, personID: personID)
-                else { throw NotFound("device") }
-                guard platform == .ios else {
-                    throw Conflict(field: "device_token", reason: "push-to-start tokens exist only for iOS devices")
-                }
-                try Self.ensureActivityType(
-                    connection, tenant: tenant, identifier: activityType, attributesType: attributesType,
-                    profile: profile)
-                let retired = try connection.execute(
-                    """
-                    UPDATE push_to_start_tokens
-                    SET status = 'retired', retired_reason = 'rotated', retired_at = now()
-                    WHERE tenant_id = \(tenant) AND device_token = \(deviceToken) AND activity_type = \(activityType)
-                      AND status = 'active' AND token <> \(token)
-                    """)
-                let rows = try connection.query(
-                    """
-                    INSERT INTO push_to_start_tokens (tenant_id, device_token, activity_type, token, attributes_type)
-                    VALUES (\(tenant), \(deviceToken), \(activityType), \(token), \(attributesType))
-                    ON CONFLICT (tenant_id, device_token, activity_type, token) DO UPDATE SET
-                        attributes_type = COALESCE(EXCLUDED.attributes_type, push_to_start_tokens.attributes_type),
-                        status = 'active', retired_reason = NULL, retired_at = NULL
-                    RETURNING (xmax = 0) AS inserted
-                    """)
-                let inserted = try rows[0].decode(Bool.self, "inserted")
-                return TokenRegistration(rotated: retired > 0, unchanged: !inserted && retired == 0)
-            }
+        let defaultAttributes = String(activityType.split(separator: ".").last ?? Substring(activityType))
+        let rows = try await retryingRace {
+            try await database.pool.query(
+                """
+                SELECT outcome, rotated, inserted FROM marquee_register_push_to_start(
+                    \(tenant), \(personID), \(deviceToken), \(activityType), \(token), \(attributesType),
+                    \(profile.rawValue), \(defaultAttributes))
+                """)
+        }
+        switch try rows[0].decode(String.self, "outcome") {
+        case "no_device": throw NotFound("device")
+        case "not_ios": throw Conflict(field: "device_token", reason: "push-to-start tokens exist only for iOS devices")
+        default: return try Self.registration(rows[0])
         }
     }
 
@@ -373,29 +344,21 @@ public struct RegistryStore: Sendable {
     public func registerActivityToken(tenant: UUID, instanceID: String, deviceToken: String, token: String)
         async throws -> TokenRegistration
     {
-        try await retryingRace {
-            try await database.tenantTransaction(tenant) { connection in
-                guard try Self.devicePlatform(connection, tenant: tenant, token: deviceToken, personID: nil) != nil
-                else { throw NotFound("device") }
-                let retired = try connection.execute(
-                    """
-                    UPDATE activity_tokens
-                    SET status = 'retired', retired_reason = 'rotated', retired_at = now()
-                    WHERE tenant_id = \(tenant) AND instance_id = \(instanceID) AND device_token = \(deviceToken)
-                      AND status = 'active' AND token <> \(token)
-                    """)
-                let rows = try connection.query(
-                    """
-                    INSERT INTO activity_tokens (tenant_id, instance_id, device_token, token)
-                    VALUES (\(tenant), \(instanceID), \(deviceToken), \(token))
-                    ON CONFLICT (tenant_id, instance_id, device_token, token) DO UPDATE SET
-                        status = 'active', retired_reason = NULL, retired_at = NULL
-                    RETURNING (xmax = 0) AS inserted
-                    """)
-                let inserted = try rows[0].decode(Bool.self, "inserted")
-                return TokenRegistration(rotated: retired > 0, unchanged: !inserted && retired == 0)
-            }
+        let rows = try await retryingRace {
+            try await database.pool.query(
+                """
+                SELECT outcome, rotated, inserted
+                FROM marquee_register_activity_token(\(tenant), \(instanceID), \(deviceToken), \(token))
+                """)
         }
+        if try rows[0].decode(String.self, "outcome") == "no_device" { throw NotFound("device") }
+        return try Self.registration(rows[0])
+    }
+
+    static func registration(_ row: PostgresRow) throws -> TokenRegistration {
+        let rotated = try row.decode(Bool.self, "rotated")
+        let inserted = try row.decode(Bool.self, "inserted")
+        return TokenRegistration(rotated: rotated, unchanged: !inserted && !rotated)
     }
 
     /// The tokens an update or end of `instanceID` goes to: every active per-activity token, and the FCM tokens of
@@ -518,7 +481,7 @@ func retryingRace<T: Sendable>(_ body: () async throws -> T) async throws -> T {
     for _ in 0..<3 {
         do {
             return try await body()
-        } catch let error as PostgresError where error.code == .uniqueViolation {
+        } catch let error as PostgresError where error.code == .uniqueViolation || error.code == .deadlockDetected {
             continue
         }
     }

@@ -33,7 +33,8 @@ struct ServeCommand {
 
         var router = Router()
         MarqueeAPI(
-            pool: pool, migrator: migrator, keyRing: keyRing, adminToken: configuration.adminToken, metrics: metrics,
+            pool: pool, migrator: migrator, keyRing: keyRing, adminToken: configuration.adminToken,
+            keyCacheTTL: .seconds(configuration.keyCacheSeconds), metrics: metrics,
             logger: logger
         ).register(in: &router)
 

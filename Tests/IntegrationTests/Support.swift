@@ -167,6 +167,8 @@ final class MarqueeProcess: Sendable {
         var env: [String: String] = [
             "MARQUEE_LISTEN": "127.0.0.1:\(port)", "MARQUEE_MIGRATIONS_DIR": TestEnvironment.migrationsDirectory,
             "MARQUEE_MASTER_KEY": Self.masterKey, "MARQUEE_ADMIN_TOKEN": Self.adminToken,
+            // Revocation must be visible at once in tests; the cache itself is exercised separately.
+            "MARQUEE_KEY_CACHE_SECONDS": "0",
         ]
         env.merge(environment) { _, new in new }
         process = try Subprocess(
