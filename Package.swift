@@ -52,7 +52,7 @@ let package = Package(
         ),
         .target(
             name: "MarqueeAPI",
-            dependencies: ["MarqueeCore", "MarqueeStore", "HTTPServer", "Observability", "PostgresClient"],
+            dependencies: ["MarqueeCore", "MarqueeStore", "HTTPServer", "Observability", "PostgresClient", "Crypto"],
             swiftSettings: swiftSettings
         ),
         .executableTarget(

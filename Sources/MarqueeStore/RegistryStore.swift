@@ -365,27 +365,31 @@ public struct RegistryStore: Sendable {
     /// the Android devices of the instance, leaving out devices that reported `ended` or `dismissed`.
     public func activityTargets(tenant: UUID, instanceID: String) async throws -> [ActivityTarget] {
         try await database.tenantTransaction(tenant) { connection in
-            try connection.query(
-                """
-                SELECT d.token AS device_token, d.platform, COALESCE(a.token, d.token) AS token
-                FROM devices d
-                LEFT JOIN activity_tokens a
-                  ON a.tenant_id = d.tenant_id AND a.device_token = d.token
-                 AND a.instance_id = \(instanceID) AND a.status = 'active'
-                LEFT JOIN instance_devices s
-                  ON s.tenant_id = d.tenant_id AND s.device_token = d.token AND s.instance_id = \(instanceID)
-                WHERE d.tenant_id = \(tenant)
-                  AND (a.token IS NOT NULL OR (d.platform = 'android' AND s.device_token IS NOT NULL))
-                  AND (s.state IS NULL OR s.state NOT IN ('ended', 'dismissed'))
-                ORDER BY d.token
-                """
-            ).map { row in
-                ActivityTarget(
-                    deviceToken: try row.decode(String.self, "device_token"),
-                    platform: Platform(rawValue: try row.decode(String.self, "platform")) ?? .ios,
-                    token: try row.decode(String.self, "token"))
-            }
+            try connection.query(Self.activityTargetsQuery(tenant: tenant, instanceID: instanceID)).map(Self.activityTarget)
         }
+    }
+
+    static func activityTargetsQuery(tenant: UUID, instanceID: String) -> PostgresQuery {
+        """
+        SELECT d.token AS device_token, d.platform, COALESCE(a.token, d.token) AS token
+        FROM devices d
+        LEFT JOIN activity_tokens a
+          ON a.tenant_id = d.tenant_id AND a.device_token = d.token
+         AND a.instance_id = \(instanceID) AND a.status = 'active'
+        LEFT JOIN instance_devices s
+          ON s.tenant_id = d.tenant_id AND s.device_token = d.token AND s.instance_id = \(instanceID)
+        WHERE d.tenant_id = \(tenant)
+          AND (a.token IS NOT NULL OR (d.platform = 'android' AND s.device_token IS NOT NULL))
+          AND (s.state IS NULL OR s.state NOT IN ('ended', 'dismissed'))
+        ORDER BY d.token
+        """
+    }
+
+    static func activityTarget(_ row: PostgresRow) throws -> ActivityTarget {
+        ActivityTarget(
+            deviceToken: try row.decode(String.self, "device_token"),
+            platform: Platform(rawValue: try row.decode(String.self, "platform")) ?? .ios,
+            token: try row.decode(String.self, "token"))
     }
 
     // MARK: Lifecycle events and delivery metrics
