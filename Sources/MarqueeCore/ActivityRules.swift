@@ -51,7 +51,8 @@ public enum Lifetime {
         }
         if expiration.timeIntervalSince(now) > maximum {
             throw ValidationError(
-                field: field, reason: "must be at most \(Int(maximum / 3600)) hours ahead: iOS ends live activities then")
+                field: field,
+                reason: "must be at most \(Int(maximum / 3600)) hours ahead: iOS ends live activities then")
         }
     }
 
