@@ -80,7 +80,8 @@ let package = Package(
         .testTarget(
             name: "ServiceLifecycleTests", dependencies: ["ServiceLifecycle", "Observability"],
             swiftSettings: swiftSettings),
-        .testTarget(name: "MarqueeCoreTests", dependencies: ["MarqueeCore"], swiftSettings: swiftSettings),
+        .testTarget(
+            name: "MarqueeCoreTests", dependencies: ["MarqueeCore"], exclude: ["Golden"], swiftSettings: swiftSettings),
         .testTarget(
             name: "IntegrationTests",
             dependencies: [

@@ -219,7 +219,10 @@ struct LifecycleRoutes: Sendable {
             if let fullState {
                 contentState = try Self.checkedState(fullState, type: type)
             } else if let patch {
-                contentState = try Self.checkedState(MergePatch.apply(patch, to: instance.contentState), type: type)
+                // The stored state is already in device encoding: encode only what the patch brings, then merge.
+                let encodedPatch = try DateFields.normalize(
+                    patch, fields: type.dateFields, field: "content_state_patch")
+                contentState = try Self.validated(MergePatch.apply(encodedPatch, to: instance.contentState), type: type)
             }
             let attributes = newAttributes ?? instance.attributes
 
@@ -240,7 +243,8 @@ struct LifecycleRoutes: Sendable {
                 if let idempotencyKey {
                     try await store.recordIdempotent(
                         tenant: tenant,
-                        IdempotencyRecord(key: idempotencyKey, requestHash: requestHash, status: 200, response: response))
+                        IdempotencyRecord(
+                            key: idempotencyKey, requestHash: requestHash, status: 200, response: response))
                 }
                 return .json(response)
             }
@@ -307,7 +311,8 @@ struct LifecycleRoutes: Sendable {
             targets.map { t in
                 .object([
                     "device_token": .string(maskToken(t.deviceToken)), "platform": .string(t.platform.rawValue),
-                    "token_kind": .string(t.platform == .ios ? "activity" : "fcm"), "token": .string(maskToken(t.token)),
+                    "token_kind": .string(t.platform == .ios ? "activity" : "fcm"),
+                    "token": .string(maskToken(t.token)),
                     "status": .string("active"),
                 ])
             })
@@ -328,7 +333,8 @@ struct LifecycleRoutes: Sendable {
         if let text = request.query["state"] {
             guard let parsed = InstanceState(rawValue: text) else {
                 throw ValidationError(
-                    field: "state", reason: "must be one of " + InstanceState.allCases.map(\.rawValue).joined(separator: ", "))
+                    field: "state",
+                    reason: "must be one of " + InstanceState.allCases.map(\.rawValue).joined(separator: ", "))
             }
             state = parsed
         }
@@ -423,15 +429,20 @@ struct LifecycleRoutes: Sendable {
         try nonEmptyObject(body, key, required: true)!
     }
 
-    /// Schema check, then date-field encoding, as the activity type declares.
+    /// Date fields encoded as the activity type declares, then the schema check. The schema describes the state
+    /// as devices receive it, so it sees dates in their declared encoding.
     static func checkedState(_ state: JSONValue, type: ActivityType) throws(ValidationError) -> JSONValue {
+        try validated(DateFields.normalize(state, fields: type.dateFields, field: "content_state"), type: type)
+    }
+
+    static func validated(_ state: JSONValue, type: ActivityType) throws(ValidationError) -> JSONValue {
         if let schemaJSON = type.contentStateSchema, let schema = try? ContentSchema(schemaJSON),
             let violation = schema.firstViolation(in: state)
         {
             throw ValidationError(
                 .schemaViolation, field: "content_state" + violation.pointer.description, reason: violation.reason)
         }
-        return try DateFields.normalize(state, fields: type.dateFields, field: "content_state")
+        return state
     }
 
     static func alert(_ body: JSONBody) throws(ValidationError) -> LiveActivityAlert? {
@@ -440,7 +451,8 @@ struct LifecycleRoutes: Sendable {
         guard let alert = try payload.nested("alert") else { return nil }
         try alert.rejectUnknown(["title", "body", "sound"])
         return LiveActivityAlert(
-            title: try alert.requiredString("title", maxLength: 256), body: try alert.requiredString("body", maxLength: 1024),
+            title: try alert.requiredString("title", maxLength: 256),
+            body: try alert.requiredString("body", maxLength: 1024),
             sound: try alert.string("sound", maxLength: 256))
     }
 

@@ -79,7 +79,10 @@ public struct ChangeContext: Sendable {
 /// One delivery row to queue.
 public struct PlannedDelivery: Sendable, Equatable {
     public enum Provider: String, Sendable { case apns, fcm }
-    public enum TokenKind: String, Sendable { case pushToStart = "push_to_start", activity, fcm }
+    public enum TokenKind: String, Sendable {
+        case pushToStart = "push_to_start"
+        case activity, fcm
+    }
     public var id: UUID
     public var deviceToken: String
     public var provider: Provider
@@ -283,21 +286,33 @@ public struct LiveActivityStore: Sendable {
     }
 
     public func changeContext(tenant: UUID, instanceID: String, idempotencyKey: String?) async throws -> ChangeContext {
-        let rows = try await database.tenantRead(
-            tenant,
-            [
-                "SELECT \(unsafeRaw: Self.instanceColumns) FROM instances WHERE tenant_id = \(tenant) AND id = \(instanceID)",
-                """
-                SELECT \(unsafeRaw: RegistryStore.typeColumns) FROM activity_types
-                WHERE tenant_id = \(tenant)
-                  AND identifier = (SELECT activity_type FROM instances WHERE tenant_id = \(tenant) AND id = \(instanceID))
-                """,
-                RegistryStore.activityTargetsQuery(tenant: tenant, instanceID: instanceID),
-                Self.idempotencyQuery(tenant, idempotencyKey),
-            ])
+        var queries: [PostgresQuery] = [
+            """
+            SELECT \(unsafeRaw: Self.instanceColumns("i")), \(unsafeRaw: Self.typeColumnsJoined)
+            FROM instances i
+            JOIN activity_types t ON t.tenant_id = i.tenant_id AND t.identifier = i.activity_type
+            WHERE i.tenant_id = \(tenant) AND i.id = \(instanceID)
+            """,
+            RegistryStore.activityTargetsQuery(tenant: tenant, instanceID: instanceID),
+        ]
+        if idempotencyKey != nil { queries.append(Self.idempotencyQuery(tenant, idempotencyKey)) }
+        let rows = try await database.tenantRead(tenant, queries)
+        let row = rows[0].first
         return ChangeContext(
-            instance: try rows[0].first.map(Self.instance), activityType: try rows[1].first.map(RegistryStore.activityType),
-            targets: try rows[2].map(RegistryStore.activityTarget), idempotent: try Self.storedResponse(rows[3]))
+            instance: try row.map(Self.instance), activityType: try row.map(RegistryStore.activityType),
+            targets: try rows[1].map(RegistryStore.activityTarget),
+            idempotent: idempotencyKey == nil ? nil : try Self.storedResponse(rows[2]))
+    }
+
+    /// Activity-type columns for a join with `instances i` (`t.identifier` keeps its name; `i.id` is `id`).
+    static let typeColumnsJoined = """
+        t.identifier, t.attributes_type, t.content_state_schema, t.date_fields, t.payload_profile, t.auto_created, \
+        t.created_at AS type_created_at, t.updated_at AS type_updated_at
+        """
+
+    static func instanceColumns(_ alias: String) -> String {
+        instanceColumns.split(separator: ",").map { "\(alias).\($0.trimmingCharacters(in: .whitespacesAndNewlines))" }
+            .joined(separator: ", ")
     }
 
     /// The stored response for an idempotency key, if any.
@@ -436,7 +451,7 @@ public struct LiveActivityStore: Sendable {
 
     /// Marks an open instance past its expiration as `expired` (so that workers skip it and lists show it).
     public func markExpired(tenant: UUID, instanceID: String) async throws {
-        try await database.tenantTransaction(tenant) { connection in
+        _ = try await database.tenantTransaction(tenant) { connection in
             try connection.execute(
                 """
                 UPDATE instances SET state = 'expired', updated_at = now()
@@ -449,7 +464,8 @@ public struct LiveActivityStore: Sendable {
     // MARK: Reads for the API
 
     /// An instance with its targets and last delivery.
-    public func instance(tenant: UUID, id: String) async throws -> (InstanceRecord, [ActivityTarget], DeliveryRecord?)? {
+    public func instance(tenant: UUID, id: String) async throws -> (InstanceRecord, [ActivityTarget], DeliveryRecord?)?
+    {
         let rows = try await database.tenantRead(
             tenant,
             [
@@ -493,7 +509,8 @@ public struct LiveActivityStore: Sendable {
     }
 
     /// A page of an instance's deliveries, newest first (delivery IDs are ULIDs: they sort by time).
-    public func deliveries(tenant: UUID, instanceID: String, before: UUID?, limit: Int) async throws -> [DeliveryRecord]?
+    public func deliveries(tenant: UUID, instanceID: String, before: UUID?, limit: Int) async throws
+        -> [DeliveryRecord]?
     {
         let rows = try await database.tenantRead(
             tenant,
@@ -524,7 +541,8 @@ public struct LiveActivityStore: Sendable {
     static func instance(_ row: PostgresRow) throws -> InstanceRecord {
         InstanceRecord(
             id: try row.decode(String.self, "id"), activityType: try row.decode(String.self, "activity_type"),
-            personID: try row.decode(String?.self, "person_id"), personEmail: try row.decode(String?.self, "person_email"),
+            personID: try row.decode(String?.self, "person_id"),
+            personEmail: try row.decode(String?.self, "person_email"),
             state: InstanceState(rawValue: try row.decode(String.self, "state")) ?? .failed,
             failureReason: try row.decode(String?.self, "failure_reason"),
             attributes: try row.decode(JSONValue.self, "attributes"),
@@ -542,9 +560,11 @@ public struct LiveActivityStore: Sendable {
             id: try row.decode(UUID.self, "id"), instanceID: try row.decode(String.self, "instance_id"),
             deviceToken: try row.decode(String.self, "device_token"), provider: try row.decode(String.self, "provider"),
             tokenKind: try row.decode(String.self, "token_kind"), operation: try row.decode(String.self, "operation"),
-            instanceVersion: try row.decode(Int.self, "instance_version"), status: try row.decode(String.self, "status"),
+            instanceVersion: try row.decode(Int.self, "instance_version"),
+            status: try row.decode(String.self, "status"),
             attempts: try row.decode(Int.self, "attempts"), nextAttemptAt: try row.decode(Date.self, "next_attempt_at"),
-            providerID: try row.decode(String?.self, "provider_id"), httpStatus: try row.decode(Int?.self, "http_status"),
+            providerID: try row.decode(String?.self, "provider_id"),
+            httpStatus: try row.decode(Int?.self, "http_status"),
             reason: try row.decode(String?.self, "reason"), createdAt: try row.decode(Date.self, "created_at"),
             updatedAt: try row.decode(Date.self, "updated_at"), sentAt: try row.decode(Date?.self, "sent_at"))
     }
