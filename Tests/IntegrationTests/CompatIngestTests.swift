@@ -197,6 +197,30 @@ struct CompatIngestTests {
         }
     }
 
+    @Test("events that are not objects or hold U+0000 are rejected by index; the others still apply")
+    func oddEvents() async throws {
+        let fixture = try await RegistryFixture.get()
+        let api = fixture.api
+        let tenant = try await api.createTenant()
+        let user = Fake.id("odd")
+        let events: [Any] = [
+            ["not", "an", "event"],
+            Self.event("identify", userId: user + "\u{0}", properties: [:]),
+            Self.event("identify", userId: user, properties: ["email": user + "@example.com"]),
+            ["event": "Device Created or Updated"],
+        ]
+        let response = try await api.call(
+            "POST", "/v1/b", key: tenant.sdk, json: ["batch": events, "sentAt": "2025-03-01T12:00:00.000Z"])
+        #expect(response.status == 200, "\(response.text)")
+        let result = try response.json()
+        #expect(result["applied"] as? Int == 1)
+        let rejected = result.array("rejected")
+        #expect(rejected.map { $0["index"] as? Int } == [0, 1, 3])
+        #expect(rejected.map { $0.string("field") } == ["batch[0]", "batch[1].userId", "batch[3].type"])
+        #expect(rejected.allSatisfy { ($0.string("detail") ?? "").first?.isWhitespace == false })
+        #expect(try await api.call("GET", "/v1/people/\(user)", key: tenant.app).status == 200)
+    }
+
     @Test("single /v1/track and /v1/identify calls; writeKey in the body is accepted; no key is 401")
     func singles() async throws {
         let fixture = try await RegistryFixture.get()

@@ -1,5 +1,6 @@
 import Crypto
 import Foundation
+import MarqueeCore
 import Testing
 
 /// Client mistakes are 4xx problem+json with a stable `type`, a `detail` and the `field` at fault; never a 500.
@@ -209,6 +210,62 @@ struct ValidationTests {
         expectProblem(
             try await api.call("POST", metrics, key: tenant.sdk, json: ["metric": "opened", "extra": 1]), 422,
             "invalid-field", field: "extra")
+    }
+
+    @Test("values PostgreSQL cannot store are 422, never a 500: U+0000 anywhere, over-long tokens and recipients")
+    func storageLimits() async throws {
+        let fixture = try await RegistryFixture.get()
+        let api = fixture.api
+        let tenant = try await api.createTenant()
+        let person = Fake.id("p")
+        expectProblem(
+            try await api.call(
+                "PUT", "/v1/people/\(person)", key: tenant.app, json: ["attributes": ["a": ["x", "x\u{0}y"]]]),
+            422, "invalid-field", field: "attributes.a[1]", "NUL in jsonb")
+        expectProblem(
+            try await api.call("PUT", "/v1/people/\(person)", key: tenant.app, json: ["email": "a\u{0}@example.com"]),
+            422, "invalid-field", field: "email", "NUL in text would be cut short")
+        expectProblem(
+            try await api.call("PUT", "/v1/people/\(person)", key: tenant.app, json: ["attributes": ["k\u{0}": 1]]),
+            422, "invalid-field", field: "attributes", "NUL in a key")
+        expectProblem(
+            try await api.call(
+                "POST", "/admin/v1/tenants", key: MarqueeProcess.adminToken, json: ["name": "cut\u{0}short"]),
+            422, "invalid-field", field: "name")
+        expectProblem(try await api.call("GET", "/v1/people/\(person)", key: tenant.app), 404, "not-found")
+
+        // The longest FCM tokens accepted fit every index, even an Android activity token next to its device token.
+        let longest = "f" + String(repeating: "x", count: Identifiers.maxFCMTokenLength - 1)
+        let device = String(repeating: "d", count: Identifiers.maxFCMTokenLength)
+        let put = try await api.call(
+            "PUT", "/v1/people/\(person)/devices/\(device)", key: tenant.sdk, json: ["platform": "android"])
+        #expect(put.status == 200, "\(put.text)")
+        let instance = String(repeating: "i", count: 128)
+        let token = try await api.call(
+            "PUT", "/v1/live_notifications/\(instance)/tokens/\(device)", key: tenant.sdk, json: ["token": longest])
+        #expect(token.status == 200, "\(token.text)")
+        let event = try await api.call(
+            "POST", "/v1/live_notifications/\(instance)/events", key: tenant.sdk,
+            json: ["event": "started", "device_token": device, "at": Date().timeIntervalSince1970])
+        #expect(event.status == 202, "\(event.text)")
+        expectProblem(
+            try await api.call(
+                "PUT", "/v1/people/\(person)/devices/\(device)x", key: tenant.sdk, json: ["platform": "android"]), 422,
+            "invalid-token", field: "device_token")
+        expectProblem(
+            try await api.call(
+                "PUT", "/v1/live_notifications/\(instance)/tokens/\(device)", key: tenant.sdk,
+                json: ["token": longest + "x"]), 422, "invalid-token", field: "token")
+
+        let recipient = String(repeating: "r", count: Identifiers.maxRecipientLength)
+        let delivery = "/v1/deliveries/\(String(repeating: "D", count: 128))/metrics"
+        let metric = try await api.call(
+            "POST", delivery, key: tenant.sdk, json: ["metric": "delivered", "recipient": recipient])
+        #expect(metric.status == 202, "\(metric.text)")
+        expectProblem(
+            try await api.call(
+                "POST", delivery, key: tenant.sdk, json: ["metric": "delivered", "recipient": recipient + "r"]), 422,
+            "invalid-field", field: "recipient")
     }
 
     @Test("malformed JSON is 400, a non-object body is 400, text/plain is 415, an empty body is 400")
