@@ -56,7 +56,8 @@ public enum Problems {
     public static func validation(_ error: ValidationError) -> HTTPProblem {
         HTTPProblem(
             status: 422, type: typeBase + error.code.rawValue, title: "Invalid request field",
-            detail: "\(error.field) \(error.reason)", field: error.field)
+            detail: error.field.isEmpty ? error.reason : "\(error.field) \(error.reason)",
+            field: error.field.isEmpty ? nil : error.field)
     }
 }
 
