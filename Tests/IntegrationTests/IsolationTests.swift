@@ -94,6 +94,14 @@ struct IsolationTests {
         }
         try ok(
             await api.call(
+                "POST", "/v1/live_notifications/start", key: tenant.app,
+                json: [
+                    "identifiers": ["id": person], "notification_type": type, "attributes": ["order": "a"],
+                    "content_state": ["step": 1], "instance_id": instance,
+                    "push_payload": ["alert": ["title": "A", "body": "started"]],
+                ]))
+        try ok(
+            await api.call(
                 "POST", "/v1/deliveries/\(delivery)/metrics", key: tenant.sdk,
                 json: ["metric": "delivered", "recipient": iphone]))
         try ok(
@@ -119,7 +127,8 @@ struct IsolationTests {
         var views: [String] = []
         for path in [
             "/v1/people/\(a.person)", "/v1/credentials/apns", "/v1/credentials/fcm", "/v1/activity_types",
-            "/v1/activity_types/\(a.activityType)",
+            "/v1/activity_types/\(a.activityType)", "/v1/live_notifications/\(a.instance)",
+            "/v1/live_notifications/\(a.instance)/deliveries", "/v1/live_notifications",
         ] {
             let response = try await api.call("GET", path, key: a.tenant.app)
             views.append("\(path) \(response.status) \(response.text)")
@@ -247,6 +256,27 @@ struct IsolationTests {
             Probe(
                 method: "POST", path: "/v1/live_notifications/\(a.instance)/events", key: b.sdk,
                 body: ["event": "ended", "device_token": a.iphone, "at": now + 10], expect: .notFound(control: nil)),
+            // Live activities: A's instance is invisible to B and cannot be changed by B.
+            Probe(
+                method: "GET", path: "/v1/live_notifications/\(a.instance)", key: b.app,
+                expect: .notFound(control: "/v1/live_notifications/\(Fake.id("none"))")),
+            Probe(
+                method: "GET", path: "/v1/live_notifications/\(a.instance)/deliveries", key: b.app,
+                expect: .notFound(control: "/v1/live_notifications/\(Fake.id("none"))/deliveries")),
+            Probe(method: "GET", path: "/v1/live_notifications?person=\(a.person)", key: b.app, expect: .noLeak),
+            Probe(
+                method: "POST", path: "/v1/live_notifications/update", key: b.app,
+                body: ["instance_id": a.instance, "content_state": ["step": 99]], expect: .notFound(control: nil)),
+            Probe(
+                method: "POST", path: "/v1/live_notifications/end", key: b.app, body: ["instance_id": a.instance],
+                expect: .notFound(control: nil)),
+            Probe(
+                method: "POST", path: "/v1/live_notifications/start", key: b.app,
+                body: [
+                    "identifiers": ["id": a.person], "notification_type": a.activityType, "attributes": ["o": "b"],
+                    "content_state": ["step": 1], "instance_id": a.instance,
+                    "push_payload": ["alert": ["title": "B", "body": "b"]],
+                ], expect: .invalid(field: "notification_type")),
             // Metrics: B's report is B's own (not a duplicate of A's), and A's delivery token is not B's.
             Probe(
                 method: "POST", path: "/v1/deliveries/\(a.delivery)/metrics", key: b.sdk,
