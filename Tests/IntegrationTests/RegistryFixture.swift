@@ -56,23 +56,34 @@ actor RegistryFixture {
         return try await task.value
     }
 
+    /// Starts `marquee serve` on a free port; a port taken by someone else in the meantime gets another try.
+    private static func startServe(environment: [String: String]) async throws -> MarqueeProcess {
+        var attempt = 1
+        while true {
+            let serve = try MarqueeProcess(["serve"], environment: environment, port: TestEnvironment.freePort())
+            fixtureChildren.withLock { $0.append(serve.process.pid) }
+            // If the test process dies without running atexit handlers, a watchdog stops the server.
+            _ = try? Subprocess(
+                "/bin/sh",
+                ["-c", "while kill -0 \(getpid()) 2>/dev/null; do sleep 1; done; kill -9 \(serve.process.pid)"],
+                environment: [:], outputPath: "/dev/null")
+            do {
+                try await serve.waitUntilServing()
+                return serve
+            } catch  where attempt < 3 && !serve.process.isRunning {
+                fixtureChildren.withLock { $0.removeAll { $0 == serve.process.pid } }
+                attempt += 1
+            }
+        }
+    }
+
     private static func start() async throws -> Running {
         let url = try await TestEnvironment.makeDatabase()
         let env = ["DATABASE_URL": url, "MARQUEE_MIGRATIONS_DIR": TestEnvironment.migrationsDirectory]
         let migrate = try await runCommand(TestEnvironment.marqueeBinary, ["migrate"], environment: env)
         guard migrate.status == 0 else { throw TestFailure("marquee migrate failed:\n\(migrate.output)") }
-        let serve = try MarqueeProcess(["serve"], environment: env, port: TestEnvironment.freePort())
-        fixtureChildren.withLock { $0.append(serve.process.pid) }
         atexit { killFixtureChildren() }
-        // If the test process dies without running atexit handlers, a watchdog stops the server.
-        if let watchdog = try? Subprocess(
-            "/bin/sh",
-            ["-c", "while kill -0 \(getpid()) 2>/dev/null; do sleep 1; done; kill -9 \(serve.process.pid)"],
-            environment: [:], outputPath: "/dev/null")
-        {
-            _ = watchdog
-        }
-        try await serve.waitUntilServing()
+        let serve = try await startServe(environment: env)
         let pool = PostgresPool(try PostgresConfiguration(url: url), options: .init(maxConnections: 4))
         let keyRing = try SealingKeyRing.fromBase64(MarqueeProcess.masterKey)
         let database = TenantDatabase(pool: pool)

@@ -551,3 +551,92 @@ struct RegistryTests {
         #expect(counts == ["delivered": 2, "opened": 3])
     }
 }
+
+/// Races a device SDK produces: retried requests and several app launches at once.
+@Suite("Registry API under concurrency")
+struct RegistryConcurrencyTests {
+    /// Registrations racing for one (device, scope), per token kind.
+    static let racers = 12
+
+    @Test("concurrent push-to-start and activity-token registrations leave exactly one active token")
+    func concurrentRotation() async throws {
+        let fixture = try await RegistryFixture.get()
+        let api = fixture.api
+        let tenant = try await api.createTenant()
+        let person = Fake.id("p")
+        let device = Fake.hex()
+        let type = Fake.activityType()
+        let instance = Fake.id("inst")
+        #expect(
+            try await api.call(
+                "PUT", "/v1/people/\(person)/devices/\(device)", key: tenant.sdk, json: ["platform": "ios"]
+            ).status == 200)
+        let statuses = try await withThrowingTaskGroup(of: Int.self) { group in
+            for _ in 0..<Self.racers {
+                group.addTask {
+                    try await api.call(
+                        "PUT", "/v1/people/\(person)/devices/\(device)/push_to_start/\(type)", key: tenant.sdk,
+                        json: ["token": Fake.hex()]
+                    ).status
+                }
+                group.addTask {
+                    try await api.call(
+                        "PUT", "/v1/live_notifications/\(instance)/tokens/\(device)", key: tenant.sdk,
+                        json: ["token": Fake.hex()]
+                    ).status
+                }
+            }
+            return try await group.reduce(into: []) { $0.append($1) }
+        }
+        #expect(statuses.allSatisfy { $0 == 200 }, "\(statuses)")
+        let active = try await fixture.pool.query(
+            """
+            SELECT (SELECT count(*) FROM push_to_start_tokens WHERE tenant_id = \(tenant.uuid) AND status = 'active')::int AS p,
+                   (SELECT count(*) FROM push_to_start_tokens WHERE tenant_id = \(tenant.uuid))::int AS pall,
+                   (SELECT count(*) FROM activity_tokens WHERE tenant_id = \(tenant.uuid) AND status = 'active')::int AS a,
+                   (SELECT count(*) FROM activity_tokens WHERE tenant_id = \(tenant.uuid))::int AS aall
+            """)
+        #expect(try active[0].decode(Int.self, "p") == 1)
+        #expect(try active[0].decode(Int.self, "pall") == Self.racers)
+        #expect(try active[0].decode(Int.self, "a") == 1)
+        #expect(try active[0].decode(Int.self, "aall") == Self.racers)
+        #expect(try await fixture.registry.activityTargets(tenant: tenant.uuid, instanceID: instance).count == 1)
+    }
+
+    @Test("the same delivered report sent many times at once is recorded once")
+    func concurrentDelivered() async throws {
+        let fixture = try await RegistryFixture.get()
+        let api = fixture.api
+        let tenant = try await api.createTenant()
+        let delivery = Fake.id("dlv")
+        let recorded = try await withThrowingTaskGroup(of: Bool?.self) { group in
+            for _ in 0..<8 {
+                group.addTask {
+                    let response = try await api.call(
+                        "POST", "/v1/deliveries/\(delivery)/metrics", key: tenant.sdk,
+                        json: ["metric": "delivered", "recipient": "r"])
+                    return response.status == 202 ? try response.json()["recorded"] as? Bool : nil
+                }
+            }
+            return try await group.reduce(into: []) { $0.append($1) }
+        }
+        #expect(recorded.filter { $0 == true }.count == 1, "\(recorded)")
+        #expect(recorded.filter { $0 == false }.count == 7, "\(recorded)")
+    }
+
+    @Test("an email belongs to one person, case-insensitively: 409 conflict on email")
+    func emailConflict() async throws {
+        let fixture = try await RegistryFixture.get()
+        let api = fixture.api
+        let tenant = try await api.createTenant()
+        let email = Fake.id("mail") + "@example.com"
+        #expect(try await api.call("PUT", "/v1/people/one", key: tenant.app, json: ["email": email]).status == 200)
+        expectProblem(
+            try await api.call("PUT", "/v1/people/two", key: tenant.app, json: ["email": email.uppercased()]), 409,
+            "conflict", field: "email")
+        expectProblem(try await api.call("GET", "/v1/people/two", key: tenant.app), 404, "not-found")
+        // The same email in another tenant is fine.
+        let other = try await api.createTenant()
+        #expect(try await api.call("PUT", "/v1/people/two", key: other.app, json: ["email": email]).status == 200)
+    }
+}
