@@ -25,7 +25,8 @@ struct LifecycleTests {
                 "push_payload": ["alert": ["title": "Order 42", "body": "Preparing"]],
             ]
             body.merge(extra) { _, new in new }
-            return try await api.call("POST", "/v1/live_notifications/start", key: tenant.app, json: body, headers: headers)
+            return try await api.call(
+                "POST", "/v1/live_notifications/start", key: tenant.app, json: body, headers: headers)
         }
 
         func update(_ body: [String: Any], headers: [String: String] = [:]) async throws -> HTTP.Response {
@@ -51,7 +52,8 @@ struct LifecycleTests {
         }
 
         func deliveries(_ instance: String) async throws -> [[String: Any]] {
-            let r = try await api.call("GET", "/v1/live_notifications/\(instance)/deliveries?limit=200", key: tenant.app)
+            let r = try await api.call(
+                "GET", "/v1/live_notifications/\(instance)/deliveries?limit=200", key: tenant.app)
             guard r.status == 200 else { throw TestFailure("deliveries: \(r.text)") }
             return try r.json().array("data")
         }
@@ -236,7 +238,9 @@ struct LifecycleTests {
         let instance = Fake.id("dates")
         let r = try await w.start([
             "instance_id": instance,
-            "content_state": ["eta": "2026-01-01T00:00:00Z", "placed": "2026-01-01T01:00:00+01:00", "due": 1_767_225_600],
+            "content_state": [
+                "eta": "2026-01-01T00:00:00Z", "placed": "2026-01-01T01:00:00+01:00", "due": 1_767_225_600,
+            ],
         ])
         #expect(r.status == 200, "\(r.text)")
         let state = try await w.instance(instance).object("content_state") ?? [:]
@@ -382,7 +386,8 @@ struct LifecycleTests {
     func validation() async throws {
         let w = try await Self.world()
         expectProblem(
-            try await w.start(["identifiers": ["id": "a", "email": "a@b.c"]]), 422, "invalid-field", field: "identifiers")
+            try await w.start(["identifiers": ["id": "a", "email": "a@b.c"]]), 422, "invalid-field",
+            field: "identifiers")
         expectProblem(try await w.start(["push_payload": NSNull()]), 422, "missing-field", field: "push_payload.alert")
         #expect(try await w.start(["push_payload": NSNull(), "platform": "android"]).status == 200)
         expectProblem(
