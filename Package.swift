@@ -40,6 +40,7 @@ let package = Package(
         .target(name: "PostgresClient", dependencies: ["CLibPQ"], swiftSettings: swiftSettings),
         .target(name: "HTTPServer", dependencies: ["CMicroHTTPD"], swiftSettings: swiftSettings),
         .target(name: "Crypto", dependencies: ["COpenSSL"], swiftSettings: swiftSettings),
+        .target(name: "HTTP2", dependencies: ["CNGHTTP2", "COpenSSL"], swiftSettings: swiftSettings),
         .target(name: "Observability", swiftSettings: swiftSettings),
         .target(name: "ServiceLifecycle", dependencies: ["Observability"], swiftSettings: swiftSettings),
 
@@ -76,6 +77,7 @@ let package = Package(
         .testTarget(name: "PostgresClientTests", dependencies: ["PostgresClient"], swiftSettings: swiftSettings),
         .testTarget(name: "HTTPServerTests", dependencies: ["HTTPServer"], swiftSettings: swiftSettings),
         .testTarget(name: "CryptoTests", dependencies: ["Crypto"], swiftSettings: swiftSettings),
+        .testTarget(name: "HTTP2Tests", dependencies: ["HTTP2", "Crypto"], swiftSettings: swiftSettings),
         .testTarget(name: "ObservabilityTests", dependencies: ["Observability"], swiftSettings: swiftSettings),
         .testTarget(
             name: "ServiceLifecycleTests", dependencies: ["ServiceLifecycle", "Observability"],

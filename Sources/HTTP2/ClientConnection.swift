@@ -1,0 +1,488 @@
+import CNGHTTP2
+import COpenSSL
+import Foundation
+import Synchronization
+
+/// What a client connection keeps per request.
+struct ClientPayload: Sendable {
+    let request: HTTP2Request
+    let continuation: CheckedContinuation<HTTP2Response, any Error>
+}
+
+
+typealias ClientEntry = ConnectionStateMachine<ClientPayload>.Entry
+typealias ClientAction = ConnectionAction<ClientPayload>
+
+/// A resolved socket address.
+struct ResolvedAddress: Sendable {
+    var bytes: [UInt8]
+    var family: Int32
+}
+
+/// One stream's request body and the response being assembled.
+final class ClientStream {
+    let body: [UInt8]
+    var bodyOffset = 0
+    var status: Int?
+    var headers: [(String, String)] = []
+    var responseBody: [UInt8] = []
+
+    init(body: [UInt8]) { self.body = body }
+}
+
+/// A client HTTP/2 connection on a loop thread: carries out its `ConnectionStateMachine`'s actions over a
+/// non-blocking TLS socket.
+final class ClientConnection: TLSConnection, LoopHandler {
+    private enum Phase {
+        case waiting
+        case resolving
+        case connecting
+        case handshaking
+        case open
+        case closed
+    }
+
+    let handle: ConnectionHandle
+    let core: ClientCore
+    private var machine: ConnectionStateMachine<ClientPayload>
+    private var phase = Phase.waiting
+    private var streams: [Int32: ClientStream] = [:]
+    private var closeReason: ConnectionStateMachine<ClientPayload>.CloseReason?
+    private var failure: HTTP2Error?
+    private var publishedActive = 0
+    private var publishedQueued = 0
+    private var reportedOpen = false
+
+    init(handle: ConnectionHandle, core: ClientCore, notBefore: ContinuousClock.Instant?, context: LoopContext) {
+        self.handle = handle
+        self.core = core
+        self.machine = ConnectionStateMachine(
+            configuration: core.machineConfiguration, now: context.now, notBefore: notBefore)
+        super.init(id: handle.id, context: context)
+    }
+
+    func start() {
+        context.add(id: id, self)
+        if machine.shouldConnectNow { beginConnect() }
+    }
+
+    func enqueue(_ entry: ClientEntry) {
+        run(machine.enqueue(entry, now: .now))
+    }
+
+    /// Client shutdown: GOAWAY and close.
+    func closeForShutdown() {
+        run(machine.close())
+    }
+
+    // MARK: LoopHandler
+
+    func handleEvent(_ events: UInt32) {
+        switch phase {
+        case .connecting:
+            var error: Int32 = 0
+            var length = socklen_t(MemoryLayout<Int32>.size)
+            getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &length)
+            if error != 0 {
+                lose(HTTP2Error(.connectFailed, "the TCP connection failed", details: errnoText(error)))
+            } else {
+                startTLS()
+            }
+        case .handshaking:
+            handshake()
+        case .open:
+            if let error = readAvailable(self) {
+                lose(error)
+                return
+            }
+            context.markDirty(self)
+        case .waiting, .resolving, .closed:
+            break
+        }
+    }
+
+    func flush() {
+        if phase == .open, let error = writeAvailable(self) {
+            lose(error)
+            return
+        }
+        if closeReason != nil && (phase != .open || !hasPendingOutput || failure != nil) {
+            teardown()
+        } else if phase == .open && sessionFinished {
+            teardown()
+        }
+    }
+
+    func tick(now: ContinuousClock.Instant) {
+        run(machine.tick(now: now))
+    }
+
+    func terminate() {
+        run(machine.close())
+        if phase == .open, let session {
+            nghttp2_session_terminate_session(session, NGHTTP2_NO_ERROR.rawValue)
+            _ = writeAvailable(self)
+        }
+        teardown()
+    }
+
+    // MARK: Connecting
+
+    private func beginConnect() {
+        phase = .resolving
+        let host = core.configuration.host
+        let port = core.configuration.port
+        let loop = context.loop
+        let id = self.id
+        if isIPAddress(host) {
+            connected(to: resolve(host: host, port: port))
+            return
+        }
+        DispatchQueue.global().async {
+            let result = resolve(host: host, port: port)
+            loop.execute { context in
+                (context.object(id: id) as? ClientConnection)?.connected(to: result)
+            }
+        }
+    }
+
+    private func connected(to result: Result<ResolvedAddress, HTTP2Error>) {
+        guard phase == .resolving else { return }
+        let address: ResolvedAddress
+        switch result {
+        case .success(let value): address = value
+        case .failure(let error):
+            lose(error)
+            return
+        }
+        let socketType = Int32(SOCK_STREAM.rawValue) | Int32(SOCK_NONBLOCK.rawValue) | Int32(SOCK_CLOEXEC.rawValue)
+        fd = socket(address.family, socketType, 0)
+        guard fd >= 0 else {
+            lose(HTTP2Error(.connectFailed, "cannot create a socket", details: errnoText()))
+            return
+        }
+        var one: Int32 = 1
+        setsockopt(fd, Int32(IPPROTO_TCP), TCP_NODELAY, &one, socklen_t(MemoryLayout<Int32>.size))
+        let result = address.bytes.withUnsafeBytes { raw in
+            connect(fd, raw.baseAddress!.assumingMemoryBound(to: sockaddr.self), socklen_t(raw.count))
+        }
+        if result == 0 {
+            startTLS()
+        } else if errno == EINPROGRESS {
+            phase = .connecting
+            watch(self, writable: true)
+        } else {
+            lose(HTTP2Error(.connectFailed, "the TCP connection failed", details: errnoText()))
+        }
+    }
+
+    private func startTLS() {
+        guard let ssl = core.tls.makeSSL() else {
+            lose(HTTP2Error(.tlsFailed, "cannot create a TLS session", details: openSSLErrors()))
+            return
+        }
+        self.ssl = ssl
+        SSL_set_fd(ssl, fd)
+        SSL_set_connect_state(ssl)
+        let name = core.configuration.tls.serverName ?? core.configuration.host
+        let parameters = SSL_get0_param(ssl)
+        if isIPAddress(name) {
+            X509_VERIFY_PARAM_set1_ip_asc(parameters, name)
+        } else {
+            _ = copenssl_SSL_set_tlsext_host_name(ssl, name)
+            X509_VERIFY_PARAM_set_hostflags(parameters, UInt32(X509_CHECK_FLAG_NO_PARTIAL_WILDCARDS))
+            X509_VERIFY_PARAM_set1_host(parameters, name, 0)
+        }
+        phase = .handshaking
+        watch(self, writable: true)
+        handshake()
+    }
+
+    private func handshake() {
+        let (done, error) = continueHandshake(self, client: true)
+        if let error {
+            lose(error)
+            return
+        }
+        guard done else { return }
+        guard negotiatedH2 else {
+            lose(HTTP2Error(.alpnMismatch, "the server did not select h2 with ALPN"))
+            return
+        }
+        guard makeSession() else {
+            lose(HTTP2Error(.protocolError, "cannot create an nghttp2 session"))
+            return
+        }
+        phase = .open
+        watch(self, writable: false)
+        reportedOpen = true
+        core.connectionReady(handle)
+        run(machine.connected(now: .now))
+        context.markDirty(self)
+    }
+
+    private func makeSession() -> Bool {
+        var callbacks: OpaquePointer?
+        guard nghttp2_session_callbacks_new(&callbacks) == 0, let callbacks else { return false }
+        defer { nghttp2_session_callbacks_del(callbacks) }
+        nghttp2_session_callbacks_set_on_header_callback(callbacks, clientOnHeader)
+        nghttp2_session_callbacks_set_on_data_chunk_recv_callback(callbacks, clientOnData)
+        nghttp2_session_callbacks_set_on_frame_recv_callback(callbacks, clientOnFrame)
+        nghttp2_session_callbacks_set_on_stream_close_callback(callbacks, clientOnStreamClose)
+        var session: OpaquePointer?
+        let user = Unmanaged.passUnretained(self).toOpaque()
+        guard nghttp2_session_client_new(&session, callbacks, user) == 0, let session else { return false }
+        self.session = session
+        let window = core.configuration.initialWindowSize
+        submitSettings(
+            [
+                (Int32(NGHTTP2_SETTINGS_ENABLE_PUSH.rawValue), 0),
+                (Int32(NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE.rawValue), UInt32(window)),
+            ], connectionWindow: Int32(clamping: window * 4))
+        return true
+    }
+
+    // MARK: Actions
+
+    private func run(_ actions: [ClientAction]) {
+        var work = actions
+        var index = 0
+        while index < work.count {
+            let action = work[index]
+            index += 1
+            switch action {
+            case .connect:
+                beginConnect()
+            case .startStream(let entry):
+                work.append(contentsOf: submit(entry))
+            case .succeed(let entry, let streamID):
+                let stream = streams.removeValue(forKey: streamID)
+                if let stream, let status = stream.status {
+                    let response = HTTP2Response(status: status, headers: stream.headers, body: stream.responseBody)
+                    finish(entry, .success(response))
+                } else {
+                    let error = HTTP2Error(
+                        .protocolError, "the stream ended without a response", mayHaveBeenProcessed: true)
+                    finish(entry, .failure(error))
+                }
+            case .fail(let entry, let error):
+                finish(entry, .failure(error))
+            case .retry(let entry):
+                handle.outstanding.wrappingSubtract(1, ordering: .relaxed)
+                core.dispatch(entry)
+            case .resetStream(let streamID, let code):
+                if let session {
+                    nghttp2_submit_rst_stream(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), streamID, code.rawValue)
+                    context.markDirty(self)
+                }
+            case .sendPing:
+                if let session {
+                    nghttp2_submit_ping(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), nil)
+                    context.markDirty(self)
+                }
+            case .detach:
+                core.detach(handle)
+            case .close(let reason):
+                if closeReason == nil { closeReason = reason }
+                if phase == .open, let session, reason != .pingTimeout {
+                    nghttp2_session_terminate_session(session, NGHTTP2_NO_ERROR.rawValue)
+                }
+                if reason == .pingTimeout {
+                    failure = HTTP2Error(.connectionClosed, "PING timeout")
+                }
+                context.markDirty(self)
+            }
+        }
+        publishStatistics()
+    }
+
+    private func submit(_ entry: ClientEntry) -> [ClientAction] {
+        guard let session else {
+            return machine.streamStartFailed(entry, HTTP2Error(.connectionClosed, "no session"), now: .now)
+        }
+        let request = entry.payload.request
+        let configuration = core.configuration
+        let authority =
+            request.authority
+            ?? (configuration.port == 443 ? configuration.host : "\(configuration.host):\(configuration.port)")
+        var headers: [(String, String)] = [
+            (":method", request.method), (":scheme", "https"), (":authority", authority), (":path", request.path),
+        ]
+        headers.reserveCapacity(request.headers.count + 5)
+        for (name, value) in request.headers { headers.append((name.lowercased(), value)) }
+        if !request.body.isEmpty && !request.headers.contains(where: { $0.0.lowercased() == "content-length" }) {
+            headers.append(("content-length", String(request.body.count)))
+        }
+        let stream = ClientStream(body: request.body)
+        let streamID = withNameValues(headers) { nva, count -> Int32 in
+            if request.body.isEmpty {
+                return nghttp2_submit_request(session, nil, nva, count, nil, nil)
+            }
+            var provider = nghttp2_data_provider()
+            provider.read_callback = clientReadBody
+            return nghttp2_submit_request(session, nil, nva, count, &provider, nil)
+        }
+        guard streamID > 0 else {
+            let error = HTTP2Error(
+                .protocolError, "nghttp2 refused the request", details: String(cString: nghttp2_strerror(streamID)))
+            return machine.streamStartFailed(entry, error, now: .now)
+        }
+        machine.streamStarted(entry, streamID: streamID)
+        streams[streamID] = stream
+        context.markDirty(self)
+        return []
+    }
+
+    private func finish(_ entry: ClientEntry, _ result: Result<HTTP2Response, HTTP2Error>) {
+        handle.outstanding.wrappingSubtract(1, ordering: .relaxed)
+        core.finish(entry, result)
+    }
+
+    private func publishStatistics() {
+        let active = machine.activeCount
+        let queued = machine.queuedCount
+        if active != publishedActive {
+            core.activeStreams.wrappingAdd(active - publishedActive, ordering: .relaxed)
+            publishedActive = active
+        }
+        if queued != publishedQueued {
+            core.queuedRequests.wrappingAdd(queued - publishedQueued, ordering: .relaxed)
+            publishedQueued = queued
+        }
+    }
+
+    private func lose(_ error: HTTP2Error) {
+        guard phase != .closed else { return }
+        failure = failure ?? error
+        core.detach(handle)
+        run(machine.connectionLost(error))
+        teardown()
+    }
+
+    private func teardown() {
+        guard phase != .closed else { return }
+        core.detach(handle)
+        run(machine.connectionLost(failure ?? HTTP2Error(.connectionClosed, "the connection closed")))
+        if phase == .open, let ssl, failure == nil { SSL_shutdown(ssl) }
+        phase = .closed
+        releaseResources()
+        streams.removeAll()
+        context.remove(id: id)
+        publishStatistics()
+        let failedToConnect = !machine.didConnect && (failure != nil || closeReason == .connectTimeout)
+        let failedAfterConnect = machine.didConnect && failure != nil
+        core.connectionClosed(
+            handle, wasOpen: reportedOpen, failedToConnect: failedToConnect, failedAfterConnect: failedAfterConnect)
+    }
+
+    // MARK: nghttp2 callbacks (via the free functions below)
+
+    fileprivate func onHeader(streamID: Int32, name: String, value: String) {
+        guard let stream = streams[streamID] else { return }
+        if name == ":status" {
+            stream.status = Int(value)
+        } else if !name.hasPrefix(":") {
+            stream.headers.append((name, value))
+        }
+    }
+
+    fileprivate func onData(streamID: Int32, _ data: UnsafePointer<UInt8>?, _ length: Int) {
+        guard let data, let stream = streams[streamID] else { return }
+        stream.responseBody.append(contentsOf: UnsafeBufferPointer(start: data, count: length))
+    }
+
+    fileprivate func onFrame(_ frame: UnsafePointer<nghttp2_frame>) {
+        let header = frame.pointee.hd
+        switch header.type {
+        case NGHTTP2_SETTINGS.byte where header.flags & UInt8(NGHTTP2_FLAG_ACK.rawValue) == 0:
+            guard let session else { return }
+            let limit = nghttp2_session_get_remote_settings(session, NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS)
+            run(machine.peerSettingsChanged(maxConcurrentStreams: Int(min(limit, UInt32(Int32.max)))))
+        case NGHTTP2_PING.byte where header.flags & UInt8(NGHTTP2_FLAG_ACK.rawValue) != 0:
+            machine.pingAcknowledged(now: .now)
+        case NGHTTP2_GOAWAY.byte:
+            core.goAwaysTotal.wrappingAdd(1, ordering: .relaxed)
+            let goAway = frame.pointee.goaway
+            run(
+                machine.goAwayReceived(
+                    lastStreamID: goAway.last_stream_id, errorCode: HTTP2ErrorCode(rawValue: goAway.error_code)))
+        default:
+            break
+        }
+    }
+
+    fileprivate func onStreamClose(streamID: Int32, errorCode: UInt32) {
+        run(machine.streamClosed(streamID: streamID, errorCode: HTTP2ErrorCode(rawValue: errorCode), now: .now))
+        streams.removeValue(forKey: streamID)
+    }
+
+    fileprivate func readBody(
+        streamID: Int32, _ buffer: UnsafeMutablePointer<UInt8>?, _ length: Int, _ flags: UnsafeMutablePointer<UInt32>?
+    ) -> Int {
+        guard let stream = streams[streamID] else { return Int(NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE.rawValue) }
+        return provideBody(stream.body, offset: &stream.bodyOffset, buffer: buffer, length: length, flags: flags)
+    }
+}
+
+private func connection(_ user: UnsafeMutableRawPointer?) -> ClientConnection {
+    Unmanaged<ClientConnection>.fromOpaque(user!).takeUnretainedValue()
+}
+
+private func clientOnHeader(
+    _ session: OpaquePointer?, _ frame: UnsafePointer<nghttp2_frame>?, _ name: UnsafePointer<UInt8>?,
+    _ nameLength: Int, _ value: UnsafePointer<UInt8>?, _ valueLength: Int, _ flags: UInt8,
+    _ user: UnsafeMutableRawPointer?
+) -> Int32 {
+    guard let frame else { return 0 }
+    connection(user).onHeader(
+        streamID: frame.pointee.hd.stream_id, name: string(name, nameLength), value: string(value, valueLength))
+    return 0
+}
+
+private func clientOnData(
+    _ session: OpaquePointer?, _ flags: UInt8, _ streamID: Int32, _ data: UnsafePointer<UInt8>?, _ length: Int,
+    _ user: UnsafeMutableRawPointer?
+) -> Int32 {
+    connection(user).onData(streamID: streamID, data, length)
+    return 0
+}
+
+private func clientOnFrame(
+    _ session: OpaquePointer?, _ frame: UnsafePointer<nghttp2_frame>?, _ user: UnsafeMutableRawPointer?
+) -> Int32 {
+    guard let frame else { return 0 }
+    connection(user).onFrame(frame)
+    return 0
+}
+
+private func clientOnStreamClose(
+    _ session: OpaquePointer?, _ streamID: Int32, _ errorCode: UInt32, _ user: UnsafeMutableRawPointer?
+) -> Int32 {
+    connection(user).onStreamClose(streamID: streamID, errorCode: errorCode)
+    return 0
+}
+
+private func clientReadBody(
+    _ session: OpaquePointer?, _ streamID: Int32, _ buffer: UnsafeMutablePointer<UInt8>?, _ length: Int,
+    _ flags: UnsafeMutablePointer<UInt32>?, _ source: UnsafeMutablePointer<nghttp2_data_source>?,
+    _ user: UnsafeMutableRawPointer?
+) -> Int {
+    connection(user).readBody(streamID: streamID, buffer, length, flags)
+}
+
+/// Resolves `host:port` (blocking; called off the loop thread for names).
+func resolve(host: String, port: Int) -> Result<ResolvedAddress, HTTP2Error> {
+    var hints = addrinfo()
+    hints.ai_family = AF_UNSPEC
+    hints.ai_socktype = Int32(SOCK_STREAM.rawValue)
+    hints.ai_flags = AI_NUMERICSERV
+    var list: UnsafeMutablePointer<addrinfo>?
+    let status = getaddrinfo(host, String(port), &hints, &list)
+    guard status == 0, let first = list else {
+        return .failure(
+            HTTP2Error(.connectFailed, "cannot resolve the host", details: String(cString: gai_strerror(status))))
+    }
+    defer { freeaddrinfo(list) }
+    let bytes = [UInt8](UnsafeRawBufferPointer(start: first.pointee.ai_addr, count: Int(first.pointee.ai_addrlen)))
+    return .success(ResolvedAddress(bytes: bytes, family: first.pointee.ai_family))
+}

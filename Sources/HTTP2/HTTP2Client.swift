@@ -1,0 +1,342 @@
+import Foundation
+import Synchronization
+
+/// A pool of HTTP/2 connections to one `host:port` with one TLS configuration.
+///
+/// Requests go to the least busy connection; connections open lazily up to `connections`, each carries many
+/// concurrent streams (up to the server's SETTINGS_MAX_CONCURRENT_STREAMS, the rest wait in a bounded queue), answer
+/// PINGs, close when idle and are re-opened with exponential backoff after failures. Requests refused by GOAWAY or
+/// REFUSED_STREAM are retried on a fresh connection. All socket work happens on dedicated I/O threads.
+public final class HTTP2Client: Sendable {
+    /// Client settings.
+    public struct Configuration: Sendable {
+        /// Reconnect backoff: the n-th consecutive failure waits between half and all of
+        /// `min(maximum, initial * 2^(n-1))`.
+        public struct Backoff: Sendable, Hashable {
+            /// First delay (default 0.1 s).
+            public var initial: Duration
+            /// Cap (default 30 s).
+            public var maximum: Duration
+
+            /// Creates a backoff policy.
+            public init(initial: Duration = .milliseconds(100), maximum: Duration = .seconds(30)) {
+                self.initial = initial
+                self.maximum = maximum
+            }
+        }
+
+        /// Host name or IP address.
+        public var host: String
+        /// TCP port (default 443).
+        public var port: Int
+        /// TLS settings.
+        public var tls: TLSClientConfiguration
+        /// Connections in the pool (default 1).
+        public var connections: Int
+        /// Requests allowed to wait for a stream, per connection (default 100,000); beyond it `queueFull`.
+        public var maxQueuedRequests: Int
+        /// TCP + TLS setup limit (default 10 s).
+        public var connectTimeout: Duration
+        /// Deadline for requests without their own `timeout` (default 30 s).
+        public var requestTimeout: Duration
+        /// PING interval (default 60 s); `nil` disables keep-alive PINGs.
+        public var pingInterval: Duration?
+        /// A connection whose PING is not acknowledged within this time is closed (default 10 s).
+        public var pingTimeout: Duration
+        /// Connections without streams for this long close (default 300 s); `nil` keeps them.
+        public var idleTimeout: Duration?
+        /// Reconnect backoff.
+        public var backoff: Backoff
+        /// How often one request is retried after GOAWAY or REFUSED_STREAM (default 3).
+        public var maxRetries: Int
+        /// I/O threads (default 1).
+        public var ioThreads: Int
+        /// Per-stream receive window advertised to the server (default 4 MiB; the connection gets four times it).
+        public var initialWindowSize: Int
+
+        /// Creates a configuration with the documented defaults.
+        public init(
+            host: String, port: Int = 443, tls: TLSClientConfiguration = TLSClientConfiguration(),
+            connections: Int = 1, maxQueuedRequests: Int = 100_000, connectTimeout: Duration = .seconds(10),
+            requestTimeout: Duration = .seconds(30), pingInterval: Duration? = .seconds(60),
+            pingTimeout: Duration = .seconds(10), idleTimeout: Duration? = .seconds(300),
+            backoff: Backoff = Backoff(), maxRetries: Int = 3, ioThreads: Int = 1,
+            initialWindowSize: Int = 4 << 20
+        ) {
+            self.host = host
+            self.port = port
+            self.tls = tls
+            self.connections = connections
+            self.maxQueuedRequests = maxQueuedRequests
+            self.connectTimeout = connectTimeout
+            self.requestTimeout = requestTimeout
+            self.pingInterval = pingInterval
+            self.pingTimeout = pingTimeout
+            self.idleTimeout = idleTimeout
+            self.backoff = backoff
+            self.maxRetries = maxRetries
+            self.ioThreads = ioThreads
+            self.initialWindowSize = initialWindowSize
+        }
+    }
+
+    /// Counters for metrics.
+    public struct Statistics: Sendable, Hashable {
+        /// Connections with a finished TLS handshake that are not closed yet (draining ones included).
+        public var openConnections: Int
+        /// Streams in flight.
+        public var activeStreams: Int
+        /// Requests waiting for a stream.
+        public var queuedRequests: Int
+        /// Successful connects since the client was created.
+        public var connectsTotal: Int
+        /// GOAWAY frames received since the client was created.
+        public var goAwaysTotal: Int
+    }
+
+    /// The configuration.
+    public var configuration: Configuration { core.configuration }
+
+    private let core: ClientCore
+
+    /// Creates the pool and its I/O threads; no connection opens before the first request.
+    ///
+    /// Throws `invalidConfiguration` when the CA file cannot be loaded or the threads cannot be set up.
+    public init(_ configuration: Configuration) throws {
+        core = try ClientCore(configuration)
+    }
+
+    deinit {
+        core.stopNow()
+    }
+
+    /// Sends a request and waits for its response.
+    ///
+    /// Throws `HTTP2Error`; `mayHaveBeenProcessed` tells whether the server may have acted on the request.
+    public func send(_ request: HTTP2Request) async throws -> HTTP2Response {
+        try await core.send(request)
+    }
+
+    /// Current counters.
+    public var statistics: Statistics {
+        Statistics(
+            openConnections: core.openConnections.load(ordering: .relaxed),
+            activeStreams: core.activeStreams.load(ordering: .relaxed),
+            queuedRequests: core.queuedRequests.load(ordering: .relaxed),
+            connectsTotal: core.connectsTotal.load(ordering: .relaxed),
+            goAwaysTotal: core.goAwaysTotal.load(ordering: .relaxed))
+    }
+
+    /// Stops accepting requests, waits for those in flight (and queued) to finish, then closes every connection
+    /// with GOAWAY and stops the I/O threads.
+    public func shutdown() async {
+        await core.shutdown()
+    }
+}
+
+/// One connection as the pool sees it.
+final class ConnectionHandle: Sendable {
+    let id: Int
+    let slot: Int
+    let loop: EventLoop
+    /// Requests handed to this connection and not finished or handed back.
+    let outstanding = Atomic<Int>(0)
+
+    init(id: Int, slot: Int, loop: EventLoop) {
+        self.id = id
+        self.slot = slot
+        self.loop = loop
+    }
+}
+
+/// The shared part of `HTTP2Client`, referenced by its connections.
+final class ClientCore: Sendable {
+    private struct Slot {
+        var connection: ConnectionHandle?
+        var backoff: Backoff
+        var notBefore: ContinuousClock.Instant?
+    }
+
+    private struct State {
+        var slots: [Slot]
+        var shuttingDown = false
+        var drainWaiters: [CheckedContinuation<Void, Never>] = []
+        var generator = SystemRandomNumberGenerator()
+    }
+
+    let configuration: HTTP2Client.Configuration
+    let machineConfiguration: ConnectionStateMachine<ClientPayload>.Configuration
+    let tls: TLSContext
+    private let loops: [EventLoop]
+    private let state: Mutex<State>
+    private let outstanding = Atomic<Int>(0)
+    private let shuttingDown = Atomic<Bool>(false)
+    let openConnections = Atomic<Int>(0)
+    let activeStreams = Atomic<Int>(0)
+    let queuedRequests = Atomic<Int>(0)
+    let connectsTotal = Atomic<Int>(0)
+    let goAwaysTotal = Atomic<Int>(0)
+
+    init(_ configuration: HTTP2Client.Configuration) throws {
+        guard configuration.connections > 0, configuration.ioThreads > 0,
+            (1...65_535).contains(configuration.port)
+        else {
+            throw HTTP2Error(.invalidConfiguration, "connections, ioThreads and port must be positive")
+        }
+        self.configuration = configuration
+        var machine = ConnectionStateMachine<ClientPayload>.Configuration()
+        machine.maxQueued = configuration.maxQueuedRequests
+        machine.maxRetries = configuration.maxRetries
+        machine.connectTimeout = configuration.connectTimeout
+        machine.pingInterval = configuration.pingInterval
+        machine.pingTimeout = configuration.pingTimeout
+        machine.idleTimeout = configuration.idleTimeout
+        machineConfiguration = machine
+        tls = try TLSContext.client(configuration.tls)
+        let threadCount = min(configuration.ioThreads, configuration.connections)
+        loops = try (0..<threadCount).map { try EventLoop(name: "http2-client-\($0)") }
+        let slot = Slot(
+            backoff: Backoff(initial: configuration.backoff.initial, maximum: configuration.backoff.maximum))
+        state = Mutex(State(slots: Array(repeating: slot, count: configuration.connections)))
+    }
+
+    func send(_ request: HTTP2Request) async throws -> HTTP2Response {
+        if shuttingDown.load(ordering: .sequentiallyConsistent) {
+            throw HTTP2Error(.shutdown, "the client is shutting down")
+        }
+        outstanding.wrappingAdd(1, ordering: .sequentiallyConsistent)
+        let deadline = ContinuousClock.now + (request.timeout ?? configuration.requestTimeout)
+        return try await withCheckedThrowingContinuation { continuation in
+            dispatch(ClientEntry(payload: ClientPayload(request: request, continuation: continuation), deadline: deadline))
+        }
+    }
+
+    /// Routes a request to the least busy connection, opening one in a free slot when every open one is busy.
+    func dispatch(_ entry: ClientEntry) {
+        let choice: (handle: ConnectionHandle, create: Bool, notBefore: ContinuousClock.Instant?)? = state.withLock {
+            state in
+            var best: ConnectionHandle?
+            var bestLoad = Int.max
+            var free: Int?
+            for index in state.slots.indices {
+                if let handle = state.slots[index].connection {
+                    let load = handle.outstanding.load(ordering: .relaxed)
+                    if load < bestLoad {
+                        best = handle
+                        bestLoad = load
+                    }
+                } else if free == nil {
+                    free = index
+                }
+            }
+            if let free, best == nil || bestLoad > 0 {
+                let handle = ConnectionHandle(
+                    id: makeObjectID(), slot: free, loop: loops[free % loops.count])
+                state.slots[free].connection = handle
+                handle.outstanding.wrappingAdd(1, ordering: .relaxed)
+                return (handle, true, state.slots[free].notBefore)
+            }
+            guard let best else { return nil }
+            best.outstanding.wrappingAdd(1, ordering: .relaxed)
+            return (best, false, nil)
+        }
+        guard let choice else {
+            finish(entry, .failure(HTTP2Error(.shutdown, "the client has no connection slots")))
+            return
+        }
+        let handle = choice.handle
+        let accepted: Bool
+        if choice.create {
+            let notBefore = choice.notBefore
+            accepted = handle.loop.execute { [self] context in
+                let connection = ClientConnection(handle: handle, core: self, notBefore: notBefore, context: context)
+                connection.start()
+                connection.enqueue(entry)
+            }
+        } else {
+            accepted = handle.loop.execute { [self] context in
+                if let connection = context.object(id: handle.id) as? ClientConnection {
+                    connection.enqueue(entry)
+                } else {
+                    handle.outstanding.wrappingSubtract(1, ordering: .relaxed)
+                    dispatch(entry)
+                }
+            }
+        }
+        if !accepted {
+            finish(entry, .failure(HTTP2Error(.shutdown, "the client is shutting down")))
+        }
+    }
+
+    /// Resumes the caller.
+    func finish(_ entry: ClientEntry, _ result: Result<HTTP2Response, HTTP2Error>) {
+        switch result {
+        case .success(let response): entry.payload.continuation.resume(returning: response)
+        case .failure(let error): entry.payload.continuation.resume(throwing: error)
+        }
+        let remaining = outstanding.wrappingSubtract(1, ordering: .sequentiallyConsistent).newValue
+        if remaining == 0 && shuttingDown.load(ordering: .sequentiallyConsistent) {
+            let waiters = state.withLock { state in
+                guard outstanding.load(ordering: .sequentiallyConsistent) == 0 else {
+                    return [CheckedContinuation<Void, Never>]()
+                }
+                let waiters = state.drainWaiters
+                state.drainWaiters = []
+                return waiters
+            }
+            for waiter in waiters { waiter.resume() }
+        }
+    }
+
+    func connectionReady(_ handle: ConnectionHandle) {
+        state.withLock { state in
+            state.slots[handle.slot].backoff.reset()
+            state.slots[handle.slot].notBefore = nil
+        }
+        connectsTotal.wrappingAdd(1, ordering: .relaxed)
+        openConnections.wrappingAdd(1, ordering: .relaxed)
+    }
+
+    /// No new requests for this connection (GOAWAY received or closing).
+    func detach(_ handle: ConnectionHandle) {
+        state.withLock { state in
+            if state.slots[handle.slot].connection === handle { state.slots[handle.slot].connection = nil }
+        }
+    }
+
+    func connectionClosed(_ handle: ConnectionHandle, wasOpen: Bool, failedToConnect: Bool, failedAfterConnect: Bool) {
+        state.withLock { state in
+            if state.slots[handle.slot].connection === handle { state.slots[handle.slot].connection = nil }
+            if failedToConnect || failedAfterConnect {
+                let delay = state.slots[handle.slot].backoff.fail(using: &state.generator)
+                state.slots[handle.slot].notBefore = .now + delay
+            }
+        }
+        if wasOpen { openConnections.wrappingSubtract(1, ordering: .relaxed) }
+    }
+
+    func shutdown() async {
+        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+            let done = state.withLock { state in
+                state.shuttingDown = true
+                shuttingDown.store(true, ordering: .sequentiallyConsistent)
+                if outstanding.load(ordering: .sequentiallyConsistent) == 0 { return true }
+                state.drainWaiters.append(continuation)
+                return false
+            }
+            if done { continuation.resume() }
+        }
+        for loop in loops {
+            loop.execute { context in
+                for connection in context.all(ClientConnection.self) { connection.closeForShutdown() }
+            }
+            loop.shutdown()
+        }
+        for loop in loops { await loop.join() }
+    }
+
+    func stopNow() {
+        shuttingDown.store(true, ordering: .sequentiallyConsistent)
+        for loop in loops { loop.shutdown() }
+    }
+}
