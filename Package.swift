@@ -56,11 +56,16 @@ let package = Package(
             dependencies: ["MarqueeCore", "MarqueeStore", "HTTPServer", "Observability", "PostgresClient", "Crypto"],
             swiftSettings: swiftSettings
         ),
+        .target(
+            name: "MarqueeDelivery",
+            dependencies: ["MarqueeCore", "MarqueeStore", "HTTP2", "Crypto", "Observability", "PostgresClient"],
+            swiftSettings: swiftSettings
+        ),
         .executableTarget(
             name: "marquee",
             dependencies: [
                 "MarqueeCore", "MarqueeStore", "MarqueeAPI", "PostgresClient", "HTTPServer", "Crypto",
-                "Observability", "ServiceLifecycle",
+                "Observability", "ServiceLifecycle", "MarqueeDelivery", "HTTP2",
             ],
             swiftSettings: swiftSettings
         ),

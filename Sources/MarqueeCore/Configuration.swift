@@ -59,6 +59,22 @@ public struct MarqueeConfiguration: Sendable, Equatable {
     /// `MARQUEE_KEY_CACHE_SECONDS`: how long a verified API key is trusted without a database lookup. Default 5;
     /// 0 turns the cache off. A revoked key keeps working for at most this long.
     public var keyCacheSeconds: Int
+    /// `MARQUEE_METRICS_LISTEN`: where a worker serves `/metrics` and `/healthz`. Default `127.0.0.1:9464`.
+    public var metricsListen: ListenAddress
+    /// `MARQUEE_CA_FILE`: an extra CA certificate file (PEM) to trust for APNs/FCM, besides the system store.
+    public var caFile: String?
+    /// `MARQUEE_WORKERS`: worker processes `marquee up` runs. Default: the number of cores.
+    public var workers: Int
+    /// `MARQUEE_WORKER_BATCH`: deliveries per claim. Default 256.
+    public var workerBatch: Int
+    /// `MARQUEE_WORKER_LOOPS`: concurrent claim–send–record loops per worker. Default 2.
+    public var workerLoops: Int
+    /// `MARQUEE_APNS_CONNECTIONS`: HTTP/2 connections per APNs host per worker. Default 2.
+    public var apnsConnections: Int
+    /// `MARQUEE_RETRY_INITIAL_MS`: the first retry's delay ceiling. Default 8000.
+    public var retryInitialMilliseconds: Int
+    /// `MARQUEE_RETRY_MAX_ATTEMPTS`: attempts before a delivery fails. Default 10.
+    public var retryMaxAttempts: Int
     /// `MARQUEE_MIGRATIONS_DIR`: where the numbered `.sql` files are. Default: found next to the binary or in `./Migrations`.
     public var migrationsDirectory: String?
 
@@ -134,6 +150,27 @@ public struct MarqueeConfiguration: Sendable, Equatable {
         maxBodyBytes = integer("MARQUEE_MAX_BODY_BYTES", default: 1 << 20, range: 1024...(64 << 20))
         drainTimeoutSeconds = integer("MARQUEE_DRAIN_TIMEOUT", default: 30, range: 1...3600)
         keyCacheSeconds = integer("MARQUEE_KEY_CACHE_SECONDS", default: 5, range: 0...300)
+        if let text = value("MARQUEE_METRICS_LISTEN") {
+            if let address = ListenAddress(text) {
+                metricsListen = address
+            } else {
+                problems.append(Problem(variable: "MARQUEE_METRICS_LISTEN", reason: "must be host:port"))
+                metricsListen = ListenAddress(host: "127.0.0.1", port: 9464)
+            }
+        } else {
+            metricsListen = ListenAddress(host: "127.0.0.1", port: 9464)
+        }
+        caFile = value("MARQUEE_CA_FILE")
+        if let caFile, !FileManager.default.isReadableFile(atPath: caFile) {
+            problems.append(Problem(variable: "MARQUEE_CA_FILE", reason: "is not a readable file"))
+        }
+        workers = integer(
+            "MARQUEE_WORKERS", default: max(1, ProcessInfo.processInfo.activeProcessorCount), range: 0...64)
+        workerBatch = integer("MARQUEE_WORKER_BATCH", default: 256, range: 1...5000)
+        workerLoops = integer("MARQUEE_WORKER_LOOPS", default: 2, range: 1...64)
+        apnsConnections = integer("MARQUEE_APNS_CONNECTIONS", default: 2, range: 1...64)
+        retryInitialMilliseconds = integer("MARQUEE_RETRY_INITIAL_MS", default: 8000, range: 10...600_000)
+        retryMaxAttempts = integer("MARQUEE_RETRY_MAX_ATTEMPTS", default: 10, range: 1...100)
         migrationsDirectory = value("MARQUEE_MIGRATIONS_DIR")
 
         if !problems.isEmpty { throw ConfigurationError(problems: problems) }

@@ -10,6 +10,7 @@ struct Marquee {
 
         commands:
           serve              run the REST API (MARQUEE_LISTEN, DATABASE_URL)
+          worker             run one delivery worker (metrics on MARQUEE_METRICS_LISTEN)
           migrate            apply pending migrations (safe to run concurrently)
           migrate --status   show applied and pending migrations; exit 1 if not current
           tenant create --name N [--json]
@@ -38,6 +39,8 @@ struct Marquee {
                 try await ServeCommand(arguments: arguments).run()
             case "migrate":
                 try await MigrateCommand(arguments: arguments).run()
+            case "worker":
+                try await WorkerCommand(arguments: arguments).run()
             case "tenant", "key":
                 try await TenantCommand(group: command, arguments: arguments).run()
             case "version", "--version":

@@ -1,0 +1,174 @@
+import Foundation
+
+/// What to do with a delivery after one attempt. Every provider answer maps to exactly one of these, on purpose.
+public enum DeliveryDecision: Sendable, Equatable {
+    /// Accepted by the provider.
+    case sent(providerID: String?)
+    /// The token is dead: mark the delivery `undeliverable` and retire the token (if it was not re-registered after
+    /// `unregisteredAt`). Never retried.
+    case retireToken(reason: String, unregisteredAt: Date?)
+    /// A passing problem: try again later (after `retryAfter` when the provider said so).
+    case retry(reason: String, retryAfter: Duration?)
+    /// The tenant's credential is rejected: pause that tenant's sends for this provider until it is replaced.
+    case credentialBroken(reason: String)
+    /// The provider token expired: refresh it once and retry at once.
+    case refreshProviderToken(reason: String)
+    /// A permanent problem with this push: `failed`, never retried.
+    case fail(reason: String)
+}
+
+/// APNs error reasons (the `reason` of a non-200 response body), each classified.
+public enum APNsReason: Sendable, Equatable, CustomStringConvertible {
+    case badDeviceToken
+    case deviceTokenNotForTopic
+    case unregistered
+    case expiredToken
+    case expiredProviderToken
+    case invalidProviderToken
+    case missingProviderToken
+    case badCertificate
+    case badCertificateEnvironment
+    case forbidden
+    case tooManyProviderTokenUpdates
+    case tooManyRequests
+    case internalServerError
+    case serviceUnavailable
+    case shutdown
+    case payloadTooLarge
+    case badTopic
+    case topicDisallowed
+    case missingTopic
+    case badPriority
+    case badExpirationDate
+    case badMessageID
+    case badPath
+    case methodNotAllowed
+    case invalidPushType
+    case payloadEmpty
+    case unknown(String)
+
+    public init(_ text: String) {
+        switch text {
+        case "BadDeviceToken": self = .badDeviceToken
+        case "DeviceTokenNotForTopic": self = .deviceTokenNotForTopic
+        case "Unregistered": self = .unregistered
+        case "ExpiredToken": self = .expiredToken
+        case "ExpiredProviderToken": self = .expiredProviderToken
+        case "InvalidProviderToken": self = .invalidProviderToken
+        case "MissingProviderToken": self = .missingProviderToken
+        case "BadCertificate": self = .badCertificate
+        case "BadCertificateEnvironment": self = .badCertificateEnvironment
+        case "Forbidden": self = .forbidden
+        case "TooManyProviderTokenUpdates": self = .tooManyProviderTokenUpdates
+        case "TooManyRequests": self = .tooManyRequests
+        case "InternalServerError": self = .internalServerError
+        case "ServiceUnavailable": self = .serviceUnavailable
+        case "Shutdown": self = .shutdown
+        case "PayloadTooLarge": self = .payloadTooLarge
+        case "BadTopic": self = .badTopic
+        case "TopicDisallowed": self = .topicDisallowed
+        case "MissingTopic": self = .missingTopic
+        case "BadPriority": self = .badPriority
+        case "BadExpirationDate": self = .badExpirationDate
+        case "BadMessageId": self = .badMessageID
+        case "BadPath": self = .badPath
+        case "MethodNotAllowed": self = .methodNotAllowed
+        case "InvalidPushType": self = .invalidPushType
+        case "PayloadEmpty": self = .payloadEmpty
+        default: self = .unknown(text)
+        }
+    }
+
+    public var description: String {
+        switch self {
+        case .badDeviceToken: "BadDeviceToken"
+        case .deviceTokenNotForTopic: "DeviceTokenNotForTopic"
+        case .unregistered: "Unregistered"
+        case .expiredToken: "ExpiredToken"
+        case .expiredProviderToken: "ExpiredProviderToken"
+        case .invalidProviderToken: "InvalidProviderToken"
+        case .missingProviderToken: "MissingProviderToken"
+        case .badCertificate: "BadCertificate"
+        case .badCertificateEnvironment: "BadCertificateEnvironment"
+        case .forbidden: "Forbidden"
+        case .tooManyProviderTokenUpdates: "TooManyProviderTokenUpdates"
+        case .tooManyRequests: "TooManyRequests"
+        case .internalServerError: "InternalServerError"
+        case .serviceUnavailable: "ServiceUnavailable"
+        case .shutdown: "Shutdown"
+        case .payloadTooLarge: "PayloadTooLarge"
+        case .badTopic: "BadTopic"
+        case .topicDisallowed: "TopicDisallowed"
+        case .missingTopic: "MissingTopic"
+        case .badPriority: "BadPriority"
+        case .badExpirationDate: "BadExpirationDate"
+        case .badMessageID: "BadMessageId"
+        case .badPath: "BadPath"
+        case .methodNotAllowed: "MethodNotAllowed"
+        case .invalidPushType: "InvalidPushType"
+        case .payloadEmpty: "PayloadEmpty"
+        case .unknown(let s): s
+        }
+    }
+
+    /// Classifies an APNs answer. `status` is the HTTP status; `timestamp` is a 410's `timestamp` (ms since 1970).
+    public static func decide(
+        status: Int, reason: APNsReason?, timestamp: Int64?, apnsID: String?, retryAfter: Duration?
+    )
+        -> DeliveryDecision
+    {
+        if status == 200 { return .sent(providerID: apnsID) }
+        let text = reason?.description ?? "HTTP \(status)"
+        switch (status, reason) {
+        case (400, .badDeviceToken?), (400, .deviceTokenNotForTopic?):
+            return .retireToken(reason: text, unregisteredAt: nil)
+        case (410, _):
+            return .retireToken(
+                reason: text, unregisteredAt: timestamp.map { Date(timeIntervalSince1970: Double($0) / 1000) })
+        case (403, .expiredProviderToken?):
+            return .refreshProviderToken(reason: text)
+        case (403, _):
+            return .credentialBroken(reason: text)
+        case (429, _), (500...599, _):
+            return .retry(reason: text, retryAfter: retryAfter)
+        default:
+            return .fail(reason: text)
+        }
+    }
+}
+
+/// When to try a delivery again: exponential backoff with full jitter, capped, over about an hour.
+public struct RetryPolicy: Sendable, Equatable {
+    /// Attempts in all, the first included. Default 10.
+    public var maxAttempts: Int
+    /// The first retry's ceiling. Default 8 s (ten attempts then span about 40 minutes on average, 54 at most).
+    public var initialDelay: Duration
+    /// No retry waits longer than this. Default 20 minutes.
+    public var maximumDelay: Duration
+
+    public init(maxAttempts: Int = 10, initialDelay: Duration = .seconds(8), maximumDelay: Duration = .seconds(1200)) {
+        self.maxAttempts = maxAttempts
+        self.initialDelay = initialDelay
+        self.maximumDelay = maximumDelay
+    }
+
+    /// The delay before attempt `attempts + 1`, or nil when `attempts` attempts were the last allowed.
+    /// `retryAfter` (the provider's word) is honoured as a floor. `random` yields values in 0...1.
+    public func delay(
+        afterAttempts attempts: Int, retryAfter: Duration?, random: () -> Double = { Double.random(in: 0...1) }
+    )
+        -> Duration?
+    {
+        guard attempts < maxAttempts else { return nil }
+        let exponent = min(max(attempts - 1, 0), 30)
+        let ceiling = min(Self.seconds(initialDelay) * pow(2, Double(exponent)), Self.seconds(maximumDelay))
+        // Half fixed, half jitter: spreads retries without letting them collapse to zero.
+        var seconds = ceiling / 2 + random() * ceiling / 2
+        if let retryAfter { seconds = max(seconds, Self.seconds(retryAfter)) }
+        return .milliseconds(Int64(seconds * 1000))
+    }
+
+    static func seconds(_ d: Duration) -> Double {
+        Double(d.components.seconds) + Double(d.components.attoseconds) / 1e18
+    }
+}

@@ -1,0 +1,157 @@
+import Crypto
+import Foundation
+import HTTP2
+import MarqueeCore
+import Synchronization
+
+/// One push to APNs.
+public struct APNsPush: Sendable {
+    public var token: String
+    public var topic: String
+    public var priority: Int
+    /// Epoch seconds after which APNs should not try to deliver (0: once only).
+    public var expiration: Int64
+    /// The delivery ID in UUID form.
+    public var apnsID: UUID
+    public var payload: [UInt8]
+
+    public init(token: String, topic: String, priority: Int, expiration: Int64, apnsID: UUID, payload: [UInt8]) {
+        self.token = token
+        self.topic = topic
+        self.priority = priority
+        self.expiration = expiration
+        self.apnsID = apnsID
+        self.payload = payload
+    }
+}
+
+/// Where and as whom to send: one APNs key of one tenant.
+public struct APNsTarget: Sendable {
+    public var host: String
+    public var port: Int
+    public var tokens: ProviderTokenCache
+
+    public init(host: String, port: Int, tokens: ProviderTokenCache) {
+        self.host = host
+        self.port = port
+        self.tokens = tokens
+    }
+
+    /// `api.sandbox.push.apple.com` / `api.push.apple.com` on 443, or the credential's `https://host:port` override.
+    public static func endpoint(environment: String, override: String?) -> (host: String, port: Int)? {
+        if let override {
+            guard let url = URLComponents(string: override), url.scheme == "https", let host = url.host else {
+                return nil
+            }
+            return (host, url.port ?? 443)
+        }
+        return (environment == "production" ? "api.push.apple.com" : "api.sandbox.push.apple.com", 443)
+    }
+}
+
+/// Sends live-activity pushes to APNs over pooled HTTP/2 connections (one pool per host), with token auth.
+public final class APNsProvider: Sendable {
+    public struct Configuration: Sendable {
+        /// Extra CA file to trust (e.g. the simulator's), besides the system store.
+        public var caFile: String?
+        /// Connections per APNs host. Default 2.
+        public var connectionsPerHost: Int
+        /// Per-request deadline. Default 30 s.
+        public var requestTimeout: Duration
+
+        public init(caFile: String? = nil, connectionsPerHost: Int = 2, requestTimeout: Duration = .seconds(30)) {
+            self.caFile = caFile
+            self.connectionsPerHost = connectionsPerHost
+            self.requestTimeout = requestTimeout
+        }
+    }
+
+    private let configuration: Configuration
+    private let clients = Mutex<[String: HTTP2Client]>([:])
+
+    public init(configuration: Configuration) {
+        self.configuration = configuration
+    }
+
+    /// Open connections and streams across all hosts, for metrics.
+    public var statistics: (connections: Int, streams: Int) {
+        clients.withLock { clients in
+            clients.values.reduce((0, 0)) { sum, client in
+                let s = client.statistics
+                return (sum.0 + s.openConnections, sum.1 + s.activeStreams)
+            }
+        }
+    }
+
+    func client(host: String, port: Int) throws -> HTTP2Client {
+        let key = "\(host):\(port)"
+        return try clients.withLock { clients in
+            if let client = clients[key] { return client }
+            let client = try HTTP2Client(
+                .init(
+                    host: host, port: port, tls: TLSClientConfiguration(caFile: configuration.caFile),
+                    connections: configuration.connectionsPerHost, requestTimeout: configuration.requestTimeout))
+            clients[key] = client
+            return client
+        }
+    }
+
+    /// Sends one push and classifies the answer. An `ExpiredProviderToken` refreshes the token once and retries.
+    public func send(_ push: APNsPush, to target: APNsTarget) async -> DeliveryDecision {
+        do {
+            let client = try client(host: target.host, port: target.port)
+            var token = try target.tokens.token()
+            for attempt in 0..<2 {
+                let response = try await client.send(request(push, providerToken: token))
+                let decision = Self.decide(response)
+                if case .refreshProviderToken = decision, attempt == 0 {
+                    token = try target.tokens.refresh(rejected: token)
+                    continue
+                }
+                if case .refreshProviderToken(let reason) = decision { return .credentialBroken(reason: reason) }
+                return decision
+            }
+            return .retry(reason: "provider token refresh loop", retryAfter: nil)
+        } catch let error as HTTP2Error {
+            return .retry(reason: "transport: \(error.code)", retryAfter: nil)
+        } catch let error as CryptoError {
+            return .credentialBroken(reason: "signing failed: \(error.code)")
+        } catch {
+            return .retry(reason: "transport", retryAfter: nil)
+        }
+    }
+
+    func request(_ push: APNsPush, providerToken: String) -> HTTP2Request {
+        HTTP2Request(
+            method: "POST", path: "/3/device/" + push.token,
+            headers: [
+                ("authorization", "bearer " + providerToken), ("apns-push-type", "liveactivity"),
+                ("apns-topic", push.topic), ("apns-priority", String(push.priority)),
+                ("apns-expiration", String(push.expiration)), ("apns-id", push.apnsID.uuidString.lowercased()),
+                ("content-type", "application/json"),
+            ], body: push.payload, timeout: configuration.requestTimeout)
+    }
+
+    /// Maps an APNs response to a decision.
+    static func decide(_ response: HTTP2Response) -> DeliveryDecision {
+        var reason: APNsReason?
+        var timestamp: Int64?
+        if response.status != 200, let body = try? JSONValue.parse(response.body) {
+            reason = body["reason"]?.stringValue.map(APNsReason.init)
+            timestamp = body["timestamp"]?.intValue
+        }
+        let retryAfter = response.header("retry-after").flatMap(Int64.init).map { Duration.seconds($0) }
+        return APNsReason.decide(
+            status: response.status, reason: reason, timestamp: timestamp, apnsID: response.header("apns-id"),
+            retryAfter: retryAfter)
+    }
+
+    /// Closes every connection after in-flight requests finish.
+    public func shutdown() async {
+        let all = clients.withLock { clients in
+            defer { clients.removeAll() }
+            return Array(clients.values)
+        }
+        for client in all { await client.shutdown() }
+    }
+}

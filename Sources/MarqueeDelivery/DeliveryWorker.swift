@@ -1,0 +1,428 @@
+import Crypto
+import Foundation
+import MarqueeCore
+import MarqueeStore
+import Observability
+import PostgresClient
+import Synchronization
+
+/// `marquee worker`: claims due deliveries in batches, composes each push from the instance's current state, sends
+/// them concurrently over pooled HTTP/2 connections, and records the results in batches.
+///
+/// Woken by LISTEN/NOTIFY (one notification per committed batch of API writes), with a polling fallback. A crashed
+/// worker's claims come back once their lease runs out (at-least-once delivery; duplicates bounded by one batch).
+/// On cancellation (SIGTERM) it stops claiming, finishes and records what it holds, and returns.
+public final class DeliveryWorker: Sendable {
+    public struct Configuration: Sendable {
+        /// Identifies this worker's leases (`locked_by`).
+        public var workerID: String
+        /// Deliveries per claim. Default 256.
+        public var batchSize: Int
+        /// Claim–send–record loops running at once. Default 2.
+        public var loops: Int
+        /// How long a claim is held before another worker may take it over. Default 60 s.
+        public var lease: Duration
+        /// Longest sleep between claims without a notification. Default 1 s.
+        public var pollInterval: Duration
+        /// Backoff for retryable failures.
+        public var retryPolicy: RetryPolicy
+        /// The channel the API notifies. Default `marquee_deliveries`.
+        public var channel: String
+
+        public init(
+            workerID: String, batchSize: Int = 256, loops: Int = 2, lease: Duration = .seconds(60),
+            pollInterval: Duration = .seconds(1), retryPolicy: RetryPolicy = RetryPolicy(),
+            channel: String = "marquee_deliveries"
+        ) {
+            self.workerID = workerID
+            self.batchSize = batchSize
+            self.loops = loops
+            self.lease = lease
+            self.pollInterval = pollInterval
+            self.retryPolicy = retryPolicy
+            self.channel = channel
+        }
+    }
+
+    let configuration: Configuration
+    let queue: DeliveryQueue
+    let listener: PostgresListener
+    let apns: APNsProvider
+    let keyRing: SealingKeyRing
+    let logger: Logger
+    let metrics: WorkerMetrics
+    let wakeup = Wakeup()
+    let credentials: CredentialCache
+
+    public init(
+        pool: PostgresPool, listenerConfiguration: PostgresConfiguration, apns: APNsProvider, keyRing: SealingKeyRing,
+        configuration: Configuration, metrics: MetricsRegistry, logger: Logger
+    ) {
+        self.configuration = configuration
+        self.queue = DeliveryQueue(pool: pool)
+        self.listener = PostgresListener(listenerConfiguration, channels: [configuration.channel])
+        self.apns = apns
+        self.keyRing = keyRing
+        self.logger = logger
+        self.metrics = WorkerMetrics(registry: metrics)
+        self.credentials = CredentialCache(queue: queue, keyRing: keyRing)
+        let apns = self.apns
+        let workerMetrics = self.metrics
+        metrics.onCollect {
+            let s = apns.statistics
+            workerMetrics.connections.set(Double(s.connections), ["apns"])
+            workerMetrics.streams.set(Double(s.streams), ["apns"])
+        }
+    }
+
+    /// Runs until cancelled, then drains.
+    public func run() async throws {
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            group.addTask { try await self.listener.run() }
+            group.addTask {
+                for await _ in self.listener.notifications { self.wakeup.signal() }
+            }
+            group.addTask { await self.sampleQueue() }
+            for index in 0..<configuration.loops {
+                group.addTask { await self.loop(index) }
+            }
+            for _ in 0..<configuration.loops {
+                try await group.next()
+            }
+            // Every loop has drained; stop the listener and the sampler.
+            group.cancelAll()
+            while (try? await group.next()) != nil {}
+        }
+        await apns.shutdown()
+        logger.info("worker stopped", metadata: ["worker.id": .string(configuration.workerID)])
+    }
+
+    /// One claim–send–record loop. Returns when cancelled, after finishing the batch in hand.
+    func loop(_ index: Int) async {
+        while !Task.isCancelled {
+            let claimed: [ClaimedDelivery]
+            do {
+                claimed = try await queue.claim(
+                    worker: configuration.workerID, limit: configuration.batchSize, lease: configuration.lease,
+                    providers: [.apns])
+            } catch {
+                logger.warning("claim failed", metadata: ["error": .string(String(describing: error))])
+                try? await Task.sleep(for: .milliseconds(500))
+                continue
+            }
+            if claimed.isEmpty {
+                await wakeup.wait(timeout: configuration.pollInterval)
+                continue
+            }
+            metrics.claimed.inc(Double(claimed.count))
+            // Shielded from the shutdown's cancellation: what was claimed is sent and recorded, not dropped.
+            await Task.detached { await self.process(claimed) }.value
+            if claimed.count == configuration.batchSize { wakeup.signal() }  // more is likely waiting
+        }
+    }
+
+    /// Sends a batch concurrently and records every outcome in one transaction.
+    func process(_ batch: [ClaimedDelivery]) async {
+        let outcomes = await withTaskGroup(of: (DeliveryResult, TokenRetirement?, BrokenCredential?).self) { group in
+            for delivery in batch {
+                group.addTask { await self.send(delivery) }
+            }
+            var all: [(DeliveryResult, TokenRetirement?, BrokenCredential?)] = []
+            for await outcome in group { all.append(outcome) }
+            return all
+        }
+        let results = outcomes.map(\.0)
+        let retirements = outcomes.compactMap(\.1)
+        for broken in Set(outcomes.compactMap(\.2)) {
+            do {
+                try await queue.markCredentialBroken(tenant: broken.tenant, provider: .apns, reason: broken.reason)
+                credentials.invalidate(broken.tenant)
+                metrics.credentialsBroken.inc(1, ["apns"])
+                logger.error(
+                    "APNs credential rejected; the tenant's APNs deliveries are paused until it is replaced",
+                    metadata: ["tenant.id": .string(broken.tenant.uuidString), "apns.reason": .string(broken.reason)])
+            } catch {
+                logger.error("could not mark credential broken", metadata: ["error": .string("\(error)")])
+            }
+        }
+        for attempt in 0..<5 {
+            do {
+                try await queue.record(worker: configuration.workerID, results, retire: retirements)
+                break
+            } catch {
+                // The leases still hold: keep trying, then leave them to expire (at-least-once).
+                logger.warning(
+                    "recording results failed", metadata: ["error": .string("\(error)"), "attempt": .int(attempt)])
+                try? await Task.sleep(for: .milliseconds(200 * (attempt + 1)))
+            }
+        }
+        for retirement in retirements {
+            metrics.retired.inc(1, ["apns", retirement.kind.rawValue])
+        }
+    }
+
+    struct BrokenCredential: Hashable, Sendable {
+        var tenant: UUID
+        var reason: String
+    }
+
+    /// Composes and sends one delivery; returns its result.
+    func send(_ d: ClaimedDelivery) async -> (DeliveryResult, TokenRetirement?, BrokenCredential?) {
+        let deliveryID = ULID(uuid: d.id).description
+        let log = logger.with([
+            "delivery.id": .string(deliveryID), "tenant.id": .string(d.tenantID.uuidString.lowercased()),
+            "instance.id": .string(d.instanceID),
+        ])
+        let target: CredentialCache.APNs
+        let secret: [UInt8]
+        do {
+            guard let found = try await credentials.apns(d.tenantID) else {
+                return (
+                    result(d, .failed, reason: "no_apns_credentials", operation: d.operation), nil, nil
+                )
+            }
+            target = found
+            secret = try await credentials.deliverySecret(d.tenantID)
+        } catch {
+            log.warning("credential load failed", metadata: ["error": .string("\(error)")])
+            return (retry(d, reason: "credential_load", retryAfter: nil), nil, nil)
+        }
+
+        let options = StoredOptions(json: d.instance.options)
+        let content = ActivityContent(
+            event: d.operation, instanceID: d.instanceID, activityType: d.instance.activityType,
+            attributesType: d.activityType.attributesType, profile: d.activityType.payloadProfile,
+            attributes: d.instance.attributes, contentState: d.instance.contentState, alert: options.alert,
+            deepLink: options.deepLink, staleDate: options.staleDate.flatMap { $0 > Date() ? $0 : nil },
+            dismissalDate: d.operation == .end ? options.dismissalDate : nil, relevanceScore: options.relevanceScore,
+            timestamp: d.instance.contentTimestamp)
+        let attribution = DeliveryAttribution(
+            deliveryID: deliveryID, deliveryToken: DeliveryTokens.make(deliveryID: deliveryID, secret: secret))
+        let push = APNsPush(
+            token: d.token, topic: target.bundleID + ".push-type.liveactivity", priority: options.apnsPriority,
+            expiration: Int64(d.instance.expiresAt.timeIntervalSince1970), apnsID: d.id,
+            payload: APNsPayload.bytes(content, attribution: attribution))
+
+        let clock = ContinuousClock()
+        let started = clock.now
+        let decision = await apns.send(push, to: target.target)
+        metrics.sendLatency.observe(clock.now - started, ["apns"])
+
+        switch decision {
+        case .sent(let providerID):
+            log.debug("sent", metadata: ["apns.id": .string(providerID ?? "")])
+            return (result(d, .sent, providerID: providerID ?? push.apnsID.uuidString, http: 200), nil, nil)
+        case .retireToken(let reason, let at):
+            log.info("token retired", metadata: ["apns.reason": .string(reason)])
+            return (
+                result(d, .undeliverable, reason: reason),
+                TokenRetirement(
+                    tenantID: d.tenantID, kind: d.tokenKind, deviceToken: d.deviceToken, token: d.token,
+                    reason: reason, unregisteredAt: at), nil
+            )
+        case .retry(let reason, let after):
+            return (retry(d, reason: reason, retryAfter: after), nil, nil)
+        case .credentialBroken(let reason):
+            // Paused, not failed: the claim skips this tenant until its credential is replaced.
+            return (
+                DeliveryResult(
+                    tenantID: d.tenantID, id: d.id, status: .queued, reason: reason,
+                    nextAttemptAt: Date().addingTimeInterval(5)), nil,
+                BrokenCredential(tenant: d.tenantID, reason: reason)
+            )
+        case .refreshProviderToken(let reason):
+            return (retry(d, reason: reason, retryAfter: nil), nil, nil)
+        case .fail(let reason):
+            log.warning("failed", metadata: ["apns.reason": .string(reason)])
+            return (result(d, .failed, reason: reason), nil, nil)
+        }
+    }
+
+    func result(
+        _ d: ClaimedDelivery, _ status: DeliveryResult.Status, providerID: String? = nil, http: Int? = nil,
+        reason: String? = nil, operation: LiveActivityEvent? = nil
+    ) -> DeliveryResult {
+        metrics.deliveries.inc(1, ["apns", d.operation.rawValue, status.rawValue, reason ?? ""])
+        return DeliveryResult(
+            tenantID: d.tenantID, id: d.id, status: status, providerID: providerID, httpStatus: http, reason: reason)
+    }
+
+    func retry(_ d: ClaimedDelivery, reason: String, retryAfter: Duration?) -> DeliveryResult {
+        guard let delay = configuration.retryPolicy.delay(afterAttempts: d.attempts, retryAfter: retryAfter) else {
+            return result(d, .failed, reason: "gave up after \(d.attempts) attempts: \(reason)")
+        }
+        metrics.retries.inc(1, ["apns"])
+        metrics.deliveries.inc(1, ["apns", d.operation.rawValue, "retry", reason])
+        let seconds = Double(delay.components.seconds) + Double(delay.components.attoseconds) / 1e18
+        return DeliveryResult(
+            tenantID: d.tenantID, id: d.id, status: .queued, reason: reason,
+            nextAttemptAt: Date().addingTimeInterval(seconds))
+    }
+
+    /// Samples queue depth for the gauges every few seconds.
+    func sampleQueue() async {
+        while !Task.isCancelled {
+            if let stats = try? await queue.statistics() {
+                metrics.queueDue.set(Double(stats.due))
+                metrics.oldestDue.set(stats.oldestDueAge)
+                metrics.leased.set(Double(stats.inFlight))
+            }
+            try? await Task.sleep(for: .seconds(5))
+        }
+    }
+}
+
+/// The worker's metrics.
+struct WorkerMetrics: Sendable {
+    let deliveries: Counter
+    let sendLatency: Histogram
+    let streams: Gauge
+    let connections: Gauge
+    let queueDue: Gauge
+    let oldestDue: Gauge
+    let leased: Gauge
+    let retries: Counter
+    let retired: Counter
+    let claimed: Counter
+    let credentialsBroken: Counter
+
+    init(registry: MetricsRegistry) {
+        deliveries = registry.counter(
+            "marquee_deliveries_total", help: "Delivery attempts by provider, operation, outcome and reason.",
+            labels: ["provider", "operation", "status", "reason"])
+        sendLatency = registry.histogram(
+            "marquee_send_duration_seconds", help: "Time from request sent to provider answer.", labels: ["provider"])
+        streams = registry.gauge("marquee_inflight_streams", help: "HTTP/2 streams in flight.", labels: ["provider"])
+        connections = registry.gauge(
+            "marquee_open_connections", help: "Open HTTP/2 connections to providers.", labels: ["provider"])
+        queueDue = registry.gauge("marquee_queue_due", help: "Deliveries due and not leased.")
+        oldestDue = registry.gauge("marquee_queue_oldest_due_seconds", help: "Age of the oldest due delivery.")
+        leased = registry.gauge("marquee_queue_leased", help: "Deliveries leased by workers right now.")
+        retries = registry.counter("marquee_retries_total", help: "Retries scheduled.", labels: ["provider"])
+        retired = registry.counter(
+            "marquee_tokens_retired_total", help: "Tokens retired after the provider called them dead.",
+            labels: ["provider", "kind"])
+        claimed = registry.counter("marquee_deliveries_claimed_total", help: "Deliveries claimed by this worker.")
+        credentialsBroken = registry.counter(
+            "marquee_credentials_broken_total", help: "Credentials marked broken after the provider rejected them.",
+            labels: ["provider"])
+    }
+}
+
+/// Per-tenant credentials and delivery secrets, unsealed once and refreshed periodically.
+final class CredentialCache: Sendable {
+    struct APNs: Sendable {
+        var target: APNsTarget
+        var bundleID: String
+        var updatedAt: Date
+        var loadedAt: Date
+    }
+
+    private let queue: DeliveryQueue
+    private let keyRing: SealingKeyRing
+    private let apnsEntries = Mutex<[UUID: APNs]>([:])
+    private let secrets = Mutex<[UUID: [UInt8]]>([:])
+    /// How long a loaded credential is used before its row is read again (to notice replacements).
+    private let ttl: TimeInterval = 30
+
+    init(queue: DeliveryQueue, keyRing: SealingKeyRing) {
+        self.queue = queue
+        self.keyRing = keyRing
+    }
+
+    func invalidate(_ tenant: UUID) {
+        _ = apnsEntries.withLock { $0.removeValue(forKey: tenant) }
+    }
+
+    func apns(_ tenant: UUID) async throws -> APNs? {
+        let now = Date()
+        if let cached = apnsEntries.withLock({ $0[tenant] }), now.timeIntervalSince(cached.loadedAt) < ttl {
+            return cached
+        }
+        guard let (info, sealed) = try await queue.apnsCredential(tenant: tenant) else { return nil }
+        if let cached = apnsEntries.withLock({ $0[tenant] }), cached.updatedAt == info.updatedAt {
+            var refreshed = cached
+            refreshed.loadedAt = now
+            apnsEntries.withLock { $0[tenant] = refreshed }
+            return refreshed
+        }
+        let pem = try keyRing.open(sealed, associatedData: Array("tenant:\(tenant.uuidString.lowercased()):apns".utf8))
+        let key = try ES256PrivateKey(pem: String(decoding: pem, as: UTF8.self))
+        guard let endpoint = APNsTarget.endpoint(environment: info.environment, override: info.endpoint) else {
+            return nil
+        }
+        let entry = APNs(
+            target: APNsTarget(
+                host: endpoint.host, port: endpoint.port,
+                tokens: ProviderTokenCache(teamID: info.teamID, keyID: info.keyID, key: key)),
+            bundleID: info.bundleID, updatedAt: info.updatedAt, loadedAt: now)
+        apnsEntries.withLock { $0[tenant] = entry }
+        return entry
+    }
+
+    func deliverySecret(_ tenant: UUID) async throws -> [UInt8] {
+        if let secret = secrets.withLock({ $0[tenant] }) { return secret }
+        guard let sealed = try await queue.sealedDeliverySecret(tenant: tenant) else {
+            throw NotFound("tenant")
+        }
+        let secret = try keyRing.open(
+            sealed, associatedData: Array("tenant:\(tenant.uuidString.lowercased()):delivery-secret".utf8))
+        secrets.withLock { $0[tenant] = secret }
+        return secret
+    }
+}
+
+/// Wakes waiting loops: `signal()` releases every current waiter; `wait(timeout:)` returns on a signal or timeout.
+final class Wakeup: Sendable {
+    private struct State {
+        var nextID = 0
+        var waiters: [Int: CheckedContinuation<Void, Never>] = [:]
+        var pending = false
+    }
+
+    private let state = Mutex(State())
+
+    func signal() {
+        let waiters = state.withLock { state in
+            if state.waiters.isEmpty { state.pending = true }
+            defer { state.waiters.removeAll() }
+            return Array(state.waiters.values)
+        }
+        for waiter in waiters { waiter.resume() }
+    }
+
+    func wait(timeout: Duration) async {
+        if state.withLock({ s in
+            defer { s.pending = false }
+            return s.pending
+        }) {
+            return
+        }
+        await withTaskGroup(of: Void.self) { group in
+            group.addTask { try? await Task.sleep(for: timeout) }
+            group.addTask { await self.waitForSignal() }
+            await group.next()
+            group.cancelAll()
+        }
+    }
+
+    private func waitForSignal() async {
+        let id = state.withLock { state in
+            state.nextID += 1
+            return state.nextID
+        }
+        await withTaskCancellationHandler {
+            await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+                let resumeNow = state.withLock { state -> Bool in
+                    if Task.isCancelled { return true }
+                    state.waiters[id] = continuation
+                    return false
+                }
+                if resumeNow { continuation.resume() }
+            }
+        } onCancel: {
+            let waiter = state.withLock { $0.waiters.removeValue(forKey: id) }
+            waiter?.resume()
+        }
+    }
+}

@@ -1,0 +1,60 @@
+import Crypto
+import Foundation
+import Synchronization
+
+/// The APNs provider token (an ES256 JWT with `iss` = team ID, `iat`, header `kid`) for one key, cached.
+///
+/// Apple rejects tokens older than an hour and throttles refreshes more often than every 20 minutes
+/// (`TooManyProviderTokenUpdates`), so a token is reused until it is `refreshAfter` old (default 40 minutes), and an
+/// explicit refresh (after `ExpiredProviderToken`) is honoured only once the current token is `minimumAge` old —
+/// except for one forced refresh when the current token is rejected outright.
+public final class ProviderTokenCache: Sendable {
+    private struct Cached {
+        var token: String
+        var issuedAt: Date
+    }
+
+    public let teamID: String
+    public let keyID: String
+    private let key: ES256PrivateKey
+    private let refreshAfter: TimeInterval
+    private let now: @Sendable () -> Date
+    private let cached = Mutex<Cached?>(nil)
+
+    public init(
+        teamID: String, keyID: String, key: ES256PrivateKey, refreshAfter: Duration = .seconds(40 * 60),
+        now: @escaping @Sendable () -> Date = Date.init
+    ) {
+        self.teamID = teamID
+        self.keyID = keyID
+        self.key = key
+        self.refreshAfter = Double(refreshAfter.components.seconds)
+        self.now = now
+    }
+
+    /// The current token, signing a new one when there is none or it is due.
+    public func token() throws -> String {
+        let now = self.now()
+        if let current = cached.withLock({ $0 }), now.timeIntervalSince(current.issuedAt) < refreshAfter {
+            return current.token
+        }
+        return try issue(at: now)
+    }
+
+    /// Replaces `rejected` with a new token (once: if another sender already replaced it, that one is returned).
+    public func refresh(rejected: String) throws -> String {
+        if let current = cached.withLock({ $0 }), current.token != rejected { return current.token }
+        return try issue(at: now())
+    }
+
+    /// When the cached token was signed (nil before the first send).
+    public var issuedAt: Date? { cached.withLock { $0?.issuedAt } }
+
+    private func issue(at now: Date) throws -> String {
+        let iat = Int64(now.timeIntervalSince1970)
+        let token = try JWT.sign(
+            claims: ["iss": .string(teamID), "iat": .int(iat)], header: ["kid": keyID], signer: key)
+        cached.withLock { $0 = Cached(token: token, issuedAt: Date(timeIntervalSince1970: Double(iat))) }
+        return token
+    }
+}

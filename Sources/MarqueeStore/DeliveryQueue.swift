@@ -1,0 +1,292 @@
+import Foundation
+import MarqueeCore
+import PostgresClient
+
+/// A delivery claimed by a worker, with everything needed to compose and send it.
+public struct ClaimedDelivery: Sendable {
+    public var tenantID: UUID
+    public var id: UUID
+    public var instanceID: String
+    public var deviceToken: String
+    public var provider: PlannedDelivery.Provider
+    public var tokenKind: PlannedDelivery.TokenKind
+    public var token: String
+    public var operation: LiveActivityEvent
+    public var attempts: Int
+    public var createdAt: Date
+    /// The instance as it is now (payloads are composed from the current state).
+    public var instance: InstanceRecord
+    public var activityType: ActivityType
+}
+
+/// How one attempt ended, to record.
+public struct DeliveryResult: Sendable {
+    public enum Status: String, Sendable { case sent, failed, undeliverable, queued }
+    public var tenantID: UUID
+    public var id: UUID
+    public var status: Status
+    public var providerID: String?
+    public var httpStatus: Int?
+    public var reason: String?
+    /// For `queued` (a retry): when to try again.
+    public var nextAttemptAt: Date?
+
+    public init(
+        tenantID: UUID, id: UUID, status: Status, providerID: String? = nil, httpStatus: Int? = nil,
+        reason: String? = nil, nextAttemptAt: Date? = nil
+    ) {
+        self.tenantID = tenantID
+        self.id = id
+        self.status = status
+        self.providerID = providerID
+        self.httpStatus = httpStatus
+        self.reason = reason
+        self.nextAttemptAt = nextAttemptAt
+    }
+}
+
+/// A token to retire after the provider called it dead.
+public struct TokenRetirement: Sendable {
+    public var tenantID: UUID
+    public var kind: PlannedDelivery.TokenKind
+    public var deviceToken: String
+    public var token: String
+    public var reason: String
+    /// Only retire if the token was not registered again after this (APNs 410 `timestamp`).
+    public var unregisteredAt: Date?
+
+    public init(
+        tenantID: UUID, kind: PlannedDelivery.TokenKind, deviceToken: String, token: String, reason: String,
+        unregisteredAt: Date?
+    ) {
+        self.tenantID = tenantID
+        self.kind = kind
+        self.deviceToken = deviceToken
+        self.token = token
+        self.reason = reason
+        self.unregisteredAt = unregisteredAt
+    }
+}
+
+/// Queue depth for metrics.
+public struct QueueStatistics: Sendable, Equatable {
+    public var due: Int
+    public var oldestDueAge: Double
+    public var inFlight: Int
+}
+
+/// The delivery queue as workers see it: claims with `FOR UPDATE SKIP LOCKED` and a lease, results in batches.
+///
+/// Workers work across tenants, so these statements run as the owning role (no row-level security); each still
+/// names `tenant_id` in its keys.
+public struct DeliveryQueue: Sendable {
+    let pool: PostgresPool
+
+    public init(pool: PostgresPool) {
+        self.pool = pool
+    }
+
+    /// Claims up to `limit` due deliveries for `worker`, leased until `lease` from now. Takes at most one delivery
+    /// per (instance, token), the oldest, and none for a token that has one in flight already, so a token never gets
+    /// version N+1 while N is in flight. Deliveries of instances that are over (expired), or whose tenant's
+    /// credentials for that provider are broken, are not claimed; expired ones are failed on the way.
+    public func claim(
+        worker: String, limit: Int, lease: Duration, providers: [PlannedDelivery.Provider] = [.apns, .fcm]
+    ) async throws -> [ClaimedDelivery] {
+        let providerNames = providers.map(\.rawValue)
+        let leaseSeconds = Double(lease.components.seconds)
+        return try await pool.transaction { connection in
+            try connection.execute(
+                """
+                UPDATE deliveries d SET status = 'failed', reason = 'instance_expired', locked_until = NULL,
+                       updated_at = now()
+                FROM instances i
+                WHERE d.status = 'queued' AND d.next_attempt_at <= now()
+                  AND i.tenant_id = d.tenant_id AND i.id = d.instance_id AND i.expires_at <= now()
+                """)
+            let candidates = try connection.query(
+                """
+                SELECT d.tenant_id, d.id, d.instance_id, d.token
+                FROM deliveries d
+                WHERE d.status = 'queued' AND d.next_attempt_at <= now()
+                  AND (d.locked_until IS NULL OR d.locked_until < now())
+                  AND d.provider = ANY(\(providerNames)::text[])
+                  AND NOT EXISTS (
+                      SELECT 1 FROM deliveries o
+                      WHERE o.tenant_id = d.tenant_id AND o.instance_id = d.instance_id AND o.token = d.token
+                        AND o.status = 'queued' AND o.locked_until >= now() AND o.id <> d.id)
+                  AND NOT EXISTS (
+                      SELECT 1 FROM apns_credentials c
+                      WHERE d.provider = 'apns' AND c.tenant_id = d.tenant_id AND c.status = 'broken')
+                  AND NOT EXISTS (
+                      SELECT 1 FROM fcm_credentials c
+                      WHERE d.provider = 'fcm' AND c.tenant_id = d.tenant_id AND c.status = 'broken')
+                ORDER BY d.next_attempt_at, d.id
+                LIMIT \(limit * 2)
+                FOR UPDATE OF d SKIP LOCKED
+                """)
+            var seen = Set<String>()
+            var tenants: [UUID] = []
+            var ids: [UUID] = []
+            for row in candidates {
+                let tenant = try row.decode(UUID.self, "tenant_id")
+                let key =
+                    "\(tenant)|\(try row.decode(String.self, "instance_id"))|\(try row.decode(String.self, "token"))"
+                guard seen.insert(key).inserted else { continue }
+                tenants.append(tenant)
+                ids.append(try row.decode(UUID.self, "id"))
+                if ids.count == limit { break }
+            }
+            guard !ids.isEmpty else { return [] }
+            let rows = try connection.query(
+                """
+                WITH claimed AS (
+                    UPDATE deliveries d
+                    SET locked_until = now() + make_interval(secs => \(leaseSeconds)), locked_by = \(worker),
+                        attempts = attempts + 1, updated_at = now()
+                    FROM unnest(\(tenants)::uuid[], \(ids)::uuid[]) AS c(tenant_id, id)
+                    WHERE d.tenant_id = c.tenant_id AND d.id = c.id
+                    RETURNING d.*
+                )
+                SELECT c.tenant_id, c.id AS delivery_id, c.instance_id, c.device_token, c.provider, c.token_kind,
+                       c.token, c.operation, c.attempts, c.created_at AS delivery_created_at,
+                       \(unsafeRaw: LiveActivityStore.instanceColumns("i")), \(unsafeRaw: LiveActivityStore.typeColumnsJoined)
+                FROM claimed c
+                JOIN instances i ON i.tenant_id = c.tenant_id AND i.id = c.instance_id
+                JOIN activity_types t ON t.tenant_id = i.tenant_id AND t.identifier = i.activity_type
+                """)
+            return try rows.map { row in
+                ClaimedDelivery(
+                    tenantID: try row.decode(UUID.self, "tenant_id"), id: try row.decode(UUID.self, "delivery_id"),
+                    instanceID: try row.decode(String.self, "instance_id"),
+                    deviceToken: try row.decode(String.self, "device_token"),
+                    provider: PlannedDelivery.Provider(rawValue: try row.decode(String.self, "provider")) ?? .apns,
+                    tokenKind: PlannedDelivery.TokenKind(rawValue: try row.decode(String.self, "token_kind"))
+                        ?? .activity,
+                    token: try row.decode(String.self, "token"),
+                    operation: LiveActivityEvent(rawValue: try row.decode(String.self, "operation")) ?? .update,
+                    attempts: try row.decode(Int.self, "attempts"),
+                    createdAt: try row.decode(Date.self, "delivery_created_at"),
+                    instance: try LiveActivityStore.instance(row), activityType: try RegistryStore.activityType(row))
+            }
+        }
+    }
+
+    /// Records results, retires dead tokens, and marks instances `active` once something reached a device — one
+    /// transaction for the whole batch. Only rows still leased by `worker` are written (a lease that ran out and was
+    /// claimed again belongs to the new claimant).
+    public func record(worker: String, _ results: [DeliveryResult], retire: [TokenRetirement]) async throws {
+        guard !results.isEmpty || !retire.isEmpty else { return }
+        let tenants = results.map(\.tenantID)
+        let ids = results.map(\.id)
+        let statuses = results.map(\.status.rawValue)
+        let providerIDs = results.map(\.providerID)
+        let httpStatuses = results.map { $0.httpStatus.map(String.init) }
+        let reasons = results.map(\.reason)
+        let nextAt = results.map { r in r.nextAttemptAt.map { String(format: "%.6f", $0.timeIntervalSince1970) } }
+        try await pool.transaction { connection in
+            if !ids.isEmpty {
+                try connection.execute(
+                    """
+                    UPDATE deliveries d SET
+                        status = v.status, provider_id = COALESCE(v.provider_id, d.provider_id),
+                        http_status = v.http_status::int, reason = v.reason, locked_until = NULL,
+                        next_attempt_at = COALESCE(to_timestamp(v.next_at::double precision), d.next_attempt_at),
+                        sent_at = CASE WHEN v.status = 'sent' THEN now() ELSE d.sent_at END, updated_at = now()
+                    FROM unnest(\(tenants)::uuid[], \(ids)::uuid[], \(statuses)::text[], \(providerIDs)::text[],
+                                \(httpStatuses)::text[], \(reasons)::text[], \(nextAt)::text[])
+                         AS v(tenant_id, id, status, provider_id, http_status, reason, next_at)
+                    WHERE d.tenant_id = v.tenant_id AND d.id = v.id AND d.locked_by = \(worker)
+                    """)
+                try connection.execute(
+                    """
+                    UPDATE instances i SET state = 'active', updated_at = now()
+                    FROM (SELECT DISTINCT d.tenant_id, d.instance_id FROM deliveries d
+                          JOIN unnest(\(tenants)::uuid[], \(ids)::uuid[], \(statuses)::text[]) AS v(tenant_id, id, status)
+                            ON d.tenant_id = v.tenant_id AND d.id = v.id
+                          WHERE v.status = 'sent') s
+                    WHERE i.tenant_id = s.tenant_id AND i.id = s.instance_id AND i.state IN ('pending', 'failed')
+                    """)
+            }
+            for r in retire {
+                let before = r.unregisteredAt ?? Date.distantFuture
+                switch r.kind {
+                case .pushToStart:
+                    try connection.execute(
+                        """
+                        UPDATE push_to_start_tokens SET status = 'retired', retired_reason = \(r.reason), retired_at = now()
+                        WHERE tenant_id = \(r.tenantID) AND device_token = \(r.deviceToken) AND token = \(r.token)
+                          AND status = 'active' AND updated_at <= \(before)
+                        """)
+                case .activity:
+                    try connection.execute(
+                        """
+                        UPDATE activity_tokens SET status = 'retired', retired_reason = \(r.reason), retired_at = now()
+                        WHERE tenant_id = \(r.tenantID) AND device_token = \(r.deviceToken) AND token = \(r.token)
+                          AND status = 'active' AND updated_at <= \(before)
+                        """)
+                case .fcm:
+                    // An FCM registration token is the Android device's token: the device is gone.
+                    try connection.execute(
+                        """
+                        DELETE FROM devices
+                        WHERE tenant_id = \(r.tenantID) AND token = \(r.token) AND updated_at <= \(before)
+                        """)
+                }
+            }
+        }
+    }
+
+    /// Marks a tenant's credentials for `provider` broken, so that its deliveries pause until they are replaced.
+    public func markCredentialBroken(tenant: UUID, provider: PlannedDelivery.Provider, reason: String) async throws {
+        let table = provider == .apns ? "apns_credentials" : "fcm_credentials"
+        try await pool.execute(
+            """
+            UPDATE \(unsafeRaw: table) SET status = 'broken', status_reason = \(reason)
+            WHERE tenant_id = \(tenant) AND status <> 'broken'
+            """)
+    }
+
+    /// Returns leased deliveries to the queue at once (used when a worker stops before sending them).
+    public func release(worker: String, ids: [(UUID, UUID)]) async throws {
+        guard !ids.isEmpty else { return }
+        try await pool.execute(
+            """
+            UPDATE deliveries d SET locked_until = NULL, attempts = greatest(attempts - 1, 0), updated_at = now()
+            FROM unnest(\(ids.map(\.0))::uuid[], \(ids.map(\.1))::uuid[]) AS v(tenant_id, id)
+            WHERE d.tenant_id = v.tenant_id AND d.id = v.id AND d.locked_by = \(worker) AND d.status = 'queued'
+            """)
+    }
+
+    /// Due deliveries, the age of the oldest, and how many are leased now.
+    public func statistics() async throws -> QueueStatistics {
+        let rows = try await pool.query(
+            """
+            SELECT count(*) FILTER (WHERE locked_until IS NULL OR locked_until < now())::int AS due,
+                   COALESCE(extract(epoch FROM now() - min(next_attempt_at)
+                       FILTER (WHERE locked_until IS NULL OR locked_until < now())), 0)::float8 AS oldest,
+                   count(*) FILTER (WHERE locked_until >= now())::int AS in_flight
+            FROM deliveries WHERE status = 'queued' AND next_attempt_at <= now()
+            """)
+        return QueueStatistics(
+            due: try rows[0].decode(Int.self, "due"), oldestDueAge: try rows[0].decode(Double.self, "oldest"),
+            inFlight: try rows[0].decode(Int.self, "in_flight"))
+    }
+
+    /// The tenant's APNs credential row (sealed key included), for the worker's credential cache.
+    public func apnsCredential(tenant: UUID) async throws -> (APNsCredentialInfo, sealed: [UInt8])? {
+        let rows = try await pool.query(
+            """
+            SELECT \(unsafeRaw: CredentialStore.apnsColumns), sealed_private_key FROM apns_credentials
+            WHERE tenant_id = \(tenant)
+            """)
+        guard let row = rows.first else { return nil }
+        return (try CredentialStore.apnsInfo(row), try row.decode([UInt8].self, "sealed_private_key"))
+    }
+
+    /// The tenant's sealed delivery secret.
+    public func sealedDeliverySecret(tenant: UUID) async throws -> [UInt8]? {
+        let rows = try await pool.query("SELECT sealed_delivery_secret FROM tenants WHERE id = \(tenant)")
+        return try rows.first?.decode([UInt8].self, "sealed_delivery_secret")
+    }
+}

@@ -1,0 +1,67 @@
+import Crypto
+import Foundation
+import HTTPServer
+import MarqueeCore
+import MarqueeDelivery
+import MarqueeStore
+import Observability
+import PostgresClient
+import ServiceLifecycle
+
+/// `marquee worker`: one delivery worker process, with `/metrics` and `/healthz` on `MARQUEE_METRICS_LISTEN`.
+struct WorkerCommand {
+    init(arguments: [String]) throws {
+        if let first = arguments.first { throw UsageError("worker: unknown option '\(first)'") }
+    }
+
+    func run() async throws {
+        let configuration = try Startup.configuration()
+        let workerID = "\(ProcessInfo.processInfo.hostName)-\(getpid())"
+        let logger = Startup.logger("marquee.worker", configuration).with("worker.id", .string(workerID))
+        guard let masterKey = configuration.masterKey else {
+            throw ConfigurationError(problems: [.init(variable: "MARQUEE_MASTER_KEY", reason: "is required by worker")])
+        }
+        let keyRing = try SealingKeyRing(current: (id: "k1", key: masterKey))
+        var pgConfiguration = try PostgresConfiguration(url: try configuration.requireDatabaseURL())
+        pgConfiguration.applicationName = "marquee-worker"
+        let pool = PostgresPool(
+            pgConfiguration, options: .init(maxConnections: max(4, configuration.workerLoops * 2 + 2)))
+        let metrics = MetricsRegistry()
+        let worker = DeliveryWorker(
+            pool: pool, listenerConfiguration: pgConfiguration,
+            apns: APNsProvider(
+                configuration: .init(caFile: configuration.caFile, connectionsPerHost: configuration.apnsConnections)),
+            keyRing: keyRing,
+            configuration: .init(
+                workerID: workerID, batchSize: configuration.workerBatch, loops: configuration.workerLoops,
+                retryPolicy: RetryPolicy(
+                    maxAttempts: configuration.retryMaxAttempts,
+                    initialDelay: .milliseconds(configuration.retryInitialMilliseconds))),
+            metrics: metrics, logger: logger)
+
+        var router = Router()
+        router.add(.GET, "/healthz") { _ in .json(["status": "ok"]) }
+        router.add(.GET, "/metrics") { _ in .text(metrics.exposition(), contentType: Exposition.contentType) }
+        let metricsServer = HTTPServer(
+            configuration: .init(
+                host: configuration.metricsListen.host, port: configuration.metricsListen.port, threadCount: 1,
+                drainTimeout: .seconds(2)),
+            router: router)
+
+        logger.info(
+            "worker starting",
+            metadata: [
+                "metrics.listen": .string(configuration.metricsListen.description),
+                "worker.batch": .int(configuration.workerBatch), "worker.loops": .int(configuration.workerLoops),
+            ])
+        try await ServiceGroup(
+            services: [
+                ("postgres.pool", pool), ("worker", ClosureService { try await worker.run() }),
+                ("metrics", metricsServer),
+            ],
+            configuration: .init(drainTimeout: .seconds(configuration.drainTimeoutSeconds + 5)),
+            logger: logger
+        ).run()
+        pool.close()
+    }
+}
