@@ -11,6 +11,8 @@ struct Marquee {
         commands:
           serve              run the REST API (MARQUEE_LISTEN, DATABASE_URL)
           worker             run one delivery worker (metrics on MARQUEE_METRICS_LISTEN)
+          up                 run the simulators, the API and MARQUEE_WORKERS workers, supervised
+          simulate apns|fcm  run an APNs or FCM simulator (HTTP/2 over TLS)
           migrate            apply pending migrations (safe to run concurrently)
           migrate --status   show applied and pending migrations; exit 1 if not current
           tenant create --name N [--json]
@@ -39,6 +41,8 @@ struct Marquee {
                 try await ServeCommand(arguments: arguments).run()
             case "migrate":
                 try await MigrateCommand(arguments: arguments).run()
+            case "up":
+                try await UpCommand(arguments: arguments).run()
             case "worker":
                 try await WorkerCommand(arguments: arguments).run()
             case "tenant", "key":

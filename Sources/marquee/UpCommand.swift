@@ -1,0 +1,181 @@
+import Dispatch
+import Foundation
+import MarqueeCore
+import Observability
+import Synchronization
+
+/// `marquee up`: the local all-in-one. Runs and supervises the APNs and FCM simulators (unless
+/// `MARQUEE_SIMULATORS=off`), the API and `MARQUEE_WORKERS` worker processes. A child that dies is restarted with
+/// backoff; SIGINT or SIGTERM stops them all (SIGTERM, then SIGKILL after the drain timeout).
+struct UpCommand {
+    init(arguments: [String]) throws {
+        if let first = arguments.first { throw UsageError("up: unknown option '\(first)'") }
+    }
+
+    struct Child {
+        var name: String
+        var arguments: [String]
+        var environment: [String: String]
+        var pid: pid_t = 0
+        var restarts = 0
+        var startedAt = Date()
+    }
+
+    func run() async throws {
+        let configuration = try Startup.configuration()
+        let logger = Startup.logger("marquee.up", configuration)
+        _ = try configuration.requireDatabaseURL()
+        let environment = ProcessInfo.processInfo.environment
+        let dataDir = environment["MARQUEE_DATA_DIR"] ?? ".data"
+        try FileManager.default.createDirectory(atPath: dataDir, withIntermediateDirectories: true)
+        let simulators = (environment["MARQUEE_SIMULATORS"] ?? "on") != "off"
+        let binary = URL(fileURLWithPath: CommandLine.arguments[0]).resolvingSymlinksInPath().path
+
+        var children: [Child] = []
+        var workerEnvironment: [String: String] = [:]
+        if simulators {
+            let ca = dataDir + "/sim-ca.pem"
+            children.append(
+                Child(
+                    name: "simulate-apns", arguments: ["simulate", "apns"],
+                    environment: [
+                        "MARQUEE_SIM_LISTEN": environment["MARQUEE_SIM_APNS_LISTEN"] ?? "127.0.0.1:2197",
+                        "MARQUEE_SIM_CA_OUT": ca, "MARQUEE_SIM_RECORDS": dataDir + "/apns-pushes.jsonl",
+                        "MARQUEE_SIM_KEYS": dataDir + "/apns-keys.json",
+                    ]))
+            children.append(
+                Child(
+                    name: "simulate-fcm", arguments: ["simulate", "fcm"],
+                    environment: [
+                        "MARQUEE_SIM_LISTEN": environment["MARQUEE_SIM_FCM_LISTEN"] ?? "127.0.0.1:2198",
+                        "MARQUEE_SIM_CA_OUT": dataDir + "/sim-ca-fcm.pem",
+                        "MARQUEE_SIM_RECORDS": dataDir + "/fcm-messages.jsonl",
+                        "MARQUEE_SIM_KEYS": dataDir + "/fcm-keys.json",
+                    ]))
+            workerEnvironment["MARQUEE_CA_FILE"] = ca
+        }
+        children.append(Child(name: "serve", arguments: ["serve"], environment: [:]))
+        for i in 0..<configuration.workers {
+            var env = workerEnvironment
+            env["MARQUEE_METRICS_LISTEN"] = "\(configuration.metricsListen.host):\(configuration.metricsListen.port + i)"
+            children.append(Child(name: "worker-\(i + 1)", arguments: ["worker"], environment: env))
+        }
+
+        let supervisor = Supervisor(binary: binary, children: children, logger: logger)
+        try await supervisor.run(drainTimeout: .seconds(configuration.drainTimeoutSeconds + 5))
+    }
+}
+
+/// Spawns children, restarts the ones that die (backoff 1 s doubling to 30 s, reset after a minute up), and stops
+/// them all on SIGINT/SIGTERM.
+final class Supervisor: Sendable {
+    private let binary: String
+    private let logger: Logger
+    private let state: Mutex<[UpCommand.Child]>
+    private let stopping = Atomic<Bool>(false)
+
+    init(binary: String, children: [UpCommand.Child], logger: Logger) {
+        self.binary = binary
+        self.logger = logger
+        self.state = Mutex(children)
+    }
+
+    func run(drainTimeout: Duration) async throws {
+        for sig in [SIGINT, SIGTERM] { signal(sig, SIG_IGN) }
+        let count = state.withLock { $0.count }
+        for index in 0..<count { try spawn(index) }
+        let (signals, continuation) = AsyncStream<Int32>.makeStream()
+        let sources = [SIGINT, SIGTERM].map { sig -> any DispatchSourceSignal in
+            let source = DispatchSource.makeSignalSource(signal: sig, queue: .global())
+            source.setEventHandler { continuation.yield(sig) }
+            source.resume()
+            return source
+        }
+        defer { for source in sources { source.cancel() } }
+
+        await withTaskGroup(of: Void.self) { group in
+            group.addTask { await self.reap() }
+            for await sig in signals {
+                logger.notice("stopping everything", metadata: ["signal": .int(Int(sig))])
+                stopping.store(true, ordering: .sequentiallyConsistent)
+                break
+            }
+            let pids = state.withLock { $0.map(\.pid).filter { $0 > 0 } }
+            for pid in pids { kill(pid, SIGTERM) }
+            let deadline = ContinuousClock.now + drainTimeout
+            while ContinuousClock.now < deadline, state.withLock({ $0.contains { $0.pid > 0 } }) {
+                try? await Task.sleep(for: .milliseconds(100))
+            }
+            for pid in state.withLock({ $0.map(\.pid).filter { $0 > 0 } }) { kill(pid, SIGKILL) }
+            while state.withLock({ $0.contains { $0.pid > 0 } }) { try? await Task.sleep(for: .milliseconds(50)) }
+            group.cancelAll()
+        }
+        logger.info("all processes stopped")
+    }
+
+    private func spawn(_ index: Int) throws {
+        let child = state.withLock { $0[index] }
+        var env = ProcessInfo.processInfo.environment
+        env.merge(child.environment) { _, new in new }
+        let argv = ([binary] + child.arguments).map { strdup($0) } + [nil]
+        let envp = env.map { strdup("\($0.key)=\($0.value)") } + [nil]
+        defer {
+            for p in argv { free(p) }
+            for p in envp { free(p) }
+        }
+        var pid: pid_t = 0
+        let rc = posix_spawn(&pid, binary, nil, nil, argv, envp)
+        guard rc == 0 else { throw UsageError("could not start \(child.name): error \(rc)") }
+        state.withLock {
+            $0[index].pid = pid
+            $0[index].startedAt = Date()
+        }
+        logger.info("started", metadata: ["process": .string(child.name), "pid": .int(Int(pid))])
+    }
+
+    /// Waits for children to exit (on a Dispatch thread) and restarts them unless stopping.
+    private func reap() async {
+        while true {
+            let (pid, status) = await withCheckedContinuation { continuation in
+                DispatchQueue.global().async {
+                    var raw: Int32 = 0
+                    var pid: pid_t
+                    repeat { pid = waitpid(-1, &raw, 0) } while pid == -1 && errno == EINTR
+                    continuation.resume(returning: (pid, raw))
+                }
+            }
+            if pid <= 0 {
+                // No child right now (all between restarts, or all stopped).
+                if stopping.load(ordering: .sequentiallyConsistent) { return }
+                try? await Task.sleep(for: .milliseconds(200))
+                continue
+            }
+            guard let index = state.withLock({ $0.firstIndex { $0.pid == pid } }) else { continue }
+            let child = state.withLock { children in
+                children[index].pid = 0
+                return children[index]
+            }
+            let code = status & 0x7F == 0 ? Int((status >> 8) & 0xFF) : 128 + Int(status & 0x7F)
+            if stopping.load(ordering: .sequentiallyConsistent) {
+                logger.info("stopped", metadata: ["process": .string(child.name), "exit": .int(code)])
+                if state.withLock({ $0.allSatisfy { $0.pid == 0 } }) { return }
+                continue
+            }
+            let upFor = Date().timeIntervalSince(child.startedAt)
+            let restarts = upFor > 60 ? 0 : child.restarts + 1
+            let delay = min(30.0, pow(2, Double(max(restarts - 1, 0))))
+            logger.error(
+                "process exited; restarting",
+                metadata: [
+                    "process": .string(child.name), "exit": .int(code), "restart.in_s": .double(delay),
+                    "restarts": .int(restarts),
+                ])
+            state.withLock { $0[index].restarts = restarts }
+            let supervisor = self
+            DispatchQueue.global().asyncAfter(deadline: .now() + delay) {
+                guard !supervisor.stopping.load(ordering: .sequentiallyConsistent) else { return }
+                try? supervisor.spawn(index)
+            }
+        }
+    }
+}
