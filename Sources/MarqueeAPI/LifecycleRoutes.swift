@@ -79,11 +79,6 @@ struct LifecycleRoutes: Sendable {
         let contentState = try Self.checkedState(requestedState, type: type)
         let stale = StaleDateRule.apply(options.staleDate, now: now)
         options.staleDate = stale.staleDate
-        if platform != .android && alert == nil {
-            throw ValidationError(
-                .missingField, field: "push_payload.alert",
-                reason: "is required to start on iOS: Apple shows an alert when a live activity starts")
-        }
 
         // Targets: push-to-start tokens of the person's iOS devices, FCM tokens of their Android devices.
         var deliveries: [PlannedDelivery] = []
@@ -106,13 +101,21 @@ struct LifecycleRoutes: Sendable {
                 androidDevices.append(candidate.deviceToken)
             }
         }
+        // Apple shows an alert when a live activity starts on iOS: a start that reaches an iPhone must carry one.
+        if alert == nil && (deliveries.contains { $0.provider == .apns } || (platform == .ios && deliveries.isEmpty)) {
+            throw ValidationError(
+                .missingField, field: "push_payload.alert",
+                reason: "is required to start on iOS: Apple shows an alert when a live activity starts")
+        }
         let timestamp = Int64(now.timeIntervalSince1970.rounded(.down))
         let content = ActivityContent(
             event: .start, instanceID: instanceID, activityType: activityType, attributesType: type.attributesType,
             profile: type.payloadProfile, attributes: attributes, contentState: contentState, alert: alert,
             deepLink: options.deepLink, staleDate: options.staleDate, relevanceScore: options.relevanceScore,
             timestamp: timestamp)
-        try Self.checkSize(content, platforms: platform.map { [$0] } ?? [.ios, .android])
+        let targeted = Set(deliveries.map { $0.provider == .apns ? Platform.ios : Platform.android })
+        try Self.checkSize(
+            content, platforms: targeted.isEmpty ? (platform.map { [$0] } ?? [.ios, .android]) : Array(targeted))
 
         let state: InstanceState = deliveries.isEmpty ? .failed : .pending
         let failureReason = deliveries.isEmpty ? "no_push_to_start_token" : nil
@@ -212,7 +215,10 @@ struct LifecycleRoutes: Sendable {
             var options = try Self.options(body, base: current)
             options.alert = alert
             options.dismissalDate = dismissalDate
-            let stale = StaleDateRule.apply(options.staleDate, now: now)
+            // A stale date this request sets is checked (and reported); a stored one that has passed since is
+            // simply no longer sent.
+            var stale = StaleDateRule.Outcome(staleDate: options.staleDate.flatMap { $0 > now ? $0 : nil })
+            if body.has("stale_date") { stale = StaleDateRule.apply(options.staleDate, now: now) }
             options.staleDate = stale.staleDate
 
             var contentState = instance.contentState

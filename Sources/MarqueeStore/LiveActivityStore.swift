@@ -349,7 +349,10 @@ public struct LiveActivityStore: Sendable {
                 SELECT \(tenant), \(idem?.key), \(idem?.requestHash ?? []), \(idem?.status ?? 200),
                        \(idem?.response ?? .null)
                 WHERE \(idem?.key)::text IS NOT NULL
-                ON CONFLICT (tenant_id, key) DO NOTHING
+                ON CONFLICT (tenant_id, key) DO UPDATE SET
+                    request_hash = EXCLUDED.request_hash, status = EXCLUDED.status, response = EXCLUDED.response,
+                    created_at = now()
+                WHERE idempotency_keys.created_at <= now() - interval '24 hours'
                 RETURNING 1
             ), ins AS (
                 INSERT INTO instances (tenant_id, id, activity_type, person_id, person_email, state, failure_reason,
@@ -399,7 +402,10 @@ public struct LiveActivityStore: Sendable {
                 SELECT \(tenant), \(idem?.key), \(idem?.requestHash ?? []), \(idem?.status ?? 200),
                        \(idem?.response ?? .null)
                 WHERE \(idem?.key)::text IS NOT NULL
-                ON CONFLICT (tenant_id, key) DO NOTHING
+                ON CONFLICT (tenant_id, key) DO UPDATE SET
+                    request_hash = EXCLUDED.request_hash, status = EXCLUDED.status, response = EXCLUDED.response,
+                    created_at = now()
+                WHERE idempotency_keys.created_at <= now() - interval '24 hours'
                 RETURNING 1
             ), upd AS (
                 UPDATE instances SET
@@ -445,7 +451,10 @@ public struct LiveActivityStore: Sendable {
             """
             INSERT INTO idempotency_keys (tenant_id, key, request_hash, status, response)
             VALUES (\(tenant), \(record.key), \(record.requestHash), \(record.status), \(record.response))
-            ON CONFLICT (tenant_id, key) DO NOTHING
+            ON CONFLICT (tenant_id, key) DO UPDATE SET
+                request_hash = EXCLUDED.request_hash, status = EXCLUDED.status, response = EXCLUDED.response,
+                created_at = now()
+            WHERE idempotency_keys.created_at <= now() - interval '24 hours'
             """)
     }
 

@@ -57,7 +57,8 @@ struct UpCommand {
         children.append(Child(name: "serve", arguments: ["serve"], environment: [:]))
         for i in 0..<configuration.workers {
             var env = workerEnvironment
-            env["MARQUEE_METRICS_LISTEN"] = "\(configuration.metricsListen.host):\(configuration.metricsListen.port + i)"
+            env["MARQUEE_METRICS_LISTEN"] =
+                "\(configuration.metricsListen.host):\(configuration.metricsListen.port + i)"
             children.append(Child(name: "worker-\(i + 1)", arguments: ["worker"], environment: env))
         }
 

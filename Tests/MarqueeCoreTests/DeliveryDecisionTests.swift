@@ -1,0 +1,86 @@
+import Foundation
+import Testing
+
+@testable import MarqueeCore
+
+@Suite("APNs answers are classified on purpose")
+struct DeliveryDecisionTests {
+    func decide(_ status: Int, _ reason: String?, timestamp: Int64? = nil, retryAfter: Duration? = nil)
+        -> DeliveryDecision
+    {
+        APNsReason.decide(
+            status: status, reason: reason.map(APNsReason.init), timestamp: timestamp, apnsID: "id",
+            retryAfter: retryAfter)
+    }
+
+    @Test("200 is sent with the apns-id")
+    func sent() {
+        #expect(decide(200, nil) == .sent(providerID: "id"))
+    }
+
+    @Test("dead tokens are retired, never retried; a 410 carries when APNs saw the token die")
+    func retire() {
+        #expect(decide(400, "BadDeviceToken") == .retireToken(reason: "BadDeviceToken", unregisteredAt: nil))
+        #expect(
+            decide(400, "DeviceTokenNotForTopic") == .retireToken(reason: "DeviceTokenNotForTopic", unregisteredAt: nil)
+        )
+        #expect(
+            decide(410, "Unregistered", timestamp: 1_700_000_000_000)
+                == .retireToken(reason: "Unregistered", unregisteredAt: Date(timeIntervalSince1970: 1_700_000_000)))
+        #expect(decide(410, "ExpiredToken") == .retireToken(reason: "ExpiredToken", unregisteredAt: nil))
+    }
+
+    @Test("429 and 5xx retry, honouring Retry-After")
+    func retry() {
+        #expect(
+            decide(429, "TooManyRequests", retryAfter: .seconds(30))
+                == .retry(reason: "TooManyRequests", retryAfter: .seconds(30)))
+        #expect(decide(503, "ServiceUnavailable") == .retry(reason: "ServiceUnavailable", retryAfter: nil))
+        #expect(decide(500, "InternalServerError") == .retry(reason: "InternalServerError", retryAfter: nil))
+        #expect(decide(502, nil) == .retry(reason: "HTTP 502", retryAfter: nil))
+    }
+
+    @Test("403: an expired provider token is refreshed; any other 403 breaks the credential")
+    func auth() {
+        #expect(decide(403, "ExpiredProviderToken") == .refreshProviderToken(reason: "ExpiredProviderToken"))
+        #expect(decide(403, "InvalidProviderToken") == .credentialBroken(reason: "InvalidProviderToken"))
+        #expect(decide(403, "BadCertificateEnvironment") == .credentialBroken(reason: "BadCertificateEnvironment"))
+    }
+
+    @Test("other 4xx fail with the reason, including unknown reasons")
+    func fail() {
+        #expect(decide(400, "BadTopic") == .fail(reason: "BadTopic"))
+        #expect(decide(413, "PayloadTooLarge") == .fail(reason: "PayloadTooLarge"))
+        #expect(decide(400, "SomethingNew") == .fail(reason: "SomethingNew"))
+        #expect(APNsReason("SomethingNew") == .unknown("SomethingNew"))
+        #expect(APNsReason("BadMessageId").description == "BadMessageId")
+    }
+}
+
+@Suite("Retry policy")
+struct RetryPolicyTests {
+    @Test("delays grow exponentially within [ceiling/2, ceiling], capped, and stop after the last attempt")
+    func growth() throws {
+        let policy = RetryPolicy(maxAttempts: 10, initialDelay: .seconds(8), maximumDelay: .seconds(1200))
+        let low = try #require(policy.delay(afterAttempts: 1, retryAfter: nil, random: { 0 }))
+        let high = try #require(policy.delay(afterAttempts: 1, retryAfter: nil, random: { 1 }))
+        #expect(low == .seconds(4))
+        #expect(high == .seconds(8))
+        #expect(policy.delay(afterAttempts: 4, retryAfter: nil, random: { 1 }) == .seconds(64))
+        #expect(policy.delay(afterAttempts: 9, retryAfter: nil, random: { 1 }) == .seconds(1200))
+        #expect(policy.delay(afterAttempts: 10, retryAfter: nil) == nil)
+        var total = 0.0
+        for attempt in 1..<10 {
+            let d = policy.delay(afterAttempts: attempt, retryAfter: nil, random: { 1 })!
+            total += Double(d.components.seconds)
+        }
+        #expect(total > 2400 && total < 3600, "about an hour at most: \(total) s")
+    }
+
+    @Test("Retry-After is a floor")
+    func retryAfter() {
+        let policy = RetryPolicy(initialDelay: .seconds(1))
+        #expect(policy.delay(afterAttempts: 1, retryAfter: .seconds(120), random: { 1 }) == .seconds(120))
+        #expect(policy.delay(afterAttempts: 1, retryAfter: .milliseconds(10), random: { 1 }) == .seconds(1))
+    }
+}

@@ -1,0 +1,58 @@
+import Crypto
+import Foundation
+import Synchronization
+import Testing
+
+@testable import MarqueeDelivery
+
+/// A clock the test moves.
+final class ManualClock: Sendable {
+    let now = Mutex(Date(timeIntervalSince1970: 1_800_000_000))
+    func advance(_ seconds: TimeInterval) { now.withLock { $0 = $0.addingTimeInterval(seconds) } }
+    var read: @Sendable () -> Date { { self.now.withLock { $0 } } }
+}
+
+@Suite("APNs provider token")
+struct ProviderTokenTests {
+    @Test("an ES256 JWT with kid, iss and iat that our verifier accepts")
+    func shape() throws {
+        let key = ES256PrivateKey.generate()
+        let clock = ManualClock()
+        let cache = ProviderTokenCache(teamID: "TEAM123456", keyID: "KEY1234567", key: key, now: clock.read)
+        let token = try cache.token()
+        let (header, claims) = try JWT.verify(token, verifier: key.publicKey)
+        #expect(header["alg"] == .string("ES256"))
+        #expect(header["kid"] == .string("KEY1234567"))
+        #expect(claims["iss"] == .string("TEAM123456"))
+        #expect(claims["iat"] == .int(1_800_000_000))
+    }
+
+    @Test("reused until 40 minutes old, then refreshed")
+    func caching() throws {
+        let clock = ManualClock()
+        let cache = ProviderTokenCache(teamID: "T", keyID: "K", key: ES256PrivateKey.generate(), now: clock.read)
+        let first = try cache.token()
+        clock.advance(39 * 60)
+        #expect(try cache.token() == first)
+        clock.advance(2 * 60)
+        let second = try cache.token()
+        #expect(second != first)
+        #expect(cache.issuedAt == Date(timeIntervalSince1970: 1_800_000_000 + 41 * 60))
+    }
+
+    @Test("a rejected token is replaced once, even when many senders report it")
+    func refreshOnce() async throws {
+        let clock = ManualClock()
+        let cache = ProviderTokenCache(teamID: "T", keyID: "K", key: ES256PrivateKey.generate(), now: clock.read)
+        let rejected = try cache.token()
+        clock.advance(1)
+        let replacements = try await withThrowingTaskGroup(of: String.self) { group in
+            for _ in 0..<50 { group.addTask { try cache.refresh(rejected: rejected) } }
+            var all = Set<String>()
+            for try await t in group { all.insert(t) }
+            return all
+        }
+        #expect(replacements.count == 1)
+        #expect(!replacements.contains(rejected))
+    }
+}
