@@ -48,6 +48,7 @@ public final class DeliveryWorker: Sendable {
     let queue: DeliveryQueue
     let listener: PostgresListener
     let apns: APNsProvider
+    let fcm: FCMProvider
     let keyRing: SealingKeyRing
     let logger: Logger
     let metrics: WorkerMetrics
@@ -55,9 +56,10 @@ public final class DeliveryWorker: Sendable {
     let credentials: CredentialCache
 
     public init(
-        pool: PostgresPool, listenerConfiguration: PostgresConfiguration, apns: APNsProvider, keyRing: SealingKeyRing,
-        configuration: Configuration, metrics: MetricsRegistry, logger: Logger
+        pool: PostgresPool, listenerConfiguration: PostgresConfiguration, apns: APNsProvider, fcm: FCMProvider,
+        keyRing: SealingKeyRing, configuration: Configuration, metrics: MetricsRegistry, logger: Logger
     ) {
+        self.fcm = fcm
         self.configuration = configuration
         self.queue = DeliveryQueue(pool: pool)
         self.listener = PostgresListener(listenerConfiguration, channels: [configuration.channel])
@@ -65,13 +67,16 @@ public final class DeliveryWorker: Sendable {
         self.keyRing = keyRing
         self.logger = logger
         self.metrics = WorkerMetrics(registry: metrics)
-        self.credentials = CredentialCache(queue: queue, keyRing: keyRing)
+        self.credentials = CredentialCache(queue: queue, keyRing: keyRing, fcm: fcm)
         let apns = self.apns
         let workerMetrics = self.metrics
         metrics.onCollect {
             let s = apns.statistics
             workerMetrics.connections.set(Double(s.connections), ["apns"])
             workerMetrics.streams.set(Double(s.streams), ["apns"])
+            let f = fcm.statistics
+            workerMetrics.connections.set(Double(f.connections), ["fcm"])
+            workerMetrics.streams.set(Double(f.streams), ["fcm"])
         }
     }
 
@@ -94,6 +99,7 @@ public final class DeliveryWorker: Sendable {
             while (try? await group.next()) != nil {}
         }
         await apns.shutdown()
+        await fcm.shutdown()
         logger.info("worker stopped", metadata: ["worker.id": .string(configuration.workerID)])
     }
 
@@ -103,8 +109,7 @@ public final class DeliveryWorker: Sendable {
             let claimed: [ClaimedDelivery]
             do {
                 claimed = try await queue.claim(
-                    worker: configuration.workerID, limit: configuration.batchSize, lease: configuration.lease,
-                    providers: [.apns])
+                    worker: configuration.workerID, limit: configuration.batchSize, lease: configuration.lease)
             } catch {
                 logger.warning("claim failed", metadata: ["error": .string(String(describing: error))])
                 try? await Task.sleep(for: .milliseconds(500))
@@ -135,12 +140,16 @@ public final class DeliveryWorker: Sendable {
         let retirements = outcomes.compactMap(\.1)
         for broken in Set(outcomes.compactMap(\.2)) {
             do {
-                try await queue.markCredentialBroken(tenant: broken.tenant, provider: .apns, reason: broken.reason)
+                try await queue.markCredentialBroken(
+                    tenant: broken.tenant, provider: broken.provider, reason: broken.reason)
                 credentials.invalidate(broken.tenant)
-                metrics.credentialsBroken.inc(1, ["apns"])
+                metrics.credentialsBroken.inc(1, [broken.provider.rawValue])
                 logger.error(
-                    "APNs credential rejected; the tenant's APNs deliveries are paused until it is replaced",
-                    metadata: ["tenant.id": .string(broken.tenant.uuidString), "apns.reason": .string(broken.reason)])
+                    "credential rejected; the tenant's deliveries through this provider are paused until it is replaced",
+                    metadata: [
+                        "tenant.id": .string(broken.tenant.uuidString), "provider": .string(broken.provider.rawValue),
+                        "provider.reason": .string(broken.reason),
+                    ])
             } catch {
                 logger.error("could not mark credential broken", metadata: ["error": .string("\(error)")])
             }
@@ -157,12 +166,13 @@ public final class DeliveryWorker: Sendable {
             }
         }
         for retirement in retirements {
-            metrics.retired.inc(1, ["apns", retirement.kind.rawValue])
+            metrics.retired.inc(1, [retirement.kind == .fcm ? "fcm" : "apns", retirement.kind.rawValue])
         }
     }
 
     struct BrokenCredential: Hashable, Sendable {
         var tenant: UUID
+        var provider: PlannedDelivery.Provider
         var reason: String
     }
 
@@ -173,21 +183,13 @@ public final class DeliveryWorker: Sendable {
             "delivery.id": .string(deliveryID), "tenant.id": .string(d.tenantID.uuidString.lowercased()),
             "instance.id": .string(d.instanceID),
         ])
-        let target: CredentialCache.APNs
         let secret: [UInt8]
         do {
-            guard let found = try await credentials.apns(d.tenantID) else {
-                return (
-                    result(d, .failed, reason: "no_apns_credentials", operation: d.operation), nil, nil
-                )
-            }
-            target = found
             secret = try await credentials.deliverySecret(d.tenantID)
         } catch {
-            log.warning("credential load failed", metadata: ["error": .string("\(error)")])
+            log.warning("delivery secret load failed", metadata: ["error": .string("\(error)")])
             return (retry(d, reason: "credential_load", retryAfter: nil), nil, nil)
         }
-
         let options = StoredOptions(json: d.instance.options)
         let content = ActivityContent(
             event: d.operation, instanceID: d.instanceID, activityType: d.instance.activityType,
@@ -198,22 +200,51 @@ public final class DeliveryWorker: Sendable {
             timestamp: d.instance.contentTimestamp)
         let attribution = DeliveryAttribution(
             deliveryID: deliveryID, deliveryToken: DeliveryTokens.make(deliveryID: deliveryID, secret: secret))
-        let push = APNsPush(
-            token: d.token, topic: target.bundleID + ".push-type.liveactivity", priority: options.apnsPriority,
-            expiration: Int64(d.instance.expiresAt.timeIntervalSince1970), apnsID: d.id,
-            payload: APNsPayload.bytes(content, attribution: attribution))
 
         let clock = ContinuousClock()
         let started = clock.now
-        let decision = await apns.send(push, to: target.target)
-        metrics.sendLatency.observe(clock.now - started, ["apns"])
+        let decision: DeliveryDecision
+        switch d.provider {
+        case .apns:
+            let target: CredentialCache.APNs
+            do {
+                guard let found = try await credentials.apns(d.tenantID) else {
+                    return (result(d, .failed, reason: "no_apns_credentials"), nil, nil)
+                }
+                target = found
+            } catch {
+                log.warning("credential load failed", metadata: ["error": .string("\(error)")])
+                return (retry(d, reason: "credential_load", retryAfter: nil), nil, nil)
+            }
+            let push = APNsPush(
+                token: d.token, topic: target.bundleID + ".push-type.liveactivity", priority: options.apnsPriority,
+                expiration: Int64(d.instance.expiresAt.timeIntervalSince1970), apnsID: d.id,
+                payload: APNsPayload.bytes(content, attribution: attribution))
+            decision = await apns.send(push, to: target.target)
+        case .fcm:
+            let tokens: FCMAccessTokens
+            do {
+                guard let found = try await credentials.fcm(d.tenantID) else {
+                    return (result(d, .failed, reason: "no_fcm_credentials"), nil, nil)
+                }
+                tokens = found
+            } catch {
+                log.warning("credential load failed", metadata: ["error": .string("\(error)")])
+                return (retry(d, reason: "credential_load", retryAfter: nil), nil, nil)
+            }
+            let ttl = max(0, Int(d.instance.expiresAt.timeIntervalSinceNow))
+            decision = await fcm.send(
+                token: d.token, data: FCMData.compose(content, attribution: attribution), ttlSeconds: ttl,
+                collapseKey: nil, via: tokens)
+        }
+        metrics.sendLatency.observe(clock.now - started, [d.provider.rawValue])
 
         switch decision {
         case .sent(let providerID):
-            log.debug("sent", metadata: ["apns.id": .string(providerID ?? "")])
-            return (result(d, .sent, providerID: providerID ?? push.apnsID.uuidString, http: 200), nil, nil)
+            log.debug("sent", metadata: ["provider.id": .string(providerID ?? "")])
+            return (result(d, .sent, providerID: providerID ?? d.id.uuidString.lowercased(), http: 200), nil, nil)
         case .retireToken(let reason, let at):
-            log.info("token retired", metadata: ["apns.reason": .string(reason)])
+            log.info("token retired", metadata: ["provider.reason": .string(reason)])
             return (
                 result(d, .undeliverable, reason: reason),
                 TokenRetirement(
@@ -228,12 +259,12 @@ public final class DeliveryWorker: Sendable {
                 DeliveryResult(
                     tenantID: d.tenantID, id: d.id, status: .queued, reason: reason,
                     nextAttemptAt: Date().addingTimeInterval(5)), nil,
-                BrokenCredential(tenant: d.tenantID, reason: reason)
+                BrokenCredential(tenant: d.tenantID, provider: d.provider, reason: reason)
             )
         case .refreshProviderToken(let reason):
             return (retry(d, reason: reason, retryAfter: nil), nil, nil)
         case .fail(let reason):
-            log.warning("failed", metadata: ["apns.reason": .string(reason)])
+            log.warning("failed", metadata: ["provider.reason": .string(reason)])
             return (result(d, .failed, reason: reason), nil, nil)
         }
     }
@@ -242,7 +273,7 @@ public final class DeliveryWorker: Sendable {
         _ d: ClaimedDelivery, _ status: DeliveryResult.Status, providerID: String? = nil, http: Int? = nil,
         reason: String? = nil, operation: LiveActivityEvent? = nil
     ) -> DeliveryResult {
-        metrics.deliveries.inc(1, ["apns", d.operation.rawValue, status.rawValue, reason ?? ""])
+        metrics.deliveries.inc(1, [d.provider.rawValue, d.operation.rawValue, status.rawValue, reason ?? ""])
         return DeliveryResult(
             tenantID: d.tenantID, id: d.id, status: status, providerID: providerID, httpStatus: http, reason: reason)
     }
@@ -251,8 +282,8 @@ public final class DeliveryWorker: Sendable {
         guard let delay = configuration.retryPolicy.delay(afterAttempts: d.attempts, retryAfter: retryAfter) else {
             return result(d, .failed, reason: "gave up after \(d.attempts) attempts: \(reason)")
         }
-        metrics.retries.inc(1, ["apns"])
-        metrics.deliveries.inc(1, ["apns", d.operation.rawValue, "retry", reason])
+        metrics.retries.inc(1, [d.provider.rawValue])
+        metrics.deliveries.inc(1, [d.provider.rawValue, d.operation.rawValue, "retry", reason])
         let seconds = Double(delay.components.seconds) + Double(delay.components.attoseconds) / 1e18
         return DeliveryResult(
             tenantID: d.tenantID, id: d.id, status: .queued, reason: reason,
@@ -321,17 +352,42 @@ final class CredentialCache: Sendable {
     private let queue: DeliveryQueue
     private let keyRing: SealingKeyRing
     private let apnsEntries = Mutex<[UUID: APNs]>([:])
+    private let fcmEntries = Mutex<[UUID: (tokens: FCMAccessTokens, updatedAt: Date, loadedAt: Date)]>([:])
+    private let fcmProvider: FCMProvider
     private let secrets = Mutex<[UUID: [UInt8]]>([:])
     /// How long a loaded credential is used before its row is read again (to notice replacements).
     private let ttl: TimeInterval = 30
 
-    init(queue: DeliveryQueue, keyRing: SealingKeyRing) {
+    init(queue: DeliveryQueue, keyRing: SealingKeyRing, fcm: FCMProvider) {
         self.queue = queue
         self.keyRing = keyRing
+        self.fcmProvider = fcm
     }
 
     func invalidate(_ tenant: UUID) {
         _ = apnsEntries.withLock { $0.removeValue(forKey: tenant) }
+        _ = fcmEntries.withLock { $0.removeValue(forKey: tenant) }
+    }
+
+    func fcm(_ tenant: UUID) async throws -> FCMAccessTokens? {
+        let now = Date()
+        if let cached = fcmEntries.withLock({ $0[tenant] }), now.timeIntervalSince(cached.loadedAt) < ttl {
+            return cached.tokens
+        }
+        guard let (info, sealed) = try await queue.fcmCredential(tenant: tenant) else { return nil }
+        if let cached = fcmEntries.withLock({ $0[tenant] }), cached.updatedAt == info.updatedAt {
+            fcmEntries.withLock { $0[tenant] = (cached.tokens, cached.updatedAt, now) }
+            return cached.tokens
+        }
+        let json = try keyRing.open(sealed, associatedData: Array("tenant:\(tenant.uuidString.lowercased()):fcm".utf8))
+        guard let pem = try JSONValue.parse(json)["private_key"]?.stringValue else { return nil }
+        let account = FCMAccount(
+            projectID: info.projectID, clientEmail: info.clientEmail, privateKeyID: info.privateKeyID,
+            tokenURI: info.tokenURI, endpoint: info.endpoint ?? "https://fcm.googleapis.com",
+            key: try RS256PrivateKey(pem: pem))
+        let tokens = fcmProvider.accessTokens(for: account)
+        fcmEntries.withLock { $0[tenant] = (tokens, info.updatedAt, now) }
+        return tokens
     }
 
     func apns(_ tenant: UUID) async throws -> APNs? {

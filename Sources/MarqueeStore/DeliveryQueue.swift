@@ -284,6 +284,17 @@ public struct DeliveryQueue: Sendable {
         return (try CredentialStore.apnsInfo(row), try row.decode([UInt8].self, "sealed_private_key"))
     }
 
+    /// The tenant's FCM credential row (sealed service account included).
+    public func fcmCredential(tenant: UUID) async throws -> (FCMCredentialInfo, sealed: [UInt8])? {
+        let rows = try await pool.query(
+            """
+            SELECT \(unsafeRaw: CredentialStore.fcmColumns), sealed_service_account FROM fcm_credentials
+            WHERE tenant_id = \(tenant)
+            """)
+        guard let row = rows.first else { return nil }
+        return (try CredentialStore.fcmInfo(row), try row.decode([UInt8].self, "sealed_service_account"))
+    }
+
     /// The tenant's sealed delivery secret.
     public func sealedDeliverySecret(tenant: UUID) async throws -> [UInt8]? {
         let rows = try await pool.query("SELECT sealed_delivery_secret FROM tenants WHERE id = \(tenant)")

@@ -31,6 +31,8 @@ struct WorkerCommand {
             pool: pool, listenerConfiguration: pgConfiguration,
             apns: APNsProvider(
                 configuration: .init(caFile: configuration.caFile, connectionsPerHost: configuration.apnsConnections)),
+            fcm: FCMProvider(
+                configuration: .init(caFile: configuration.caFile, connectionsPerHost: configuration.apnsConnections)),
             keyRing: keyRing,
             configuration: .init(
                 workerID: workerID, batchSize: configuration.workerBatch, loops: configuration.workerLoops,

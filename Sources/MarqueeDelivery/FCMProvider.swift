@@ -1,0 +1,253 @@
+import Crypto
+import Foundation
+import HTTP2
+import MarqueeCore
+import Synchronization
+
+/// A tenant's FCM service account, as the worker needs it.
+public struct FCMAccount: Sendable {
+    public var projectID: String
+    public var clientEmail: String
+    public var privateKeyID: String?
+    public var tokenURI: String
+    /// `https://fcm.googleapis.com` or the credential's override.
+    public var endpoint: String
+    public var key: RS256PrivateKey
+
+    public init(
+        projectID: String, clientEmail: String, privateKeyID: String?, tokenURI: String, endpoint: String,
+        key: RS256PrivateKey
+    ) {
+        self.projectID = projectID
+        self.clientEmail = clientEmail
+        self.privateKeyID = privateKeyID
+        self.tokenURI = tokenURI
+        self.endpoint = endpoint
+        self.key = key
+    }
+}
+
+/// OAuth2 access tokens for one service account (JWT-bearer grant), cached and refreshed 5 minutes before they
+/// expire. Concurrent senders share one refresh.
+public final class FCMAccessTokens: Sendable {
+    static let scope = "https://www.googleapis.com/auth/firebase.messaging"
+
+    private struct State {
+        var token: String?
+        var expires: Date = .distantPast
+        var refreshing: [CheckedContinuation<String, any Error>]?
+        var issued = 0
+    }
+
+    let account: FCMAccount
+    private let provider: FCMProvider
+    private let now: @Sendable () -> Date
+    private let state = Mutex(State())
+
+    init(account: FCMAccount, provider: FCMProvider, now: @escaping @Sendable () -> Date = Date.init) {
+        self.account = account
+        self.provider = provider
+        self.now = now
+    }
+
+    /// How many tokens this cache obtained (for tests and metrics).
+    public var tokensIssued: Int { state.withLock { $0.issued } }
+
+    /// A valid access token; refreshes when none is cached, it is within 5 minutes of expiry, or it equals `rejected`.
+    public func token(rejecting rejected: String? = nil) async throws -> String {
+        enum Next {
+            case ready(String)
+            case wait
+            case refresh
+        }
+        let current = now()
+        return try await withCheckedThrowingContinuation { continuation in
+            let next: Next = state.withLock { state in
+                if let token = state.token, token != rejected, state.expires.timeIntervalSince(current) > 300 {
+                    return .ready(token)
+                }
+                if state.refreshing != nil {
+                    state.refreshing!.append(continuation)
+                    return .wait
+                }
+                state.refreshing = [continuation]
+                return .refresh
+            }
+            switch next {
+            case .ready(let token): continuation.resume(returning: token)
+            case .wait: break
+            case .refresh:
+                // The refresh is shared by every waiter, so it must not die with whichever caller started it:
+                // an unstructured task, not a child of the first caller.
+                Task { await self.refresh() }
+            }
+        }
+    }
+
+    private func refresh() async {
+        let result: Result<(String, Date), any Error>
+        do {
+            result = .success(try await provider.exchange(account))
+        } catch {
+            result = .failure(error)
+        }
+        let waiters = state.withLock { state in
+            if case .success(let (token, expires)) = result {
+                state.token = token
+                state.expires = expires
+                state.issued += 1
+            }
+            defer { state.refreshing = nil }
+            return state.refreshing ?? []
+        }
+        for waiter in waiters { waiter.resume(with: result.map(\.0)) }
+    }
+}
+
+/// An FCM token-endpoint failure.
+public struct FCMAuthError: Error, Sendable, CustomStringConvertible {
+    public var status: Int
+    public var error: String
+    public var description: String { "token endpoint answered \(status) \(error)" }
+}
+
+/// Sends Android Live Update data messages through FCM HTTP v1 over the shared HTTP/2 pools.
+public final class FCMProvider: Sendable {
+    public struct Configuration: Sendable {
+        public var caFile: String?
+        public var connectionsPerHost: Int
+        public var requestTimeout: Duration
+
+        public init(caFile: String? = nil, connectionsPerHost: Int = 2, requestTimeout: Duration = .seconds(30)) {
+            self.caFile = caFile
+            self.connectionsPerHost = connectionsPerHost
+            self.requestTimeout = requestTimeout
+        }
+    }
+
+    private let configuration: Configuration
+    private let clients = Mutex<[String: HTTP2Client]>([:])
+
+    public init(configuration: Configuration) {
+        self.configuration = configuration
+    }
+
+    /// An access-token cache for `account` (one per tenant credential; the worker keeps them).
+    public func accessTokens(for account: FCMAccount, now: @escaping @Sendable () -> Date = Date.init)
+        -> FCMAccessTokens
+    {
+        FCMAccessTokens(account: account, provider: self, now: now)
+    }
+
+    public var statistics: (connections: Int, streams: Int) {
+        clients.withLock { clients in
+            clients.values.reduce((0, 0)) { sum, client in
+                let s = client.statistics
+                return (sum.0 + s.openConnections, sum.1 + s.activeStreams)
+            }
+        }
+    }
+
+    func client(for url: String) throws -> (HTTP2Client, path: String) {
+        guard let components = URLComponents(string: url), components.scheme == "https", let host = components.host
+        else { throw FCMAuthError(status: 0, error: "not an https URL") }
+        let port = components.port ?? 443
+        let key = "\(host):\(port)"
+        let client = try clients.withLock { clients in
+            if let client = clients[key] { return client }
+            let client = try HTTP2Client(
+                .init(
+                    host: host, port: port, tls: TLSClientConfiguration(caFile: configuration.caFile),
+                    connections: configuration.connectionsPerHost, requestTimeout: configuration.requestTimeout))
+            clients[key] = client
+            return client
+        }
+        let path = components.percentEncodedPath.isEmpty ? "/" : components.percentEncodedPath
+        return (client, path + (components.percentEncodedQuery.map { "?" + $0 } ?? ""))
+    }
+
+    /// The JWT-bearer exchange: an RS256 assertion for `account` → an access token and its expiry.
+    func exchange(_ account: FCMAccount) async throws -> (String, Date) {
+        let iat = Int64(Date().timeIntervalSince1970)
+        var header: [String: String] = [:]
+        if let kid = account.privateKeyID { header["kid"] = kid }
+        let assertion = try JWT.sign(
+            claims: [
+                "iss": .string(account.clientEmail), "scope": .string(FCMAccessTokens.scope),
+                "aud": .string(account.tokenURI), "iat": .int(iat), "exp": .int(iat + 3600),
+            ], header: header, signer: account.key)
+        let form =
+            "grant_type=" + Self.formEncode("urn:ietf:params:oauth:grant-type:jwt-bearer") + "&assertion="
+            + Self.formEncode(assertion)
+        let (client, path) = try client(for: account.tokenURI)
+        let response = try await client.send(
+            HTTP2Request(
+                method: "POST", path: path, headers: [("content-type", "application/x-www-form-urlencoded")],
+                body: Array(form.utf8)))
+        let body = try? JSONValue.parse(response.body)
+        guard response.status == 200, let token = body?["access_token"]?.stringValue else {
+            throw FCMAuthError(status: response.status, error: body?["error"]?.stringValue ?? "no access_token")
+        }
+        let lifetime = body?["expires_in"]?.doubleValue ?? 3600
+        return (token, Date(timeIntervalSince1970: Double(iat) + lifetime))
+    }
+
+    /// Sends one message. A 401 refreshes the access token once and retries; a second 401 breaks the credential.
+    public func send(
+        token: String, data: [String: String], ttlSeconds: Int, collapseKey: String?, via tokens: FCMAccessTokens
+    )
+        async -> DeliveryDecision
+    {
+        let account = tokens.account
+        let body = FCMMessage.body(token: token, data: data, ttlSeconds: ttlSeconds, collapseKey: collapseKey)
+        do {
+            let (client, _) = try client(for: account.endpoint)
+            let basePath = URLComponents(string: account.endpoint)?.percentEncodedPath ?? ""
+            let path =
+                (basePath.hasSuffix("/") ? String(basePath.dropLast()) : basePath)
+                + "/v1/projects/\(account.projectID)/messages:send"
+            var accessToken = try await tokens.token()
+            for attempt in 0..<2 {
+                let response = try await client.send(
+                    HTTP2Request(
+                        method: "POST", path: path,
+                        headers: [("authorization", "Bearer " + accessToken), ("content-type", "application/json")],
+                        body: body.bytes, timeout: configuration.requestTimeout))
+                let retryAfter = response.header("retry-after").flatMap(Int64.init).map { Duration.seconds($0) }
+                let decision = FCMErrorCode.decide(
+                    status: response.status, body: try? JSONValue.parse(response.body), retryAfter: retryAfter)
+                if case .refreshProviderToken(let reason) = decision {
+                    if attempt == 0 {
+                        accessToken = try await tokens.token(rejecting: accessToken)
+                        continue
+                    }
+                    return .credentialBroken(reason: "\(reason) twice")
+                }
+                return decision
+            }
+            return .retry(reason: "token refresh loop", retryAfter: nil)
+        } catch let error as FCMAuthError {
+            // 400 invalid_grant and friends: the service account itself is refused.
+            if (400..<500).contains(error.status) { return .credentialBroken(reason: "oauth: \(error.error)") }
+            return .retry(reason: "oauth: \(error.error)", retryAfter: nil)
+        } catch let error as HTTP2Error {
+            return .retry(reason: "transport: \(error.code)", retryAfter: nil)
+        } catch {
+            return .retry(reason: "transport", retryAfter: nil)
+        }
+    }
+
+    static func formEncode(_ s: String) -> String {
+        var allowed = CharacterSet.alphanumerics
+        allowed.insert(charactersIn: "-._~")
+        return s.addingPercentEncoding(withAllowedCharacters: allowed) ?? s
+    }
+
+    public func shutdown() async {
+        let all = clients.withLock { clients in
+            defer { clients.removeAll() }
+            return Array(clients.values)
+        }
+        for client in all { await client.shutdown() }
+    }
+}
