@@ -53,7 +53,7 @@ let package = Package(
         ),
         .target(
             name: "MarqueeAPI",
-            dependencies: ["MarqueeCore", "MarqueeStore", "HTTPServer", "Observability", "PostgresClient"],
+            dependencies: ["MarqueeCore", "MarqueeStore", "HTTPServer", "Observability", "PostgresClient", "Crypto"],
             swiftSettings: swiftSettings
         ),
         .executableTarget(
@@ -82,11 +82,12 @@ let package = Package(
         .testTarget(
             name: "ServiceLifecycleTests", dependencies: ["ServiceLifecycle", "Observability"],
             swiftSettings: swiftSettings),
-        .testTarget(name: "MarqueeCoreTests", dependencies: ["MarqueeCore"], swiftSettings: swiftSettings),
+        .testTarget(
+            name: "MarqueeCoreTests", dependencies: ["MarqueeCore"], exclude: ["Golden"], swiftSettings: swiftSettings),
         .testTarget(
             name: "IntegrationTests",
             dependencies: [
-                "MarqueeCore", "MarqueeStore", "MarqueeAPI", "PostgresClient", "HTTPServer", "Observability",
+                "MarqueeCore", "MarqueeStore", "MarqueeAPI", "PostgresClient", "HTTPServer", "Observability", "Crypto",
             ],
             swiftSettings: swiftSettings
         ),

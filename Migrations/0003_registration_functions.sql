@@ -26,8 +26,11 @@ DECLARE
     v_inserted boolean;
 BEGIN
     PERFORM marquee_enter_tenant(p_tenant);
+    -- Locking the device row serialises concurrent registrations for one device: the second sees the first's
+    -- token and rotates it, instead of colliding with it on the one-active-token index.
     SELECT d.platform INTO v_platform FROM devices d
-    WHERE d.tenant_id = p_tenant AND d.token = p_device AND d.person_id = p_person;
+    WHERE d.tenant_id = p_tenant AND d.token = p_device AND d.person_id = p_person
+    FOR UPDATE;
     IF v_platform IS NULL THEN
         RETURN QUERY SELECT 'no_device'::text, false, false;
         RETURN;
@@ -64,7 +67,7 @@ DECLARE
     v_inserted boolean;
 BEGIN
     PERFORM marquee_enter_tenant(p_tenant);
-    PERFORM 1 FROM devices d WHERE d.tenant_id = p_tenant AND d.token = p_device;
+    PERFORM 1 FROM devices d WHERE d.tenant_id = p_tenant AND d.token = p_device FOR UPDATE;
     IF NOT FOUND THEN
         RETURN QUERY SELECT 'no_device'::text, false, false;
         RETURN;

@@ -42,7 +42,8 @@ struct CompatRoutes: Sendable {
     }
 
     func batch(_ request: HTTPRequest) async throws -> HTTPResponse {
-        let body = try JSONBody.parse(request)
+        // NUL is checked per event below, so that one such event does not drop the batch.
+        let body = try JSONBody.parse(request, allowNUL: true)
         let principal = try await authenticator.require(
             request, kinds: [.sdk], scheme: .bearerOrBasic, fallbackKey: try? body.string("writeKey"))
         guard let list = body.value("batch")?.arrayValue else {
@@ -67,7 +68,8 @@ struct CompatRoutes: Sendable {
                 events.inc(1, [Self.typeLabel(event), "rejected"])
                 var entry: [String: JSONValue] = [
                     "index": .int(Int64(index)), "type": .string(problem.type), "status": .int(Int64(problem.status)),
-                    "detail": .from(problem.detail), "field": .from(problem.field.map { "batch[\(index)]." + $0 }),
+                    "detail": .from(problem.detail),
+                    "field": .string("batch[\(index)]" + (problem.field.map { "." + $0 } ?? "")),
                 ]
                 if let id = event["messageId"]?.stringValue { entry["messageId"] = .string(id) }
                 rejected.append(.object(entry))
@@ -124,6 +126,9 @@ struct CompatRoutes: Sendable {
     func apply(_ value: JSONValue, tenant: UUID) async throws -> Outcome {
         guard let object = value.objectValue else {
             throw ValidationError(field: "", reason: "each event must be a JSON object")
+        }
+        if let field = JSONBody.nulField(in: value) {
+            throw ValidationError(field: field, reason: JSONBody.nulReason)
         }
         let event = JSONBody(object: object)
         let type = try event.requiredString("type")
@@ -217,7 +222,8 @@ struct CompatRoutes: Sendable {
             guard let deliveryID else { throw ValidationError.missing("properties.deliveryId") }
             _ = try await registry.recordMetric(
                 tenant: tenant, deliveryID: deliveryID, metric: metric,
-                recipient: try properties.string("recipient", maxLength: 4096), at: try event.timestamp("timestamp"))
+                recipient: try properties.string("recipient", maxLength: Identifiers.maxRecipientLength),
+                at: try event.timestamp("timestamp"))
             return .applied
 
         default:

@@ -14,7 +14,12 @@ struct JSONBody: Sendable {
     }
 
     /// Parses the request body; an empty body reads as `{}` when `allowEmpty`.
-    static func parse(_ request: HTTPRequest, allowEmpty: Bool = false) throws(HTTPProblem) -> JSONBody {
+    ///
+    /// A string or key holding U+0000 is a 422 (see `nulField`) unless `allowNUL`, for callers that check parts of
+    /// the body on their own, as the batch ingest does per event.
+    static func parse(_ request: HTTPRequest, allowEmpty: Bool = false, allowNUL: Bool = false) throws(HTTPProblem)
+        -> JSONBody
+    {
         if request.body.isEmpty {
             if allowEmpty { return JSONBody(object: [:]) }
             throw HTTPProblem.malformedJSON(detail: "The request body is empty; a JSON object is required.")
@@ -31,8 +36,36 @@ struct JSONBody: Sendable {
                 status: 400, slug: "malformed-json", title: "Malformed JSON",
                 detail: "The body must be a JSON object, not \(value.typeName).")
         }
+        if !allowNUL, let field = nulField(in: value) {
+            throw Problems.validation(ValidationError(field: field, reason: JSONBody.nulReason))
+        }
         return JSONBody(object: object)
     }
+
+    /// The field (dotted, with `[index]` for arrays) of the first string or key that holds U+0000, if any.
+    /// U+0000 is refused: PostgreSQL stores it neither in `text` (libpq cuts the value short) nor in `jsonb`.
+    static func nulField(in value: JSONValue, path: String = "") -> String? {
+        switch value {
+        case .string(let s):
+            return s.unicodeScalars.contains("\u{0}") ? path : nil
+        case .array(let a):
+            for (i, element) in a.enumerated() {
+                if let found = nulField(in: element, path: "\(path)[\(i)]") { return found }
+            }
+            return nil
+        case .object(let o):
+            for key in o.keys.sorted() {
+                // A key holding NUL cannot be named safely: the object holding it is reported ("" for the root).
+                if key.unicodeScalars.contains("\u{0}") { return path }
+                if let found = nulField(in: o[key]!, path: path.isEmpty ? key : path + "." + key) { return found }
+            }
+            return nil
+        default:
+            return nil
+        }
+    }
+
+    static let nulReason = "must not contain U+0000 in any string or key"
 
     func name(_ key: String) -> String { path.isEmpty ? key : path + "." + key }
 

@@ -1,4 +1,5 @@
 import Crypto
+import Foundation
 import HTTPServer
 import MarqueeStore
 import Observability
@@ -12,10 +13,14 @@ public struct MarqueeAPI: Sendable {
     let activityTypes: ActivityTypeRoutes
     let registry: RegistryRoutes
     let compat: CompatRoutes
+    let lifecycle: LifecycleRoutes
+    /// The group committer of lifecycle writes (exposed for metrics).
+    public let committer: GroupCommitter
 
     public init(
         pool: PostgresPool, migrator: Migrator, keyRing: SealingKeyRing, adminToken: String?,
-        keyCacheTTL: Duration = .seconds(5), metrics: MetricsRegistry, logger: Logger
+        keyCacheTTL: Duration = .seconds(5), groupCommit: GroupCommitter.Configuration = .init(),
+        metrics: MetricsRegistry, logger: Logger
     ) {
         let database = TenantDatabase(pool: pool)
         let tenants = TenantStore(database: database, keyRing: keyRing)
@@ -29,6 +34,20 @@ public struct MarqueeAPI: Sendable {
         registry = RegistryRoutes(authenticator: authenticator, registry: registryStore, tenants: tenants)
         compat = CompatRoutes(
             authenticator: authenticator, registry: registryStore, tenants: tenants, metrics: metrics, logger: logger)
+        committer = GroupCommitter(pool: pool, configuration: groupCommit)
+        lifecycle = LifecycleRoutes(
+            authenticator: authenticator, store: LiveActivityStore(database: database, committer: committer),
+            now: { Date() })
+        let statistics = committer
+        let batches = metrics.counter(
+            "marquee_group_commit_batches_total", help: "Transactions committed by the lifecycle group committer.")
+        let statements = metrics.counter(
+            "marquee_group_commit_statements_total", help: "Requests committed through the group committer.")
+        metrics.onCollect {
+            let s = statistics.statistics
+            batches.inc(Double(s.batches) - batches.value())
+            statements.inc(Double(s.statements) - statements.value())
+        }
     }
 
     /// Adds every route to `router`.
@@ -39,5 +58,6 @@ public struct MarqueeAPI: Sendable {
         activityTypes.register(in: &router)
         registry.register(in: &router)
         compat.register(in: &router)
+        lifecycle.register(in: &router)
     }
 }

@@ -56,7 +56,8 @@ public enum Problems {
     public static func validation(_ error: ValidationError) -> HTTPProblem {
         HTTPProblem(
             status: 422, type: typeBase + error.code.rawValue, title: "Invalid request field",
-            detail: "\(error.field) \(error.reason)", field: error.field)
+            detail: error.field.isEmpty ? error.reason : "\(error.field) \(error.reason)",
+            field: error.field.isEmpty ? nil : error.field)
     }
 }
 
@@ -91,5 +92,35 @@ func guarded(_ handler: @escaping HTTPHandler) -> HTTPHandler {
             if let p = problem(for: error) { throw p }
             throw error
         }
+    }
+}
+
+extension Problems {
+    /// 409: update or end of an instance that is over.
+    static func closedInstance(instanceID: String, state: InstanceState) -> HTTPProblem {
+        HTTPProblem(
+            status: 409, type: typeBase + "instance-closed", title: "Live activity is over",
+            detail: "The live activity is \(state.rawValue); it takes no more updates or ends.", field: "instance_id")
+    }
+
+    /// 413: the composed push would not fit the provider's limit.
+    static func payloadTooLarge(_ error: PayloadSizeError) -> HTTPProblem {
+        let service = error.platform == .ios ? "APNs payload" : "FCM data message"
+        return HTTPProblem(
+            status: 413, type: typeBase + "push-too-large", title: "Push payload too large",
+            detail:
+                "The \(service) (\(error.platform.rawValue)) would be \(error.size) bytes, \(error.overBy) over the \(error.limit)-byte limit.",
+            field: "content_state",
+            extensions: [
+                "platform": error.platform.rawValue, "size": String(error.size), "limit": String(error.limit),
+                "over_by": String(error.overBy),
+            ])
+    }
+
+    /// 503: too many concurrent changes to one instance.
+    static func contention(instanceID: String) -> HTTPProblem {
+        HTTPProblem(
+            status: 503, type: typeBase + "contention", title: "Instance busy",
+            detail: "The live activity changed concurrently too many times; retry.", headers: ["Retry-After": "1"])
     }
 }

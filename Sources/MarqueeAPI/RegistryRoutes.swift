@@ -158,7 +158,7 @@ struct RegistryRoutes: Sendable {
         let body = try JSONBody.parse(request)
         try body.rejectUnknown(["metric", "recipient", "delivery_token", "at"])
         let metric = try body.requiredEnum("metric", DeliveryMetric.self)
-        let recipient = try body.string("recipient", maxLength: 4096)
+        let recipient = try body.string("recipient", maxLength: Identifiers.maxRecipientLength)
         let at = try body.timestamp("at")
         if let presented = try body.string("delivery_token", maxLength: 256) {
             let secret = try await tenants.deliverySecret(tenant: principal.tenantID)

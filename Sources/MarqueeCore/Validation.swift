@@ -49,12 +49,21 @@ public enum Identifiers {
         return text.lowercased()
     }
 
-    /// FCM registration tokens: 1–4096 printable ASCII characters.
+    /// The longest FCM token accepted. Real tokens are about 160 characters; the bound keeps every index holding
+    /// tokens (an Android activity token sits next to its device token in one key) under PostgreSQL's 2704-byte limit
+    /// for a B-tree entry, which longer values would break with a server error.
+    public static let maxFCMTokenLength = 1024
+
+    /// The longest delivery-metric recipient accepted (it is part of a unique index, like tokens).
+    public static let maxRecipientLength = 1024
+
+    /// FCM registration tokens: 1–1024 printable ASCII characters.
     public static func fcmToken(_ text: String, field: String) throws(ValidationError) -> String {
         let utf8 = text.utf8
-        guard (1...4096).contains(utf8.count), utf8.allSatisfy({ $0 >= 0x21 && $0 <= 0x7E }) else {
+        guard (1...maxFCMTokenLength).contains(utf8.count), utf8.allSatisfy({ $0 >= 0x21 && $0 <= 0x7E }) else {
             throw ValidationError(
-                .invalidToken, field: field, reason: "must be an FCM token: 1 to 4096 printable ASCII characters")
+                .invalidToken, field: field,
+                reason: "must be an FCM token: 1 to \(maxFCMTokenLength) printable ASCII characters")
         }
         return text
     }

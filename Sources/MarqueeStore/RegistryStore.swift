@@ -301,13 +301,17 @@ public struct RegistryStore: Sendable {
         }
     }
 
-    static func devicePlatform(_ connection: PostgresConnection, tenant: UUID, token: String, personID: String?) throws
-        -> Platform?
-    {
+    /// With `lock`, the device row is locked until the transaction ends (`FOR UPDATE`): token registrations for one
+    /// device then run one after the other, so each sees the token the previous one made active and retires it,
+    /// instead of racing for the partial unique index (which many simultaneous registrations lost with a 500).
+    static func devicePlatform(
+        _ connection: PostgresConnection, tenant: UUID, token: String, personID: String?, lock: Bool = false
+    ) throws -> Platform? {
         let rows = try connection.query(
             """
             SELECT platform FROM devices
             WHERE tenant_id = \(tenant) AND token = \(token) AND (\(personID)::text IS NULL OR person_id = \(personID))
+            \(unsafeRaw: lock ? "FOR UPDATE" : "")
             """)
         guard let row = rows.first else { return nil }
         return Platform(rawValue: try row.decode(String.self, "platform"))
@@ -365,27 +369,42 @@ public struct RegistryStore: Sendable {
     /// the Android devices of the instance, leaving out devices that reported `ended` or `dismissed`.
     public func activityTargets(tenant: UUID, instanceID: String) async throws -> [ActivityTarget] {
         try await database.tenantTransaction(tenant) { connection in
-            try connection.query(
-                """
-                SELECT d.token AS device_token, d.platform, COALESCE(a.token, d.token) AS token
-                FROM devices d
-                LEFT JOIN activity_tokens a
-                  ON a.tenant_id = d.tenant_id AND a.device_token = d.token
-                 AND a.instance_id = \(instanceID) AND a.status = 'active'
-                LEFT JOIN instance_devices s
-                  ON s.tenant_id = d.tenant_id AND s.device_token = d.token AND s.instance_id = \(instanceID)
-                WHERE d.tenant_id = \(tenant)
-                  AND (a.token IS NOT NULL OR (d.platform = 'android' AND s.device_token IS NOT NULL))
-                  AND (s.state IS NULL OR s.state NOT IN ('ended', 'dismissed'))
-                ORDER BY d.token
-                """
-            ).map { row in
-                ActivityTarget(
-                    deviceToken: try row.decode(String.self, "device_token"),
-                    platform: Platform(rawValue: try row.decode(String.self, "platform")) ?? .ios,
-                    token: try row.decode(String.self, "token"))
-            }
+            try connection.query(Self.activityTargetsQuery(tenant: tenant, instanceID: instanceID)).map(
+                Self.activityTarget)
         }
+    }
+
+    /// Driven from the instance's own rows (its activity tokens and its devices), never from the tenant's whole
+    /// device table, so it costs the same with ten devices or ten million.
+    static func activityTargetsQuery(tenant: UUID, instanceID: String) -> PostgresQuery {
+        """
+        SELECT a.device_token, d.platform, a.token
+        FROM activity_tokens a
+        JOIN devices d ON d.tenant_id = a.tenant_id AND d.token = a.device_token
+        WHERE a.tenant_id = \(tenant) AND a.instance_id = \(instanceID) AND a.status = 'active'
+          AND NOT EXISTS (
+              SELECT 1 FROM instance_devices s
+              WHERE s.tenant_id = a.tenant_id AND s.instance_id = a.instance_id AND s.device_token = a.device_token
+                AND s.state IN ('ended', 'dismissed'))
+        UNION ALL
+        SELECT s.device_token, d.platform, d.token
+        FROM instance_devices s
+        JOIN devices d ON d.tenant_id = s.tenant_id AND d.token = s.device_token
+        WHERE s.tenant_id = \(tenant) AND s.instance_id = \(instanceID) AND d.platform = 'android'
+          AND s.state NOT IN ('ended', 'dismissed')
+          AND NOT EXISTS (
+              SELECT 1 FROM activity_tokens a
+              WHERE a.tenant_id = s.tenant_id AND a.instance_id = s.instance_id AND a.device_token = s.device_token
+                AND a.status = 'active')
+        ORDER BY 1
+        """
+    }
+
+    static func activityTarget(_ row: PostgresRow) throws -> ActivityTarget {
+        ActivityTarget(
+            deviceToken: try row.decode(String.self, "device_token"),
+            platform: Platform(rawValue: try row.decode(String.self, "platform")) ?? .ios,
+            token: try row.decode(String.self, "token"))
     }
 
     // MARK: Lifecycle events and delivery metrics
@@ -446,13 +465,16 @@ public struct RegistryStore: Sendable {
         for (pointer, value) in try row.decode(JSONValue.self, "date_fields").objectValue ?? [:] {
             if let encoding = value.stringValue.flatMap(DateEncoding.init(rawValue:)) { dateFields[pointer] = encoding }
         }
+        // Joined with `instances`, the type's timestamps come as type_created_at / type_updated_at.
+        let joined = row.columns.contains("type_created_at")
         return ActivityType(
             identifier: try row.decode(String.self, "identifier"),
             attributesType: try row.decode(String.self, "attributes_type"),
             contentStateSchema: try row.decode(JSONValue?.self, "content_state_schema"), dateFields: dateFields,
             payloadProfile: PayloadProfile(rawValue: try row.decode(String.self, "payload_profile")) ?? .marquee,
-            autoCreated: try row.decode(Bool.self, "auto_created"), createdAt: try row.decode(Date.self, "created_at"),
-            updatedAt: try row.decode(Date.self, "updated_at"))
+            autoCreated: try row.decode(Bool.self, "auto_created"),
+            createdAt: try row.decode(Date.self, joined ? "type_created_at" : "created_at"),
+            updatedAt: try row.decode(Date.self, joined ? "type_updated_at" : "updated_at"))
     }
 
     static func person(_ row: PostgresRow) throws -> Person {

@@ -243,6 +243,8 @@ enum HTTP {
     static let session: URLSession = {
         let configuration = URLSessionConfiguration.ephemeral
         configuration.timeoutIntervalForRequest = 10
+        // Concurrency tests need truly simultaneous requests, not a queue of six connections.
+        configuration.httpMaximumConnectionsPerHost = 32
         return URLSession(configuration: configuration)
     }()
 

@@ -1,0 +1,126 @@
+/// The FCM data map for one event: every value a string, as FCM requires.
+///
+/// Android has no system-rendered live activity: FCM wakes the app, and its code (or the SDK) posts the Live Update.
+/// So unlike APNs, every push carries what a renderer needs to draw from scratch (attributes included), and the
+/// keys are the ones each profile's Android side reads:
+///
+/// - `marquee`: `instance_id`, `event`, `notification_type` (the activity type's identifier), `timestamp` (epoch
+///   seconds), `content_state` and `attributes` (JSON texts), `delivery_id`, `delivery_token`; when present
+///   `deep_link`, `stale_date` and `dismissal_date` (end only; epoch seconds), `alert_title` and `alert_body` (an
+///   alert re-notifies on Android instead of updating silently).
+/// - `customerio`: `cioInstanceId`, `event`, `notification_type`, `timestamp`, `payload` — one JSON object holding
+///   the attributes and the content state together (state wins on a shared key), because the Android side has no
+///   attributes/content-state split —, `CIO-Delivery-ID`, `CIO-Delivery-Token`, and `link` for the deep link (the key
+///   Customer.io's push SDKs read).
+/// - `capacitor` (seed 000): `liveActivityId` plus the content state's fields flattened to strings, as the plugin's
+///   documented data message shows (`"progress": "0.95"`), including its flat attribution fields. Marquee adds
+///   `event` and `timestamp`: the app's `onMessageReceived` needs to tell an end from an update, and FCM does not
+///   keep order. Envelope keys win over state fields of the same name.
+public enum FCMData {
+    /// Largest data map FCM accepts, counting the UTF-8 bytes of keys and values.
+    public static let maximumSize = 4096
+
+    /// The data map.
+    public static func compose(_ content: ActivityContent, attribution: DeliveryAttribution) -> [String: String] {
+        var data: [String: String] = [:]
+        switch content.profile {
+        case .marquee:
+            data["instance_id"] = content.instanceID
+            data["notification_type"] = content.activityType
+            data["content_state"] = content.contentState.serialized()
+            data["attributes"] = content.attributes.serialized()
+            data["delivery_id"] = attribution.deliveryID
+            data["delivery_token"] = attribution.deliveryToken
+            if let deepLink = content.deepLink { data["deep_link"] = deepLink }
+            if let stale = content.staleDate { data["stale_date"] = String(epochSeconds(stale)) }
+            if content.event == .end, let dismissal = content.dismissalDate {
+                data["dismissal_date"] = String(epochSeconds(dismissal))
+            }
+            if let alert = content.alert {
+                data["alert_title"] = alert.title
+                data["alert_body"] = alert.body
+            }
+        case .customerio:
+            var merged = content.attributes.objectValue ?? [:]
+            for (key, value) in content.contentState.objectValue ?? [:] { merged[key] = value }
+            data["cioInstanceId"] = content.instanceID
+            data["notification_type"] = content.activityType
+            data["payload"] = JSONValue.object(merged).serialized()
+            data["CIO-Delivery-ID"] = attribution.deliveryID
+            data["CIO-Delivery-Token"] = attribution.deliveryToken
+            if let deepLink = content.deepLink { data["link"] = deepLink }
+        case .capacitor:
+            let state = content.profile.deviceContentState(
+                content.contentState, deepLink: content.deepLink, attribution: attribution)
+            for (key, value) in state.objectValue ?? [:] {
+                if let text = flatString(value) { data[key] = text }
+            }
+            data["liveActivityId"] = content.instanceID
+        }
+        data["event"] = content.event.rawValue
+        data["timestamp"] = String(content.timestamp)
+        return data
+    }
+
+    /// A JSON value as one FCM data string: strings verbatim, numbers in shortest form, `true`/`false`, objects and
+    /// arrays as compact JSON. nil for `null`, which a data map cannot carry (the field is left out, which a
+    /// replace-the-whole-state renderer treats the same).
+    public static func flatString(_ value: JSONValue) -> String? {
+        switch value {
+        case .null: nil
+        case .string(let s): s
+        default: value.serialized()
+        }
+    }
+
+    /// Size as FCM counts it: UTF-8 bytes of every key and value.
+    public static func size(_ data: [String: String]) -> Int {
+        data.reduce(0) { $0 + $1.key.utf8.count + $1.value.utf8.count }
+    }
+
+    /// The map serialized with sorted keys (for logs, fixtures and comparison).
+    public static func serialized(_ data: [String: String]) -> String {
+        JSONValue.object(data.mapValues { .string($0) }).serialized()
+    }
+
+    /// Keys FCM refuses in a data map: `from`, `message_type`, and anything starting with `google` or `gcm`.
+    public static func isReservedKey(_ key: String) -> Bool {
+        let lower = key.lowercased()
+        return lower == "from" || lower == "message_type" || lower.hasPrefix("google") || lower.hasPrefix("gcm")
+    }
+
+    /// Refuses content whose data map FCM would reject: only the `capacitor` profile puts the team's field names at the
+    /// top level, so only it can hit a reserved key.
+    public static func checkKeys(_ content: ActivityContent, field: String = "content_state") throws(ValidationError) {
+        let data = compose(content, attribution: .worstCase)
+        if let key = data.keys.sorted().first(where: isReservedKey) {
+            throw ValidationError(
+                field: field + JSONPointer(tokens: [key]).description,
+                reason: "is a name FCM reserves (from, message_type, google…, gcm…) and cannot be sent to Android")
+        }
+    }
+}
+
+/// The FCM HTTP v1 `messages:send` request body around a data map.
+public enum FCMMessage {
+    /// `{"message": {"token", "data", "android": {"priority": "high", "ttl": "<n>s", "collapse_key"?}}}`.
+    ///
+    /// High priority because a data message is what wakes the app to redraw the Live Update; normal-priority data
+    /// messages may be held back in Doze. `ttlSeconds` is clamped at 0.
+    public static func body(token: String, data: [String: String], ttlSeconds: Int, collapseKey: String? = nil)
+        -> JSONValue
+    {
+        var android: [String: JSONValue] = [
+            "priority": .string("high"),
+            "ttl": .string("\(max(0, ttlSeconds))s"),
+        ]
+        if let collapseKey { android["collapse_key"] = .string(collapseKey) }
+        return .object([
+            "message": .object([
+                "token": .string(token),
+                "data": .object(data.mapValues { .string($0) }),
+                "android": .object(android),
+            ])
+        ])
+    }
+}

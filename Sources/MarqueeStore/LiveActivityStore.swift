@@ -1,0 +1,590 @@
+import Foundation
+import MarqueeCore
+import PostgresClient
+
+/// The lifecycle state of an instance.
+public enum InstanceState: String, Sendable, CaseIterable, Codable {
+    case pending
+    case active
+    case ended
+    case expired
+    case failed
+
+    /// No further update or end is accepted.
+    public var isClosed: Bool { self == .ended || self == .expired }
+}
+
+/// An instance row.
+public struct InstanceRecord: Sendable, Equatable {
+    public var id: String
+    public var activityType: String
+    public var personID: String?
+    public var personEmail: String?
+    public var state: InstanceState
+    public var failureReason: String?
+    public var attributes: JSONValue
+    public var contentState: JSONValue
+    public var options: JSONValue
+    public var version: Int
+    public var contentTimestamp: Int64
+    public var targetPlatform: Platform?
+    public var targetDevice: String?
+    public var expiresAt: Date
+    public var startedAt: Date
+    public var endedAt: Date?
+    public var updatedAt: Date
+
+    /// The state as clients see it: an open instance past its expiration is `expired` even before a write says so.
+    public func effectiveState(now: Date) -> InstanceState {
+        if !state.isClosed && expiresAt <= now { return .expired }
+        return state
+    }
+}
+
+/// A response stored for an Idempotency-Key (or a start's client-chosen instance ID).
+public struct StoredResponse: Sendable, Equatable {
+    public var status: Int
+    public var body: JSONValue
+    public var requestHash: [UInt8]
+}
+
+/// A device a start could go to.
+public struct StartCandidate: Sendable, Equatable {
+    public var deviceToken: String
+    public var platform: Platform
+    /// The active push-to-start token for the activity type (iOS); nil when the device has none.
+    public var pushToStartToken: String?
+}
+
+/// What a start needs to know before it writes.
+public struct StartContext: Sendable {
+    public var activityType: ActivityType?
+    /// The person's ID, resolved from `id` or `email`; nil when no such person.
+    public var personID: String?
+    public var candidates: [StartCandidate]
+    public var idempotent: StoredResponse?
+    /// The start response of an existing instance with the requested ID.
+    public var existingStart: StoredResponse?
+    public var existingInstance: Bool
+}
+
+/// What an update or end needs to know before it writes.
+public struct ChangeContext: Sendable {
+    public var instance: InstanceRecord?
+    public var activityType: ActivityType?
+    public var targets: [ActivityTarget]
+    public var idempotent: StoredResponse?
+}
+
+/// One delivery row to queue.
+public struct PlannedDelivery: Sendable, Equatable {
+    public enum Provider: String, Sendable { case apns, fcm }
+    public enum TokenKind: String, Sendable {
+        case pushToStart = "push_to_start"
+        case activity, fcm
+    }
+    public var id: UUID
+    public var deviceToken: String
+    public var provider: Provider
+    public var tokenKind: TokenKind
+    public var token: String
+
+    public init(id: UUID, deviceToken: String, provider: Provider, tokenKind: TokenKind, token: String) {
+        self.id = id
+        self.deviceToken = deviceToken
+        self.provider = provider
+        self.tokenKind = tokenKind
+        self.token = token
+    }
+}
+
+/// An idempotency record to write with a change.
+public struct IdempotencyRecord: Sendable {
+    public var key: String
+    public var requestHash: [UInt8]
+    public var status: Int
+    public var response: JSONValue
+
+    public init(key: String, requestHash: [UInt8], status: Int, response: JSONValue) {
+        self.key = key
+        self.requestHash = requestHash
+        self.status = status
+        self.response = response
+    }
+}
+
+/// A new instance and its first deliveries.
+public struct StartWrite: Sendable {
+    public var instanceID: String
+    public var activityType: String
+    public var personID: String?
+    public var personEmail: String?
+    public var state: InstanceState
+    public var failureReason: String?
+    public var attributes: JSONValue
+    public var contentState: JSONValue
+    public var options: JSONValue
+    public var contentTimestamp: Int64
+    public var targetPlatform: Platform?
+    public var targetDevice: String?
+    public var expiresAt: Date
+    public var response: JSONValue
+    public var deliveries: [PlannedDelivery]
+    /// Android devices of the instance (they get its updates and end through their FCM token).
+    public var androidDevices: [String]
+    public var idempotency: IdempotencyRecord?
+
+    public init(
+        instanceID: String, activityType: String, personID: String?, personEmail: String?, state: InstanceState,
+        failureReason: String?, attributes: JSONValue, contentState: JSONValue, options: JSONValue,
+        contentTimestamp: Int64, targetPlatform: Platform?, targetDevice: String?, expiresAt: Date,
+        response: JSONValue, deliveries: [PlannedDelivery], androidDevices: [String], idempotency: IdempotencyRecord?
+    ) {
+        self.instanceID = instanceID
+        self.activityType = activityType
+        self.personID = personID
+        self.personEmail = personEmail
+        self.state = state
+        self.failureReason = failureReason
+        self.attributes = attributes
+        self.contentState = contentState
+        self.options = options
+        self.contentTimestamp = contentTimestamp
+        self.targetPlatform = targetPlatform
+        self.targetDevice = targetDevice
+        self.expiresAt = expiresAt
+        self.response = response
+        self.deliveries = deliveries
+        self.androidDevices = androidDevices
+        self.idempotency = idempotency
+    }
+}
+
+/// An update or end of an existing instance, conditional on the version it was computed from.
+public struct ChangeWrite: Sendable {
+    public enum Operation: String, Sendable { case update, end }
+    public var instanceID: String
+    public var operation: Operation
+    public var expectedVersion: Int
+    public var state: InstanceState
+    public var failureReason: String?
+    public var attributes: JSONValue
+    public var contentState: JSONValue
+    public var options: JSONValue
+    public var contentTimestamp: Int64
+    public var deliveries: [PlannedDelivery]
+    public var idempotency: IdempotencyRecord?
+
+    public init(
+        instanceID: String, operation: Operation, expectedVersion: Int, state: InstanceState, failureReason: String?,
+        attributes: JSONValue, contentState: JSONValue, options: JSONValue, contentTimestamp: Int64,
+        deliveries: [PlannedDelivery], idempotency: IdempotencyRecord?
+    ) {
+        self.instanceID = instanceID
+        self.operation = operation
+        self.expectedVersion = expectedVersion
+        self.state = state
+        self.failureReason = failureReason
+        self.attributes = attributes
+        self.contentState = contentState
+        self.options = options
+        self.contentTimestamp = contentTimestamp
+        self.deliveries = deliveries
+        self.idempotency = idempotency
+    }
+}
+
+/// The outcome of a write.
+public enum WriteOutcome: Sendable, Equatable {
+    /// Written: the new version and the number of deliveries queued.
+    case written(version: Int, deliveries: Int)
+    /// Another request changed the instance first (update/end) — read again and recompute.
+    case versionConflict
+    /// The instance ID or idempotency key was taken by a concurrent request — replay its stored response.
+    case alreadyExists
+}
+
+/// A delivery as listed for attribution.
+public struct DeliveryRecord: Sendable, Equatable {
+    public var id: UUID
+    public var instanceID: String
+    public var deviceToken: String
+    public var provider: String
+    public var tokenKind: String
+    public var operation: String
+    public var instanceVersion: Int
+    public var status: String
+    public var attempts: Int
+    public var nextAttemptAt: Date
+    public var providerID: String?
+    public var httpStatus: Int?
+    public var reason: String?
+    public var createdAt: Date
+    public var updatedAt: Date
+    public var sentAt: Date?
+}
+
+/// Instances and deliveries: reads in one round trip, writes through the group committer.
+public struct LiveActivityStore: Sendable {
+    let database: TenantDatabase
+    let committer: GroupCommitter
+
+    public init(database: TenantDatabase, committer: GroupCommitter) {
+        self.database = database
+        self.committer = committer
+    }
+
+    // MARK: Reads before writes
+
+    public func startContext(
+        tenant: UUID, activityType: String, personID: String?, email: String?, instanceID: String,
+        idempotencyKey: String?
+    ) async throws -> StartContext {
+        let rows = try await database.tenantRead(
+            tenant,
+            [
+                """
+                SELECT \(unsafeRaw: RegistryStore.typeColumns) FROM activity_types
+                WHERE tenant_id = \(tenant) AND identifier = \(activityType)
+                """,
+                """
+                SELECT id FROM people
+                WHERE tenant_id = \(tenant)
+                  AND ((\(personID)::text IS NOT NULL AND id = \(personID))
+                    OR (\(email)::text IS NOT NULL AND lower(email) = lower(\(email))))
+                LIMIT 1
+                """,
+                """
+                SELECT d.token AS device_token, d.platform, p.token AS push_to_start_token
+                FROM people pe
+                JOIN devices d ON d.tenant_id = pe.tenant_id AND d.person_id = pe.id
+                LEFT JOIN push_to_start_tokens p
+                  ON p.tenant_id = d.tenant_id AND p.device_token = d.token AND p.activity_type = \(activityType)
+                 AND p.status = 'active'
+                WHERE pe.tenant_id = \(tenant)
+                  AND ((\(personID)::text IS NOT NULL AND pe.id = \(personID))
+                    OR (\(email)::text IS NOT NULL AND lower(pe.email) = lower(\(email))))
+                ORDER BY d.created_at, d.token
+                """,
+                Self.idempotencyQuery(tenant, idempotencyKey),
+                "SELECT start_response FROM instances WHERE tenant_id = \(tenant) AND id = \(instanceID)",
+            ])
+        let candidates = try rows[2].map { row in
+            StartCandidate(
+                deviceToken: try row.decode(String.self, "device_token"),
+                platform: Platform(rawValue: try row.decode(String.self, "platform")) ?? .ios,
+                pushToStartToken: try row.decode(String?.self, "push_to_start_token"))
+        }
+        var existing: StoredResponse?
+        if let row = rows[4].first, let body = try row.decode(JSONValue?.self, "start_response") {
+            existing = StoredResponse(status: 200, body: body, requestHash: [])
+        }
+        return StartContext(
+            activityType: try rows[0].first.map(RegistryStore.activityType),
+            personID: try rows[1].first?.decode(String.self, "id"), candidates: candidates,
+            idempotent: try Self.storedResponse(rows[3]), existingStart: existing, existingInstance: !rows[4].isEmpty)
+    }
+
+    public func changeContext(tenant: UUID, instanceID: String, idempotencyKey: String?) async throws -> ChangeContext {
+        var queries: [PostgresQuery] = [
+            """
+            SELECT \(unsafeRaw: Self.instanceColumns("i")), \(unsafeRaw: Self.typeColumnsJoined)
+            FROM instances i
+            JOIN activity_types t ON t.tenant_id = i.tenant_id AND t.identifier = i.activity_type
+            WHERE i.tenant_id = \(tenant) AND i.id = \(instanceID)
+            """,
+            RegistryStore.activityTargetsQuery(tenant: tenant, instanceID: instanceID),
+        ]
+        if idempotencyKey != nil { queries.append(Self.idempotencyQuery(tenant, idempotencyKey)) }
+        let rows = try await database.tenantRead(tenant, queries)
+        let row = rows[0].first
+        return ChangeContext(
+            instance: try row.map(Self.instance), activityType: try row.map(RegistryStore.activityType),
+            targets: try rows[1].map(RegistryStore.activityTarget),
+            idempotent: idempotencyKey == nil ? nil : try Self.storedResponse(rows[2]))
+    }
+
+    /// Activity-type columns for a join with `instances i` (`t.identifier` keeps its name; `i.id` is `id`).
+    static let typeColumnsJoined = """
+        t.identifier, t.attributes_type, t.content_state_schema, t.date_fields, t.payload_profile, t.auto_created, \
+        t.created_at AS type_created_at, t.updated_at AS type_updated_at
+        """
+
+    static func instanceColumns(_ alias: String) -> String {
+        instanceColumns.split(separator: ",").map { "\(alias).\($0.trimmingCharacters(in: .whitespacesAndNewlines))" }
+            .joined(separator: ", ")
+    }
+
+    /// The stored response for an idempotency key, if any.
+    public func idempotentResponse(tenant: UUID, key: String) async throws -> StoredResponse? {
+        let rows = try await database.tenantRead(tenant, [Self.idempotencyQuery(tenant, key)])
+        return try Self.storedResponse(rows[0])
+    }
+
+    static func idempotencyQuery(_ tenant: UUID, _ key: String?) -> PostgresQuery {
+        """
+        SELECT status, response, request_hash FROM idempotency_keys
+        WHERE tenant_id = \(tenant) AND key = \(key) AND created_at > now() - interval '24 hours'
+        """
+    }
+
+    static func storedResponse(_ rows: PostgresRows) throws -> StoredResponse? {
+        guard let row = rows.first else { return nil }
+        return StoredResponse(
+            status: try row.decode(Int.self, "status"), body: try row.decode(JSONValue.self, "response"),
+            requestHash: try row.decode([UInt8].self, "request_hash"))
+    }
+
+    // MARK: Writes
+
+    /// Writes a start: the instance, its deliveries and its Android devices, in one statement of a group commit.
+    public func start(tenant: UUID, _ write: StartWrite) async throws -> WriteOutcome {
+        let d = DeliveryColumns(write.deliveries)
+        let idem = write.idempotency
+        let rows = try await committer.submit(
+            tenant: tenant,
+            """
+            WITH idem AS (
+                INSERT INTO idempotency_keys (tenant_id, key, request_hash, status, response)
+                SELECT \(tenant), \(idem?.key), \(idem?.requestHash ?? []), \(idem?.status ?? 200),
+                       \(idem?.response ?? .null)
+                WHERE \(idem?.key)::text IS NOT NULL
+                ON CONFLICT (tenant_id, key) DO NOTHING
+                RETURNING 1
+            ), ins AS (
+                INSERT INTO instances (tenant_id, id, activity_type, person_id, person_email, state, failure_reason,
+                                       attributes, content_state, options, version, content_timestamp,
+                                       target_platform, target_device, start_response, expires_at)
+                SELECT \(tenant), \(write.instanceID), \(write.activityType), \(write.personID), \(write.personEmail),
+                       \(write.state.rawValue), \(write.failureReason), \(write.attributes), \(write.contentState),
+                       \(write.options), 1, \(write.contentTimestamp), \(write.targetPlatform?.rawValue),
+                       \(write.targetDevice), \(write.response), \(write.expiresAt)
+                WHERE \(idem?.key)::text IS NULL OR EXISTS (SELECT 1 FROM idem)
+                ON CONFLICT (tenant_id, id) DO NOTHING
+                RETURNING id
+            ), dels AS (
+                INSERT INTO deliveries (tenant_id, id, instance_id, device_token, provider, token_kind, token,
+                                        operation, instance_version)
+                SELECT \(tenant), d.id, \(write.instanceID), d.device_token, d.provider, d.token_kind, d.token,
+                       'start', 1
+                FROM unnest(\(d.ids)::uuid[], \(d.devices)::text[], \(d.providers)::text[], \(d.kinds)::text[],
+                            \(d.tokens)::text[]) AS d(id, device_token, provider, token_kind, token)
+                WHERE EXISTS (SELECT 1 FROM ins)
+                RETURNING 1
+            ), devs AS (
+                INSERT INTO instance_devices (tenant_id, instance_id, device_token, state, state_at)
+                SELECT \(tenant), \(write.instanceID), x, 'started', '-infinity'
+                FROM unnest(\(write.androidDevices)::text[]) AS x
+                WHERE EXISTS (SELECT 1 FROM ins)
+                ON CONFLICT DO NOTHING
+                RETURNING 1
+            )
+            SELECT EXISTS (SELECT 1 FROM ins) AS created, (SELECT count(*)::int FROM dels) AS deliveries,
+                   (SELECT count(*)::int FROM devs) AS devices
+            """)
+        guard try rows[0].decode(Bool.self, "created") else { return .alreadyExists }
+        return .written(version: 1, deliveries: try rows[0].decode(Int.self, "deliveries"))
+    }
+
+    /// Writes an update or end, if the instance is still at `expectedVersion`. Older queued deliveries to the same
+    /// tokens are superseded (latest wins); ones a worker holds are left to finish.
+    public func change(tenant: UUID, _ write: ChangeWrite) async throws -> WriteOutcome {
+        let d = DeliveryColumns(write.deliveries)
+        let idem = write.idempotency
+        let rows = try await committer.submit(
+            tenant: tenant,
+            """
+            WITH idem AS (
+                INSERT INTO idempotency_keys (tenant_id, key, request_hash, status, response)
+                SELECT \(tenant), \(idem?.key), \(idem?.requestHash ?? []), \(idem?.status ?? 200),
+                       \(idem?.response ?? .null)
+                WHERE \(idem?.key)::text IS NOT NULL
+                ON CONFLICT (tenant_id, key) DO NOTHING
+                RETURNING 1
+            ), upd AS (
+                UPDATE instances SET
+                    state = \(write.state.rawValue), failure_reason = \(write.failureReason),
+                    attributes = \(write.attributes), content_state = \(write.contentState), options = \(write.options),
+                    version = version + 1, content_timestamp = \(write.contentTimestamp),
+                    ended_at = CASE WHEN \(write.operation.rawValue) = 'end' THEN now() ELSE ended_at END,
+                    updated_at = now()
+                WHERE tenant_id = \(tenant) AND id = \(write.instanceID) AND version = \(write.expectedVersion)
+                  AND (\(idem?.key)::text IS NULL OR EXISTS (SELECT 1 FROM idem))
+                RETURNING version
+            ), sup AS (
+                UPDATE deliveries SET status = 'superseded', updated_at = now()
+                WHERE tenant_id = \(tenant) AND instance_id = \(write.instanceID) AND status = 'queued'
+                  AND operation <> 'start' AND token = ANY(\(d.tokens)::text[])
+                  AND (locked_until IS NULL OR locked_until < now())
+                  AND EXISTS (SELECT 1 FROM upd)
+                RETURNING 1
+            ), dels AS (
+                INSERT INTO deliveries (tenant_id, id, instance_id, device_token, provider, token_kind, token,
+                                        operation, instance_version)
+                SELECT \(tenant), d.id, \(write.instanceID), d.device_token, d.provider, d.token_kind, d.token,
+                       \(write.operation.rawValue), (SELECT version FROM upd)
+                FROM unnest(\(d.ids)::uuid[], \(d.devices)::text[], \(d.providers)::text[], \(d.kinds)::text[],
+                            \(d.tokens)::text[]) AS d(id, device_token, provider, token_kind, token)
+                WHERE EXISTS (SELECT 1 FROM upd)
+                RETURNING 1
+            )
+            SELECT (SELECT version FROM upd) AS version, (SELECT count(*)::int FROM dels) AS deliveries,
+                   EXISTS (SELECT 1 FROM idem) AS idem_written
+            """)
+        guard let version = try rows[0].decode(Int?.self, "version") else {
+            if idem != nil, try !rows[0].decode(Bool.self, "idem_written") { return .alreadyExists }
+            return .versionConflict
+        }
+        return .written(version: version, deliveries: try rows[0].decode(Int.self, "deliveries"))
+    }
+
+    /// Records an idempotent response for a request that wrote nothing else (a suppressed no-op).
+    public func recordIdempotent(tenant: UUID, _ record: IdempotencyRecord) async throws {
+        _ = try await committer.submit(
+            tenant: tenant,
+            """
+            INSERT INTO idempotency_keys (tenant_id, key, request_hash, status, response)
+            VALUES (\(tenant), \(record.key), \(record.requestHash), \(record.status), \(record.response))
+            ON CONFLICT (tenant_id, key) DO NOTHING
+            """)
+    }
+
+    /// Marks an open instance past its expiration as `expired` (so that workers skip it and lists show it).
+    public func markExpired(tenant: UUID, instanceID: String) async throws {
+        _ = try await database.tenantTransaction(tenant) { connection in
+            try connection.execute(
+                """
+                UPDATE instances SET state = 'expired', updated_at = now()
+                WHERE tenant_id = \(tenant) AND id = \(instanceID) AND state NOT IN ('ended', 'expired')
+                  AND expires_at <= now()
+                """)
+        }
+    }
+
+    // MARK: Reads for the API
+
+    /// An instance with its targets and last delivery.
+    public func instance(tenant: UUID, id: String) async throws -> (InstanceRecord, [ActivityTarget], DeliveryRecord?)?
+    {
+        let rows = try await database.tenantRead(
+            tenant,
+            [
+                "SELECT \(unsafeRaw: Self.instanceColumns) FROM instances WHERE tenant_id = \(tenant) AND id = \(id)",
+                RegistryStore.activityTargetsQuery(tenant: tenant, instanceID: id),
+                """
+                SELECT \(unsafeRaw: Self.deliveryColumns) FROM deliveries
+                WHERE tenant_id = \(tenant) AND instance_id = \(id) ORDER BY id DESC LIMIT 1
+                """,
+            ])
+        guard let row = rows[0].first else { return nil }
+        return (
+            try Self.instance(row), try rows[1].map(RegistryStore.activityTarget), try rows[2].first.map(Self.delivery)
+        )
+    }
+
+    /// A page of instances, newest first. `after` is the (started_at, id) of the last item of the previous page.
+    public func instances(
+        tenant: UUID, person: String?, activityType: String?, state: InstanceState?, after: (Date, String)?, limit: Int
+    ) async throws -> [InstanceRecord] {
+        let stateFilter = state?.rawValue
+        let rows = try await database.tenantRead(
+            tenant,
+            [
+                """
+                SELECT \(unsafeRaw: Self.instanceColumns) FROM instances
+                WHERE tenant_id = \(tenant)
+                  AND (\(person)::text IS NULL OR person_id = \(person))
+                  AND (\(activityType)::text IS NULL OR activity_type = \(activityType))
+                  AND (\(stateFilter)::text IS NULL
+                       OR (\(stateFilter) = 'expired' AND (state = 'expired'
+                            OR (state NOT IN ('ended', 'expired') AND expires_at <= now())))
+                       OR (\(stateFilter) <> 'expired' AND state = \(stateFilter)
+                            AND (state IN ('ended', 'expired') OR expires_at > now())))
+                  AND (\(after?.0)::timestamptz IS NULL OR (started_at, id) < (\(after?.0), \(after?.1)))
+                ORDER BY started_at DESC, id DESC
+                LIMIT \(limit)
+                """
+            ])
+        return try rows[0].map(Self.instance)
+    }
+
+    /// A page of an instance's deliveries, newest first (delivery IDs are ULIDs: they sort by time).
+    public func deliveries(tenant: UUID, instanceID: String, before: UUID?, limit: Int) async throws
+        -> [DeliveryRecord]?
+    {
+        let rows = try await database.tenantRead(
+            tenant,
+            [
+                "SELECT 1 FROM instances WHERE tenant_id = \(tenant) AND id = \(instanceID)",
+                """
+                SELECT \(unsafeRaw: Self.deliveryColumns) FROM deliveries
+                WHERE tenant_id = \(tenant) AND instance_id = \(instanceID)
+                  AND (\(before)::uuid IS NULL OR id < \(before))
+                ORDER BY id DESC LIMIT \(limit)
+                """,
+            ])
+        guard !rows[0].isEmpty else { return nil }
+        return try rows[1].map(Self.delivery)
+    }
+
+    // MARK: Rows
+
+    static let instanceColumns = """
+        id, activity_type, person_id, person_email, state, failure_reason, attributes, content_state, options, \
+        version, content_timestamp, target_platform, target_device, expires_at, started_at, ended_at, updated_at
+        """
+    static let deliveryColumns = """
+        id, instance_id, device_token, provider, token_kind, operation, instance_version, status, attempts, \
+        next_attempt_at, provider_id, http_status, reason, created_at, updated_at, sent_at
+        """
+
+    static func instance(_ row: PostgresRow) throws -> InstanceRecord {
+        InstanceRecord(
+            id: try row.decode(String.self, "id"), activityType: try row.decode(String.self, "activity_type"),
+            personID: try row.decode(String?.self, "person_id"),
+            personEmail: try row.decode(String?.self, "person_email"),
+            state: InstanceState(rawValue: try row.decode(String.self, "state")) ?? .failed,
+            failureReason: try row.decode(String?.self, "failure_reason"),
+            attributes: try row.decode(JSONValue.self, "attributes"),
+            contentState: try row.decode(JSONValue.self, "content_state"),
+            options: try row.decode(JSONValue.self, "options"), version: try row.decode(Int.self, "version"),
+            contentTimestamp: try row.decode(Int64.self, "content_timestamp"),
+            targetPlatform: try row.decode(String?.self, "target_platform").flatMap(Platform.init(rawValue:)),
+            targetDevice: try row.decode(String?.self, "target_device"),
+            expiresAt: try row.decode(Date.self, "expires_at"), startedAt: try row.decode(Date.self, "started_at"),
+            endedAt: try row.decode(Date?.self, "ended_at"), updatedAt: try row.decode(Date.self, "updated_at"))
+    }
+
+    static func delivery(_ row: PostgresRow) throws -> DeliveryRecord {
+        DeliveryRecord(
+            id: try row.decode(UUID.self, "id"), instanceID: try row.decode(String.self, "instance_id"),
+            deviceToken: try row.decode(String.self, "device_token"), provider: try row.decode(String.self, "provider"),
+            tokenKind: try row.decode(String.self, "token_kind"), operation: try row.decode(String.self, "operation"),
+            instanceVersion: try row.decode(Int.self, "instance_version"),
+            status: try row.decode(String.self, "status"),
+            attempts: try row.decode(Int.self, "attempts"), nextAttemptAt: try row.decode(Date.self, "next_attempt_at"),
+            providerID: try row.decode(String?.self, "provider_id"),
+            httpStatus: try row.decode(Int?.self, "http_status"),
+            reason: try row.decode(String?.self, "reason"), createdAt: try row.decode(Date.self, "created_at"),
+            updatedAt: try row.decode(Date.self, "updated_at"), sentAt: try row.decode(Date?.self, "sent_at"))
+    }
+}
+
+/// Column arrays for `unnest`.
+struct DeliveryColumns {
+    var ids: [UUID] = []
+    var devices: [String] = []
+    var providers: [String] = []
+    var kinds: [String] = []
+    var tokens: [String] = []
+
+    init(_ deliveries: [PlannedDelivery]) {
+        for d in deliveries {
+            ids.append(d.id)
+            devices.append(d.deviceToken)
+            providers.append(d.provider.rawValue)
+            kinds.append(d.tokenKind.rawValue)
+            tokens.append(d.token)
+        }
+    }
+}

@@ -1,0 +1,133 @@
+import Crypto
+import Foundation
+import PostgresClient
+import Testing
+
+/// Uploaded private keys never come back out: not in responses, not in logs, not in clear text in the database.
+@Suite("Secrets")
+struct SecretsTests {
+    /// 40-character pieces of a PEM's base64 body: both ends of every line, and the joined body cut in 40s.
+    static func chunks(_ pem: String) -> [String] {
+        let lines = pem.split(separator: "\n").map(String.init).filter { !$0.hasPrefix("-----") && $0.count >= 40 }
+        var out: [String] = []
+        for line in lines {
+            out.append(String(line.prefix(40)))
+            out.append(String(line.suffix(40)))
+        }
+        let body = Array(lines.joined())
+        var start = 0
+        while start + 40 <= body.count {
+            out.append(String(body[start..<(start + 40)]))
+            start += 40
+        }
+        return Array(Set(out))
+    }
+
+    /// Text as it would carry a chunk: JSON may escape `/`.
+    static func normalized(_ text: String) -> String { text.replacingOccurrences(of: "\\/", with: "/") }
+
+    /// The first chunk found in `text`, if any (as base64 or, for bytea output, as hex of its ASCII bytes).
+    static func leak(_ chunks: [String], in text: String) -> String? {
+        let plain = normalized(text)
+        for chunk in chunks {
+            if plain.contains(chunk) { return chunk }
+            if plain.contains(hex(chunk)) { return chunk + " (hex)" }
+        }
+        return nil
+    }
+
+    static func hex(_ text: String) -> String {
+        let digits = Array("0123456789abcdef")
+        return String(text.utf8.flatMap { [digits[Int($0 >> 4)], digits[Int($0 & 0xF)]] })
+    }
+
+    @Test("an uploaded .p8 and FCM private key appear in no response, no log line and no database row")
+    func privateKeysStayPrivate() async throws {
+        let fixture = try await RegistryFixture.get()
+        let api = fixture.api
+        let tenant = try await api.createTenant()
+        let p8 = ES256PrivateKey.generate().pkcs8PEM
+        let rsa = try RS256PrivateKey.generate().pkcs8PEM
+        // Keys sent in rejected uploads must not be echoed either.
+        let rejectedForAPNs = try RS256PrivateKey.generate().pkcs8PEM
+        let rejectedForFCM = ES256PrivateKey.generate().pkcs8PEM
+        let secrets = Self.chunks(p8) + Self.chunks(rsa) + Self.chunks(rejectedForAPNs) + Self.chunks(rejectedForFCM)
+        #expect(secrets.count > 40)
+
+        var responses: [(String, HTTP.Response)] = []
+        func record(_ label: String, _ response: HTTP.Response) { responses.append((label, response)) }
+        let apns: [String: Any] = [
+            "team_id": "ABCDE12345", "key_id": "KEY1234567", "private_key": p8, "bundle_id": "com.example.app",
+            "environment": "sandbox",
+        ]
+        let putAPNs = try await api.call("PUT", "/v1/credentials/apns", key: tenant.app, json: apns)
+        #expect(putAPNs.status == 200, "\(putAPNs.text)")
+        record("PUT apns", putAPNs)
+        let putFCM = try await api.call(
+            "PUT", "/v1/credentials/fcm", key: tenant.app,
+            json: ["service_account": RegistryTests.serviceAccount(pem: rsa)])
+        #expect(putFCM.status == 200, "\(putFCM.text)")
+        record("PUT fcm", putFCM)
+
+        var wrong = apns
+        wrong["private_key"] = rejectedForAPNs
+        let badAPNs = try await api.call("PUT", "/v1/credentials/apns", key: tenant.app, json: wrong)
+        expectProblem(badAPNs, 422, "invalid-key", field: "private_key")
+        record("PUT apns (rejected)", badAPNs)
+        let badFCM = try await api.call(
+            "PUT", "/v1/credentials/fcm", key: tenant.app,
+            json: ["service_account": RegistryTests.serviceAccount(pem: rejectedForFCM)])
+        expectProblem(badFCM, 422, "invalid-key", field: "service_account.private_key")
+        record("PUT fcm (rejected)", badFCM)
+
+        let person = Fake.id("p")
+        _ = try await api.call(
+            "PUT", "/v1/people/\(person)/devices/\(Fake.hex())", key: tenant.sdk, json: ["platform": "ios"])
+        _ = try await api.call(
+            "PUT", "/v1/activity_types/\(Fake.activityType())", key: tenant.app, json: ["attributes_type": "A"])
+        for path in ["/v1/credentials/apns", "/v1/credentials/fcm", "/v1/people/\(person)", "/v1/activity_types"] {
+            let response = try await api.call("GET", path, key: tenant.app)
+            #expect(response.status == 200, "\(path): \(response.text)")
+            record("GET \(path)", response)
+        }
+        for path in ["/admin/v1/tenants", "/admin/v1/tenants/\(tenant.id)", "/admin/v1/tenants/\(tenant.id)/keys"] {
+            record("GET \(path)", try await api.call("GET", path, key: MarqueeProcess.adminToken))
+        }
+        record("GET /metrics", try await api.call("GET", "/metrics"))
+
+        for (label, response) in responses {
+            let found = Self.leak(secrets, in: response.text)
+            #expect(found == nil, "\(label) shows key material: \(found ?? "")")
+        }
+        // Credentials were really stored (so the scans below look at real rows).
+        #expect(
+            try await api.call("GET", "/v1/credentials/apns", key: tenant.app).json().string("team_id") == "ABCDE12345")
+
+        let log = fixture.serve.log
+        #expect(!log.isEmpty)
+        let inLog = Self.leak(secrets, in: log)
+        #expect(inLog == nil, "the server log shows key material: \(inLog ?? "")")
+
+        let tables = try await fixture.pool.query(
+            "SELECT tablename::text AS name FROM pg_tables WHERE schemaname = 'public' ORDER BY 1"
+        ).map { try $0.decode(String.self, "name") }
+        #expect(tables.contains("apns_credentials") && tables.contains("fcm_credentials"))
+        var scanned = 0
+        for table in tables {
+            let rows = try await fixture.pool.query("SELECT t::text AS row FROM \(identifier: table) t")
+            for row in rows {
+                let text = try row.decode(String.self, "row")
+                scanned += 1
+                let found = Self.leak(secrets, in: text)
+                #expect(found == nil, "\(table) holds key material in clear: \(found ?? "")")
+            }
+        }
+        #expect(scanned > 0)
+        let sealed = try await fixture.pool.count(
+            """
+            SELECT count(*)::int AS n FROM apns_credentials a JOIN fcm_credentials f USING (tenant_id)
+            WHERE tenant_id = \(tenant.uuid) AND length(a.sealed_private_key) > 100 AND length(f.sealed_service_account) > 100
+            """)
+        #expect(sealed == 1, "both keys are stored, sealed")
+    }
+}
