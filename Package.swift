@@ -56,11 +56,14 @@ let package = Package(
             dependencies: ["MarqueeCore", "MarqueeStore", "HTTPServer", "Observability", "PostgresClient", "Crypto"],
             swiftSettings: swiftSettings
         ),
+        .target(
+            name: "MarqueeSimulators", dependencies: ["HTTP2", "Crypto", "MarqueeCore"], swiftSettings: swiftSettings
+        ),
         .executableTarget(
             name: "marquee",
             dependencies: [
                 "MarqueeCore", "MarqueeStore", "MarqueeAPI", "PostgresClient", "HTTPServer", "Crypto",
-                "Observability", "ServiceLifecycle",
+                "Observability", "ServiceLifecycle", "MarqueeSimulators",
             ],
             swiftSettings: swiftSettings
         ),
@@ -84,6 +87,9 @@ let package = Package(
             swiftSettings: swiftSettings),
         .testTarget(
             name: "MarqueeCoreTests", dependencies: ["MarqueeCore"], exclude: ["Golden"], swiftSettings: swiftSettings),
+        .testTarget(
+            name: "MarqueeSimulatorsTests", dependencies: ["MarqueeSimulators", "HTTP2", "Crypto", "MarqueeCore"],
+            swiftSettings: swiftSettings),
         .testTarget(
             name: "IntegrationTests",
             dependencies: [
