@@ -61,11 +61,14 @@ let package = Package(
             dependencies: ["MarqueeCore", "MarqueeStore", "HTTP2", "Crypto", "Observability", "PostgresClient"],
             swiftSettings: swiftSettings
         ),
+        .target(
+            name: "MarqueeSimulators", dependencies: ["HTTP2", "Crypto", "MarqueeCore"], swiftSettings: swiftSettings
+        ),
         .executableTarget(
             name: "marquee",
             dependencies: [
                 "MarqueeCore", "MarqueeStore", "MarqueeAPI", "PostgresClient", "HTTPServer", "Crypto",
-                "Observability", "ServiceLifecycle", "MarqueeDelivery", "HTTP2",
+                "Observability", "ServiceLifecycle", "MarqueeDelivery", "HTTP2", "MarqueeSimulators",
             ],
             swiftSettings: swiftSettings
         ),
@@ -91,6 +94,9 @@ let package = Package(
             swiftSettings: swiftSettings),
         .testTarget(
             name: "MarqueeCoreTests", dependencies: ["MarqueeCore"], exclude: ["Golden"], swiftSettings: swiftSettings),
+        .testTarget(
+            name: "MarqueeSimulatorsTests", dependencies: ["MarqueeSimulators", "HTTP2", "Crypto", "MarqueeCore"],
+            swiftSettings: swiftSettings),
         .testTarget(
             name: "IntegrationTests",
             dependencies: [

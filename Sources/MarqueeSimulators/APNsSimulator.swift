@@ -1,0 +1,286 @@
+import Crypto
+import Foundation
+import HTTP2
+import MarqueeCore
+import Synchronization
+
+/// A local stand-in for APNs: HTTP/2 over TLS with its own CA, checking what Apple checks for live-activity
+/// pushes and answering with Apple's status codes and `{"reason": …}` bodies.
+///
+/// Accepted pushes are recorded (memory, counters and optionally a JSONL file). Fault rules inject 410, 429, 503,
+/// 500 or GOAWAY. The same server answers an inspection API:
+///
+/// - `GET /_sim/stats` → `{"accepted":N,"rejected":{"<reason>":N},"rejected_total":N,"injected":{"<action>":N}}`
+/// - `GET /_sim/pushes?token=<t>` → `{"pushes":[<record>…]}` (all kept records without `token`)
+/// - `POST /_sim/reset` → forgets records, counters and `times` counts
+/// - `GET /_sim/faults` → `{"rules":[…]}`; `POST /_sim/faults` with a rule list replaces the rules
+///
+/// A record is `{"time","token","topic","push_type","priority","expiration"?,"apns_id","collapse_id"?,"key_id",
+/// "team_id","payload"}`.
+public final class APNsSimulator: Sendable {
+    /// A provider signing key the simulator trusts.
+    public struct SigningKey: Sendable {
+        /// The key ID (`kid` of the provider token).
+        public var keyID: String
+        /// The team ID (`iss` of the provider token).
+        public var teamID: String
+        /// The P-256 public key.
+        public var publicKey: ES256PublicKey
+        /// Bundle IDs this team may push to; empty allows any bundle.
+        public var bundleIDs: [String]
+
+        /// Creates a key.
+        public init(keyID: String, teamID: String, publicKey: ES256PublicKey, bundleIDs: [String] = []) {
+            self.keyID = keyID
+            self.teamID = teamID
+            self.publicKey = publicKey
+            self.bundleIDs = bundleIDs
+        }
+    }
+
+    /// Simulator settings.
+    public struct Configuration: Sendable {
+        /// Numeric listen address (default `127.0.0.1`).
+        public var host: String
+        /// Listen port (default 2197; 0 picks a free one, see `port`).
+        public var port: Int
+        /// Where `start()` writes the CA certificate PEM; `nil` writes nothing (see `caCertificatePEM`).
+        public var caOutputPath: String?
+        /// JSONL file that every accepted push is appended to; `nil` keeps records in memory only.
+        public var recordsPath: String?
+        /// Trusted signing keys.
+        public var keys: [SigningKey]
+        /// Fault rules, matched in order.
+        public var faults: [FaultRule]
+        /// Oldest accepted provider token `iat` (default 3600 s).
+        public var maxProviderTokenAge: TimeInterval
+        /// How far `iat` may lie in the future (default 60 s).
+        public var clockSkew: TimeInterval
+        /// Records kept in memory for `/_sim/pushes` (default 100,000; older ones are dropped).
+        public var memoryLimit: Int
+        /// Seed of the PRNG behind `rate` rules; `nil` seeds randomly.
+        public var randomSeed: UInt64?
+        /// Server I/O threads (default 1).
+        public var ioThreads: Int
+        /// The clock used for provider-token checks and records.
+        public var now: @Sendable () -> Date
+
+        /// Creates a configuration with the documented defaults.
+        public init(
+            host: String = "127.0.0.1", port: Int = 2197, caOutputPath: String? = nil, recordsPath: String? = nil,
+            keys: [SigningKey] = [], faults: [FaultRule] = [], maxProviderTokenAge: TimeInterval = 3600,
+            clockSkew: TimeInterval = 60, memoryLimit: Int = 100_000, randomSeed: UInt64? = nil, ioThreads: Int = 1,
+            now: @escaping @Sendable () -> Date = { Date() }
+        ) {
+            self.host = host
+            self.port = port
+            self.caOutputPath = caOutputPath
+            self.recordsPath = recordsPath
+            self.keys = keys
+            self.faults = faults
+            self.maxProviderTokenAge = maxProviderTokenAge
+            self.clockSkew = clockSkew
+            self.memoryLimit = memoryLimit
+            self.randomSeed = randomSeed
+            self.ioThreads = ioThreads
+            self.now = now
+        }
+    }
+
+    /// Parses a key file: `{"<kid>": {"team_id": "…", "public_key": "<PEM>", "bundle_ids": ["…"]}}`.
+    public static func parseKeys(json: String) throws -> [SigningKey] {
+        guard let object = (try? JSONValue.parse(json))?.objectValue else {
+            throw SimulatorError(.invalidConfiguration, "the APNs key file must be a JSON object keyed by kid")
+        }
+        return try object.keys.sorted().map { keyID in
+            let entry = object[keyID]!
+            guard let teamID = entry["team_id"]?.stringValue, let pem = entry["public_key"]?.stringValue else {
+                throw SimulatorError(
+                    .invalidConfiguration, "APNs key \(keyID) needs team_id and public_key strings")
+            }
+            let publicKey: ES256PublicKey
+            do {
+                publicKey = try ES256PublicKey(pem: pem)
+            } catch {
+                throw SimulatorError(
+                    .invalidConfiguration, "APNs key \(keyID) is not a P-256 public key", details: "\(error)")
+            }
+            var bundles: [String] = []
+            if let list = entry["bundle_ids"], !list.isNull {
+                guard let array = list.arrayValue?.compactMap(\.stringValue), array.count == list.arrayValue?.count
+                else {
+                    throw SimulatorError(.invalidConfiguration, "APNs key \(keyID): bundle_ids must be strings")
+                }
+                bundles = array
+            }
+            return SigningKey(keyID: keyID, teamID: teamID, publicKey: publicKey, bundleIDs: bundles)
+        }
+    }
+
+    private let core: APNsCore
+    private let host: SimulatorHost
+    private let started = Atomic<Bool>(false)
+
+    /// Creates the certificates and the server; nothing is bound before `start()`.
+    public init(configuration: Configuration) throws {
+        let core = try APNsCore(configuration)
+        self.core = core
+        host = try SimulatorHost(
+            name: "APNs", host: configuration.host, port: configuration.port,
+            caOutputPath: configuration.caOutputPath, ioThreads: configuration.ioThreads
+        ) { request in await core.handle(request) }
+        core.server.withLock { $0 = host.server }
+    }
+
+    /// The CA certificate that signed the server certificate (trust it in clients).
+    public var caCertificatePEM: String { host.tls.caCertificatePEM }
+
+    /// Writes the CA file and binds the port.
+    public func start() throws {
+        guard !started.exchange(true, ordering: .sequentiallyConsistent) else { return }
+        try host.start()
+    }
+
+    /// The bound port (after `start()`).
+    public var port: Int { host.server.boundPort }
+
+    /// Starts if needed and serves until `stop()` or cancellation (then stops gracefully).
+    public func run() async throws {
+        try start()
+        try await host.server.run()
+    }
+
+    /// Stops gracefully (GOAWAY, in-flight streams finish).
+    public func stop() async {
+        await host.server.stop()
+    }
+
+    /// Kept records for `token` (or all), as in `/_sim/pushes`.
+    public func pushes(token: String? = nil) -> [JSONValue] { core.recorder.records(token: token) }
+
+    /// Counters, as in `/_sim/stats`.
+    public var statistics: JSONValue { .object(core.recorder.statistics) }
+
+    /// Replaces the fault rules (and forgets their `times` counts).
+    public func setFaults(_ rules: [FaultRule]) { core.faults.replace(rules) }
+
+    /// Forgets records, counters and `times` counts.
+    public func reset() {
+        core.recorder.reset()
+        core.faults.reset()
+    }
+}
+
+/// The request handling of `APNsSimulator`.
+final class APNsCore: Sendable {
+    let validator: APNsValidator
+    let recorder: Recorder
+    let faults: FaultInjector
+    let now: @Sendable () -> Date
+    /// Set once after init (the server needs the handler first); only read for statistics.
+    let server = Mutex<HTTP2Server?>(nil)
+
+    init(_ configuration: APNsSimulator.Configuration) throws {
+        validator = APNsValidator(
+            keys: configuration.keys, maxTokenAge: configuration.maxProviderTokenAge,
+            clockSkew: configuration.clockSkew)
+        recorder = try Recorder(path: configuration.recordsPath, memoryLimit: configuration.memoryLimit)
+        faults = FaultInjector(rules: configuration.faults, seed: configuration.randomSeed)
+        now = configuration.now
+    }
+
+    func handle(_ request: HTTP2ServerRequest) async -> HTTP2ServerResponse {
+        if request.path.hasPrefix("/_sim/") { return control(request) }
+        let now = self.now()
+        let push: APNsAcceptedPush
+        switch validator.validate(request, now: now) {
+        case .failure(let rejection):
+            recorder.reject(reason: rejection.reason)
+            return Self.error(rejection, apnsID: request.header("apns-id"))
+        case .success(let accepted):
+            push = accepted
+        }
+        if let rule = faults.decide(token: push.token) {
+            if let latency = rule.latencyMilliseconds, latency > 0 {
+                try? await Task.sleep(for: .milliseconds(latency))
+            }
+            if rule.action != .delay {
+                recorder.inject(rule.action)
+                return injected(rule, push: push, now: now)
+            }
+        }
+        var record: [String: JSONValue] = [
+            "time": .string(HTTPText.timestamp(now)), "token": .string(push.token), "topic": .string(push.topic),
+            "push_type": .string("liveactivity"), "priority": .int(Int64(push.priority)),
+            "apns_id": .string(push.apnsID),
+            "key_id": .string(push.keyID), "team_id": .string(push.teamID), "payload": push.payload,
+        ]
+        if let expiration = push.expiration { record["expiration"] = .int(expiration) }
+        if let collapseID = push.collapseID { record["collapse_id"] = .string(collapseID) }
+        recorder.accept(token: push.token, record: .object(record))
+        return HTTP2ServerResponse(
+            status: 200, headers: [("apns-id", push.apnsID), ("apns-unique-id", UUID().uuidString.lowercased())])
+    }
+
+    private func injected(_ rule: FaultRule, push: APNsAcceptedPush, now: Date) -> HTTP2ServerResponse {
+        var headers = [("apns-id", push.apnsID)]
+        let reason: String
+        let status: Int
+        switch rule.action {
+        case .goAway:
+            return .goAway(errorCode: .noError)
+        case .unregistered:
+            recorder.reject(reason: "Unregistered")
+            let milliseconds = Int64((now.timeIntervalSince1970 * 1000).rounded(.down))
+            return HTTPText.json(
+                410, .object(["reason": .string("Unregistered"), "timestamp": .int(milliseconds)]), headers: headers)
+        case .tooManyRequests: (status, reason) = (429, "TooManyRequests")
+        case .serviceUnavailable: (status, reason) = (503, "ServiceUnavailable")
+        case .internalError: (status, reason) = (500, "InternalServerError")
+        case .expireToken: (status, reason) = (403, "ExpiredProviderToken")
+        case .delay: (status, reason) = (500, "InternalServerError")  // not reached: delay is handled by the caller
+        }
+        recorder.reject(reason: reason)
+        if let retryAfter = rule.retryAfterSeconds, status == 429 || status == 503 {
+            headers.append(("retry-after", String(retryAfter)))
+        }
+        return HTTPText.json(status, .object(["reason": .string(reason)]), headers: headers)
+    }
+
+    static func error(_ rejection: APNsRejection, apnsID: String?) -> HTTP2ServerResponse {
+        let id = apnsID.flatMap { UUID(uuidString: $0) != nil ? $0 : nil } ?? UUID().uuidString
+        return HTTPText.json(
+            rejection.status, .object(["reason": .string(rejection.reason)]),
+            headers: [("apns-id", id), ("x-sim-detail", rejection.detail)])
+    }
+
+    private func control(_ request: HTTP2ServerRequest) -> HTTP2ServerResponse {
+        let (path, query) = HTTPText.splitTarget(request.path)
+        switch (request.method, path) {
+        case ("GET", "/_sim/stats"):
+            var statistics = recorder.statistics
+            if let server = server.withLock({ $0 }) {
+                statistics["connections"] = .int(Int64(server.openConnections))
+            }
+            return HTTPText.json(200, .object(statistics))
+        case ("GET", "/_sim/pushes"):
+            return HTTPText.json(200, .object(["pushes": .array(recorder.records(token: query["token"]))]))
+        case ("POST", "/_sim/reset"):
+            recorder.reset()
+            faults.reset()
+            return HTTPText.json(200, .object(["ok": .bool(true)]))
+        case ("GET", "/_sim/faults"):
+            return HTTPText.json(200, .object(["rules": .array(faults.rules.map(\.json))]))
+        case ("POST", "/_sim/faults"):
+            do {
+                let rules = try FaultRule.parseRules(json: String(decoding: request.body, as: UTF8.self))
+                faults.replace(rules)
+                return HTTPText.json(200, .object(["rules": .int(Int64(rules.count))]))
+            } catch {
+                return HTTPText.json(400, .object(["error": .string("\(error)")]))
+            }
+        default:
+            return HTTPText.json(404, .object(["error": .string("unknown simulator endpoint")]))
+        }
+    }
+}

@@ -1,0 +1,242 @@
+import Crypto
+import Foundation
+import HTTP2
+import MarqueeCore
+import Synchronization
+
+/// Why APNs refuses a request: Apple's status and reason, plus a human detail for the `x-sim-detail` header.
+struct APNsRejection: Error, Equatable, Sendable {
+    var status: Int
+    var reason: String
+    var detail: String
+
+    init(_ status: Int, _ reason: String, _ detail: String) {
+        self.status = status
+        self.reason = reason
+        self.detail = detail
+    }
+}
+
+/// A request that passed every check.
+struct APNsAcceptedPush: Sendable, Equatable {
+    var token: String
+    var topic: String
+    var bundleID: String
+    var priority: Int
+    var expiration: Int64?
+    var apnsID: String
+    var collapseID: String?
+    var keyID: String
+    var teamID: String
+    var payload: JSONValue
+}
+
+/// The checks Apple makes on a live-activity push, without sockets.
+final class APNsValidator: Sendable {
+    static let maxPayloadBytes = 4096
+    static let pathPrefix = "/3/device/"
+    static let topicSuffix = ".push-type.liveactivity"
+
+    let keys: [String: APNsSimulator.SigningKey]
+    /// Bundle IDs allowed per team; a team without an entry allows every bundle.
+    let bundlesByTeam: [String: Set<String>]
+    let maxTokenAge: TimeInterval
+    let clockSkew: TimeInterval
+    /// Provider tokens whose signature verified, by token text (bounded); claims are still checked each time.
+    private let verified = Mutex<[String: String]>([:])
+
+    init(keys: [APNsSimulator.SigningKey], maxTokenAge: TimeInterval = 3600, clockSkew: TimeInterval = 60) {
+        var byID: [String: APNsSimulator.SigningKey] = [:]
+        var bundles: [String: Set<String>] = [:]
+        for key in keys {
+            byID[key.keyID] = key
+            if !key.bundleIDs.isEmpty { bundles[key.teamID, default: []].formUnion(key.bundleIDs) }
+        }
+        self.keys = byID
+        bundlesByTeam = bundles
+        self.maxTokenAge = maxTokenAge
+        self.clockSkew = clockSkew
+    }
+
+    /// Runs every check in Apple's order: method, path, token, provider token, headers, payload.
+    func validate(_ request: HTTP2ServerRequest, now: Date) -> Result<APNsAcceptedPush, APNsRejection> {
+        do {
+            guard request.method == "POST" else {
+                throw APNsRejection(405, "MethodNotAllowed", "the method must be POST")
+            }
+            let token = try Self.deviceToken(path: request.path)
+            let key = try verifyProviderToken(authorization: request.header("authorization"), now: now)
+            guard request.header("apns-push-type") == "liveactivity" else {
+                throw APNsRejection(400, "InvalidPushType", "apns-push-type must be liveactivity")
+            }
+            let bundleID = try Self.bundleID(topic: request.header("apns-topic"))
+            if let allowed = bundlesByTeam[key.teamID], !allowed.contains(bundleID) {
+                throw APNsRejection(400, "TopicDisallowed", "the bundle is not configured for the key's team")
+            }
+            let priority = try Self.priority(request.header("apns-priority"))
+            let expiration = try Self.expiration(request.header("apns-expiration"))
+            let apnsID = try Self.messageID(request.header("apns-id")) ?? UUID().uuidString
+            let collapseID = request.header("apns-collapse-id")
+            if let collapseID, collapseID.utf8.count > 64 {
+                throw APNsRejection(400, "BadCollapseId", "apns-collapse-id is longer than 64 bytes")
+            }
+            let payload = try Self.payload(request.body)
+            return .success(
+                APNsAcceptedPush(
+                    token: token, topic: request.header("apns-topic")!, bundleID: bundleID, priority: priority,
+                    expiration: expiration, apnsID: apnsID, collapseID: collapseID, keyID: key.keyID,
+                    teamID: key.teamID, payload: payload))
+        } catch let rejection as APNsRejection {
+            return .failure(rejection)
+        } catch {
+            return .failure(APNsRejection(500, "InternalServerError", "\(error)"))
+        }
+    }
+
+    /// The device token of `/3/device/<token>`: 404 BadPath for another path, 400 BadDeviceToken unless 64–200 hex.
+    static func deviceToken(path: String) throws(APNsRejection) -> String {
+        let target = path.split(separator: "?", maxSplits: 1, omittingEmptySubsequences: false)[0]
+        guard target.hasPrefix(pathPrefix) else {
+            throw APNsRejection(404, "BadPath", "the path must be /3/device/<token>")
+        }
+        let token = String(target.dropFirst(pathPrefix.count))
+        guard (64...200).contains(token.utf8.count), token.utf8.allSatisfy(\.isHexDigit) else {
+            throw APNsRejection(400, "BadDeviceToken", "the device token must be 64 to 200 hexadecimal characters")
+        }
+        return token
+    }
+
+    /// Checks `authorization: bearer <JWT>` and returns the key that signed it.
+    func verifyProviderToken(authorization: String?, now: Date) throws(APNsRejection) -> APNsSimulator.SigningKey {
+        guard let authorization, !authorization.trimmingCharacters(in: .whitespaces).isEmpty else {
+            throw APNsRejection(403, "MissingProviderToken", "no authorization header")
+        }
+        guard let token = HTTPText.bearerToken(authorization), let jwt = UnverifiedJWT(token) else {
+            throw APNsRejection(403, "InvalidProviderToken", "authorization must be 'bearer <JWT>'")
+        }
+        guard jwt.header["alg"]?.stringValue == "ES256" else {
+            throw APNsRejection(403, "InvalidProviderToken", "the provider token must be signed with ES256")
+        }
+        guard let keyID = jwt.header["kid"]?.stringValue, let key = keys[keyID] else {
+            throw APNsRejection(403, "InvalidProviderToken", "the provider token's kid is unknown")
+        }
+        let known = verified.withLock { $0[token] == keyID }
+        if !known {
+            guard (try? JWT.verify(token, verifier: key.publicKey)) != nil else {
+                throw APNsRejection(403, "InvalidProviderToken", "the provider token's signature does not verify")
+            }
+            verified.withLock { cache in
+                if cache.count >= 256 { cache.removeAll(keepingCapacity: true) }
+                cache[token] = keyID
+            }
+        }
+        try Self.checkClaims(jwt.claims, teamID: key.teamID, now: now, maxAge: maxTokenAge, skew: clockSkew)
+        return key
+    }
+
+    /// `iss` must be the team, `iat` an integer at most `maxAge` old and not more than `skew` ahead.
+    static func checkClaims(
+        _ claims: [String: JSONValue], teamID: String, now: Date, maxAge: TimeInterval, skew: TimeInterval
+    ) throws(APNsRejection) {
+        guard claims["iss"]?.stringValue == teamID else {
+            throw APNsRejection(403, "InvalidProviderToken", "the provider token's iss is not the key's team")
+        }
+        guard case .int(let issuedAt)? = claims["iat"] else {
+            throw APNsRejection(403, "InvalidProviderToken", "the provider token has no integer iat")
+        }
+        let age = now.timeIntervalSince1970 - Double(issuedAt)
+        if age > maxAge {
+            throw APNsRejection(403, "ExpiredProviderToken", "the provider token is older than an hour")
+        }
+        if age < -skew {
+            throw APNsRejection(403, "InvalidProviderToken", "the provider token's iat is in the future")
+        }
+    }
+
+    /// The bundle ID of `<bundle>.push-type.liveactivity`.
+    static func bundleID(topic: String?) throws(APNsRejection) -> String {
+        guard let topic, !topic.isEmpty else {
+            throw APNsRejection(400, "MissingTopic", "apns-topic is required for live activities")
+        }
+        guard topic.hasSuffix(topicSuffix), topic.count > topicSuffix.count else {
+            throw APNsRejection(400, "TopicDisallowed", "apns-topic must be <bundle>.push-type.liveactivity")
+        }
+        return String(topic.dropLast(topicSuffix.count))
+    }
+
+    /// `apns-priority`: 5 or 10 (10 when absent).
+    static func priority(_ header: String?) throws(APNsRejection) -> Int {
+        guard let header else { return 10 }
+        guard header == "5" || header == "10" else {
+            throw APNsRejection(400, "BadPriority", "apns-priority must be 5 or 10")
+        }
+        return Int(header)!
+    }
+
+    /// `apns-expiration`: a UNIX time in seconds (0 = do not store), when present.
+    static func expiration(_ header: String?) throws(APNsRejection) -> Int64? {
+        guard let header else { return nil }
+        guard !header.isEmpty, header.utf8.allSatisfy({ $0 >= 0x30 && $0 <= 0x39 }), let value = Int64(header) else {
+            throw APNsRejection(400, "BadExpirationDate", "apns-expiration must be a UNIX time in seconds")
+        }
+        return value
+    }
+
+    /// `apns-id`: a canonical UUID, when present.
+    static func messageID(_ header: String?) throws(APNsRejection) -> String? {
+        guard let header else { return nil }
+        guard header.utf8.count == 36, UUID(uuidString: header) != nil else {
+            throw APNsRejection(400, "BadMessageId", "apns-id must be a UUID")
+        }
+        return header
+    }
+
+    /// Size, JSON and the `aps` shape of a live-activity payload.
+    static func payload(_ body: [UInt8]) throws(APNsRejection) -> JSONValue {
+        guard !body.isEmpty else { throw APNsRejection(400, "PayloadEmpty", "the payload is empty") }
+        guard body.count <= maxPayloadBytes else {
+            throw APNsRejection(413, "PayloadTooLarge", "the payload is larger than 4096 bytes")
+        }
+        guard let document = try? JSONValue.parse(body), document.objectValue != nil else {
+            throw APNsRejection(400, "BadPayload", "the payload is not a JSON object")
+        }
+        try checkAPS(document["aps"])
+        return document
+    }
+
+    /// The live-activity `aps` dictionary: `event`, integer `timestamp`, `content-state`; `start` also needs
+    /// `attributes-type`, `attributes` and `alert`.
+    static func checkAPS(_ aps: JSONValue?) throws(APNsRejection) {
+        func bad(_ detail: String) -> APNsRejection { APNsRejection(400, "BadPayload", detail) }
+        guard let aps = aps?.objectValue else { throw bad("the payload has no aps object") }
+        guard let event = aps["event"]?.stringValue, ["start", "update", "end"].contains(event) else {
+            throw bad("aps.event must be start, update or end")
+        }
+        guard case .int? = aps["timestamp"] else { throw bad("aps.timestamp must be an integer") }
+        guard aps["content-state"]?.objectValue != nil else { throw bad("aps.content-state must be an object") }
+        for field in ["dismissal-date", "stale-date"] {
+            if let value = aps[field], case .int = value {
+            } else if aps[field] != nil {
+                throw bad("aps.\(field) must be an integer")
+            }
+        }
+        if let score = aps["relevance-score"], score.doubleValue == nil {
+            throw bad("aps.relevance-score must be a number")
+        }
+        if event == "start" {
+            guard let type = aps["attributes-type"]?.stringValue, !type.isEmpty else {
+                throw bad("a start needs aps.attributes-type")
+            }
+            guard aps["attributes"]?.objectValue != nil else { throw bad("a start needs an aps.attributes object") }
+            guard let alert = aps["alert"], alert.objectValue != nil || alert.stringValue != nil else {
+                throw bad("a start needs an aps.alert")
+            }
+        }
+    }
+}
+
+extension UInt8 {
+    fileprivate var isHexDigit: Bool {
+        (0x30...0x39).contains(self) || (0x41...0x46).contains(self) || (0x61...0x66).contains(self)
+    }
+}

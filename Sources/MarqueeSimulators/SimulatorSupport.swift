@@ -1,0 +1,281 @@
+import Crypto
+import Foundation
+import HTTP2
+import MarqueeCore
+import Synchronization
+
+/// The TLS side shared by both simulators: a fresh CA and server certificate, the CA written out for clients.
+struct SimulatorTLS: Sendable {
+    let caCertificatePEM: String
+    let server: TLSServerConfiguration
+
+    init(name: String, dnsNames: [String], ipAddresses: [String]) throws {
+        do {
+            let ca = try TestPKI.makeCA(commonName: "Marquee \(name) Simulator CA")
+            let (certificate, key) = try TestPKI.makeServerCertificate(
+                ca: ca, commonName: dnsNames.first ?? ipAddresses.first, dnsNames: dnsNames, ipAddresses: ipAddresses
+            )
+            caCertificatePEM = ca.certificatePEM
+            server = TLSServerConfiguration(certificateChainPEM: certificate, privateKeyPEM: key)
+        } catch {
+            throw SimulatorError(.certificateFailed, "cannot create the simulator's certificates", details: "\(error)")
+        }
+    }
+
+    /// The SANs for a listen host: always `localhost`, `127.0.0.1` and `::1`, plus the host itself.
+    static func subjectAlternativeNames(host: String) -> (dns: [String], ip: [String]) {
+        var ip = ["127.0.0.1", "::1"]
+        if !ip.contains(host) && host != "0.0.0.0" && host != "::" && host.contains(where: { $0 == "." || $0 == ":" }) {
+            ip.append(host)
+        }
+        return (["localhost"], ip)
+    }
+
+    /// Writes the CA certificate to `path`, creating parent directories.
+    func writeCA(to path: String) throws {
+        do {
+            let directory = (path as NSString).deletingLastPathComponent
+            if !directory.isEmpty {
+                try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+            }
+            try caCertificatePEM.write(toFile: path, atomically: true, encoding: .utf8)
+        } catch {
+            throw SimulatorError(.ioFailed, "cannot write the CA certificate", details: "\(path): \(error)")
+        }
+    }
+}
+
+/// Accepted requests (in memory, per token, and as JSON lines in a file) and counters.
+final class Recorder: Sendable {
+    private struct State {
+        var byToken: [String: [JSONValue]] = [:]
+        /// Tokens of the kept records, oldest first, from `head` on.
+        var order: [String] = []
+        var head = 0
+        var accepted = 0
+        var rejected: [String: Int] = [:]
+        var injected: [String: Int] = [:]
+    }
+
+    private let state = Mutex(State())
+    /// The records file descriptor (-1 without a file); writes are serialized by the lock.
+    private let file: Mutex<Int32>
+    private let memoryLimit: Int
+
+    init(path: String?, memoryLimit: Int) throws {
+        self.memoryLimit = max(1, memoryLimit)
+        guard let path else {
+            file = Mutex(-1)
+            return
+        }
+        let directory = (path as NSString).deletingLastPathComponent
+        if !directory.isEmpty {
+            try? FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        }
+        let fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0o644)
+        guard fd >= 0 else {
+            throw SimulatorError(
+                .ioFailed, "cannot open the records file", details: "\(path): \(String(cString: strerror(errno)))")
+        }
+        file = Mutex(fd)
+    }
+
+    deinit {
+        file.withLock { fd in
+            if fd >= 0 { close(fd) }
+        }
+    }
+
+    /// Keeps `record` for `token` and appends it to the file as one line.
+    func accept(token: String, record: JSONValue) {
+        state.withLock { state in
+            state.accepted += 1
+            state.byToken[token, default: []].append(record)
+            state.order.append(token)
+            if state.order.count - state.head > memoryLimit {
+                let oldest = state.order[state.head]
+                state.head += 1
+                state.byToken[oldest]?.removeFirst()
+                if state.byToken[oldest]?.isEmpty == true { state.byToken[oldest] = nil }
+                if state.head > 4096 && state.head * 2 > state.order.count {
+                    state.order.removeFirst(state.head)
+                    state.head = 0
+                }
+            }
+        }
+        let line = Array((record.serialized() + "\n").utf8)
+        file.withLock { fd in
+            guard fd >= 0 else { return }
+            line.withUnsafeBytes { buffer in
+                var offset = 0
+                while offset < buffer.count {
+                    let written = write(fd, buffer.baseAddress! + offset, buffer.count - offset)
+                    if written < 0 && errno == EINTR { continue }
+                    if written <= 0 { return }
+                    offset += written
+                }
+            }
+        }
+    }
+
+    /// Counts a rejected request by its reason (APNs reason or FCM error code).
+    func reject(reason: String) {
+        state.withLock { $0.rejected[reason, default: 0] += 1 }
+    }
+
+    /// Counts an injected fault by action name.
+    func inject(_ action: FaultRule.Action) {
+        state.withLock { $0.injected[action.rawValue, default: 0] += 1 }
+    }
+
+    /// The kept records for `token`, or all kept records (oldest first) when `nil`.
+    func records(token: String?) -> [JSONValue] {
+        state.withLock { state in
+            if let token { return state.byToken[token] ?? [] }
+            var cursors: [String: Int] = [:]
+            var all: [JSONValue] = []
+            all.reserveCapacity(state.order.count - state.head)
+            for token in state.order[state.head...] {
+                let index = cursors[token, default: 0]
+                cursors[token] = index + 1
+                if let list = state.byToken[token], index < list.count { all.append(list[index]) }
+            }
+            return all
+        }
+    }
+
+    /// Forgets records and counters (the file is kept).
+    func reset() {
+        state.withLock { $0 = State() }
+    }
+
+    /// Counters as JSON: `accepted`, `rejected` (by reason), `rejected_total`, `injected` (by action).
+    var statistics: [String: JSONValue] {
+        state.withLock { state in
+            [
+                "accepted": .int(Int64(state.accepted)),
+                "rejected": .object(state.rejected.mapValues { .int(Int64($0)) }),
+                "rejected_total": .int(Int64(state.rejected.values.reduce(0, +))),
+                "injected": .object(state.injected.mapValues { .int(Int64($0)) }),
+            ]
+        }
+    }
+
+    var acceptedCount: Int { state.withLock { $0.accepted } }
+
+    func rejectedCount(_ reason: String) -> Int { state.withLock { $0.rejected[reason] ?? 0 } }
+}
+
+/// Request-target and body helpers.
+enum HTTPText {
+    /// Splits `/a/b?x=1&y=2` into the path and its decoded query parameters.
+    static func splitTarget(_ target: String) -> (path: String, query: [String: String]) {
+        guard let mark = target.firstIndex(of: "?") else { return (target, [:]) }
+        let path = String(target[..<mark])
+        return (path, parseForm(String(target[target.index(after: mark)...])))
+    }
+
+    /// Parses `application/x-www-form-urlencoded` text (also query strings); the first value of a name wins.
+    static func parseForm(_ text: String) -> [String: String] {
+        var result: [String: String] = [:]
+        for pair in text.split(separator: "&", omittingEmptySubsequences: true) {
+            let parts = pair.split(separator: "=", maxSplits: 1, omittingEmptySubsequences: false)
+            guard let name = percentDecode(parts[0]) else { continue }
+            let value = parts.count > 1 ? percentDecode(parts[1]) : ""
+            if result[name] == nil, let value { result[name] = value }
+        }
+        return result
+    }
+
+    /// Decodes `%XX` escapes and `+` as space; `nil` for a broken escape or invalid UTF-8.
+    static func percentDecode(_ text: some StringProtocol) -> String? {
+        var bytes: [UInt8] = []
+        var iterator = Array(text.utf8).makeIterator()
+        while let byte = iterator.next() {
+            switch byte {
+            case UInt8(ascii: "+"): bytes.append(UInt8(ascii: " "))
+            case UInt8(ascii: "%"):
+                guard let high = iterator.next().flatMap(hexValue), let low = iterator.next().flatMap(hexValue) else {
+                    return nil
+                }
+                bytes.append(high << 4 | low)
+            default: bytes.append(byte)
+            }
+        }
+        return String(validating: bytes, as: UTF8.self)
+    }
+
+    private static func hexValue(_ byte: UInt8) -> UInt8? {
+        switch byte {
+        case UInt8(ascii: "0")...UInt8(ascii: "9"): byte - UInt8(ascii: "0")
+        case UInt8(ascii: "a")...UInt8(ascii: "f"): byte - UInt8(ascii: "a") + 10
+        case UInt8(ascii: "A")...UInt8(ascii: "F"): byte - UInt8(ascii: "A") + 10
+        default: nil
+        }
+    }
+
+    /// A JSON response with `content-type: application/json`.
+    static func json(_ status: Int, _ body: JSONValue, headers: [(String, String)] = []) -> HTTP2ServerResponse {
+        HTTP2ServerResponse(
+            status: status, headers: [("content-type", "application/json")] + headers, body: body.bytes)
+    }
+
+    /// The token of an `authorization: Bearer <token>` header (scheme case-insensitive), or `nil`.
+    static func bearerToken(_ header: String?) -> String? {
+        guard let header else { return nil }
+        let parts = header.split(separator: " ", maxSplits: 1, omittingEmptySubsequences: true)
+        guard parts.count == 2, parts[0].lowercased() == "bearer" else { return nil }
+        let token = parts[1].trimmingCharacters(in: .whitespaces)
+        return token.isEmpty ? nil : token
+    }
+
+    /// ISO 8601 UTC with milliseconds.
+    static func timestamp(_ date: Date) -> String {
+        date.ISO8601Format(Date.ISO8601FormatStyle(includingFractionalSeconds: true))
+    }
+}
+
+/// The header and claims of a compact JWT, decoded without verifying it (to find `kid` / `iss` first).
+struct UnverifiedJWT {
+    var header: [String: JSONValue]
+    var claims: [String: JSONValue]
+
+    init?(_ token: String) {
+        let parts = token.split(separator: ".", omittingEmptySubsequences: false)
+        guard parts.count == 3,
+            let headerBytes = Base64URL.decode(parts[0]), let claimsBytes = Base64URL.decode(parts[1]),
+            let header = (try? JSONValue.parse(headerBytes))?.objectValue,
+            let claims = (try? JSONValue.parse(claimsBytes))?.objectValue
+        else { return nil }
+        self.header = header
+        self.claims = claims
+    }
+}
+
+/// The handler and server shared by both simulators.
+final class SimulatorHost: Sendable {
+    let tls: SimulatorTLS
+    let server: HTTP2Server
+    let caOutputPath: String?
+
+    init(
+        name: String, host: String, port: Int, caOutputPath: String?, ioThreads: Int,
+        handler: @escaping @Sendable (HTTP2ServerRequest) async -> HTTP2ServerResponse
+    ) throws {
+        let names = SimulatorTLS.subjectAlternativeNames(host: host)
+        tls = try SimulatorTLS(name: name, dnsNames: names.dns, ipAddresses: names.ip)
+        self.caOutputPath = caOutputPath
+        server = HTTP2Server(
+            host: host, port: port, tls: tls.server, maxConcurrentStreams: 1000, ioThreads: ioThreads,
+            handler: handler)
+    }
+
+    func start() throws {
+        if let caOutputPath { try tls.writeCA(to: caOutputPath) }
+        do {
+            try server.start()
+        } catch {
+            throw SimulatorError(.invalidConfiguration, "cannot start the server", details: "\(error)")
+        }
+    }
+}
