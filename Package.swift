@@ -101,6 +101,7 @@ let package = Package(
             name: "IntegrationTests",
             dependencies: [
                 "MarqueeCore", "MarqueeStore", "MarqueeAPI", "PostgresClient", "HTTPServer", "Observability", "Crypto",
+                "MarqueeSimulators", "MarqueeDelivery", "HTTP2",
             ],
             swiftSettings: swiftSettings
         ),

@@ -69,6 +69,8 @@ public struct MarqueeConfiguration: Sendable, Equatable {
     public var workerBatch: Int
     /// `MARQUEE_WORKER_LOOPS`: concurrent claim–send–record loops per worker. Default 2.
     public var workerLoops: Int
+    /// `MARQUEE_WORKER_LEASE_SECONDS`: how long a claim is held before another worker may take it over. Default 60.
+    public var workerLeaseSeconds: Int
     /// `MARQUEE_APNS_CONNECTIONS`: HTTP/2 connections per APNs host per worker. Default 2.
     public var apnsConnections: Int
     /// `MARQUEE_RETRY_INITIAL_MS`: the first retry's delay ceiling. Default 8000.
@@ -168,6 +170,7 @@ public struct MarqueeConfiguration: Sendable, Equatable {
             "MARQUEE_WORKERS", default: max(1, ProcessInfo.processInfo.activeProcessorCount), range: 0...64)
         workerBatch = integer("MARQUEE_WORKER_BATCH", default: 256, range: 1...5000)
         workerLoops = integer("MARQUEE_WORKER_LOOPS", default: 2, range: 1...64)
+        workerLeaseSeconds = integer("MARQUEE_WORKER_LEASE_SECONDS", default: 60, range: 1...3600)
         apnsConnections = integer("MARQUEE_APNS_CONNECTIONS", default: 2, range: 1...64)
         retryInitialMilliseconds = integer("MARQUEE_RETRY_INITIAL_MS", default: 8000, range: 10...600_000)
         retryMaxAttempts = integer("MARQUEE_RETRY_MAX_ATTEMPTS", default: 10, range: 1...100)

@@ -36,6 +36,7 @@ struct WorkerCommand {
             keyRing: keyRing,
             configuration: .init(
                 workerID: workerID, batchSize: configuration.workerBatch, loops: configuration.workerLoops,
+                lease: .seconds(configuration.workerLeaseSeconds),
                 retryPolicy: RetryPolicy(
                     maxAttempts: configuration.retryMaxAttempts,
                     initialDelay: .milliseconds(configuration.retryInitialMilliseconds))),

@@ -1,0 +1,319 @@
+import Crypto
+import Foundation
+import HTTP2
+import MarqueeCore
+import MarqueeSimulators
+import PostgresClient
+import Synchronization
+import Testing
+
+/// A database, `marquee serve`, an in-process APNs simulator, and `marquee worker` processes started on demand —
+/// separate from the registry fixture so that workers never touch other suites' queued deliveries.
+actor DeliveryFixture {
+    static let shared = DeliveryFixture()
+
+    struct Running: Sendable {
+        let databaseURL: String
+        let serve: MarqueeProcess
+        let pool: PostgresPool
+        let simulator: APNsSimulator
+        let caFile: String
+        let key: ES256PrivateKey
+        let teamID = "TEAMSIM123"
+        let keyID = "KEYSIM1234"
+        var api: API { API(baseURL: serve.baseURL) }
+
+        /// Starts a worker process against this fixture.
+        func worker(_ extra: [String: String] = [:]) throws -> MarqueeProcess {
+            var env = [
+                "DATABASE_URL": databaseURL, "MARQUEE_CA_FILE": caFile, "MARQUEE_RETRY_INITIAL_MS": "200",
+                "MARQUEE_WORKER_BATCH": "64", "MARQUEE_LOG_LEVEL": "info",
+            ]
+            env.merge(extra) { _, new in new }
+            let port = TestEnvironment.freePort()
+            env["MARQUEE_METRICS_LISTEN"] = "127.0.0.1:\(port)"
+            return try MarqueeProcess(["worker"], environment: env, port: port)
+        }
+    }
+
+    private var starting: Task<Running, any Error>?
+
+    static func get() async throws -> Running { try await shared.running() }
+
+    func running() async throws -> Running {
+        if let starting { return try await starting.value }
+        let task = Task { try await Self.start() }
+        starting = task
+        return try await task.value
+    }
+
+    private static func start() async throws -> Running {
+        let url = try await TestEnvironment.makeDatabase()
+        let env = ["DATABASE_URL": url, "MARQUEE_MIGRATIONS_DIR": TestEnvironment.migrationsDirectory]
+        let migrate = try await runCommand(TestEnvironment.marqueeBinary, ["migrate"], environment: env)
+        guard migrate.status == 0 else { throw TestFailure("migrate: \(migrate.output)") }
+        let serve = try MarqueeProcess(["serve"], environment: env, port: TestEnvironment.freePort())
+        try await serve.waitUntilServing()
+        let key = ES256PrivateKey.generate()
+        let caFile = NSTemporaryDirectory() + "sim-ca-\(UUID().uuidString).pem"
+        let simulator = try APNsSimulator(
+            configuration: .init(
+                port: 0, caOutputPath: caFile,
+                keys: [.init(keyID: "KEYSIM1234", teamID: "TEAMSIM123", publicKey: key.publicKey)]))
+        try simulator.start()
+        let pool = PostgresPool(try PostgresConfiguration(url: url), options: .init(maxConnections: 4))
+        return Running(databaseURL: url, serve: serve, pool: pool, simulator: simulator, caFile: caFile, key: key)
+    }
+}
+
+@Suite("APNs delivery end to end", .serialized)
+struct DeliveryTests {
+    struct Tenant {
+        var fixture: DeliveryFixture.Running
+        var tenant: TestTenant
+        var type: String
+        var person: String
+        var api: API { fixture.api }
+
+        func deliveries(_ instance: String) async throws -> [[String: Any]] {
+            let r = try await api.call("GET", "/v1/live_notifications/\(instance)/deliveries?limit=200", key: tenant.app)
+            return try r.json().array("data")
+        }
+
+        /// Waits until every delivery of `instance` left `queued`.
+        func settled(_ instance: String, count: Int? = nil, timeout: Duration = .seconds(30)) async throws
+            -> [[String: Any]]
+        {
+            let clock = ContinuousClock()
+            let deadline = clock.now + timeout
+            var last: [[String: Any]] = []
+            while clock.now < deadline {
+                last = try await deliveries(instance)
+                if !last.isEmpty, count.map({ last.count == $0 }) ?? true,
+                    last.allSatisfy({ $0.string("status") != "queued" })
+                {
+                    return last
+                }
+                try await Task.sleep(for: .milliseconds(100))
+            }
+            throw TestFailure("deliveries of \(instance) did not settle: \(last)")
+        }
+
+        /// Registers an iPhone with a push-to-start token; returns (device, push-to-start token).
+        func iphone(tokenPrefix: String = "") async throws -> (String, String) {
+            let device = Fake.hex()
+            let token = tokenPrefix + Fake.hex(64 - tokenPrefix.count)
+            _ = try await api.call(
+                "PUT", "/v1/people/\(person)/devices/\(device)", key: tenant.sdk, json: ["platform": "ios"])
+            let r = try await api.call(
+                "PUT", "/v1/people/\(person)/devices/\(device)/push_to_start/\(type)", key: tenant.sdk,
+                json: ["token": token])
+            guard r.status == 200 else { throw TestFailure("push-to-start: \(r.text)") }
+            return (device, token)
+        }
+
+        func start(_ instance: String, extra: [String: Any] = [:]) async throws -> HTTP.Response {
+            var body: [String: Any] = [
+                "identifiers": ["id": person], "notification_type": type, "instance_id": instance,
+                "attributes": ["order": "42"], "content_state": ["status": "preparing"],
+                "push_payload": ["alert": ["title": "Order 42", "body": "Preparing"]],
+            ]
+            body.merge(extra) { _, new in new }
+            return try await api.call("POST", "/v1/live_notifications/start", key: tenant.app, json: body)
+        }
+    }
+
+    static func tenant() async throws -> Tenant {
+        let fixture = try await DeliveryFixture.get()
+        let api = fixture.api
+        let tenant = try await api.createTenant()
+        let creds = try await api.call(
+            "PUT", "/v1/credentials/apns", key: tenant.app,
+            json: [
+                "team_id": fixture.teamID, "key_id": fixture.keyID, "private_key": fixture.key.pkcs8PEM,
+                "bundle_id": "com.example.app", "environment": "sandbox",
+                "endpoint": "https://127.0.0.1:\(fixture.simulator.port)",
+            ])
+        guard creds.status == 200 else { throw TestFailure("credentials: \(creds.text)") }
+        let type = Fake.activityType()
+        _ = try await api.call(
+            "PUT", "/v1/activity_types/\(type)", key: tenant.app,
+            json: ["attributes_type": "DeliveryAttributes", "payload_profile": "customerio"])
+        return Tenant(fixture: fixture, tenant: tenant, type: type, person: Fake.id("ann"))
+    }
+
+    @Test("start → activity token → update → end reach the simulator with Apple's headers, and are all sent")
+    func endToEnd() async throws {
+        let t = try await Self.tenant()
+        let worker = try t.fixture.worker()
+        defer { worker.signal(SIGKILL) }
+        let (device, pushToStart) = try await t.iphone()
+        let instance = Fake.id("e2e")
+        #expect(try await t.start(instance).status == 200)
+        let started = try await t.settled(instance, count: 1)
+        #expect(started[0].string("status") == "sent", "\(started)")
+
+        let pushes = t.fixture.simulator.pushes(token: pushToStart)
+        try #require(pushes.count == 1)
+        let push = pushes[0]
+        #expect(push["topic"]?.stringValue == "com.example.app.push-type.liveactivity")
+        #expect(push["push_type"]?.stringValue == "liveactivity")
+        #expect(push["priority"]?.intValue == 10)
+        #expect(push["apns_id"]?.stringValue?.count == 36)
+        let aps = try #require(push["payload"]?["aps"])
+        #expect(aps["event"]?.stringValue == "start")
+        #expect(aps["attributes-type"]?.stringValue == "DeliveryAttributes")
+        #expect(aps["attributes"]?["cioInstanceId"]?.stringValue == instance)
+        #expect(aps["content-state"]?["status"]?.stringValue == "preparing")
+        let metadata = try #require(aps["content-state"]?["cioMetadata"])
+        #expect(metadata["deliveryId"]?.stringValue == started[0].string("id"))
+        #expect(aps["alert"]?["title"]?.stringValue == "Order 42")
+        #expect(started[0].string("provider_id")?.lowercased() == push["apns_id"]?.stringValue?.lowercased())
+
+        // The device's activity token arrives; update and end go to it.
+        let activityToken = Fake.hex()
+        _ = try await t.api.call(
+            "PUT", "/v1/live_notifications/\(instance)/tokens/\(device)", key: t.tenant.sdk,
+            json: ["token": activityToken])
+        let update = try await t.api.call(
+            "POST", "/v1/live_notifications/update", key: t.tenant.app,
+            json: ["instance_id": instance, "content_state_patch": ["status": "on_the_way"]])
+        #expect(try update.json()["targets"] as? Int == 1)
+        _ = try await t.settled(instance, count: 2)
+        let end = try await t.api.call(
+            "POST", "/v1/live_notifications/end", key: t.tenant.app,
+            json: ["instance_id": instance, "content_state_patch": ["status": "delivered"], "dismissal_policy": "immediate"])
+        #expect(end.status == 200)
+        let all = try await t.settled(instance, count: 3)
+        #expect(all.allSatisfy { $0.string("status") == "sent" && $0.string("provider_id") != nil }, "\(all)")
+
+        let later = t.fixture.simulator.pushes(token: activityToken)
+        #expect(later.map { $0["payload"]?["aps"]?["event"]?.stringValue } == ["update", "end"])
+        #expect(later[0]["payload"]?["aps"]?["content-state"]?["status"]?.stringValue == "on_the_way")
+        #expect(later[1]["payload"]?["aps"]?["dismissal-date"]?.intValue != nil)
+        let timestamps = (pushes + later).compactMap { $0["payload"]?["aps"]?["timestamp"]?.intValue }
+        #expect(timestamps == timestamps.sorted() && Set(timestamps).count == 3, "strictly increasing: \(timestamps)")
+        #expect(try await t.api.call("GET", "/v1/live_notifications/\(instance)", key: t.tenant.app).json()["state"] as? String == "ended")
+    }
+
+    @Test("503 once, then success: retried and sent once")
+    func retriedOnce() async throws {
+        let t = try await Self.tenant()
+        t.fixture.simulator.setFaults([.init(tokenPrefix: "5031", action: .serviceUnavailable, times: 1)])
+        let worker = try t.fixture.worker()
+        defer { worker.signal(SIGKILL) }
+        let (_, token) = try await t.iphone(tokenPrefix: "5031")
+        let instance = Fake.id("retry")
+        _ = try await t.start(instance)
+        let settled = try await t.settled(instance, count: 1)
+        #expect(settled[0].string("status") == "sent")
+        #expect(settled[0]["attempts"] as? Int == 2)
+        #expect(t.fixture.simulator.pushes(token: token).count == 1)
+    }
+
+    @Test("410: the token is retired, not retried, and later starts skip it")
+    func unregistered() async throws {
+        let t = try await Self.tenant()
+        t.fixture.simulator.setFaults([.init(tokenPrefix: "4100", action: .unregistered)])
+        let worker = try t.fixture.worker()
+        defer { worker.signal(SIGKILL) }
+        _ = try await t.iphone(tokenPrefix: "4100")
+        let instance = Fake.id("dead")
+        _ = try await t.start(instance)
+        let settled = try await t.settled(instance, count: 1)
+        #expect(settled[0].string("status") == "undeliverable")
+        #expect(settled[0]["attempts"] as? Int == 1)
+        #expect(settled[0].string("reason") == "Unregistered")
+        let person = try await t.api.call("GET", "/v1/people/\(t.person)", key: t.tenant.app).json()
+        let tokens = person.array("devices").flatMap { $0.array("tokens") }
+        #expect(tokens.map { $0.string("status") } == ["retired"])
+        let again = try await t.start(Fake.id("again"))
+        #expect(try again.json()["state"] as? String == "failed")
+        #expect(try again.json()["failure_reason"] as? String == "no_push_to_start_token")
+    }
+
+    @Test("429 with Retry-After: the retry waits at least that long")
+    func retryAfter() async throws {
+        let t = try await Self.tenant()
+        t.fixture.simulator.setFaults([
+            .init(tokenPrefix: "4290", action: .tooManyRequests, times: 1, retryAfterSeconds: 2)
+        ])
+        let worker = try t.fixture.worker()
+        defer { worker.signal(SIGKILL) }
+        let (_, token) = try await t.iphone(tokenPrefix: "4290")
+        let instance = Fake.id("throttled")
+        let clock = ContinuousClock()
+        let began = clock.now
+        _ = try await t.start(instance)
+        let settled = try await t.settled(instance, count: 1)
+        #expect(settled[0].string("status") == "sent")
+        #expect(clock.now - began >= .seconds(2), "Retry-After honoured")
+        #expect(t.fixture.simulator.pushes(token: token).count == 1)
+    }
+
+    @Test("GOAWAY mid-batch: nothing is lost and nothing is sent twice")
+    func goAway() async throws {
+        let t = try await Self.tenant()
+        t.fixture.simulator.setFaults([.init(rate: 0.2, action: .goAway, times: 1)])
+        let worker = try t.fixture.worker()
+        defer { worker.signal(SIGKILL) }
+        var tokens: [String] = []
+        for _ in 0..<30 { tokens.append(try await t.iphone().1) }
+        let instance = Fake.id("goaway")
+        #expect(try await t.start(instance).status == 200)
+        let settled = try await t.settled(instance, count: 30, timeout: .seconds(60))
+        #expect(settled.allSatisfy { $0.string("status") == "sent" }, "\(settled.filter { $0.string("status") != "sent" })")
+        for token in tokens {
+            #expect(t.fixture.simulator.pushes(token: token).count == 1)
+        }
+        t.fixture.simulator.setFaults([])
+    }
+
+    @Test("a worker killed with kill -9 mid-batch: every delivery is eventually sent, duplicates within one batch")
+    func crashRescue() async throws {
+        let t = try await Self.tenant()
+        t.fixture.simulator.setFaults([.init(tokenPrefix: "de1a", action: .delay, latencyMilliseconds: 1500)])
+        let doomed = try t.fixture.worker(["MARQUEE_WORKER_LEASE_SECONDS": "2", "MARQUEE_WORKER_BATCH": "16"])
+        var tokens: [String] = []
+        for _ in 0..<20 { tokens.append(try await t.iphone(tokenPrefix: "de1a").1) }
+        let instance = Fake.id("crash")
+        _ = try await t.start(instance)
+        try await Task.sleep(for: .milliseconds(1000))
+        doomed.signal(SIGKILL)
+        _ = try await doomed.waitForExit()
+        t.fixture.simulator.setFaults([])
+        let rescuer = try t.fixture.worker(["MARQUEE_WORKER_LEASE_SECONDS": "2", "MARQUEE_WORKER_BATCH": "16"])
+        defer { rescuer.signal(SIGKILL) }
+        let settled = try await t.settled(instance, count: 20, timeout: .seconds(60))
+        #expect(settled.allSatisfy { $0.string("status") == "sent" })
+        let received = tokens.map { t.fixture.simulator.pushes(token: $0).count }
+        #expect(received.allSatisfy { $0 >= 1 }, "every device got its push")
+        #expect(received.reduce(0, +) - tokens.count <= 16, "duplicates bounded by one batch: \(received)")
+    }
+
+    @Test("SIGTERM: the worker stops claiming, finishes and records what it holds, and exits 0")
+    func drain() async throws {
+        let t = try await Self.tenant()
+        t.fixture.simulator.setFaults([.init(tokenPrefix: "d4a1", action: .delay, latencyMilliseconds: 800)])
+        let worker = try t.fixture.worker()
+        for _ in 0..<10 { _ = try await t.iphone(tokenPrefix: "d4a1") }
+        let instance = Fake.id("drain")
+        _ = try await t.start(instance)
+        // Wait until the worker holds the batch (leased), then ask it to stop.
+        let clock = ContinuousClock()
+        let deadline = clock.now + .seconds(10)
+        while clock.now < deadline {
+            let leased = try await t.fixture.pool.count(
+                "SELECT count(*)::int AS n FROM deliveries WHERE instance_id = \(instance) AND locked_until > now()")
+            if leased > 0 { break }
+            try await Task.sleep(for: .milliseconds(20))
+        }
+        worker.signal(SIGTERM)
+        #expect(try await worker.waitForExit(timeout: .seconds(30)) == 0)
+        t.fixture.simulator.setFaults([])
+        let rows = try await t.deliveries(instance)
+        #expect(rows.count == 10)
+        #expect(rows.allSatisfy { $0.string("status") == "sent" }, "in-flight sends were finished and recorded: \(rows)")
+        #expect(worker.log.contains("worker stopped"))
+    }
+}
