@@ -19,6 +19,7 @@ struct Marquee {
           key list --tenant T
           key revoke --tenant T --key K
           key rotate --tenant T --key K [--grace-seconds S]
+          simulate apns|fcm  run the local APNs or FCM simulator (MARQUEE_SIM_*)
           version            print the version
           help               show this text
 
@@ -40,6 +41,8 @@ struct Marquee {
                 try await MigrateCommand(arguments: arguments).run()
             case "tenant", "key":
                 try await TenantCommand(group: command, arguments: arguments).run()
+            case "simulate":
+                try await SimulateCommand(arguments: arguments).run()
             case "version", "--version":
                 print("marquee \(MarqueeVersion.current)")
             case "help", "--help", "-h":
