@@ -132,6 +132,11 @@ public final class APNsSimulator: Sendable {
         core.server.withLock { $0 = host.server }
     }
 
+    deinit {
+        // breaks the server → handler → core → server cycle
+        core.server.withLock { $0 = nil }
+    }
+
     /// The CA certificate that signed the server certificate (trust it in clients).
     public var caCertificatePEM: String { host.tls.caCertificatePEM }
 

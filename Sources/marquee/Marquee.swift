@@ -22,6 +22,7 @@ struct Marquee {
           key list --tenant T
           key revoke --tenant T --key K
           key rotate --tenant T --key K [--grace-seconds S]
+          simulate apns|fcm  run the local APNs or FCM simulator (MARQUEE_SIM_*)
           version            print the version
           help               show this text
 
@@ -47,6 +48,8 @@ struct Marquee {
                 try await WorkerCommand(arguments: arguments).run()
             case "tenant", "key":
                 try await TenantCommand(group: command, arguments: arguments).run()
+            case "simulate":
+                try await SimulateCommand(arguments: arguments).run()
             case "version", "--version":
                 print("marquee \(MarqueeVersion.current)")
             case "help", "--help", "-h":
