@@ -88,13 +88,15 @@ final class ServerConnection: TLSConnection, LoopHandler {
         case .reset(let code):
             nghttp2_submit_rst_stream(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), streamID, code.rawValue)
         case .goAway(let code):
-            let last = max(0, streamID - 2)
+            // Every stream received so far has gone (or is going) to a handler, so each of them is "processed":
+            // GOAWAY names the highest of them and they all still get their answers. Only this stream was not
+            // processed: REFUSED_STREAM tells the client so, and it is safe to send again on a new connection.
+            // (Naming a lower stream would make the client retry streams whose handlers already ran.)
+            let last = nghttp2_session_get_last_proc_stream_id(session)
             nghttp2_submit_goaway(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), last, code.rawValue, nil, 0)
             goAwayLastStreamID = min(goAwayLastStreamID ?? last, last)
-            for id in streams.keys where id > last {
-                nghttp2_submit_rst_stream(
-                    session, UInt8(NGHTTP2_FLAG_NONE.rawValue), id, HTTP2ErrorCode.refusedStream.rawValue)
-            }
+            nghttp2_submit_rst_stream(
+                session, UInt8(NGHTTP2_FLAG_NONE.rawValue), streamID, HTTP2ErrorCode.refusedStream.rawValue)
         }
         context.markDirty(self)
     }

@@ -61,6 +61,8 @@ actor DeliveryFixture {
                 port: 0, caOutputPath: caFile,
                 keys: [.init(keyID: "KEYSIM1234", teamID: "TEAMSIM123", publicKey: key.publicKey)]))
         try simulator.start()
+        // Handlers run inside `run()`; it serves for the life of the test process.
+        Task.detached { try? await simulator.run() }
         let pool = PostgresPool(try PostgresConfiguration(url: url), options: .init(maxConnections: 4))
         return Running(databaseURL: url, serve: serve, pool: pool, simulator: simulator, caFile: caFile, key: key)
     }
@@ -76,7 +78,8 @@ struct DeliveryTests {
         var api: API { fixture.api }
 
         func deliveries(_ instance: String) async throws -> [[String: Any]] {
-            let r = try await api.call("GET", "/v1/live_notifications/\(instance)/deliveries?limit=200", key: tenant.app)
+            let r = try await api.call(
+                "GET", "/v1/live_notifications/\(instance)/deliveries?limit=200", key: tenant.app)
             return try r.json().array("data")
         }
 
@@ -182,7 +185,10 @@ struct DeliveryTests {
         _ = try await t.settled(instance, count: 2)
         let end = try await t.api.call(
             "POST", "/v1/live_notifications/end", key: t.tenant.app,
-            json: ["instance_id": instance, "content_state_patch": ["status": "delivered"], "dismissal_policy": "immediate"])
+            json: [
+                "instance_id": instance, "content_state_patch": ["status": "delivered"],
+                "dismissal_policy": "immediate",
+            ])
         #expect(end.status == 200)
         let all = try await t.settled(instance, count: 3)
         #expect(all.allSatisfy { $0.string("status") == "sent" && $0.string("provider_id") != nil }, "\(all)")
@@ -193,7 +199,9 @@ struct DeliveryTests {
         #expect(later[1]["payload"]?["aps"]?["dismissal-date"]?.intValue != nil)
         let timestamps = (pushes + later).compactMap { $0["payload"]?["aps"]?["timestamp"]?.intValue }
         #expect(timestamps == timestamps.sorted() && Set(timestamps).count == 3, "strictly increasing: \(timestamps)")
-        #expect(try await t.api.call("GET", "/v1/live_notifications/\(instance)", key: t.tenant.app).json()["state"] as? String == "ended")
+        #expect(
+            try await t.api.call("GET", "/v1/live_notifications/\(instance)", key: t.tenant.app).json()["state"]
+                as? String == "ended")
     }
 
     @Test("503 once, then success: retried and sent once")
@@ -262,7 +270,8 @@ struct DeliveryTests {
         let instance = Fake.id("goaway")
         #expect(try await t.start(instance).status == 200)
         let settled = try await t.settled(instance, count: 30, timeout: .seconds(60))
-        #expect(settled.allSatisfy { $0.string("status") == "sent" }, "\(settled.filter { $0.string("status") != "sent" })")
+        #expect(
+            settled.allSatisfy { $0.string("status") == "sent" }, "\(settled.filter { $0.string("status") != "sent" })")
         for token in tokens {
             #expect(t.fixture.simulator.pushes(token: token).count == 1)
         }
@@ -313,7 +322,8 @@ struct DeliveryTests {
         t.fixture.simulator.setFaults([])
         let rows = try await t.deliveries(instance)
         #expect(rows.count == 10)
-        #expect(rows.allSatisfy { $0.string("status") == "sent" }, "in-flight sends were finished and recorded: \(rows)")
+        #expect(
+            rows.allSatisfy { $0.string("status") == "sent" }, "in-flight sends were finished and recorded: \(rows)")
         #expect(worker.log.contains("worker stopped"))
     }
 }
