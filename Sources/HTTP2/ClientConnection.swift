@@ -9,7 +9,6 @@ struct ClientPayload: Sendable {
     let continuation: CheckedContinuation<HTTP2Response, any Error>
 }
 
-
 typealias ClientEntry = ConnectionStateMachine<ClientPayload>.Entry
 typealias ClientAction = ConnectionAction<ClientPayload>
 

@@ -313,8 +313,9 @@ struct ConnectionStateMachine<Payload> {
         return .retry(retried)
     }
 
-    private mutating func afterStreamEnded(now: ContinuousClock.Instant, into actions: inout [ConnectionAction<Payload>])
-    {
+    private mutating func afterStreamEnded(
+        now: ContinuousClock.Instant, into actions: inout [ConnectionAction<Payload>]
+    ) {
         switch state {
         case .active:
             startQueued(into: &actions)

@@ -121,7 +121,8 @@ final class EventLoop: Sendable {
             var timeout: Int32 = 0
             if !context.hasDirty {
                 let remaining = nextTick - ContinuousClock.now
-                let milliseconds = remaining.components.seconds * 1000 + remaining.components.attoseconds / 1_000_000_000_000_000
+                let milliseconds =
+                    remaining.components.seconds * 1000 + remaining.components.attoseconds / 1_000_000_000_000_000
                 timeout = Int32(max(0, min(milliseconds + 1, 1000)))
             }
             let count = events.withUnsafeMutableBufferPointer { buffer in

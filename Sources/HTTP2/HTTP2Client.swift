@@ -207,7 +207,8 @@ final class ClientCore: Sendable {
         outstanding.wrappingAdd(1, ordering: .sequentiallyConsistent)
         let deadline = ContinuousClock.now + (request.timeout ?? configuration.requestTimeout)
         return try await withCheckedThrowingContinuation { continuation in
-            dispatch(ClientEntry(payload: ClientPayload(request: request, continuation: continuation), deadline: deadline))
+            dispatch(
+                ClientEntry(payload: ClientPayload(request: request, continuation: continuation), deadline: deadline))
         }
     }
 

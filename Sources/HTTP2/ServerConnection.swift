@@ -329,8 +329,7 @@ final class Listener: LoopHandler {
             let core = self.core
             if loop === context.loop {
                 ServerConnection(fd: client, core: core, context: context).start()
-            } else if !loop.execute({ context in ServerConnection(fd: client, core: core, context: context).start() })
-            {
+            } else if !loop.execute({ context in ServerConnection(fd: client, core: core, context: context).start() }) {
                 Glibc.close(client)
             }
         }

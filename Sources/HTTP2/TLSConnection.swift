@@ -20,7 +20,8 @@ class TLSConnection {
     private var outboundOffset = 0
     private var watchingWritable = false
     private var registered = false
-    private let readBuffer = UnsafeMutableRawBufferPointer.allocate(byteCount: TLSConnection.readBufferSize, alignment: 16)
+    private let readBuffer = UnsafeMutableRawBufferPointer.allocate(
+        byteCount: TLSConnection.readBufferSize, alignment: 16)
 
     init(id: Int, context: LoopContext) {
         self.id = id

@@ -24,7 +24,12 @@ private final class ConcurrencyProbe: Sendable {
 private final class Ledger: Sendable {
     private let state = Mutex<(calls: Int, answered: [String: Int])>((0, [:]))
 
-    func call() -> Int { state.withLock { $0.calls += 1; return $0.calls } }
+    func call() -> Int {
+        state.withLock {
+            $0.calls += 1
+            return $0.calls
+        }
+    }
     func answered(_ id: String) { state.withLock { $0.answered[id, default: 0] += 1 } }
     var calls: Int { state.withLock { $0.calls } }
     var answered: [String: Int] { state.withLock { $0.answered } }

@@ -82,7 +82,12 @@ func eventually(timeout: Duration = .seconds(5), _ condition: () -> Bool) async 
 /// A counter shared with handlers.
 final class Counter: Sendable {
     private let value = Mutex(0)
-    @discardableResult func increment() -> Int { value.withLock { $0 += 1; return $0 } }
+    @discardableResult func increment() -> Int {
+        value.withLock {
+            $0 += 1
+            return $0
+        }
+    }
     var current: Int { value.withLock { $0 } }
 }
 

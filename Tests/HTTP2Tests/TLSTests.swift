@@ -115,14 +115,56 @@ struct InteropTests {
     @Test("h2load: 20,000 requests over 4 connections, 100 streams each, 0 failed")
     func h2load() async throws {
         let body = Array("ok".utf8)
-        try await withServer(handler: { _ in HTTP2ServerResponse(status: 200, body: body) }) { server in
+        let handler: @Sendable (HTTP2ServerRequest) async -> HTTP2ServerResponse = { _ in
+            HTTP2ServerResponse(status: 200, body: body)
+        }
+        try await withServer(handler: handler) { server in
             let (status, output) = try await runCommand(
                 "/usr/bin/h2load", ["-n", "20000", "-c", "4", "-m", "100", "https://127.0.0.1:\(server.boundPort)/x"],
                 timeoutSeconds: 30)
-            let summary = output.split(separator: "\n").filter { $0.hasPrefix("finished in") || $0.hasPrefix("requests:") }
+            let summary = output.split(separator: "\n").filter {
+                $0.hasPrefix("finished in") || $0.hasPrefix("requests:")
+            }
             print("h2load: " + summary.joined(separator: " | "))
             #expect(status == 0)
             #expect(output.contains("20000 succeeded, 0 failed, 0 errored, 0 timeout"))
+        }
+    }
+
+    @Test("side by side: HTTP2Client and h2load against the same server (20,000 requests, 4 x 100 streams)")
+    func throughputSideBySide() async throws {
+        let body = Array("ok".utf8)
+        let handler: @Sendable (HTTP2ServerRequest) async -> HTTP2ServerResponse = { _ in
+            HTTP2ServerResponse(status: 200, body: body)
+        }
+        try await withServer(handler: handler) { server in
+            let client = try HTTP2Client(Fixtures.clientConfiguration(port: server.boundPort, connections: 4))
+            _ = try await client.send(HTTP2Request(method: "GET", path: "/warm-up"))
+            let total = 20_000
+            let workers = 400
+            let started = ContinuousClock.now
+            let succeeded = try await withThrowingTaskGroup(of: Int.self) { group in
+                for worker in 0..<workers {
+                    group.addTask {
+                        var ok = 0
+                        for _ in stride(from: worker, to: total, by: workers) {
+                            let response = try await client.send(HTTP2Request(method: "GET", path: "/x"))
+                            if response.status == 200 && response.body == body { ok += 1 }
+                        }
+                        return ok
+                    }
+                }
+                return try await group.reduce(0, +)
+            }
+            let seconds = (ContinuousClock.now - started) / .seconds(1)
+            await client.shutdown()
+            #expect(succeeded == total)
+            let (status, output) = try await runCommand(
+                "/usr/bin/h2load", ["-n", "20000", "-c", "4", "-m", "100", "https://127.0.0.1:\(server.boundPort)/x"],
+                timeoutSeconds: 30)
+            #expect(status == 0)
+            let h2load = output.split(separator: "\n").first { $0.hasPrefix("finished in") } ?? "?"
+            print("HTTP2Client: \(Int(Double(total) / seconds)) req/s; h2load: \(h2load)")
         }
     }
 
