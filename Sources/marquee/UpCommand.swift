@@ -124,8 +124,21 @@ final class Supervisor: Sendable {
             for p in argv { free(p) }
             for p in envp { free(p) }
         }
+        // Children start with default signal handling and nothing blocked: restarts are spawned from Dispatch
+        // threads, whose blocked signals a child would otherwise inherit (and then ignore SIGTERM).
+        var attributes = posix_spawnattr_t()
+        posix_spawnattr_init(&attributes)
+        defer { posix_spawnattr_destroy(&attributes) }
+        var empty = sigset_t()
+        sigemptyset(&empty)
+        var defaults = sigset_t()
+        sigemptyset(&defaults)
+        for sig in [SIGTERM, SIGINT, SIGPIPE] { sigaddset(&defaults, sig) }
+        posix_spawnattr_setsigmask(&attributes, &empty)
+        posix_spawnattr_setsigdefault(&attributes, &defaults)
+        posix_spawnattr_setflags(&attributes, Int16(POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF))
         var pid: pid_t = 0
-        let rc = posix_spawn(&pid, binary, nil, nil, argv, envp)
+        let rc = posix_spawn(&pid, binary, nil, &attributes, argv, envp)
         guard rc == 0 else { throw UsageError("could not start \(child.name): error \(rc)") }
         state.withLock {
             $0[index].pid = pid
