@@ -30,6 +30,8 @@ struct Marquee {
         """
 
     static func main() async {
+        // A peer that closes a TLS or HTTP connection while we write must cost an error, not the process.
+        signal(SIGPIPE, SIG_IGN)
         var arguments = Array(CommandLine.arguments.dropFirst())
         guard !arguments.isEmpty else {
             FileHandle.standardError.write(Data((usage + "\n").utf8))
