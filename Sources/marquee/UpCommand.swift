@@ -52,7 +52,8 @@ struct UpCommand {
                         "MARQUEE_SIM_RECORDS": dataDir + "/fcm-messages.jsonl",
                         "MARQUEE_SIM_KEYS": dataDir + "/fcm-keys.json",
                     ]))
-            workerEnvironment["MARQUEE_CA_FILE"] = ca
+            // Workers trust both simulators' CAs: one bundle, written once both exist (see Supervisor.run).
+            workerEnvironment["MARQUEE_CA_FILE"] = dataDir + "/sim-ca-bundle.pem"
         }
         children.append(Child(name: "serve", arguments: ["serve"], environment: [:]))
         for i in 0..<configuration.workers {
@@ -62,7 +63,10 @@ struct UpCommand {
             children.append(Child(name: "worker-\(i + 1)", arguments: ["worker"], environment: env))
         }
 
-        let supervisor = Supervisor(binary: binary, children: children, logger: logger)
+        let bundle: (output: String, parts: [String])? =
+            simulators
+            ? (dataDir + "/sim-ca-bundle.pem", [dataDir + "/sim-ca.pem", dataDir + "/sim-ca-fcm.pem"]) : nil
+        let supervisor = Supervisor(binary: binary, children: children, caBundle: bundle, logger: logger)
         try await supervisor.run(drainTimeout: .seconds(configuration.drainTimeoutSeconds + 5))
     }
 }
@@ -74,17 +78,35 @@ final class Supervisor: Sendable {
     private let logger: Logger
     private let state: Mutex<[UpCommand.Child]>
     private let stopping = Atomic<Bool>(false)
+    private let caBundle: (output: String, parts: [String])?
 
-    init(binary: String, children: [UpCommand.Child], logger: Logger) {
+    init(binary: String, children: [UpCommand.Child], caBundle: (output: String, parts: [String])?, logger: Logger) {
         self.binary = binary
         self.logger = logger
         self.state = Mutex(children)
+        self.caBundle = caBundle
     }
 
     func run(drainTimeout: Duration) async throws {
         for sig in [SIGINT, SIGTERM] { signal(sig, SIG_IGN) }
-        let count = state.withLock { $0.count }
-        for index in 0..<count { try spawn(index) }
+        let names = state.withLock { $0.map(\.name) }
+        // Simulators first; the others once the simulators' CA certificates exist (workers must trust them).
+        let fm = FileManager.default
+        if let caBundle {
+            // Stale files from an earlier run must not pass for this run's certificates.
+            try? fm.removeItem(atPath: caBundle.output)
+            for part in caBundle.parts { try? fm.removeItem(atPath: part) }
+        }
+        for (index, name) in names.enumerated() where name.hasPrefix("simulate-") { try spawn(index) }
+        if let caBundle {
+            let deadline = ContinuousClock.now + .seconds(20)
+            while ContinuousClock.now < deadline, !caBundle.parts.allSatisfy({ fm.fileExists(atPath: $0) }) {
+                try await Task.sleep(for: .milliseconds(50))
+            }
+            let pems = caBundle.parts.compactMap { try? String(contentsOfFile: $0, encoding: .utf8) }
+            try pems.joined(separator: "\n").write(toFile: caBundle.output, atomically: true, encoding: .utf8)
+        }
+        for (index, name) in names.enumerated() where !name.hasPrefix("simulate-") { try spawn(index) }
         let (signals, continuation) = AsyncStream<Int32>.makeStream()
         let sources = [SIGINT, SIGTERM].map { sig -> any DispatchSourceSignal in
             let source = DispatchSource.makeSignalSource(signal: sig, queue: .global())
