@@ -158,7 +158,11 @@ final class Supervisor: Sendable {
         for sig in [SIGTERM, SIGINT, SIGPIPE] { sigaddset(&defaults, sig) }
         posix_spawnattr_setsigmask(&attributes, &empty)
         posix_spawnattr_setsigdefault(&attributes, &defaults)
-        posix_spawnattr_setflags(&attributes, Int16(POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF))
+        // Each child in its own process group: a Ctrl-C in the terminal reaches only `up`, which then asks every
+        // child once (SIGTERM). A second signal would make a child skip its drain.
+        posix_spawnattr_setpgroup(&attributes, 0)
+        posix_spawnattr_setflags(
+            &attributes, Int16(POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETPGROUP))
         var pid: pid_t = 0
         let rc = posix_spawn(&pid, binary, nil, &attributes, argv, envp)
         guard rc == 0 else { throw UsageError("could not start \(child.name): error \(rc)") }
