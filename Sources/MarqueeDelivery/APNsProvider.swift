@@ -67,39 +67,22 @@ public final class APNsProvider: Sendable {
     }
 
     private let configuration: Configuration
-    private let clients = Mutex<[String: HTTP2Client]>([:])
+    private let connections: ProviderConnections
 
     public init(configuration: Configuration) {
         self.configuration = configuration
+        self.connections = ProviderConnections(
+            caFile: configuration.caFile, connectionsPerHost: configuration.connectionsPerHost,
+            requestTimeout: configuration.requestTimeout)
     }
 
     /// Open connections and streams across all hosts, for metrics.
-    public var statistics: (connections: Int, streams: Int) {
-        clients.withLock { clients in
-            clients.values.reduce((0, 0)) { sum, client in
-                let s = client.statistics
-                return (sum.0 + s.openConnections, sum.1 + s.activeStreams)
-            }
-        }
-    }
-
-    func client(host: String, port: Int) throws -> HTTP2Client {
-        let key = "\(host):\(port)"
-        return try clients.withLock { clients in
-            if let client = clients[key] { return client }
-            let client = try HTTP2Client(
-                .init(
-                    host: host, port: port, tls: TLSClientConfiguration(caFile: configuration.caFile),
-                    connections: configuration.connectionsPerHost, requestTimeout: configuration.requestTimeout))
-            clients[key] = client
-            return client
-        }
-    }
+    public var statistics: (connections: Int, streams: Int) { connections.statistics }
 
     /// Sends one push and classifies the answer. An `ExpiredProviderToken` refreshes the token once and retries.
     public func send(_ push: APNsPush, to target: APNsTarget) async -> DeliveryDecision {
         do {
-            let client = try client(host: target.host, port: target.port)
+            let client = try connections.client(host: target.host, port: target.port)
             var token = try target.tokens.token()
             for attempt in 0..<2 {
                 let response = try await client.send(request(push, providerToken: token))
@@ -147,11 +130,5 @@ public final class APNsProvider: Sendable {
     }
 
     /// Closes every connection after in-flight requests finish.
-    public func shutdown() async {
-        let all = clients.withLock { clients in
-            defer { clients.removeAll() }
-            return Array(clients.values)
-        }
-        for client in all { await client.shutdown() }
-    }
+    public func shutdown() async { await connections.shutdown() }
 }

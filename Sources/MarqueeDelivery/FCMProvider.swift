@@ -126,10 +126,13 @@ public final class FCMProvider: Sendable {
     }
 
     private let configuration: Configuration
-    private let clients = Mutex<[String: HTTP2Client]>([:])
+    private let connections: ProviderConnections
 
     public init(configuration: Configuration) {
         self.configuration = configuration
+        self.connections = ProviderConnections(
+            caFile: configuration.caFile, connectionsPerHost: configuration.connectionsPerHost,
+            requestTimeout: configuration.requestTimeout)
     }
 
     /// An access-token cache for `account` (one per tenant credential; the worker keeps them).
@@ -139,29 +142,12 @@ public final class FCMProvider: Sendable {
         FCMAccessTokens(account: account, provider: self, now: now)
     }
 
-    public var statistics: (connections: Int, streams: Int) {
-        clients.withLock { clients in
-            clients.values.reduce((0, 0)) { sum, client in
-                let s = client.statistics
-                return (sum.0 + s.openConnections, sum.1 + s.activeStreams)
-            }
-        }
-    }
+    public var statistics: (connections: Int, streams: Int) { connections.statistics }
 
     func client(for url: String) throws -> (HTTP2Client, path: String) {
         guard let components = URLComponents(string: url), components.scheme == "https", let host = components.host
         else { throw FCMAuthError(status: 0, error: "not an https URL") }
-        let port = components.port ?? 443
-        let key = "\(host):\(port)"
-        let client = try clients.withLock { clients in
-            if let client = clients[key] { return client }
-            let client = try HTTP2Client(
-                .init(
-                    host: host, port: port, tls: TLSClientConfiguration(caFile: configuration.caFile),
-                    connections: configuration.connectionsPerHost, requestTimeout: configuration.requestTimeout))
-            clients[key] = client
-            return client
-        }
+        let client = try connections.client(host: host, port: components.port ?? 443)
         let path = components.percentEncodedPath.isEmpty ? "/" : components.percentEncodedPath
         return (client, path + (components.percentEncodedQuery.map { "?" + $0 } ?? ""))
     }
@@ -243,11 +229,5 @@ public final class FCMProvider: Sendable {
         return s.addingPercentEncoding(withAllowedCharacters: allowed) ?? s
     }
 
-    public func shutdown() async {
-        let all = clients.withLock { clients in
-            defer { clients.removeAll() }
-            return Array(clients.values)
-        }
-        for client in all { await client.shutdown() }
-    }
+    public func shutdown() async { await connections.shutdown() }
 }
