@@ -20,7 +20,8 @@ final class ProviderConnections: Sendable {
             if let client = clients[key] { return client }
             let client = try HTTP2Client(
                 .init(
-                    host: host, port: port, tls: TLSClientConfiguration(caFile: caFile), connections: connectionsPerHost,
+                    host: host, port: port, tls: TLSClientConfiguration(caFile: caFile),
+                    connections: connectionsPerHost,
                     requestTimeout: requestTimeout))
             clients[key] = client
             return client

@@ -285,23 +285,36 @@ public struct LiveActivityStore: Sendable {
             idempotent: try Self.storedResponse(rows[3]), existingStart: existing, existingInstance: !rows[4].isEmpty)
     }
 
+    /// Everything an update or end needs, in one statement (`marquee_change_context`, migration 0005).
     public func changeContext(tenant: UUID, instanceID: String, idempotencyKey: String?) async throws -> ChangeContext {
-        var queries: [PostgresQuery] = [
-            """
-            SELECT \(unsafeRaw: Self.instanceColumns("i")), \(unsafeRaw: Self.typeColumnsJoined)
-            FROM instances i
-            JOIN activity_types t ON t.tenant_id = i.tenant_id AND t.identifier = i.activity_type
-            WHERE i.tenant_id = \(tenant) AND i.id = \(instanceID)
-            """,
-            RegistryStore.activityTargetsQuery(tenant: tenant, instanceID: instanceID),
-        ]
-        if idempotencyKey != nil { queries.append(Self.idempotencyQuery(tenant, idempotencyKey)) }
-        let rows = try await database.tenantRead(tenant, queries)
-        let row = rows[0].first
+        let rows = try await database.pool.query(
+            "SELECT * FROM marquee_change_context(\(tenant), \(instanceID), \(idempotencyKey))")
+        guard let row = rows.first else {
+            // No such instance (in this tenant); a replay of a key is answered from its own record.
+            let stored = try await idempotencyKey.asyncMap { try await idempotentResponse(tenant: tenant, key: $0) }
+            return ChangeContext(instance: nil, activityType: nil, targets: [], idempotent: stored ?? nil)
+        }
+        var targets: [ActivityTarget] = []
+        for target in try row.decode(JSONValue.self, "targets").arrayValue ?? [] {
+            guard let device = target["device_token"]?.stringValue, let token = target["token"]?.stringValue else {
+                continue
+            }
+            targets.append(
+                ActivityTarget(
+                    deviceToken: device,
+                    platform: target["platform"]?.stringValue.flatMap(Platform.init(rawValue:)) ?? .ios,
+                    token: token))
+        }
+        var idempotent: StoredResponse?
+        if let status = try row.decode(Int?.self, "idem_status"),
+            let body = try row.decode(JSONValue?.self, "idem_response")
+        {
+            idempotent = StoredResponse(
+                status: status, body: body, requestHash: try row.decode([UInt8]?.self, "idem_hash") ?? [])
+        }
         return ChangeContext(
-            instance: try row.map(Self.instance), activityType: try row.map(RegistryStore.activityType),
-            targets: try rows[1].map(RegistryStore.activityTarget),
-            idempotent: idempotencyKey == nil ? nil : try Self.storedResponse(rows[2]))
+            instance: try Self.instance(row), activityType: try RegistryStore.activityType(row), targets: targets,
+            idempotent: idempotent)
     }
 
     /// Activity-type columns for a join with `instances i` (`t.identifier` keeps its name; `i.id` is `id`).
@@ -595,5 +608,12 @@ struct DeliveryColumns {
             kinds.append(d.tokenKind.rawValue)
             tokens.append(d.token)
         }
+    }
+}
+
+extension Optional {
+    fileprivate func asyncMap<T>(_ transform: (Wrapped) async throws -> T) async rethrows -> T? {
+        guard let value = self else { return nil }
+        return try await transform(value)
     }
 }
