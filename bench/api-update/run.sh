@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # api-update: committed updates/s and latency for POST /v1/live_notifications/update with wrk at 64 connections
 # against 10,000 existing instances (one iOS activity token each), fsync on. Side by side, pgbench runs the SQL the
-# endpoint runs for one request (the pipelined read, then the write statement and a NOTIFY, one transaction each),
+# endpoint runs for one request (the context read, then the write statement and a NOTIFY in one transaction),
 # which is what PostgreSQL allows without group commit.
 source "$(dirname "$0")/../lib.sh"
 MARQUEE_EXTRA_PACKAGES="wrk" "$root/Deploy/local/deps.sh"
@@ -56,15 +56,7 @@ wait $pid || true
 # The endpoint's SQL for one request, one transaction per request as without group commit.
 cat >"$out/api-update.sql" <<SQL
 \\set i random(0, $((instances - 1)))
-BEGIN READ ONLY;
-SELECT marquee_enter_tenant('$tenant');
-SELECT id, version, content_state, options, content_timestamp, expires_at, state FROM instances WHERE tenant_id = '$tenant' AND id = 'bench-' || :i;
-SELECT identifier, attributes_type, content_state_schema, date_fields, payload_profile FROM activity_types WHERE tenant_id = '$tenant' AND identifier = 'com.example.delivery';
-SELECT a.device_token, d.platform, a.token FROM activity_tokens a JOIN devices d ON d.tenant_id = a.tenant_id AND d.token = a.device_token
-  WHERE a.tenant_id = '$tenant' AND a.instance_id = 'bench-' || :i AND a.status = 'active'
-    AND NOT EXISTS (SELECT 1 FROM instance_devices s WHERE s.tenant_id = a.tenant_id AND s.instance_id = a.instance_id
-                    AND s.device_token = a.device_token AND s.state IN ('ended', 'dismissed'));
-COMMIT;
+SELECT * FROM marquee_change_context('$tenant', 'bench-' || :i, NULL);
 BEGIN;
 SELECT marquee_enter_tenant('$tenant');
 WITH upd AS (
