@@ -259,6 +259,56 @@ struct DeliveryTests {
         #expect(t.fixture.simulator.pushes(token: token).count == 1)
     }
 
+    @Test("order: a token never gets version N+1 while version N is in flight")
+    func ordering() async throws {
+        let t = try await Self.tenant()
+        t.fixture.simulator.setFaults([.init(tokenPrefix: "0d3e", action: .delay, latencyMilliseconds: 1000)])
+        let worker = try t.fixture.worker()
+        defer { worker.signal(SIGKILL) }
+        let (device, _) = try await t.iphone()
+        let instance = Fake.id("order")
+        _ = try await t.start(instance)
+        _ = try await t.settled(instance, count: 1)
+        let token = "0d3e" + Fake.hex(60)
+        _ = try await t.api.call(
+            "PUT", "/v1/live_notifications/\(instance)/tokens/\(device)", key: t.tenant.sdk, json: ["token": token])
+        _ = try await t.api.call(
+            "POST", "/v1/live_notifications/update", key: t.tenant.app,
+            json: ["instance_id": instance, "content_state_patch": ["step": 1]])
+        // Wait until the first update is in flight, then queue the second (it cannot supersede a leased one).
+        let clock = ContinuousClock()
+        let deadline = clock.now + .seconds(10)
+        while clock.now < deadline {
+            let leased = try await t.fixture.pool.count(
+                "SELECT count(*)::int AS n FROM deliveries WHERE instance_id = \(instance) AND locked_until > now()")
+            if leased > 0 { break }
+            try await Task.sleep(for: .milliseconds(10))
+        }
+        _ = try await t.api.call(
+            "POST", "/v1/live_notifications/update", key: t.tenant.app,
+            json: ["instance_id": instance, "content_state_patch": ["step": 2]])
+        let all = try await t.settled(instance, count: 3, timeout: .seconds(30))
+        #expect(all.allSatisfy { $0.string("status") == "sent" }, "\(all)")
+        t.fixture.simulator.setFaults([])
+        let received = t.fixture.simulator.pushes(token: token)
+        try #require(received.count == 2)
+        // Each push carries the state as it was when it was composed (right after its claim).
+        #expect(received.map { $0["payload"]?["aps"]?["content-state"]?["step"]?.intValue } == [1, 2])
+        let times = received.compactMap { $0["time"]?.stringValue }.compactMap(Self.parseTime)
+        try #require(times.count == 2)
+        // Each push waits 1 s in the simulator; sent one after the other they arrive at least ~1 s apart.
+        #expect(
+            times[1].timeIntervalSince(times[0]) >= 0.9, "the second was sent while the first was in flight: \(times)")
+        let stamps = received.compactMap { $0["payload"]?["aps"]?["timestamp"]?.intValue }
+        #expect(stamps == stamps.sorted())
+    }
+
+    static func parseTime(_ text: String) -> Date? {
+        let formatter = ISO8601DateFormatter()
+        formatter.formatOptions = [.withInternetDateTime, .withFractionalSeconds]
+        return formatter.date(from: text)
+    }
+
     @Test("GOAWAY mid-batch: nothing is lost and nothing is sent twice")
     func goAway() async throws {
         let t = try await Self.tenant()
