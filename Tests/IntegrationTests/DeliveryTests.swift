@@ -309,6 +309,47 @@ struct DeliveryTests {
         return formatter.date(from: text)
     }
 
+    @Test("403 other than ExpiredProviderToken: the credential is broken, sends pause, and resume once it is replaced")
+    func brokenCredential() async throws {
+        let t = try await Self.tenant()
+        let good: [String: Any] = [
+            "team_id": t.fixture.teamID, "key_id": t.fixture.keyID, "private_key": t.fixture.key.pkcs8PEM,
+            "bundle_id": "com.example.app", "environment": "sandbox",
+            "endpoint": "https://127.0.0.1:\(t.fixture.simulator.port)",
+        ]
+        var bad = good
+        bad["key_id"] = "KEYUNKNOWN"
+        _ = try await t.api.call("PUT", "/v1/credentials/apns", key: t.tenant.app, json: bad)
+        let worker = try t.fixture.worker()
+        defer { worker.signal(SIGKILL) }
+        let (_, token) = try await t.iphone()
+        let instance = Fake.id("broken")
+        _ = try await t.start(instance)
+        let clock = ContinuousClock()
+        var status = ""
+        let deadline = clock.now + .seconds(15)
+        while clock.now < deadline {
+            status =
+                try await t.api.call("GET", "/v1/credentials/apns", key: t.tenant.app).json().string("status") ?? ""
+            if status == "broken" { break }
+            try await Task.sleep(for: .milliseconds(100))
+        }
+        #expect(status == "broken")
+        let reason = try await t.api.call("GET", "/v1/credentials/apns", key: t.tenant.app).json().string(
+            "status_reason")
+        #expect(reason == "InvalidProviderToken")
+        try await Task.sleep(for: .seconds(1))
+        #expect(try await t.deliveries(instance).allSatisfy { $0.string("status") == "queued" }, "paused, not failed")
+        #expect(t.fixture.simulator.pushes(token: token).isEmpty)
+        // Replacing the credential resumes the tenant's sends.
+        _ = try await t.api.call("PUT", "/v1/credentials/apns", key: t.tenant.app, json: good)
+        let settled = try await t.settled(instance, count: 1, timeout: .seconds(30))
+        #expect(settled[0].string("status") == "sent")
+        #expect(t.fixture.simulator.pushes(token: token).count == 1)
+        let metrics = try await HTTP.get(worker.baseURL + "/metrics")
+        #expect(metrics.text.contains(#"marquee_credentials_broken_total{provider="apns"} 1"#))
+    }
+
     @Test("GOAWAY mid-batch: nothing is lost and nothing is sent twice")
     func goAway() async throws {
         let t = try await Self.tenant()
