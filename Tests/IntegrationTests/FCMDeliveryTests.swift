@@ -142,7 +142,9 @@ struct FCMDeliveryTests {
                 if last.count == count, last.allSatisfy({ $0.string("status") != "queued" }) { return last }
                 try await Task.sleep(for: .milliseconds(100))
             }
-            throw TestFailure("deliveries of \(instance) did not settle: \(last)")
+            let statuses = Dictionary(grouping: last) { $0.string("status") ?? "?" }.mapValues(\.count)
+            throw TestFailure(
+                "\(last.count) deliveries of \(instance), not \(count), or not settled: \(statuses) \(last.prefix(3))")
         }
 
         /// Registers an Android device of `person`; its device token is its FCM registration token.
