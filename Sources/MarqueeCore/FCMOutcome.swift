@@ -66,6 +66,9 @@ public enum FCMErrorCode: Sendable, Equatable, CustomStringConvertible {
             return .refreshProviderToken(reason: reason)
         case .permissionDenied:
             return .credentialBroken(reason: reason)
+        case .thirdPartyAuthError:
+            // About the APNs or web-push credentials held in Firebase, not this service account: the push fails.
+            return .fail(reason: reason)
         default:
             if status == 401 { return .refreshProviderToken(reason: reason) }
             if status == 429 || status >= 500 { return .retry(reason: reason, retryAfter: retryAfter) }

@@ -101,10 +101,10 @@ struct FCMOutcomeTests {
         #expect(
             decide(401, Self.error(401, status: "UNAUTHENTICATED"))
                 == .refreshProviderToken(reason: "UNAUTHENTICATED"))
-        // THIRD_PARTY_AUTH_ERROR has no case of its own: as a 401 it goes the refresh way.
+        // THIRD_PARTY_AUTH_ERROR is about the APNs/web-push credentials in Firebase, not the service account: failed.
         #expect(
             decide(401, Self.error(401, status: "UNAUTHENTICATED", errorCode: "THIRD_PARTY_AUTH_ERROR"))
-                == .refreshProviderToken(reason: "THIRD_PARTY_AUTH_ERROR"))
+                == .fail(reason: "THIRD_PARTY_AUTH_ERROR"))
         #expect(
             decide(403, Self.error(403, status: "PERMISSION_DENIED")) == .credentialBroken(reason: "PERMISSION_DENIED"))
     }
