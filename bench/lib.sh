@@ -47,3 +47,8 @@ sim_reset() { curl -sf --http2 --cacert "$2" -X POST "https://127.0.0.1:$1/_sim/
 
 # Peak and current RSS of a process in MiB: "peak X MiB, now Y MiB".
 rss() { awk '/^VmHWM/ { p = $2 } /^VmRSS/ { r = $2 } END { printf "peak %.0f MiB, now %.0f MiB", p / 1024, r / 1024 }' "/proc/$1/status"; }
+
+# Empties every tenant (and, by cascade, their instances, deliveries, devices, …) in the scratch benchmark cluster,
+# so that a run starts from the same state and no queued delivery of an earlier run (sealed with another master key)
+# is left for this run's workers.
+bench_reset_tenants() { psql -q -v ON_ERROR_STOP=1 "$DATABASE_URL" -c "TRUNCATE tenants CASCADE" 2>&1 | grep -v "^NOTICE" >&2 || true; }

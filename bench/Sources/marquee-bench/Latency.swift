@@ -13,7 +13,7 @@ import Synchronization
 /// - `accept - send`: the API's own latency, and `send - due`: how late the pacer was.
 ///
 ///     marquee-bench latency --url-host 127.0.0.1 --port 18090 --records apns.jsonl
-///         [--rate 1000] [--duration 10] [--instances 10000] [--prefix bench-] [--connections 32] [--wait 30]
+///         [--rate 1000] [--duration 10] [--instances 10000] [--prefix bench-] [--connections 64] [--wait 30]
 ///
 /// The app key comes from `APP_KEY`. Times are wall-clock (CLOCK_REALTIME), the clock the simulator stamps with.
 func latency(_ arguments: [String]) throws {
@@ -24,7 +24,7 @@ func latency(_ arguments: [String]) throws {
     let duration = doubleOption("--duration", arguments, default: 10)
     let instances = option("--instances", arguments, default: 10_000)
     let prefix = stringOption("--prefix", arguments) ?? "bench-"
-    let connections = option("--connections", arguments, default: 32)
+    let connections = option("--connections", arguments, default: 64)
     let wait = doubleOption("--wait", arguments, default: 30)
     let records = try requiredOption("--records", arguments)
     let total = Int(rate * duration)
@@ -92,13 +92,19 @@ func latency(_ arguments: [String]) throws {
         Thread.sleep(forTimeInterval: 0.2)
     }
 
+    let achieved = all.count > 1 ? Double(all.count - 1) / max(lastSent - firstSent, 1e-9) : 0
+    if achieved < rate * 0.95 {
+        FileHandle.standardError.write(
+            Data(
+                "latency: WARNING: achieved \(format(achieved, 1))/s of \(format(rate, 0))/s: the API (or the driver) did not keep up; add --connections or read send_minus_due\n"
+                    .utf8))
+    }
     func summary(_ name: String, _ values: [Double]) -> String {
         let sorted = values.sorted()
         return
             #""\#(name)":{"p50_ms":\#(format(percentile(sorted, 50) * 1000)),"p99_ms":\#(format(percentile(sorted, 99) * 1000)),"max_ms":\#(format((sorted.last ?? 0) * 1000))}"#
     }
     let received = accepted.compactMap { s in receipts[s.seq].map { (s, $0) } }
-    let achieved = all.count > 1 ? Double(all.count - 1) / max(lastSent - firstSent, 1e-9) : 0
     print(
         #"{"bench":"latency","rate":\#(format(rate, 0)),"achieved_rate":\#(format(achieved, 1)),"requests":\#(all.count),"accepted":\#(accepted.count),"received":\#(received.count),"missing":\#(accepted.count - received.count),"#
             + summary("receipt_minus_accept", received.map { $1 - $0.accepted }) + ","
