@@ -1,5 +1,5 @@
 # Marquee: the two commands the README promises, and a few helpers.
-.PHONY: run test build lint format deps bench-pg-bulk bench-http clean
+.PHONY: run test build lint format deps bench-pg-bulk bench-http bench-transport bench-fanout bench-latency clean
 
 ## Build in release mode and run everything locally (private PostgreSQL under .data/).
 run:
@@ -28,6 +28,18 @@ bench-pg-bulk:
 
 bench-http:
 	@bench/http/run.sh
+
+## APNsProvider vs h2load vs aioapns against the APNs simulator (N=200000).
+bench-transport:
+	@bench/transport/run.sh
+
+## End-to-end delivery of 100,000 updates (MODE=apns|fcm) vs pgbench running the claim + record SQL.
+bench-fanout:
+	@bench/fanout/run.sh
+
+## API accept -> simulator receipt at 1,000 updates/s.
+bench-latency:
+	@bench/latency/run.sh
 
 clean:
 	rm -rf .build

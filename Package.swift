@@ -76,7 +76,7 @@ let package = Package(
         // MARK: Benchmarks (drivers for bench/*/run.sh)
         .executableTarget(
             name: "marquee-bench",
-            dependencies: ["PostgresClient"],
+            dependencies: ["PostgresClient", "MarqueeDelivery", "MarqueeCore", "Crypto"],
             path: "bench/Sources/marquee-bench",
             swiftSettings: swiftSettings
         ),

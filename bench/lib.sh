@@ -5,9 +5,13 @@ out="$root/bench/out"
 mkdir -p "$out"
 chmod 755 "$out"
 
+# BENCH_SCRATCH: a SwiftPM scratch path (e.g. /tmp/build-bench) instead of .build.
 bench_build() {
-  (cd "$root" && swift build -c release --product marquee >&2 && swift build -c release --product marquee-bench >&2)
-  bin="$(cd "$root" && swift build -c release --show-bin-path)"
+  local scratch=()
+  [ -n "${BENCH_SCRATCH:-}" ] && scratch=(--scratch-path "$BENCH_SCRATCH")
+  (cd "$root" && swift build "${scratch[@]}" -c release --product marquee >&2 \
+    && swift build "${scratch[@]}" -c release --product marquee-bench >&2)
+  bin="$(cd "$root" && swift build "${scratch[@]}" -c release --show-bin-path)"
 }
 
 # Starts (or reuses) the benchmark cluster; sets DATABASE_URL and PGPORT.
@@ -23,3 +27,28 @@ bench_pg_stop() { "$root/Deploy/local/pg.sh" stop "$out/pg"; }
 machine() {
   echo "machine: $(nproc) cores, $(free -g | awk '/Mem:/{print $2}') GiB, $(uname -sr), $(lscpu | sed -n 's/^Model name: *//p' | head -1)"
 }
+
+# A PEM file as a JSON string literal (quotes included; PEM has no quotes or backslashes to escape).
+json_file() { awk 'BEGIN { printf "\"" } { printf "%s\\n", $0 } END { printf "\"" }' "$1"; }
+
+# Waits until the simulator at 127.0.0.1:$1 answers /_sim/stats over HTTP/2 with the CA in $2.
+wait_sim() {
+  for _ in $(seq 1 100); do
+    [ -s "$2" ] && curl -sf --http2 --cacert "$2" "https://127.0.0.1:$1/_sim/stats" >/dev/null && return 0
+    sleep 0.1
+  done
+  echo "simulator on port $1 did not come up" >&2
+  return 1
+}
+
+# simulator stats: sim_stats PORT CA
+sim_stats() { curl -sf --http2 --cacert "$2" "https://127.0.0.1:$1/_sim/stats"; }
+sim_reset() { curl -sf --http2 --cacert "$2" -X POST "https://127.0.0.1:$1/_sim/reset" >/dev/null; }
+
+# Peak and current RSS of a process in MiB: "peak X MiB, now Y MiB".
+rss() { awk '/^VmHWM/ { p = $2 } /^VmRSS/ { r = $2 } END { printf "peak %.0f MiB, now %.0f MiB", p / 1024, r / 1024 }' "/proc/$1/status"; }
+
+# Empties every tenant (and, by cascade, their instances, deliveries, devices, …) in the scratch benchmark cluster,
+# so that a run starts from the same state and no queued delivery of an earlier run (sealed with another master key)
+# is left for this run's workers.
+bench_reset_tenants() { psql -q -v ON_ERROR_STOP=1 "$DATABASE_URL" -c "TRUNCATE tenants CASCADE" 2>&1 | grep -v "^NOTICE" >&2 || true; }

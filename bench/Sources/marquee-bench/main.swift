@@ -2,19 +2,15 @@
 //
 //   marquee-bench pg-bulk --rows 100000 --batch 10000 --connections 1
 //       writes delivery-like rows through PostgresClient's COPY path into bench_deliveries
+//   marquee-bench transport --n 200000 --connections 2 --concurrency 200 … (see Transport.swift)
+//       live-activity pushes through APNsProvider to an APNs endpoint (the simulator)
+//   marquee-bench latency --rate 1000 --duration 10 … (see Latency.swift)
+//       paced API updates, then receipt times from the simulator's records
+//   marquee-bench keygen es256|rs256 <private.pem> <public.pem>
+//   marquee-bench jwt --key <p8> --kid <key ID> --team <team ID>
+//       an APNs provider token signed now (for h2load)
 import Foundation
 import PostgresClient
-
-struct BenchError: Error, CustomStringConvertible {
-    var description: String
-}
-
-func option(_ name: String, _ arguments: [String], default value: Int) -> Int {
-    guard let i = arguments.firstIndex(of: name), i + 1 < arguments.count, let n = Int(arguments[i + 1]) else {
-        return value
-    }
-    return n
-}
 
 func pgBulk(_ arguments: [String]) async throws {
     guard let url = ProcessInfo.processInfo.environment["DATABASE_URL"] else {
@@ -80,9 +76,14 @@ let arguments = Array(CommandLine.arguments.dropFirst())
 do {
     switch arguments.first {
     case "pg-bulk": try await pgBulk(Array(arguments.dropFirst()))
+    case "transport": try await transport(Array(arguments.dropFirst()))
+    case "latency": try latency(Array(arguments.dropFirst()))
+    case "keygen": try keygen(Array(arguments.dropFirst()))
+    case "jwt": try jwt(Array(arguments.dropFirst()))
     default:
         FileHandle.standardError.write(
-            Data("usage: marquee-bench pg-bulk [--rows N] [--batch N] [--connections N]\n".utf8))
+            Data("usage: marquee-bench pg-bulk|transport|latency|keygen|jwt … (see bench/Sources/marquee-bench)\n".utf8)
+        )
         exit(2)
     }
 } catch {

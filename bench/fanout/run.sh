@@ -1,0 +1,252 @@
+#!/usr/bin/env bash
+# fanout: end to end delivery throughput. A private PostgreSQL (fsync on), `marquee serve`, the APNs (MODE=apns,
+# default) or FCM (MODE=fcm) simulator, and WORKERS `marquee worker` processes. INSTANCES instances each with one
+# target (apns: an iOS device with an activity token; fcm: an Android device with an FCM registration token and the
+# instance_devices row a start writes), set up with bulk SQL. Then one update for every instance, enqueued by ONE
+# SQL transaction (version bump + one queued delivery per target + NOTIFY, what the update endpoint writes, in
+# bulk), and the clock runs from just before that COMMIT to the last `sent_at` the workers record.
+# Side by side: pgbench running the workers' claim + record SQL (DeliveryQueue.claim / record, same batch size,
+# WORKERS*LOOPS clients) over a second such round of updates, no provider in between: the database's ceiling.
+# Env: MODE (apns|fcm), INSTANCES (100000), WORKERS (2), BATCH (256), LOOPS (2), APNS_CONNECTIONS (2),
+#      TIMEOUT (600 s), PORT, SIM_PORT, METRICS_PORT.
+source "$(dirname "$0")/../lib.sh"
+MARQUEE_EXTRA_PACKAGES="" "$root/Deploy/local/deps.sh"
+bench_build
+bench_pg
+mode=${MODE:-apns}
+instances=${INSTANCES:-100000}
+workers=${WORKERS:-2}
+batch=${BATCH:-256}
+loops=${LOOPS:-2}
+timeout=${TIMEOUT:-600}
+port=${PORT:-18085}
+sim_port=${SIM_PORT:-12297}
+metrics_port=${METRICS_PORT:-19470}
+work="$out/fanout-$mode"
+mkdir -p "$work"
+case "$mode" in apns | fcm) ;; *) echo "MODE must be apns or fcm" >&2; exit 2 ;; esac
+
+export MARQUEE_LISTEN=127.0.0.1:$port
+MARQUEE_MASTER_KEY=$(head -c 32 /dev/urandom | base64)
+export MARQUEE_MASTER_KEY MARQUEE_MIGRATIONS_DIR="$root/Migrations" MARQUEE_LOG_LEVEL=${MARQUEE_LOG_LEVEL:-warning}
+"$bin/marquee" migrate >/dev/null 2>&1
+bench_reset_tenants
+created=$("$bin/marquee" tenant create --name "fanout-$(date +%s)" --json)
+APP_KEY=$(echo "$created" | sed -n 's/.*"app":"\([^"]*\)".*/\1/p')
+tenant=$(echo "$created" | sed -n 's/^{"created_at":"[^"]*","id":"\([^"]*\)".*/\1/p')
+
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+  bench_pg_stop
+}
+trap cleanup EXIT
+
+# Simulator and its keys.
+rm -f "$work/ca.pem"
+if [ "$mode" = apns ]; then
+  "$bin/marquee-bench" keygen es256 "$work/key.pem" "$work/key.pub"
+  echo "{\"BENCHKEY01\": {\"team_id\": \"BENCHTEAM1\", \"public_key\": $(json_file "$work/key.pub")}}" >"$work/keys.json"
+else
+  "$bin/marquee-bench" keygen rs256 "$work/key.pem" "$work/key.pub"
+  email=bench@bench-project.iam.gserviceaccount.com
+  echo "{\"$email\": {\"project_id\": \"bench-project\", \"public_key\": $(json_file "$work/key.pub")}}" >"$work/keys.json"
+fi
+MARQUEE_SIM_LISTEN=127.0.0.1:$sim_port MARQUEE_SIM_CA_OUT="$work/ca.pem" MARQUEE_SIM_KEYS="$work/keys.json" \
+  "$bin/marquee" simulate "$mode" 2>"$work/sim.log" &
+sim=$!
+pids+=("$sim")
+wait_sim "$sim_port" "$work/ca.pem"
+
+"$bin/marquee" serve >"$work/serve.log" 2>&1 &
+api=$!
+pids+=("$api")
+for _ in $(seq 1 100); do curl -sf "http://$MARQUEE_LISTEN/healthz" >/dev/null && break; sleep 0.1; done
+
+# Credentials pointing at the simulator, through the API.
+if [ "$mode" = apns ]; then
+  path=/v1/credentials/apns
+  body="{\"team_id\":\"BENCHTEAM1\",\"key_id\":\"BENCHKEY01\",\"private_key\":$(json_file "$work/key.pem"),\"bundle_id\":\"com.example.bench\",\"environment\":\"production\",\"endpoint\":\"https://127.0.0.1:$sim_port\"}"
+else
+  path=/v1/credentials/fcm
+  body="{\"service_account\":{\"type\":\"service_account\",\"project_id\":\"bench-project\",\"client_email\":\"$email\",\"private_key\":$(json_file "$work/key.pem"),\"private_key_id\":\"k1\"},\"token_uri\":\"https://127.0.0.1:$sim_port/token\",\"endpoint\":\"https://127.0.0.1:$sim_port\"}"
+fi
+curl -sf -o /dev/null -X PUT "http://$MARQUEE_LISTEN$path" -H "Authorization: Bearer $APP_KEY" \
+  -H "Content-Type: application/json" -d "$body" || { echo "PUT $path failed" >&2; exit 1; }
+
+echo "setup: $instances instances, one $mode target each" >&2
+if [ "$mode" = apns ]; then
+  targets="INSERT INTO devices (tenant_id, token, person_id, platform)
+  SELECT '$tenant', repeat(lpad(to_hex(i), 8, '0'), 8), 'p' || i, 'ios' FROM generate_series(0, $instances - 1) i;"
+  after="INSERT INTO activity_tokens (tenant_id, instance_id, device_token, token)
+  SELECT '$tenant', 'bench-' || i, repeat(lpad(to_hex(i), 8, '0'), 8), md5(i::text) || md5((i + 1)::text)
+  FROM generate_series(0, $instances - 1) i;"
+  # What the update endpoint plans for an iOS instance: one delivery per active activity token.
+  plan="SELECT a.tenant_id, gen_random_uuid(), a.instance_id, a.device_token, 'apns', 'activity', a.token, 'update', i.version
+  FROM activity_tokens a JOIN instances i ON i.tenant_id = a.tenant_id AND i.id = a.instance_id
+  WHERE a.tenant_id = '$tenant' AND a.status = 'active'"
+else
+  targets="INSERT INTO devices (tenant_id, token, person_id, platform)
+  SELECT '$tenant', 'fcm-' || i || ':' || md5(i::text) || md5((i + 7)::text), 'p' || i, 'android'
+  FROM generate_series(0, $instances - 1) i;"
+  after="INSERT INTO instance_devices (tenant_id, instance_id, device_token, state, state_at)
+  SELECT '$tenant', 'bench-' || i, 'fcm-' || i || ':' || md5(i::text) || md5((i + 7)::text), 'started', '-infinity'
+  FROM generate_series(0, $instances - 1) i;"
+  # For an Android instance: one delivery per started device, to its FCM registration token.
+  plan="SELECT s.tenant_id, gen_random_uuid(), s.instance_id, s.device_token, 'fcm', 'fcm', d.token, 'update', i.version
+  FROM instance_devices s JOIN devices d ON d.tenant_id = s.tenant_id AND d.token = s.device_token
+  JOIN instances i ON i.tenant_id = s.tenant_id AND i.id = s.instance_id
+  WHERE s.tenant_id = '$tenant' AND s.state NOT IN ('ended', 'dismissed')"
+fi
+psql -q -v ON_ERROR_STOP=1 "$DATABASE_URL" <<SQL
+INSERT INTO activity_types (tenant_id, identifier, attributes_type) VALUES ('$tenant', 'com.example.delivery', 'DeliveryAttributes');
+INSERT INTO people (tenant_id, id) SELECT '$tenant', 'p' || i FROM generate_series(0, $instances - 1) i;
+$targets
+INSERT INTO instances (tenant_id, id, activity_type, person_id, state, attributes, content_state, content_timestamp, expires_at)
+  SELECT '$tenant', 'bench-' || i, 'com.example.delivery', 'p' || i, 'active', '{"order":"x"}', '{"status":"new"}',
+         extract(epoch from now())::bigint, now() + interval '8 hours'
+  FROM generate_series(0, $instances - 1) i;
+$after
+VACUUM ANALYZE;
+SQL
+
+# One update for every instance in one transaction; prints clock_timestamp() just before COMMIT.
+enqueue() {
+  psql -qtA -v ON_ERROR_STOP=1 "$DATABASE_URL" <<SQL | tail -1
+BEGIN;
+UPDATE instances SET content_state = content_state || jsonb_build_object('step', version), version = version + 1,
+       content_timestamp = content_timestamp + 1, updated_at = now()
+WHERE tenant_id = '$tenant';
+INSERT INTO deliveries (tenant_id, id, instance_id, device_token, provider, token_kind, token, operation, instance_version)
+$plan;
+SELECT pg_notify('marquee_deliveries', '');
+SELECT extract(epoch FROM clock_timestamp());
+COMMIT;
+SQL
+}
+# sent, queued, other for the round whose deliveries carry instance version $1
+round_counts() {
+  psql -qtA -F' ' "$DATABASE_URL" -c "SELECT count(*) FILTER (WHERE status = 'sent'), count(*) FILTER (WHERE status = 'queued'),
+    count(*) FILTER (WHERE status NOT IN ('sent', 'queued')) FROM deliveries WHERE tenant_id = '$tenant' AND instance_version = $1"
+}
+
+worker_pids=()
+for w in $(seq 1 "$workers"); do
+  MARQUEE_CA_FILE="$work/ca.pem" MARQUEE_WORKER_BATCH=$batch MARQUEE_WORKER_LOOPS=$loops \
+    MARQUEE_APNS_CONNECTIONS=${APNS_CONNECTIONS:-2} MARQUEE_METRICS_LISTEN=127.0.0.1:$((metrics_port + w)) \
+    "$bin/marquee" worker >"$work/worker-$w.log" 2>&1 &
+  worker_pids+=($!)
+  pids+=($!)
+done
+for w in $(seq 1 "$workers"); do
+  for _ in $(seq 1 100); do curl -sf "http://127.0.0.1:$((metrics_port + w))/healthz" >/dev/null && break; sleep 0.1; done
+done
+sleep 1  # LISTEN established
+
+machine
+echo "== $mode: $instances updates (one SQL transaction), $workers workers x $loops loops, batch $batch"
+t0=$(enqueue)
+deadline=$(($(date +%s) + timeout))
+last=-1
+stalled=0
+while :; do
+  read -r sent queued other < <(round_counts 2)
+  [ "$sent" -ge "$instances" ] && break
+  [ $((sent + other)) -ge "$instances" ] && break
+  if [ "$sent" = "$last" ]; then stalled=$((stalled + 1)); else stalled=0; fi
+  last=$sent
+  [ "$stalled" -ge 30 ] && { echo "no progress for 30 s" >&2; break; }
+  [ "$(date +%s)" -ge "$deadline" ] && { echo "timeout" >&2; break; }
+  sleep 1
+done
+t1=$(psql -qtA "$DATABASE_URL" -c "SELECT extract(epoch FROM max(sent_at)) FROM deliveries WHERE tenant_id = '$tenant' AND instance_version = 2 AND status = 'sent'")
+read -r sent queued other < <(round_counts 2)
+echo "sent $sent, still queued $queued, other $other (by status: $(psql -qtA -F'=' -R' ' "$DATABASE_URL" -c "SELECT status, count(*) FROM deliveries WHERE tenant_id = '$tenant' AND instance_version = 2 GROUP BY 1 ORDER BY 1"))"
+ours=$(awk -v n="$sent" -v a="$t0" -v b="$t1" 'BEGIN { printf "%d", (b > a ? n / (b - a) : 0) }')
+echo "marquee: $ours pushes/s ($(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.2f", b - a }') s from the commit's start to the last sent_at)"
+echo "simulator: $(sim_stats "$sim_port" "$work/ca.pem")"
+for i in "${!worker_pids[@]}"; do echo "worker $((i + 1)) RSS: $(rss "${worker_pids[$i]}")"; done
+echo "API RSS: $(rss "$api"); simulator RSS: $(rss "$sim")"
+echo "worker warnings/errors: $(cat "$work"/worker-*.log | grep -c '"level":"\(warning\|error\)"' || true)"
+for p in "${worker_pids[@]}"; do kill -TERM "$p"; done
+for p in "${worker_pids[@]}"; do wait "$p" || true; done
+
+# The database's ceiling: DeliveryQueue.claim + record, as pgbench scripts, on a second round of updates.
+clients=$((workers * loops))
+cat >"$out/fanout-claim-record.sql" <<SQL
+BEGIN;
+UPDATE deliveries d SET status = 'failed', reason = 'instance_expired', locked_until = NULL, updated_at = now()
+FROM instances i
+WHERE d.status = 'queued' AND d.next_attempt_at <= now()
+  AND i.tenant_id = d.tenant_id AND i.id = d.instance_id AND i.expires_at <= now();
+SELECT COALESCE((array_agg(c.tenant_id ORDER BY c.next_attempt_at, c.id))[1:$batch], '{}') AS tenants,
+       COALESCE((array_agg(c.id ORDER BY c.next_attempt_at, c.id))[1:$batch], '{}') AS ids
+FROM (
+  SELECT d.tenant_id, d.id, d.instance_id, d.token, d.next_attempt_at
+  FROM deliveries d
+  WHERE d.status = 'queued' AND d.next_attempt_at <= now()
+    AND (d.locked_until IS NULL OR d.locked_until < now())
+    AND d.provider = ANY('{apns,fcm}'::text[])
+    AND NOT EXISTS (
+        SELECT 1 FROM deliveries o
+        WHERE o.tenant_id = d.tenant_id AND o.instance_id = d.instance_id AND o.token = d.token
+          AND o.status = 'queued' AND o.locked_until >= now() AND o.id <> d.id)
+    AND NOT EXISTS (
+        SELECT 1 FROM apns_credentials c
+        WHERE d.provider = 'apns' AND c.tenant_id = d.tenant_id AND c.status = 'broken')
+    AND NOT EXISTS (
+        SELECT 1 FROM fcm_credentials c
+        WHERE d.provider = 'fcm' AND c.tenant_id = d.tenant_id AND c.status = 'broken')
+  ORDER BY d.next_attempt_at, d.id
+  LIMIT $((batch * 2))
+  FOR UPDATE OF d SKIP LOCKED
+) c \\gset
+WITH claimed AS (
+    UPDATE deliveries d
+    SET locked_until = now() + make_interval(secs => 60), locked_by = 'pgbench-' || :client_id,
+        attempts = attempts + 1, updated_at = now()
+    FROM unnest(:tenants::uuid[], :ids::uuid[]) AS c(tenant_id, id)
+    WHERE d.tenant_id = c.tenant_id AND d.id = c.id
+    RETURNING d.*
+)
+SELECT c.tenant_id, c.id AS delivery_id, c.instance_id, c.device_token, c.provider, c.token_kind,
+       c.token, c.operation, c.attempts, c.created_at AS delivery_created_at, i.*,
+       t.identifier, t.attributes_type, t.content_state_schema, t.date_fields, t.payload_profile, t.auto_created,
+       t.created_at AS type_created_at, t.updated_at AS type_updated_at
+FROM claimed c
+JOIN instances i ON i.tenant_id = c.tenant_id AND i.id = c.instance_id
+JOIN activity_types t ON t.tenant_id = i.tenant_id AND t.identifier = i.activity_type;
+COMMIT;
+BEGIN;
+UPDATE deliveries d SET
+    status = v.status, provider_id = COALESCE(v.provider_id, d.provider_id),
+    http_status = v.http_status::int, reason = v.reason, locked_until = NULL,
+    next_attempt_at = COALESCE(to_timestamp(v.next_at::double precision), d.next_attempt_at),
+    sent_at = CASE WHEN v.status = 'sent' THEN now() ELSE d.sent_at END, updated_at = now()
+FROM unnest(:tenants::uuid[], :ids::uuid[], array_fill('sent'::text, ARRAY[cardinality(:ids::uuid[])]),
+            :ids::text[], array_fill('200'::text, ARRAY[cardinality(:ids::uuid[])]),
+            array_fill(NULL::text, ARRAY[cardinality(:ids::uuid[])]), array_fill(NULL::text, ARRAY[cardinality(:ids::uuid[])]))
+     AS v(tenant_id, id, status, provider_id, http_status, reason, next_at)
+WHERE d.tenant_id = v.tenant_id AND d.id = v.id AND d.locked_by = 'pgbench-' || :client_id;
+UPDATE instances i SET state = 'active', updated_at = now()
+FROM (SELECT DISTINCT d.tenant_id, d.instance_id FROM deliveries d
+      JOIN unnest(:tenants::uuid[], :ids::uuid[], array_fill('sent'::text, ARRAY[cardinality(:ids::uuid[])]))
+        AS v(tenant_id, id, status) ON d.tenant_id = v.tenant_id AND d.id = v.id
+      WHERE v.status = 'sent') s
+WHERE i.tenant_id = s.tenant_id AND i.id = s.instance_id AND i.state IN ('pending', 'failed');
+COMMIT;
+SQL
+# Slack: a claim can come back short while another client holds 2x batch rows locked; empty claims write nothing.
+tx=$(((instances + batch * clients - 1) / (batch * clients) * 5 / 4 + 2))
+echo "== pgbench -M extended -c $clients -j 2 -t $tx -f fanout-claim-record.sql (claim + record, batch $batch, no provider)"
+p0=$(enqueue)
+s0=$(date +%s.%N)
+pgbench -n -M extended -h 127.0.0.1 -p "$PGPORT" -U postgres -c "$clients" -j 2 -t "$tx" \
+  -f "$out/fanout-claim-record.sql" marquee 2>&1 | grep -E "^(tps|latency average|number of failed)" || true
+s1=$(date +%s.%N)
+read -r psent pqueued pother < <(round_counts 3)
+ceiling=$(awk -v n="$psent" -v a="$s0" -v b="$s1" 'BEGIN { printf "%d", n / (b - a) }')
+echo "pgbench: $psent of $instances recorded sent ($pqueued still queued) in $(awk -v a="$s0" -v b="$s1" 'BEGIN { printf "%.2f", b - a }') s: $ceiling deliveries/s"
+awk -v o="$ours" -v c="$ceiling" 'BEGIN { printf "== %s: marquee %d pushes/s, database ceiling %d/s, ratio %.2f (target 25,000 pushes/s)\n", "'"$mode"'", o, c, (c ? o / c : 0) }'
+echo "API RSS at the end: $(rss "$api")"

@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# latency: API accept -> simulator receipt at a steady RATE of updates/s. A private PostgreSQL (fsync on),
+# `marquee serve`, the APNs simulator (records every accepted push to a JSONL file), WORKERS `marquee worker`s, and
+# INSTANCES iOS instances with one activity token each (bulk SQL). `marquee-bench latency` paces
+# POST /v1/live_notifications/update at RATE/s for DURATION s (open loop, keep-alive HTTP/1.1, CONNECTIONS=64;
+# wrk2 is not in Debian 12), update i patching {"seq": i} into instance bench-<i mod INSTANCES>; the simulator's
+# record of the push carrying that seq gives its receipt time. Reports p50/p99/max of receipt - accept (the API's
+# 200 arriving), receipt - send, the API latency and the pacer's lateness.
+# Env: RATE (1000), DURATION (10), INSTANCES (10000), WORKERS (2), BATCH (256), LOOPS (2), CONNECTIONS (64), PORT,
+#      SIM_PORT.
+source "$(dirname "$0")/../lib.sh"
+MARQUEE_EXTRA_PACKAGES="" "$root/Deploy/local/deps.sh"
+bench_build
+bench_pg
+rate=${RATE:-1000}
+duration=${DURATION:-10}
+instances=${INSTANCES:-10000}
+workers=${WORKERS:-2}
+port=${PORT:-18086}
+sim_port=${SIM_PORT:-12298}
+metrics_port=${METRICS_PORT:-19480}
+work="$out/latency"
+mkdir -p "$work"
+
+export MARQUEE_LISTEN=127.0.0.1:$port
+MARQUEE_MASTER_KEY=$(head -c 32 /dev/urandom | base64)
+export MARQUEE_MASTER_KEY MARQUEE_MIGRATIONS_DIR="$root/Migrations" MARQUEE_LOG_LEVEL=${MARQUEE_LOG_LEVEL:-warning}
+"$bin/marquee" migrate >/dev/null 2>&1
+bench_reset_tenants
+created=$("$bin/marquee" tenant create --name "latency-$(date +%s)" --json)
+APP_KEY=$(echo "$created" | sed -n 's/.*"app":"\([^"]*\)".*/\1/p')
+tenant=$(echo "$created" | sed -n 's/^{"created_at":"[^"]*","id":"\([^"]*\)".*/\1/p')
+export APP_KEY
+
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+  bench_pg_stop
+}
+trap cleanup EXIT
+
+rm -f "$work/ca.pem" "$work/records.jsonl"
+"$bin/marquee-bench" keygen es256 "$work/key.pem" "$work/key.pub"
+echo "{\"BENCHKEY01\": {\"team_id\": \"BENCHTEAM1\", \"public_key\": $(json_file "$work/key.pub")}}" >"$work/keys.json"
+MARQUEE_SIM_LISTEN=127.0.0.1:$sim_port MARQUEE_SIM_CA_OUT="$work/ca.pem" MARQUEE_SIM_KEYS="$work/keys.json" \
+  MARQUEE_SIM_RECORDS="$work/records.jsonl" "$bin/marquee" simulate apns 2>"$work/sim.log" &
+sim=$!
+pids+=("$sim")
+wait_sim "$sim_port" "$work/ca.pem"
+
+"$bin/marquee" serve >"$work/serve.log" 2>&1 &
+api=$!
+pids+=("$api")
+for _ in $(seq 1 100); do curl -sf "http://$MARQUEE_LISTEN/healthz" >/dev/null && break; sleep 0.1; done
+curl -sf -o /dev/null -X PUT "http://$MARQUEE_LISTEN/v1/credentials/apns" -H "Authorization: Bearer $APP_KEY" \
+  -H "Content-Type: application/json" \
+  -d "{\"team_id\":\"BENCHTEAM1\",\"key_id\":\"BENCHKEY01\",\"private_key\":$(json_file "$work/key.pem"),\"bundle_id\":\"com.example.bench\",\"environment\":\"production\",\"endpoint\":\"https://127.0.0.1:$sim_port\"}" \
+  || { echo "PUT /v1/credentials/apns failed" >&2; exit 1; }
+
+echo "setup: $instances instances with one activity token each" >&2
+psql -q -v ON_ERROR_STOP=1 "$DATABASE_URL" <<SQL
+INSERT INTO activity_types (tenant_id, identifier, attributes_type) VALUES ('$tenant', 'com.example.delivery', 'DeliveryAttributes');
+INSERT INTO people (tenant_id, id) SELECT '$tenant', 'p' || i FROM generate_series(0, $instances - 1) i;
+INSERT INTO devices (tenant_id, token, person_id, platform)
+  SELECT '$tenant', repeat(lpad(to_hex(i), 8, '0'), 8), 'p' || i, 'ios' FROM generate_series(0, $instances - 1) i;
+INSERT INTO instances (tenant_id, id, activity_type, person_id, state, attributes, content_state, content_timestamp, expires_at)
+  SELECT '$tenant', 'bench-' || i, 'com.example.delivery', 'p' || i, 'active', '{"order":"x"}', '{"status":"new"}',
+         extract(epoch from now())::bigint, now() + interval '8 hours'
+  FROM generate_series(0, $instances - 1) i;
+INSERT INTO activity_tokens (tenant_id, instance_id, device_token, token)
+  SELECT '$tenant', 'bench-' || i, repeat(lpad(to_hex(i), 8, '0'), 8), md5(i::text) || md5((i + 1)::text)
+  FROM generate_series(0, $instances - 1) i;
+VACUUM ANALYZE;
+SQL
+
+worker_pids=()
+for w in $(seq 1 "$workers"); do
+  MARQUEE_CA_FILE="$work/ca.pem" MARQUEE_WORKER_BATCH=${BATCH:-256} MARQUEE_WORKER_LOOPS=${LOOPS:-2} \
+    MARQUEE_METRICS_LISTEN=127.0.0.1:$((metrics_port + w)) "$bin/marquee" worker >"$work/worker-$w.log" 2>&1 &
+  worker_pids+=($!)
+  pids+=($!)
+done
+for w in $(seq 1 "$workers"); do
+  for _ in $(seq 1 100); do curl -sf "http://127.0.0.1:$((metrics_port + w))/healthz" >/dev/null && break; sleep 0.1; done
+done
+sleep 1
+
+machine
+echo "== marquee-bench latency: $rate updates/s for $duration s over $instances instances, $workers workers"
+"$bin/marquee-bench" latency --host 127.0.0.1 --port "$port" --rate "$rate" --duration "$duration" \
+  --instances "$instances" --records "$work/records.jsonl" --connections "${CONNECTIONS:-64}" --wait 30
+echo "deliveries: $(psql -qtA -F'=' -R' ' "$DATABASE_URL" -c "SELECT status, count(*) FROM deliveries WHERE tenant_id = '$tenant' GROUP BY 1 ORDER BY 1")"
+echo "simulator: $(sim_stats "$sim_port" "$work/ca.pem")"
+for i in "${!worker_pids[@]}"; do echo "worker $((i + 1)) RSS: $(rss "${worker_pids[$i]}")"; done
+echo "API RSS: $(rss "$api")"
+echo "non-2xx in server log: $(grep -c '"http.status":[45]' "$work/serve.log" || true)"
