@@ -8,6 +8,14 @@ Deploy/local/deps.sh
 work=$(mktemp -d /tmp/marquee-test.XXXXXX)
 chmod 755 "$work"
 cleanup() {
+  # Processes the tests started against this cluster (fixtures shared by a whole suite live until the test
+  # process exits, and a crashed test process cannot stop them): stop them before the cluster.
+  if [ -n "${DATABASE_URL:-}" ]; then
+    prefix="${DATABASE_URL%/*}/"
+    for pid in $(pgrep -f 'marquee (serve|worker|simulate)' || true); do
+      if tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -q "^DATABASE_URL=$prefix"; then kill "$pid" 2>/dev/null || true; fi
+    done
+  fi
   Deploy/local/pg.sh stop "$work/pg" || true
   rm -rf "$work"
 }
