@@ -15,11 +15,14 @@ bench_build() {
 }
 
 # Starts (or reuses) the benchmark cluster; sets DATABASE_URL and PGPORT.
+# Every run starts from an empty `marquee` database (the cluster itself is kept, so its files stay warm).
 bench_pg() {
   DATABASE_URL=$("$root/Deploy/local/pg.sh" start "$out/pg")
   export DATABASE_URL
   PGPORT=$(sed -n 4p "$out/pg/postmaster.pid")
   export PGPORT
+  psql -q -h 127.0.0.1 -p "$PGPORT" -U postgres -d postgres \
+    -c "DROP DATABASE IF EXISTS marquee WITH (FORCE)" -c "CREATE DATABASE marquee" >/dev/null
 }
 
 bench_pg_stop() { "$root/Deploy/local/pg.sh" stop "$out/pg"; }

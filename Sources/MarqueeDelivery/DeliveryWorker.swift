@@ -183,6 +183,11 @@ public final class DeliveryWorker: Sendable {
             "delivery.id": .string(deliveryID), "tenant.id": .string(d.tenantID.uuidString.lowercased()),
             "instance.id": .string(d.instanceID),
         ])
+        // Apple ends activities after 8 hours and so does Marquee: nothing is sent for an instance past its
+        // expiration.
+        if d.instance.expiresAt <= Date() {
+            return (result(d, .failed, reason: "instance_expired"), nil, nil)
+        }
         let secret: [UInt8]
         do {
             secret = try await credentials.deliverySecret(d.tenantID)

@@ -88,22 +88,15 @@ public struct DeliveryQueue: Sendable {
 
     /// Claims up to `limit` due deliveries for `worker`, leased until `lease` from now. Takes at most one delivery
     /// per (instance, token), the oldest, and none for a token that has one in flight already, so a token never gets
-    /// version N+1 while N is in flight. Deliveries of instances that are over (expired), or whose tenant's
-    /// credentials for that provider are broken, are not claimed; expired ones are failed on the way.
+    /// version N+1 while N is in flight. Deliveries whose tenant's credentials for that provider are broken are not
+    /// claimed. (Deliveries of expired instances are claimed and failed by the worker without a send: checking
+    /// expiry here would touch every due row on every claim.)
     public func claim(
         worker: String, limit: Int, lease: Duration, providers: [PlannedDelivery.Provider] = [.apns, .fcm]
     ) async throws -> [ClaimedDelivery] {
         let providerNames = providers.map(\.rawValue)
         let leaseSeconds = Double(lease.components.seconds)
         return try await pool.transaction { connection in
-            try connection.execute(
-                """
-                UPDATE deliveries d SET status = 'failed', reason = 'instance_expired', locked_until = NULL,
-                       updated_at = now()
-                FROM instances i
-                WHERE d.status = 'queued' AND d.next_attempt_at <= now()
-                  AND i.tenant_id = d.tenant_id AND i.id = d.instance_id AND i.expires_at <= now()
-                """)
             let candidates = try connection.query(
                 """
                 SELECT d.tenant_id, d.id, d.instance_id, d.token

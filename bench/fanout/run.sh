@@ -176,10 +176,6 @@ for p in "${worker_pids[@]}"; do wait "$p" || true; done
 clients=$((workers * loops))
 cat >"$out/fanout-claim-record.sql" <<SQL
 BEGIN;
-UPDATE deliveries d SET status = 'failed', reason = 'instance_expired', locked_until = NULL, updated_at = now()
-FROM instances i
-WHERE d.status = 'queued' AND d.next_attempt_at <= now()
-  AND i.tenant_id = d.tenant_id AND i.id = d.instance_id AND i.expires_at <= now();
 SELECT COALESCE((array_agg(c.tenant_id ORDER BY c.next_attempt_at, c.id))[1:$batch], '{}') AS tenants,
        COALESCE((array_agg(c.id ORDER BY c.next_attempt_at, c.id))[1:$batch], '{}') AS ids
 FROM (
