@@ -86,7 +86,8 @@ public struct DeliveryQueue: Sendable {
         self.pool = pool
     }
 
-    /// Claims up to `limit` due deliveries for `worker`, leased until `lease` from now. Takes at most one delivery
+    /// Claims up to `limit` due deliveries for `worker`, leased until `lease` from now (`next_attempt_at` moves to the
+    /// lease's end too, so that a dead worker's claims become due again by themselves). Takes at most one delivery
     /// per (instance, token), the oldest, and none for a token that has one in flight already, so a token never gets
     /// version N+1 while N is in flight. Deliveries whose tenant's credentials for that provider are broken are not
     /// claimed. (Deliveries of expired instances are claimed and failed by the worker without a send: checking
@@ -97,24 +98,25 @@ public struct DeliveryQueue: Sendable {
         let providerNames = providers.map(\.rawValue)
         let leaseSeconds = Double(lease.components.seconds)
         return try await pool.transaction { connection in
+            // Tenants whose credentials are broken are few: excluding them as plain filters (not anti-joins) lets
+            // PostgreSQL walk the due index in order and stop at the limit.
+            let broken = try connection.query(
+                """
+                SELECT ARRAY(SELECT tenant_id FROM apns_credentials WHERE status = 'broken') AS apns,
+                       ARRAY(SELECT tenant_id FROM fcm_credentials WHERE status = 'broken') AS fcm
+                """)
+            let brokenAPNs = try broken[0].decode([UUID].self, "apns")
+            let brokenFCM = try broken[0].decode([UUID].self, "fcm")
+            // Leased rows carry next_attempt_at = lease end, so they are not due: no scan wades through them.
             let candidates = try connection.query(
                 """
                 SELECT d.tenant_id, d.id, d.instance_id, d.token
                 FROM deliveries d
                 WHERE d.status = 'queued' AND d.next_attempt_at <= now()
-                  AND (d.locked_until IS NULL OR d.locked_until < now())
                   AND d.provider = ANY(\(providerNames)::text[])
-                  AND NOT EXISTS (
-                      SELECT 1 FROM deliveries o
-                      WHERE o.tenant_id = d.tenant_id AND o.instance_id = d.instance_id AND o.token = d.token
-                        AND o.status = 'queued' AND o.locked_until >= now() AND o.id <> d.id)
-                  AND NOT EXISTS (
-                      SELECT 1 FROM apns_credentials c
-                      WHERE d.provider = 'apns' AND c.tenant_id = d.tenant_id AND c.status = 'broken')
-                  AND NOT EXISTS (
-                      SELECT 1 FROM fcm_credentials c
-                      WHERE d.provider = 'fcm' AND c.tenant_id = d.tenant_id AND c.status = 'broken')
-                ORDER BY d.next_attempt_at, d.id
+                  AND NOT (d.provider = 'apns' AND d.tenant_id = ANY(\(brokenAPNs)::uuid[]))
+                  AND NOT (d.provider = 'fcm' AND d.tenant_id = ANY(\(brokenFCM)::uuid[]))
+                ORDER BY d.next_attempt_at
                 LIMIT \(limit * 2)
                 FOR UPDATE OF d SKIP LOCKED
                 """)
@@ -135,10 +137,16 @@ public struct DeliveryQueue: Sendable {
                 """
                 WITH claimed AS (
                     UPDATE deliveries d
-                    SET locked_until = now() + make_interval(secs => \(leaseSeconds)), locked_by = \(worker),
+                    SET locked_until = now() + make_interval(secs => \(leaseSeconds)),
+                        next_attempt_at = now() + make_interval(secs => \(leaseSeconds)), locked_by = \(worker),
                         attempts = attempts + 1, updated_at = now()
                     FROM unnest(\(tenants)::uuid[], \(ids)::uuid[]) AS c(tenant_id, id)
                     WHERE d.tenant_id = c.tenant_id AND d.id = c.id
+                      -- A token never gets version N+1 while N is in flight.
+                      AND NOT EXISTS (
+                          SELECT 1 FROM deliveries o
+                          WHERE o.tenant_id = d.tenant_id AND o.instance_id = d.instance_id AND o.token = d.token
+                            AND o.status = 'queued' AND o.locked_until >= now() AND o.id <> d.id)
                     RETURNING d.*
                 )
                 SELECT c.tenant_id, c.id AS delivery_id, c.instance_id, c.device_token, c.provider, c.token_kind,

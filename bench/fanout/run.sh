@@ -176,34 +176,29 @@ for p in "${worker_pids[@]}"; do wait "$p" || true; done
 clients=$((workers * loops))
 cat >"$out/fanout-claim-record.sql" <<SQL
 BEGIN;
-SELECT COALESCE((array_agg(c.tenant_id ORDER BY c.next_attempt_at, c.id))[1:$batch], '{}') AS tenants,
-       COALESCE((array_agg(c.id ORDER BY c.next_attempt_at, c.id))[1:$batch], '{}') AS ids
+SELECT COALESCE((array_agg(c.tenant_id ORDER BY c.next_attempt_at))[1:$batch], '{}') AS tenants,
+       COALESCE((array_agg(c.id ORDER BY c.next_attempt_at))[1:$batch], '{}') AS ids
 FROM (
   SELECT d.tenant_id, d.id, d.instance_id, d.token, d.next_attempt_at
   FROM deliveries d
   WHERE d.status = 'queued' AND d.next_attempt_at <= now()
-    AND (d.locked_until IS NULL OR d.locked_until < now())
     AND d.provider = ANY('{apns,fcm}'::text[])
-    AND NOT EXISTS (
-        SELECT 1 FROM deliveries o
-        WHERE o.tenant_id = d.tenant_id AND o.instance_id = d.instance_id AND o.token = d.token
-          AND o.status = 'queued' AND o.locked_until >= now() AND o.id <> d.id)
-    AND NOT EXISTS (
-        SELECT 1 FROM apns_credentials c
-        WHERE d.provider = 'apns' AND c.tenant_id = d.tenant_id AND c.status = 'broken')
-    AND NOT EXISTS (
-        SELECT 1 FROM fcm_credentials c
-        WHERE d.provider = 'fcm' AND c.tenant_id = d.tenant_id AND c.status = 'broken')
-  ORDER BY d.next_attempt_at, d.id
+    AND NOT (d.provider = 'apns' AND d.tenant_id = ANY('{}'::uuid[]))
+    AND NOT (d.provider = 'fcm' AND d.tenant_id = ANY('{}'::uuid[]))
+  ORDER BY d.next_attempt_at
   LIMIT $((batch * 2))
   FOR UPDATE OF d SKIP LOCKED
 ) c \\gset
 WITH claimed AS (
     UPDATE deliveries d
-    SET locked_until = now() + make_interval(secs => 60), locked_by = 'pgbench-' || :client_id,
-        attempts = attempts + 1, updated_at = now()
+    SET locked_until = now() + make_interval(secs => 60), next_attempt_at = now() + make_interval(secs => 60),
+        locked_by = 'pgbench-' || :client_id, attempts = attempts + 1, updated_at = now()
     FROM unnest(:tenants::uuid[], :ids::uuid[]) AS c(tenant_id, id)
     WHERE d.tenant_id = c.tenant_id AND d.id = c.id
+      AND NOT EXISTS (
+          SELECT 1 FROM deliveries o
+          WHERE o.tenant_id = d.tenant_id AND o.instance_id = d.instance_id AND o.token = d.token
+            AND o.status = 'queued' AND o.locked_until >= now() AND o.id <> d.id)
     RETURNING d.*
 )
 SELECT c.tenant_id, c.id AS delivery_id, c.instance_id, c.device_token, c.provider, c.token_kind,
