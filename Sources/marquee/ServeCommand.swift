@@ -47,7 +47,15 @@ struct ServeCommand {
             router: router,
             onRequestCompleted: { record in
                 httpMetrics.record(record)
-                accessLogger.info("request", metadata: HTTPMetrics.accessMetadata(record))
+                if let failure = record.handlerError {
+                    // The client saw only the request ID; the cause is logged here (errors describe themselves
+                    // without values, tokens or secrets).
+                    var metadata = HTTPMetrics.accessMetadata(record)
+                    metadata["error"] = .string(failure)
+                    accessLogger.error("request failed", metadata: metadata)
+                } else {
+                    accessLogger.info("request", metadata: HTTPMetrics.accessMetadata(record))
+                }
             })
 
         if let status = try? await migrator.status(), !status.isCurrent {
