@@ -18,6 +18,7 @@ import ServiceLifecycle
 /// | `MARQUEE_SIM_TOKEN_URI` | fcm: the `aud` assertions must carry | `https://oauth2.googleapis.com/token` or `https://<authority>/token` |
 /// | `MARQUEE_SIM_TOKEN_LIFETIME` | fcm: `expires_in` of issued access tokens, seconds | `3600` |
 /// | `MARQUEE_SIM_SEED` | seed for `rate` rules (reproducible runs) | random |
+/// | `MARQUEE_SIM_IO_THREADS` | server I/O threads | `1` |
 ///
 /// The CA file is rewritten on every start (a new CA each run). Logs are JSON lines on stderr; the first says where
 /// the simulator listens and where the CA is.
@@ -57,6 +58,14 @@ struct SimulateCommand {
                 problems.append(.init(variable: "MARQUEE_SIM_SEED", reason: "must be an unsigned integer"))
             }
         }
+        var ioThreads = 1
+        if let text = environment["MARQUEE_SIM_IO_THREADS"], !text.isEmpty {
+            if let n = Int(text), (1...64).contains(n) {
+                ioThreads = n
+            } else {
+                problems.append(.init(variable: "MARQUEE_SIM_IO_THREADS", reason: "must be an integer in 1...64"))
+            }
+        }
         var lifetime: TimeInterval = 3600
         if let text = environment["MARQUEE_SIM_TOKEN_LIFETIME"], !text.isEmpty {
             if let seconds = Int(text), seconds > 0 {
@@ -90,7 +99,7 @@ struct SimulateCommand {
                 simulator = try APNsSimulator(
                     configuration: .init(
                         host: listen?.host ?? "127.0.0.1", port: listen?.port ?? defaultPort, caOutputPath: caPath,
-                        recordsPath: recordsPath, keys: keys, faults: faults, randomSeed: seed))
+                        recordsPath: recordsPath, keys: keys, faults: faults, randomSeed: seed, ioThreads: ioThreads))
             case .fcm:
                 let accounts = try keysJSON.map { try FCMSimulator.parseAccounts(json: $0) } ?? []
                 keyCount = accounts.count
@@ -99,7 +108,7 @@ struct SimulateCommand {
                     configuration: .init(
                         host: listen?.host ?? "127.0.0.1", port: listen?.port ?? defaultPort, caOutputPath: caPath,
                         recordsPath: recordsPath, accounts: accounts, faults: faults, tokenURI: tokenURI,
-                        accessTokenLifetime: lifetime, randomSeed: seed))
+                        accessTokenLifetime: lifetime, randomSeed: seed, ioThreads: ioThreads))
             }
         } catch let error as SimulatorError where error.code == .invalidConfiguration {
             problems.append(.init(variable: "MARQUEE_SIM_KEYS", reason: error.description))

@@ -41,7 +41,7 @@ awk -v port="$port" -v n="$tokens" 'BEGIN { for (i = 0; i < n; i++) { t = sprint
 
 rm -f "$work/ca.pem"
 MARQUEE_SIM_LISTEN=127.0.0.1:$port MARQUEE_SIM_CA_OUT="$work/ca.pem" MARQUEE_SIM_KEYS="$work/keys.json" \
-  MARQUEE_LOG_LEVEL=warning "$bin/marquee" simulate apns 2>"$work/sim.log" &
+  MARQUEE_SIM_IO_THREADS=${SIM_IO_THREADS:-1} MARQUEE_LOG_LEVEL=warning "$bin/marquee" simulate apns 2>"$work/sim.log" &
 sim=$!
 trap 'kill -TERM $sim 2>/dev/null; wait $sim 2>/dev/null' EXIT
 wait_sim "$port" "$work/ca.pem"
