@@ -54,7 +54,8 @@ public struct TenantStore: Sendable {
     /// Creates a tenant with one app key and one sdk key, in one transaction.
     public func create(name: String) async throws -> CreatedTenant {
         let trimmed = name.trimmingCharacters(in: .whitespacesAndNewlines)
-        guard (1...200).contains(trimmed.count) else {
+        // Counted as PostgreSQL's length() counts (code points), so the CHECK constraint can never refuse it.
+        guard (1...200).contains(trimmed.unicodeScalars.count) else {
             throw ValidationError(field: "name", reason: "must be 1 to 200 characters")
         }
         let id = UUID()
@@ -139,7 +140,7 @@ public struct TenantStore: Sendable {
                 """
                 UPDATE api_keys
                 SET revoked_at = LEAST(COALESCE(revoked_at, 'infinity'), now() + make_interval(secs => \(graceSeconds)))
-                WHERE tenant_id = \(tenant) AND id = \(key)
+                WHERE tenant_id = \(tenant) AND id = \(key) AND (revoked_at IS NULL OR revoked_at > now())
                 RETURNING kind
                 """)
             guard let row = rows.first, let kind = APIKeyKind(rawValue: try row.decode(String.self, "kind")) else {
