@@ -42,6 +42,17 @@ public final class PostgresConnection {
     /// The last error a statement on this connection raised.
     private(set) var lastError: PostgresError?
 
+    /// Statements with binds are prepared once per connection (by SQL text and parameter types) and then only
+    /// executed: planning a complex statement can cost more than running it.
+    private struct StatementKey: Hashable {
+        var sql: String
+        var types: [UInt32]
+    }
+    private var statements: [StatementKey: String] = [:]
+    private var statementCounter = 0
+    /// Prepared statements kept per connection; beyond it they are all deallocated and prepared afresh.
+    static let statementCacheLimit = 256
+
     /// Size of the chunks COPY hands to `PQputCopyData`.
     static let copyChunkSize = 64 * 1024
 
@@ -147,14 +158,47 @@ public final class PostgresConnection {
         PQclear(result)
     }
 
+    /// The name of `query`'s prepared statement on this connection, preparing it the first time.
+    private func preparedStatement(_ query: PostgresQuery) throws -> String {
+        let key = StatementKey(sql: query.sql, types: query.binds.map(\.oid))
+        if let name = statements[key] { return name }
+        if statements.count >= Self.statementCacheLimit {
+            if let result = PQexec(handle, "DEALLOCATE ALL") { PQclear(result) }
+            statements.removeAll()
+        }
+        statementCounter += 1
+        let name = "marquee_\(statementCounter)"
+        let result = key.types.withUnsafeBufferPointer { types in
+            PQprepare(handle, name, query.sql, Int32(types.count), types.baseAddress)
+        }
+        guard let result else { throw record(connectionError(context: "no result from server")) }
+        defer { PQclear(result) }
+        guard PQresultStatus(result) == PGRES_COMMAND_OK else { throw record(error(from: result)) }
+        statements[key] = name
+        return name
+    }
+
+    /// Forgets a prepared statement whose cached plan the server refused after a schema change (0A000), so that
+    /// the next use prepares it again.
+    private func forgetStatement(_ query: PostgresQuery, after error: PostgresError) {
+        guard error.sqlState == "0A000" else { return }
+        let key = StatementKey(sql: query.sql, types: query.binds.map(\.oid))
+        if let name = statements.removeValue(forKey: key), !isInTransaction,
+            let result = PQexec(handle, "DEALLOCATE \(name)")
+        {
+            PQclear(result)
+        }
+    }
+
     /// Sends one statement and returns its successful result (caller clears it).
     private func run(_ query: PostgresQuery) throws -> OpaquePointer {
         let result: OpaquePointer?
         if query.binds.isEmpty {
             result = PQexec(handle, query.sql)
         } else {
-            result = Self.withBinds(query.binds) { count, types, values, lengths, formats in
-                PQexecParams(handle, query.sql, count, types, values, lengths, formats, 0)
+            let name = try preparedStatement(query)
+            result = Self.withBinds(query.binds) { count, _, values, lengths, formats in
+                PQexecPrepared(handle, name, count, values, lengths, formats, 0)
             }
         }
         guard let result else {
@@ -170,6 +214,7 @@ public final class PostgresConnection {
         default:
             let error = self.error(from: result)
             PQclear(result)
+            forgetStatement(query, after: error)
             throw record(error)
         }
     }
@@ -282,6 +327,8 @@ public final class PostgresConnection {
     /// - Throws: only if the pipeline could not be sent at all; per-query errors are in the results.
     public func pipeline(_ queries: [PostgresQuery]) throws -> [Result<PostgresRows, PostgresError>] {
         guard !queries.isEmpty else { return [] }
+        // Statements are prepared before the pipeline starts (one round trip each, the first time only).
+        let names = try queries.map { $0.binds.isEmpty ? nil : try preparedStatement($0) }
         guard PQenterPipelineMode(handle) == 1 else {
             throw record(connectionError(context: "could not enter pipeline mode"))
         }
@@ -291,9 +338,12 @@ public final class PostgresConnection {
                 throw connectionError(context: "could not switch to non-blocking mode")
             }
             defer { _ = PQsetnonblocking(handle, 0) }
-            for query in queries {
+            for (query, name) in zip(queries, names) {
                 let sent = Self.withBinds(query.binds) { count, types, values, lengths, formats in
-                    PQsendQueryParams(handle, query.sql, count, types, values, lengths, formats, 0)
+                    if let name {
+                        return PQsendQueryPrepared(handle, name, count, values, lengths, formats, 0)
+                    }
+                    return PQsendQueryParams(handle, query.sql, count, types, values, lengths, formats, 0)
                 }
                 guard sent == 1, PQpipelineSync(handle) == 1 else {
                     throw connectionError(context: "could not queue a pipelined statement")
