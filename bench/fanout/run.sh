@@ -230,10 +230,10 @@ COMMIT;
 SQL
 # Slack: a claim can come back short while another client holds 2x batch rows locked; empty claims write nothing.
 tx=$(((instances + batch * clients - 1) / (batch * clients) * 5 / 4 + 2))
-echo "== pgbench -M extended -c $clients -j 2 -t $tx -f fanout-claim-record.sql (claim + record, batch $batch, no provider)"
+echo "== pgbench -M prepared -c $clients -j 2 -t $tx -f fanout-claim-record.sql (claim + record, batch $batch, no provider)"
 p0=$(enqueue)
 s0=$(date +%s.%N)
-pgbench -n -M extended -h 127.0.0.1 -p "$PGPORT" -U postgres -c "$clients" -j 2 -t "$tx" \
+pgbench -n -M prepared -h 127.0.0.1 -p "$PGPORT" -U postgres -c "$clients" -j 2 -t "$tx" \
   -f "$out/fanout-claim-record.sql" marquee 2>&1 | grep -E "^(tps|latency average|number of failed)" || true
 s1=$(date +%s.%N)
 read -r psent pqueued pother < <(round_counts 3)
