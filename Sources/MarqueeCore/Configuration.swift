@@ -46,6 +46,20 @@ public struct MarqueeConfiguration: Sendable, Equatable {
     public var logLevel: String
     /// `MARQUEE_MASTER_KEY`: base64 of 32 bytes; seals tenant secrets at rest.
     public var masterKey: [UInt8]?
+    /// A named sealing key.
+    public struct NamedKey: Sendable, Equatable {
+        public var id: String
+        public var key: [UInt8]
+        public init(id: String, key: [UInt8]) {
+            self.id = id
+            self.key = key
+        }
+    }
+    /// `MARQUEE_MASTER_KEY_ID`: the name recorded in everything sealed with `MARQUEE_MASTER_KEY`. Default `k1`.
+    public var masterKeyID: String
+    /// `MARQUEE_MASTER_KEYS_PREVIOUS`: earlier master keys, `id:base64[,id:base64…]`, still able to open what they
+    /// sealed (until `marquee reseal` has moved everything to the current key).
+    public var previousMasterKeys: [NamedKey]
     /// `MARQUEE_ADMIN_TOKEN`: bearer token for `/admin/v1/…`; the admin API is off when unset.
     public var adminToken: String?
     /// `MARQUEE_DB_POOL_SIZE`: connections per process. Default 16.
@@ -138,6 +152,38 @@ public struct MarqueeConfiguration: Sendable, Equatable {
             } else {
                 problems.append(
                     Problem(variable: "MARQUEE_MASTER_KEY", reason: "must be the base64 encoding of exactly 32 bytes"))
+            }
+        }
+
+        func validKeyID(_ id: Substring) -> Bool {
+            (1...32).contains(id.utf8.count)
+                && id.utf8.allSatisfy {
+                    ($0 >= 0x30 && $0 <= 0x39) || ($0 >= 0x41 && $0 <= 0x5A) || ($0 >= 0x61 && $0 <= 0x7A) || $0 == 0x2D
+                        || $0 == 0x5F
+                }
+        }
+        masterKeyID = value("MARQUEE_MASTER_KEY_ID") ?? "k1"
+        if !validKeyID(Substring(masterKeyID)) {
+            problems.append(Problem(variable: "MARQUEE_MASTER_KEY_ID", reason: "must be 1 to 32 of A-Z a-z 0-9 - _"))
+        }
+        previousMasterKeys = []
+        if let text = value("MARQUEE_MASTER_KEYS_PREVIOUS") {
+            for entry in text.split(separator: ",") {
+                let parts = entry.split(separator: ":", maxSplits: 1)
+                guard parts.count == 2, validKeyID(parts[0]),
+                    let data = Data(base64Encoded: String(parts[1]).trimmingCharacters(in: .whitespaces)),
+                    data.count == 32,
+                    String(parts[0]) != masterKeyID
+                else {
+                    problems.append(
+                        Problem(
+                            variable: "MARQUEE_MASTER_KEYS_PREVIOUS",
+                            reason:
+                                "must be id:base64-of-32-bytes entries separated by commas, ids other than the current")
+                    )
+                    break
+                }
+                previousMasterKeys.append(NamedKey(id: String(parts[0]), key: Array(data)))
             }
         }
 

@@ -1,3 +1,4 @@
+import Crypto
 import Foundation
 import MarqueeCore
 import Observability
@@ -23,6 +24,7 @@ struct Marquee {
           key revoke --tenant T --key K
           key rotate --tenant T --key K [--grace-seconds S]
           simulate apns|fcm  run the local APNs or FCM simulator (MARQUEE_SIM_*)
+          reseal             re-seal every stored secret under the current master key (after a rotation)
           version            print the version
           help               show this text
 
@@ -48,6 +50,8 @@ struct Marquee {
                 try await UpCommand(arguments: arguments).run()
             case "worker":
                 try await WorkerCommand(arguments: arguments).run()
+            case "reseal":
+                try await ResealCommand(arguments: arguments).run()
             case "tenant", "key":
                 try await TenantCommand(group: command, arguments: arguments).run()
             case "simulate":
@@ -82,6 +86,18 @@ struct UsageError: Error {
 enum Startup {
     static func configuration() throws -> MarqueeConfiguration {
         try MarqueeConfiguration(environment: ProcessInfo.processInfo.environment)
+    }
+
+    /// The sealing keys: `MARQUEE_MASTER_KEY` (current, named `MARQUEE_MASTER_KEY_ID`) and the previous ones.
+    static func keyRing(_ configuration: MarqueeConfiguration, command: String) throws -> SealingKeyRing {
+        guard let masterKey = configuration.masterKey else {
+            throw ConfigurationError(problems: [
+                .init(variable: "MARQUEE_MASTER_KEY", reason: "is required by \(command)")
+            ])
+        }
+        return try SealingKeyRing(
+            current: (id: configuration.masterKeyID, key: masterKey),
+            previous: configuration.previousMasterKeys.map { (id: $0.id, key: $0.key) })
     }
 
     static func logger(_ label: String, _ configuration: MarqueeConfiguration) -> Logger {

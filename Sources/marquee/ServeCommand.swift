@@ -26,10 +26,7 @@ struct ServeCommand {
         let metrics = MetricsRegistry()
         let httpMetrics = HTTPMetrics(registry: metrics)
 
-        guard let masterKey = configuration.masterKey else {
-            throw ConfigurationError(problems: [.init(variable: "MARQUEE_MASTER_KEY", reason: "is required by serve")])
-        }
-        let keyRing = try SealingKeyRing(current: (id: "k1", key: masterKey))
+        let keyRing = try Startup.keyRing(configuration, command: "serve")
 
         var router = Router()
         MarqueeAPI(

@@ -67,15 +67,12 @@ struct TenantCommand {
 
     func run() async throws {
         let configuration = try Startup.configuration()
-        guard let masterKey = configuration.masterKey else {
-            throw ConfigurationError(problems: [.init(variable: "MARQUEE_MASTER_KEY", reason: "is required")])
-        }
         var pgConfiguration = try PostgresConfiguration(url: try configuration.requireDatabaseURL())
         pgConfiguration.applicationName = "marquee-admin"
         let pool = PostgresPool(pgConfiguration, options: .init(maxConnections: 1))
         defer { pool.close() }
         let store = TenantStore(
-            database: TenantDatabase(pool: pool), keyRing: try SealingKeyRing(current: (id: "k1", key: masterKey)))
+            database: TenantDatabase(pool: pool), keyRing: try Startup.keyRing(configuration, command: "tenant"))
         do {
             switch action {
             case .create(let name):

@@ -18,10 +18,7 @@ struct WorkerCommand {
         let configuration = try Startup.configuration()
         let workerID = "\(ProcessInfo.processInfo.hostName)-\(getpid())"
         let logger = Startup.logger("marquee.worker", configuration).with("worker.id", .string(workerID))
-        guard let masterKey = configuration.masterKey else {
-            throw ConfigurationError(problems: [.init(variable: "MARQUEE_MASTER_KEY", reason: "is required by worker")])
-        }
-        let keyRing = try SealingKeyRing(current: (id: "k1", key: masterKey))
+        let keyRing = try Startup.keyRing(configuration, command: "worker")
         var pgConfiguration = try PostgresConfiguration(url: try configuration.requireDatabaseURL())
         pgConfiguration.applicationName = "marquee-worker"
         let pool = PostgresPool(

@@ -63,3 +63,35 @@ struct ConfigurationTests {
         #expect(MarqueeConfiguration.ListenAddress(text) == nil)
     }
 }
+
+@Suite("Master key rotation settings")
+struct MasterKeyConfigurationTests {
+    let a = String(repeating: "A", count: 43) + "="
+    let b = String(repeating: "B", count: 43) + "="
+
+    @Test("current key ID and previous keys parse")
+    func parse() throws {
+        let c = try MarqueeConfiguration(environment: [
+            "MARQUEE_MASTER_KEY": a, "MARQUEE_MASTER_KEY_ID": "k2", "MARQUEE_MASTER_KEYS_PREVIOUS": "k1:\(b)",
+        ])
+        #expect(c.masterKeyID == "k2")
+        #expect(c.previousMasterKeys.map(\.id) == ["k1"])
+        #expect(c.previousMasterKeys[0].key.count == 32)
+        #expect(try MarqueeConfiguration(environment: [:]).masterKeyID == "k1")
+    }
+
+    @Test("malformed previous keys, a reused ID, or a bad ID are refused without echoing the key")
+    func refused() {
+        for previous in ["k1", "k1:short", "k2:\(b)", "bad id:\(b)"] {
+            do {
+                _ = try MarqueeConfiguration(environment: [
+                    "MARQUEE_MASTER_KEY": a, "MARQUEE_MASTER_KEY_ID": "k2", "MARQUEE_MASTER_KEYS_PREVIOUS": previous,
+                ])
+                Issue.record("accepted \(previous)")
+            } catch {
+                #expect(error.problems.map(\.variable) == ["MARQUEE_MASTER_KEYS_PREVIOUS"])
+                #expect(!error.description.contains(b))
+            }
+        }
+    }
+}

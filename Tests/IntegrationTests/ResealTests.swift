@@ -1,0 +1,62 @@
+import Crypto
+import Foundation
+import MarqueeStore
+import PostgresClient
+import Testing
+
+@Suite("Master key rotation")
+struct ResealTests {
+    static func key() -> String { Data(SecureRandom.bytes(32)).base64EncodedString() }
+
+    @Test("after `marquee reseal` every secret opens with the new key alone, and a second run has nothing to do")
+    func rotate() async throws {
+        let url = try await TestEnvironment.makeDatabase()
+        let base = ["DATABASE_URL": url, "MARQUEE_MIGRATIONS_DIR": TestEnvironment.migrationsDirectory]
+        #expect(try await runCommand(TestEnvironment.marqueeBinary, ["migrate"], environment: base).status == 0)
+        let oldKey = Self.key()
+        let newKey = Self.key()
+        var old = base
+        old["MARQUEE_MASTER_KEY"] = oldKey
+        let created = try await runCommand(
+            TestEnvironment.marqueeBinary, ["tenant", "create", "--name", "rotating", "--json"], environment: old)
+        try #require(created.status == 0, "\(created.output)")
+        let json = try #require(
+            try JSONSerialization.jsonObject(with: Data(created.output.utf8)) as? [String: Any])
+        let idText = try #require(json["id"] as? String)
+        let tenant = try #require(UUID(uuidString: idText))
+
+        let pool = PostgresPool(try PostgresConfiguration(url: url), options: .init(maxConnections: 2))
+        defer { pool.close() }
+        let database = TenantDatabase(pool: pool)
+        let oldRing = try SealingKeyRing.fromBase64(oldKey, id: "k1")
+        let newRing = try SealingKeyRing.fromBase64(newKey, id: "k2")
+        let pem = ES256PrivateKey.generate().pkcs8PEM
+        _ = try await CredentialStore(database: database, keyRing: oldRing).putAPNs(
+            tenant: tenant,
+            APNsCredentialInput(
+                teamID: "TEAM123456", keyID: "KEY1234567", privateKeyPEM: pem, bundleID: "com.example.app",
+                environment: "sandbox", endpoint: nil))
+        let secretBefore = try await TenantStore(database: database, keyRing: oldRing).deliverySecret(tenant: tenant)
+        await #expect(throws: (any Error).self) {
+            _ = try await CredentialStore(database: database, keyRing: newRing).apnsPrivateKey(tenant: tenant)
+        }
+
+        var rotated = base
+        rotated["MARQUEE_MASTER_KEY"] = newKey
+        rotated["MARQUEE_MASTER_KEY_ID"] = "k2"
+        rotated["MARQUEE_MASTER_KEYS_PREVIOUS"] = "k1:" + oldKey
+        let reseal = try await runCommand(TestEnvironment.marqueeBinary, ["reseal"], environment: rotated)
+        #expect(reseal.status == 0, "\(reseal.output)")
+        #expect(reseal.output.contains("re-sealed 2 secret(s) under key k2"), "\(reseal.output)")
+        #expect(!reseal.output.contains(newKey) && !reseal.output.contains(oldKey), "keys are never printed")
+
+        #expect(try await CredentialStore(database: database, keyRing: newRing).apnsPrivateKey(tenant: tenant) == pem)
+        #expect(
+            try await TenantStore(database: database, keyRing: newRing).deliverySecret(tenant: tenant) == secretBefore)
+        await #expect(throws: (any Error).self) {
+            _ = try await CredentialStore(database: database, keyRing: oldRing).apnsPrivateKey(tenant: tenant)
+        }
+        let again = try await runCommand(TestEnvironment.marqueeBinary, ["reseal"], environment: rotated)
+        #expect(again.output.contains("re-sealed 0 secret(s)"), "\(again.output)")
+    }
+}
