@@ -295,14 +295,20 @@ public final class DeliveryWorker: Sendable {
             nextAttemptAt: Date().addingTimeInterval(seconds))
     }
 
-    /// Samples queue depth for the gauges every few seconds.
+    /// Samples queue depth for the gauges every few seconds, and every few minutes removes idempotency records past
+    /// their 24 hours (any worker may do it; the DELETE is idempotent).
     func sampleQueue() async {
+        var ticks = 0
         while !Task.isCancelled {
             if let stats = try? await queue.statistics() {
                 metrics.queueDue.set(Double(stats.due))
                 metrics.oldestDue.set(stats.oldestDueAge)
                 metrics.leased.set(Double(stats.inFlight))
             }
+            if ticks % 60 == 0, let removed = try? await queue.expireIdempotencyKeys(), removed > 0 {
+                logger.info("expired idempotency records removed", metadata: ["removed": .int(removed)])
+            }
+            ticks += 1
             try? await Task.sleep(for: .seconds(5))
         }
     }

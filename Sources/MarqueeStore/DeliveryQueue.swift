@@ -259,6 +259,18 @@ public struct DeliveryQueue: Sendable {
             """)
     }
 
+    /// Deletes idempotency records past their 24 hours, a bounded number at a time; returns how many went.
+    @discardableResult
+    public func expireIdempotencyKeys(limit: Int = 10_000) async throws -> Int {
+        try await pool.execute(
+            """
+            DELETE FROM idempotency_keys k
+            USING (SELECT tenant_id, key FROM idempotency_keys
+                   WHERE created_at <= now() - interval '24 hours' LIMIT \(limit)) old
+            WHERE k.tenant_id = old.tenant_id AND k.key = old.key
+            """)
+    }
+
     /// Due deliveries, the age of the oldest, and how many are leased now.
     public func statistics() async throws -> QueueStatistics {
         let rows = try await pool.query(

@@ -60,3 +60,31 @@ struct ResealTests {
         #expect(again.output.contains("re-sealed 0 secret(s)"), "\(again.output)")
     }
 }
+
+@Suite("Housekeeping")
+struct HousekeepingTests {
+    @Test("idempotency records older than 24 hours are removed, newer ones kept")
+    func expireIdempotencyKeys() async throws {
+        let url = try await TestEnvironment.makeDatabase()
+        let base = ["DATABASE_URL": url, "MARQUEE_MIGRATIONS_DIR": TestEnvironment.migrationsDirectory]
+        #expect(try await runCommand(TestEnvironment.marqueeBinary, ["migrate"], environment: base).status == 0)
+        var env = base
+        env["MARQUEE_MASTER_KEY"] = ResealTests.key()
+        let created = try await runCommand(
+            TestEnvironment.marqueeBinary, ["tenant", "create", "--name", "housekeeping", "--json"], environment: env)
+        let json = try #require(try JSONSerialization.jsonObject(with: Data(created.output.utf8)) as? [String: Any])
+        let idText = try #require(json["id"] as? String)
+        let tenant = try #require(UUID(uuidString: idText))
+        let pool = PostgresPool(try PostgresConfiguration(url: url), options: .init(maxConnections: 1))
+        defer { pool.close() }
+        try await pool.execute(
+            """
+            INSERT INTO idempotency_keys (tenant_id, key, request_hash, status, response, created_at) VALUES
+              (\(tenant), 'old', '\\x00', 200, '{}', now() - interval '25 hours'),
+              (\(tenant), 'new', '\\x00', 200, '{}', now() - interval '23 hours')
+            """)
+        #expect(try await DeliveryQueue(pool: pool).expireIdempotencyKeys() == 1)
+        let left = try await pool.query("SELECT key FROM idempotency_keys WHERE tenant_id = \(tenant)")
+        #expect(try left.map { try $0.decode(String.self, "key") } == ["new"])
+    }
+}
