@@ -13,7 +13,9 @@ cleanup() {
   if [ -n "${DATABASE_URL:-}" ]; then
     prefix="${DATABASE_URL%/*}/"
     for pid in $(pgrep -f 'marquee (serve|worker|simulate)' || true); do
-      if tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -q "^DATABASE_URL=$prefix"; then kill "$pid" 2>/dev/null || true; fi
+      if { tr '\0' '\n' <"/proc/$pid/environ"; } 2>/dev/null | grep -q "^DATABASE_URL=$prefix"; then
+        kill "$pid" 2>/dev/null || true
+      fi
     done
   fi
   Deploy/local/pg.sh stop "$work/pg" || true

@@ -117,7 +117,7 @@ struct ClientServerTests {
     @Test("a request past its deadline fails with timeout; the connection keeps working")
     func requestTimeout() async throws {
         let handler: @Sendable (HTTP2ServerRequest) async -> HTTP2ServerResponse = { request in
-            if request.path == "/slow" { try? await Task.sleep(for: .seconds(1)) }
+            if request.path == "/slow" { try? await Task.sleep(for: .seconds(5)) }
             return HTTP2ServerResponse(status: 204)
         }
         try await withServer(handler: handler) { server in
@@ -129,7 +129,8 @@ struct ClientServerTests {
             let elapsed = ContinuousClock.now - started
             #expect(error?.code == .timeout)
             #expect(error?.mayHaveBeenProcessed == true)
-            #expect(elapsed >= .milliseconds(280) && elapsed < .milliseconds(900))
+            // The deadline (300 ms) fired, not the handler's answer (5 s); the bound leaves room for a loaded CI.
+            #expect(elapsed >= .milliseconds(280) && elapsed < .seconds(3))
             #expect(try await client.send(HTTP2Request(path: "/fast")).status == 204)
             #expect(client.statistics.connectsTotal == 1)
             await client.shutdown()
@@ -296,11 +297,13 @@ struct ClientServerTests {
     func pingKeepAlive() async throws {
         try await withServer { server in
             var configuration = Fixtures.clientConfiguration(port: server.boundPort)
-            configuration.pingInterval = .milliseconds(50)
-            configuration.pingTimeout = .milliseconds(200)
+            // Unanswered PINGs would kill the connection within about 1.1 s; it must survive 2.5 s (a 1 s timeout
+            // rather than 200 ms keeps a loaded CI machine from failing a PING that was answered late).
+            configuration.pingInterval = .milliseconds(100)
+            configuration.pingTimeout = .seconds(1)
             let client = try HTTP2Client(configuration)
             _ = try await client.send(HTTP2Request(path: "/"))
-            try await Task.sleep(for: .milliseconds(800))
+            try await Task.sleep(for: .milliseconds(2500))
             #expect(client.statistics.openConnections == 1)
             #expect(try await client.send(HTTP2Request(path: "/")).status == 200)
             #expect(client.statistics.connectsTotal == 1)

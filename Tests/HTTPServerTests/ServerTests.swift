@@ -204,8 +204,8 @@ struct ServerTests {
             let elapsed = clock.now - started
             #expect(bodies == (0..<count).map(String.init))
             // Sequentially this would take 40 s; two MHD threads can only finish it fast if connections are
-            // suspended while handlers sleep.
-            #expect(elapsed < .seconds(5), "took \(elapsed)")
+            // suspended while handlers sleep. (Alone it takes about 0.3 s; the bound leaves room for a loaded CI.)
+            #expect(elapsed < .seconds(20), "took \(elapsed)")
             #expect(inFlight.peak >= count / 2, "peak concurrency \(inFlight.peak)")
         }
     }
