@@ -235,7 +235,7 @@ struct TestFailure: Error, CustomStringConvertible {
     init(_ description: String) { self.description = description }
 }
 
-/// A tiny HTTP/1.1 client on URLSession.
+/// A tiny HTTP/1.1 client over plain sockets.
 enum HTTP {
     struct Response: Sendable {
         var status: Int
@@ -253,31 +253,115 @@ enum HTTP {
         }
     }
 
-    static let session: URLSession = {
-        let configuration = URLSessionConfiguration.ephemeral
-        configuration.timeoutIntervalForRequest = 10
-        // Concurrency tests need truly simultaneous requests, not a queue of six connections.
-        configuration.httpMaximumConnectionsPerHost = 32
-        return URLSession(configuration: configuration)
-    }()
-
     static func get(_ url: String, headers: [String: String] = [:]) async throws -> Response {
         try await send("GET", url, headers: headers, body: nil)
     }
 
+    /// One request on its own TCP connection (`Connection: close`), with blocking socket I/O on a dedicated thread
+    /// and a 15 s socket timeout. (URLSession on Linux was seen to leave an await hanging under heavy load; this
+    /// client cannot: every failure is a thrown error.)
     static func send(_ method: String, _ url: String, headers: [String: String] = [:], body: Data?) async throws
         -> Response
     {
-        var request = URLRequest(url: URL(string: url)!)
-        request.httpMethod = method
-        for (name, value) in headers { request.setValue(value, forHTTPHeaderField: name) }
-        request.httpBody = body
-        let (data, response) = try await session.data(for: request)
-        let http = response as! HTTPURLResponse
-        var fields: [String: String] = [:]
-        for (key, value) in http.allHeaderFields {
-            fields[String(describing: key)] = String(describing: value)
+        guard let components = URLComponents(string: url), let host = components.host, let port = components.port
+        else { throw TestFailure("bad test URL \(url)") }
+        let target = components.percentEncodedPath + (components.percentEncodedQuery.map { "?" + $0 } ?? "")
+        var head =
+            "\(method) \(target.isEmpty ? "/" : target) HTTP/1.1\r\nHost: \(host):\(port)\r\nConnection: close\r\n"
+        for (name, value) in headers { head += "\(name): \(value)\r\n" }
+        if let body { head += "Content-Length: \(body.count)\r\n" }
+        head += "\r\n"
+        let request = Array(head.utf8) + (body.map { Array($0) } ?? [])
+        let raw = try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<[UInt8], any Error>) in
+            let thread = Thread {
+                continuation.resume(with: Result { try exchange(host: host, port: port, request: request) })
+            }
+            thread.start()
         }
-        return Response(status: http.statusCode, headers: fields, body: data)
+        return try parse(raw)
+    }
+
+    static func exchange(host: String, port: Int, request: [UInt8]) throws -> [UInt8] {
+        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        guard fd >= 0 else { throw TestFailure("socket() failed") }
+        defer { close(fd) }
+        var timeout = timeval(tv_sec: 15, tv_usec: 0)
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
+        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_port = in_port_t(UInt16(port).bigEndian)
+        address.sin_addr.s_addr = inet_addr(host == "localhost" ? "127.0.0.1" : host)
+        let connected = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size))
+            }
+        }
+        guard connected == 0 else { throw TestFailure("connect to \(host):\(port) failed (errno \(errno))") }
+        var sent = 0
+        while sent < request.count {
+            let n = request[sent...].withUnsafeBytes { Glibc.send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
+            guard n > 0 else { throw TestFailure("send failed (errno \(errno))") }
+            sent += n
+        }
+        var response: [UInt8] = []
+        var chunk = [UInt8](repeating: 0, count: 65536)
+        while true {
+            let n = chunk.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
+            if n == 0 { break }
+            guard n > 0 else { throw TestFailure("recv failed (errno \(errno))") }
+            response.append(contentsOf: chunk[0..<n])
+        }
+        return response
+    }
+
+    static func parse(_ raw: [UInt8]) throws -> Response {
+        let separator: [UInt8] = [13, 10, 13, 10]
+        guard let end = (0..<max(0, raw.count - 3)).first(where: { Array(raw[$0..<$0 + 4]) == separator }) else {
+            throw TestFailure("incomplete HTTP response (\(raw.count) bytes)")
+        }
+        let headText = String(decoding: raw[0..<end], as: UTF8.self)
+        var lines = headText.components(separatedBy: "\r\n")
+        let statusLine = lines.removeFirst().split(separator: " ")
+        guard statusLine.count >= 2, let status = Int(statusLine[1]) else { throw TestFailure("bad status line") }
+        var fields: [String: String] = [:]
+        for line in lines {
+            guard let colon = line.firstIndex(of: ":") else { continue }
+            fields[String(line[..<colon])] = line[line.index(after: colon)...].trimmingCharacters(in: .whitespaces)
+        }
+        var body = Array(raw[(end + 4)...])
+        if let te = fields.first(where: { $0.key.lowercased() == "transfer-encoding" })?.value,
+            te.lowercased() == "chunked"
+        {
+            body = try dechunk(body)
+        } else if let length = fields.first(where: { $0.key.lowercased() == "content-length" }).flatMap({
+            Int($0.value)
+        }),
+            length <= body.count
+        {
+            body = Array(body[0..<length])
+        }
+        return Response(status: status, headers: fields, body: Data(body))
+    }
+
+    static func dechunk(_ bytes: [UInt8]) throws -> [UInt8] {
+        var out: [UInt8] = []
+        var index = 0
+        while index < bytes.count {
+            guard let lineEnd = (index..<bytes.count - 1).first(where: { bytes[$0] == 13 && bytes[$0 + 1] == 10 })
+            else {
+                break
+            }
+            let sizeText = String(decoding: bytes[index..<lineEnd], as: UTF8.self).split(separator: ";").first ?? ""
+            guard let size = Int(sizeText.trimmingCharacters(in: .whitespaces), radix: 16) else {
+                throw TestFailure("bad chunk size")
+            }
+            if size == 0 { break }
+            let start = lineEnd + 2
+            guard start + size <= bytes.count else { throw TestFailure("truncated chunk") }
+            out.append(contentsOf: bytes[start..<start + size])
+            index = start + size + 2
+        }
+        return out
     }
 }
