@@ -276,7 +276,7 @@ public final class DeliveryWorker: Sendable {
 
     func result(
         _ d: ClaimedDelivery, _ status: DeliveryResult.Status, providerID: String? = nil, http: Int? = nil,
-        reason: String? = nil, operation: LiveActivityEvent? = nil
+        reason: String? = nil
     ) -> DeliveryResult {
         metrics.deliveries.inc(1, [d.provider.rawValue, d.operation.rawValue, status.rawValue, reason ?? ""])
         return DeliveryResult(
@@ -390,7 +390,7 @@ final class CredentialCache: Sendable {
             fcmEntries.withLock { $0[tenant] = (cached.tokens, cached.updatedAt, now) }
             return cached.tokens
         }
-        let json = try keyRing.open(sealed, associatedData: Array("tenant:\(tenant.uuidString.lowercased()):fcm".utf8))
+        let json = try keyRing.open(sealed, associatedData: CredentialStore.context(tenant, "fcm"))
         guard let pem = try JSONValue.parse(json)["private_key"]?.stringValue else { return nil }
         let account = FCMAccount(
             projectID: info.projectID, clientEmail: info.clientEmail, privateKeyID: info.privateKeyID,
@@ -413,7 +413,7 @@ final class CredentialCache: Sendable {
             apnsEntries.withLock { $0[tenant] = refreshed }
             return refreshed
         }
-        let pem = try keyRing.open(sealed, associatedData: Array("tenant:\(tenant.uuidString.lowercased()):apns".utf8))
+        let pem = try keyRing.open(sealed, associatedData: CredentialStore.context(tenant, "apns"))
         let key = try ES256PrivateKey(pem: String(decoding: pem, as: UTF8.self))
         guard let endpoint = APNsTarget.endpoint(environment: info.environment, override: info.endpoint) else {
             return nil
@@ -433,7 +433,7 @@ final class CredentialCache: Sendable {
             throw NotFound("tenant")
         }
         let secret = try keyRing.open(
-            sealed, associatedData: Array("tenant:\(tenant.uuidString.lowercased()):delivery-secret".utf8))
+            sealed, associatedData: TenantStore.deliverySecretContext(tenant))
         secrets.withLock { $0[tenant] = secret }
         return secret
     }

@@ -82,7 +82,8 @@ public struct CredentialStore: Sendable {
         self.keyRing = keyRing
     }
 
-    static func context(_ tenant: UUID, _ provider: String) -> [UInt8] {
+    /// Associated data that binds a sealed credential to its tenant and provider (`apns` or `fcm`).
+    public static func context(_ tenant: UUID, _ provider: String) -> [UInt8] {
         Array("tenant:\(tenant.uuidString.lowercased()):\(provider)".utf8)
     }
 

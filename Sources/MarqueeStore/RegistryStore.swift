@@ -301,17 +301,14 @@ public struct RegistryStore: Sendable {
         }
     }
 
-    /// With `lock`, the device row is locked until the transaction ends (`FOR UPDATE`): token registrations for one
-    /// device then run one after the other, so each sees the token the previous one made active and retires it,
-    /// instead of racing for the partial unique index (which many simultaneous registrations lost with a 500).
-    static func devicePlatform(
-        _ connection: PostgresConnection, tenant: UUID, token: String, personID: String?, lock: Bool = false
-    ) throws -> Platform? {
+    /// (Token registrations lock the device row themselves, inside their SQL functions, migration 0003.)
+    static func devicePlatform(_ connection: PostgresConnection, tenant: UUID, token: String, personID: String?) throws
+        -> Platform?
+    {
         let rows = try connection.query(
             """
             SELECT platform FROM devices
             WHERE tenant_id = \(tenant) AND token = \(token) AND (\(personID)::text IS NULL OR person_id = \(personID))
-            \(unsafeRaw: lock ? "FOR UPDATE" : "")
             """)
         guard let row = rows.first else { return nil }
         return Platform(rawValue: try row.decode(String.self, "platform"))

@@ -189,7 +189,8 @@ public struct TenantStore: Sendable {
         return try keyRing.open(sealed, associatedData: Self.deliverySecretContext(tenant))
     }
 
-    static func deliverySecretContext(_ tenant: UUID) -> [UInt8] {
+    /// Associated data that binds a tenant's sealed delivery secret to that tenant.
+    public static func deliverySecretContext(_ tenant: UUID) -> [UInt8] {
         Array("tenant:\(tenant.uuidString.lowercased()):delivery-secret".utf8)
     }
 
