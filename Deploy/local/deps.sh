@@ -3,7 +3,8 @@
 # Uses sudo when not root. The Swift toolchain itself is not a Debian package: it must already be on PATH.
 set -euo pipefail
 
-packages=(postgresql libpq-dev libssl-dev openssl libnghttp2-dev libmicrohttpd-dev pkg-config make curl ca-certificates)
+# nghttp2-client: h2load and nghttp, spawned by Tests/HTTP2Tests; python3: scripts the crypto tests run.
+packages=(postgresql libpq-dev libssl-dev openssl libnghttp2-dev libmicrohttpd-dev nghttp2-client python3 pkg-config make curl ca-certificates)
 [ -n "${MARQUEE_EXTRA_PACKAGES:-}" ] && read -r -a extra <<<"$MARQUEE_EXTRA_PACKAGES" && packages+=("${extra[@]}")
 
 missing=()
