@@ -8,10 +8,11 @@ import Testing
 struct ClientLimitsTests {
     @Test("a response body over the limit resets the stream and fails with responseTooLarge; the connection lives")
     func bodyCap() async throws {
-        try await withServer(handler: { request in
+        let sized: @Sendable (HTTP2ServerRequest) async -> HTTP2ServerResponse = { request in
             let size = Int(request.path.dropFirst()) ?? 0
             return HTTP2ServerResponse(status: 200, headers: [], body: [UInt8](repeating: 0x41, count: size))
-        }) { server in
+        }
+        try await withServer(handler: sized) { server in
             var configuration = Fixtures.clientConfiguration(port: server.boundPort)
             configuration.maxResponseBodySize = 64 << 10
             let client = try HTTP2Client(configuration)
