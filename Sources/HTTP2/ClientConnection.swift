@@ -27,6 +27,8 @@ final class ClientStream {
     var responseBody: [UInt8] = []
     /// Set once the response outgrew the limit and the stream was reset.
     var tooLarge = false
+    /// Bytes of header names and values received so far.
+    var headerBytes = 0
 
     init(body: [UInt8]) { self.body = body }
 }
@@ -380,7 +382,13 @@ final class ClientConnection: TLSConnection, LoopHandler {
     // MARK: nghttp2 callbacks (via the free functions below)
 
     fileprivate func onHeader(streamID: Int32, name: String, value: String) {
-        guard let stream = streams[streamID] else { return }
+        guard let stream = streams[streamID], !stream.tooLarge else { return }
+        stream.headerBytes += name.utf8.count + value.utf8.count
+        // Headers count against the same limit as the body: a hostile server cannot grow them without bound.
+        if let limit = core.configuration.maxResponseBodySize, stream.headerBytes > limit {
+            refuseOversized(stream, streamID: streamID)
+            return
+        }
         if name == ":status" {
             stream.status = Int(value)
         } else if !name.hasPrefix(":") {
@@ -391,15 +399,21 @@ final class ClientConnection: TLSConnection, LoopHandler {
     fileprivate func onData(streamID: Int32, _ data: UnsafePointer<UInt8>?, _ length: Int) {
         guard let data, let stream = streams[streamID], !stream.tooLarge else { return }
         if let limit = core.configuration.maxResponseBodySize, stream.responseBody.count + length > limit {
-            stream.tooLarge = true
-            stream.responseBody = []
-            if let session {
-                nghttp2_submit_rst_stream(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), streamID, NGHTTP2_CANCEL.rawValue)
-                context.markDirty(self)
-            }
+            refuseOversized(stream, streamID: streamID)
             return
         }
         stream.responseBody.append(contentsOf: UnsafeBufferPointer(start: data, count: length))
+    }
+
+    /// Resets a stream whose response outgrew the limit; it then fails with `responseTooLarge`.
+    private func refuseOversized(_ stream: ClientStream, streamID: Int32) {
+        stream.tooLarge = true
+        stream.responseBody = []
+        stream.headers = []
+        if let session {
+            nghttp2_submit_rst_stream(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), streamID, NGHTTP2_CANCEL.rawValue)
+            context.markDirty(self)
+        }
     }
 
     fileprivate func onFrame(_ frame: UnsafePointer<nghttp2_frame>) {

@@ -53,8 +53,8 @@ public final class HTTP2Client: Sendable {
         public var ioThreads: Int
         /// Per-stream receive window advertised to the server (default 4 MiB; the connection gets four times it).
         public var initialWindowSize: Int
-        /// Largest response body accepted (default `nil`: no limit). A bigger one resets the stream and fails the
-        /// request with `responseTooLarge`.
+        /// Largest response body accepted, and separately the largest header list (default `nil`: no limit). A
+        /// bigger one resets the stream and fails the request with `responseTooLarge`.
         public var maxResponseBodySize: Int?
         /// Whether the host may resolve to loopback, private, link-local, unspecified or other special-purpose
         /// addresses (default `true`). When `false` those addresses are skipped, and the connection goes to the very

@@ -31,6 +31,29 @@ struct ClientLimitsTests {
         }
     }
 
+    @Test("a header list over the limit fails the same way")
+    func headerCap() async throws {
+        let noisy: @Sendable (HTTP2ServerRequest) async -> HTTP2ServerResponse = { request in
+            let count = Int(request.path.dropFirst()) ?? 0
+            let headers = (0..<count).map { ("x-h\($0)", String(repeating: "v", count: 100)) }
+            return HTTP2ServerResponse(status: 200, headers: headers, body: [])
+        }
+        try await withServer(handler: noisy) { server in
+            var configuration = Fixtures.clientConfiguration(port: server.boundPort)
+            configuration.maxResponseBodySize = 4096
+            let client = try HTTP2Client(configuration)
+            #expect(try await client.send(HTTP2Request(method: "GET", path: "/10")).header("x-h9") != nil)
+            do {
+                _ = try await client.send(HTTP2Request(method: "GET", path: "/100"))
+                Issue.record("an oversized header list was accepted")
+            } catch let error as HTTP2Error {
+                #expect(error.code == .responseTooLarge)
+            }
+            #expect(try await client.send(HTTP2Request(method: "GET", path: "/1")).status == 200)
+            await client.shutdown()
+        }
+    }
+
     @Test("with special addresses refused, loopback is not connected to, literal or by name")
     func specialAddressesRefused() async throws {
         try await withServer { server in
