@@ -40,8 +40,9 @@ struct UpCommand {
                 environment["MARQUEE_SIM_APNS_LISTEN"] ?? "127.0.0.1:2197",
                 environment["MARQUEE_SIM_FCM_LISTEN"] ?? "127.0.0.1:2198",
             ]
+            // A malformed operator value is passed on as is: serve and worker then refuse it, naming the variable.
             let hosts =
-                (environment["MARQUEE_PROVIDER_HOSTS"].flatMap { ProviderHosts($0) } ?? .standard).description + ","
+                (environment["MARQUEE_PROVIDER_HOSTS"] ?? ProviderHosts.standard.description) + ","
                 + simulatorHosts.joined(separator: ",")
             serveEnvironment["MARQUEE_PROVIDER_HOSTS"] = hosts
             workerEnvironment["MARQUEE_PROVIDER_HOSTS"] = hosts
