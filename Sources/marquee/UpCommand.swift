@@ -39,7 +39,7 @@ struct UpCommand {
             let simulatorHosts = [
                 environment["MARQUEE_SIM_APNS_LISTEN"] ?? "127.0.0.1:2197",
                 environment["MARQUEE_SIM_FCM_LISTEN"] ?? "127.0.0.1:2198",
-            ]
+            ].map { $0.hasPrefix(":") ? "127.0.0.1" + $0 : $0 }  // `:port` listens on every interface, loopback too
             // A malformed operator value is passed on as is: serve and worker then refuse it, naming the variable.
             let hosts =
                 (environment["MARQUEE_PROVIDER_HOSTS"] ?? ProviderHosts.standard.description) + ","
