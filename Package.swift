@@ -88,7 +88,8 @@ let package = Package(
         .testTarget(name: "HTTP2Tests", dependencies: ["HTTP2", "Crypto"], swiftSettings: swiftSettings),
         .testTarget(name: "ObservabilityTests", dependencies: ["Observability"], swiftSettings: swiftSettings),
         .testTarget(
-            name: "MarqueeDeliveryTests", dependencies: ["MarqueeDelivery", "Crypto"], swiftSettings: swiftSettings),
+            name: "MarqueeDeliveryTests", dependencies: ["MarqueeDelivery", "MarqueeCore", "HTTP2", "Crypto"],
+            swiftSettings: swiftSettings),
         .testTarget(
             name: "ServiceLifecycleTests", dependencies: ["ServiceLifecycle", "Observability"],
             swiftSettings: swiftSettings),

@@ -25,6 +25,10 @@ final class ClientStream {
     var status: Int?
     var headers: [(String, String)] = []
     var responseBody: [UInt8] = []
+    /// Set once the response outgrew the limit and the stream was reset.
+    var tooLarge = false
+    /// Bytes of header names and values received so far.
+    var headerBytes = 0
 
     init(body: [UInt8]) { self.body = body }
 }
@@ -131,14 +135,15 @@ final class ClientConnection: TLSConnection, LoopHandler {
         phase = .resolving
         let host = core.configuration.host
         let port = core.configuration.port
+        let special = core.configuration.allowsSpecialAddresses
         let loop = context.loop
         let id = self.id
         if isIPAddress(host) {
-            connected(to: resolve(host: host, port: port))
+            connected(to: resolve(host: host, port: port, allowsSpecialAddresses: special))
             return
         }
         DispatchQueue.global().async {
-            let result = resolve(host: host, port: port)
+            let result = resolve(host: host, port: port, allowsSpecialAddresses: special)
             loop.execute { context in
                 (context.object(id: id) as? ClientConnection)?.connected(to: result)
             }
@@ -377,7 +382,13 @@ final class ClientConnection: TLSConnection, LoopHandler {
     // MARK: nghttp2 callbacks (via the free functions below)
 
     fileprivate func onHeader(streamID: Int32, name: String, value: String) {
-        guard let stream = streams[streamID] else { return }
+        guard let stream = streams[streamID], !stream.tooLarge else { return }
+        stream.headerBytes += name.utf8.count + value.utf8.count
+        // Headers count against the same limit as the body: a hostile server cannot grow them without bound.
+        if let limit = core.configuration.maxResponseBodySize, stream.headerBytes > limit {
+            refuseOversized(stream, streamID: streamID)
+            return
+        }
         if name == ":status" {
             stream.status = Int(value)
         } else if !name.hasPrefix(":") {
@@ -386,8 +397,23 @@ final class ClientConnection: TLSConnection, LoopHandler {
     }
 
     fileprivate func onData(streamID: Int32, _ data: UnsafePointer<UInt8>?, _ length: Int) {
-        guard let data, let stream = streams[streamID] else { return }
+        guard let data, let stream = streams[streamID], !stream.tooLarge else { return }
+        if let limit = core.configuration.maxResponseBodySize, stream.responseBody.count + length > limit {
+            refuseOversized(stream, streamID: streamID)
+            return
+        }
         stream.responseBody.append(contentsOf: UnsafeBufferPointer(start: data, count: length))
+    }
+
+    /// Resets a stream whose response outgrew the limit; it then fails with `responseTooLarge`.
+    private func refuseOversized(_ stream: ClientStream, streamID: Int32) {
+        stream.tooLarge = true
+        stream.responseBody = []
+        stream.headers = []
+        if let session {
+            nghttp2_submit_rst_stream(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), streamID, NGHTTP2_CANCEL.rawValue)
+            context.markDirty(self)
+        }
     }
 
     fileprivate func onFrame(_ frame: UnsafePointer<nghttp2_frame>) {
@@ -411,7 +437,12 @@ final class ClientConnection: TLSConnection, LoopHandler {
     }
 
     fileprivate func onStreamClose(streamID: Int32, errorCode: UInt32) {
-        run(machine.streamClosed(streamID: streamID, errorCode: HTTP2ErrorCode(rawValue: errorCode), now: .now))
+        let tooLarge =
+            streams[streamID]?.tooLarge == true
+            ? HTTP2Error(.responseTooLarge, "the response body exceeded the limit", mayHaveBeenProcessed: true) : nil
+        run(
+            machine.streamClosed(
+                streamID: streamID, errorCode: HTTP2ErrorCode(rawValue: errorCode), now: .now, failing: tooLarge))
         streams.removeValue(forKey: streamID)
     }
 
@@ -469,19 +500,69 @@ private func clientReadBody(
     connection(user).readBody(streamID: streamID, buffer, length, flags)
 }
 
-/// Resolves `host:port` (blocking; called off the loop thread for names).
-func resolve(host: String, port: Int) -> Result<ResolvedAddress, HTTP2Error> {
+/// Resolves `host:port` (blocking; called off the loop thread for names). With `allowsSpecialAddresses` false, the
+/// first public address is chosen, and none is an `addressRefused` error.
+func resolve(host: String, port: Int, allowsSpecialAddresses: Bool = true) -> Result<ResolvedAddress, HTTP2Error> {
     var hints = addrinfo()
     hints.ai_family = AF_UNSPEC
     hints.ai_socktype = Int32(SOCK_STREAM.rawValue)
     hints.ai_flags = AI_NUMERICSERV
     var list: UnsafeMutablePointer<addrinfo>?
     let status = getaddrinfo(host, String(port), &hints, &list)
-    guard status == 0, let first = list else {
+    guard status == 0, list != nil else {
         return .failure(
             HTTP2Error(.connectFailed, "cannot resolve the host", details: String(cString: gai_strerror(status))))
     }
     defer { freeaddrinfo(list) }
-    let bytes = [UInt8](UnsafeRawBufferPointer(start: first.pointee.ai_addr, count: Int(first.pointee.ai_addrlen)))
-    return .success(ResolvedAddress(bytes: bytes, family: first.pointee.ai_family))
+    var next = list
+    while let entry = next {
+        next = entry.pointee.ai_next
+        let bytes = [UInt8](UnsafeRawBufferPointer(start: entry.pointee.ai_addr, count: Int(entry.pointee.ai_addrlen)))
+        let address = ResolvedAddress(bytes: bytes, family: entry.pointee.ai_family)
+        if allowsSpecialAddresses || !address.isSpecialPurpose { return .success(address) }
+    }
+    return .failure(HTTP2Error(.addressRefused, "the host resolves only to special-purpose addresses"))
+}
+
+extension ResolvedAddress {
+    /// The raw IP address (4 or 16 bytes) inside the socket address.
+    var ipBytes: [UInt8] {
+        if family == AF_INET, bytes.count >= 8 { return Array(bytes[4..<8]) }
+        if family == AF_INET6, bytes.count >= 24 { return Array(bytes[8..<24]) }
+        return []
+    }
+
+    /// Whether the address is loopback, private, link-local, unspecified, shared, multicast, reserved or otherwise
+    /// not a public unicast address (IPv4-mapped IPv6 addresses are judged as IPv4).
+    var isSpecialPurpose: Bool { isSpecialPurposeIP(ipBytes) }
+}
+
+/// Whether a 4- or 16-byte IP address is special-purpose (see `ResolvedAddress.isSpecialPurpose`); anything else is.
+func isSpecialPurposeIP(_ ip: [UInt8]) -> Bool {
+    if ip.count == 4 {
+        let (a, b) = (ip[0], ip[1])
+        return a == 0 || a == 10 || a == 127 || a >= 224  // this network, private, loopback, multicast, reserved
+            || (a == 100 && b >= 64 && b <= 127)  // shared address space (CGNAT)
+            || (a == 169 && b == 254)  // link-local
+            || (a == 172 && b >= 16 && b <= 31)  // private
+            || (a == 192 && b == 168)  // private
+            || (a == 192 && b == 0 && (ip[2] == 0 || ip[2] == 2))  // IETF protocol assignments, TEST-NET-1
+            || (a == 198 && (b == 18 || b == 19))  // benchmarking
+            || (a == 198 && b == 51 && ip[2] == 100) || (a == 203 && b == 0 && ip[2] == 113)  // TEST-NET-2/3
+    }
+    guard ip.count == 16 else { return true }
+    if ip[0..<10].allSatisfy({ $0 == 0 }) && ip[10] == 0xff && ip[11] == 0xff {
+        return isSpecialPurposeIP(Array(ip[12..<16]))  // IPv4-mapped
+    }
+    if ip[0..<15].allSatisfy({ $0 == 0 }) { return true }  // :: and ::1
+    if ip[0..<12].allSatisfy({ $0 == 0 }) { return true }  // IPv4-compatible (deprecated)
+    if ip[0] & 0xfe == 0xfc { return true }  // unique local fc00::/7
+    if ip[0] == 0xfe && ip[1] & 0xc0 == 0x80 { return true }  // link-local fe80::/10
+    if ip[0] == 0xfe && ip[1] & 0xc0 == 0xc0 { return true }  // site-local fec0::/10
+    if ip[0] == 0xff { return true }  // multicast
+    if ip[0] == 0x20 && ip[1] == 0x01 && ip[2] == 0x0d && ip[3] == 0xb8 { return true }  // documentation
+    if ip[0] == 0x00 && ip[1] == 0x64 && ip[2] == 0xff && ip[3] == 0x9b { return true }  // NAT64 64:ff9b::/96
+    if ip[0] == 0x20 && ip[1] == 0x02 { return true }  // 6to4 (embeds any IPv4)
+    if ip[0] == 0x20 && ip[1] == 0x01 && ip[2] == 0x00 && ip[3] == 0x00 { return true }  // Teredo
+    return false
 }

@@ -220,11 +220,14 @@ struct ConnectionStateMachine<Payload> {
     /// A stream closed: `noError` completes it, REFUSED_STREAM retries it, anything else fails it. Unknown streams
     /// (already timed out or retried) are ignored.
     mutating func streamClosed(
-        streamID: Int32, errorCode: HTTP2ErrorCode, now: ContinuousClock.Instant
+        streamID: Int32, errorCode: HTTP2ErrorCode, now: ContinuousClock.Instant, failing error: HTTP2Error? = nil
     ) -> [ConnectionAction<Payload>] {
         guard let entry = inFlight.removeValue(forKey: streamID) else { return [] }
         var actions: [ConnectionAction<Payload>] = []
         switch errorCode {
+        case _ where error != nil:
+            // We reset the stream ourselves (e.g. its response grew past the limit): fail it with our reason.
+            actions.append(.fail(entry, error!))
         case .noError:
             actions.append(.succeed(entry, streamID: streamID))
         case .refusedStream:

@@ -53,6 +53,13 @@ public final class HTTP2Client: Sendable {
         public var ioThreads: Int
         /// Per-stream receive window advertised to the server (default 4 MiB; the connection gets four times it).
         public var initialWindowSize: Int
+        /// Largest response body accepted, and separately the largest header list (default `nil`: no limit). A
+        /// bigger one resets the stream and fails the request with `responseTooLarge`.
+        public var maxResponseBodySize: Int?
+        /// Whether the host may resolve to loopback, private, link-local, unspecified or other special-purpose
+        /// addresses (default `true`). When `false` those addresses are skipped, and the connection goes to the very
+        /// address that was checked (no second lookup).
+        public var allowsSpecialAddresses: Bool
 
         /// Creates a configuration with the documented defaults.
         public init(
@@ -61,7 +68,7 @@ public final class HTTP2Client: Sendable {
             requestTimeout: Duration = .seconds(30), pingInterval: Duration? = .seconds(60),
             pingTimeout: Duration = .seconds(10), idleTimeout: Duration? = .seconds(300),
             backoff: Backoff = Backoff(), maxRetries: Int = 3, ioThreads: Int = 1,
-            initialWindowSize: Int = 4 << 20
+            initialWindowSize: Int = 4 << 20, maxResponseBodySize: Int? = nil, allowsSpecialAddresses: Bool = true
         ) {
             self.host = host
             self.port = port
@@ -77,6 +84,8 @@ public final class HTTP2Client: Sendable {
             self.maxRetries = maxRetries
             self.ioThreads = ioThreads
             self.initialWindowSize = initialWindowSize
+            self.maxResponseBodySize = maxResponseBodySize
+            self.allowsSpecialAddresses = allowsSpecialAddresses
         }
     }
 

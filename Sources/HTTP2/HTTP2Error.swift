@@ -83,6 +83,11 @@ public struct HTTP2Error: Error, Sendable, CustomStringConvertible, CustomDebugS
         public static let queueFull = Code("http2.queue_full")
         /// The client or server is shutting down.
         public static let shutdown = Code("http2.shutdown")
+        /// The response body grew past `maxResponseBodySize`; the stream was reset.
+        public static let responseTooLarge = Code("http2.response_too_large")
+        /// Every address the host resolved to is a special one (loopback, private, link-local, …) and the client
+        /// was told to refuse those.
+        public static let addressRefused = Code("http2.address_refused")
         /// A configuration value (certificate, key, CA file, address) is unusable.
         public static let invalidConfiguration = Code("http2.invalid_configuration")
     }

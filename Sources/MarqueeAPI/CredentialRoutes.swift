@@ -8,6 +8,8 @@ import MarqueeStore
 struct CredentialRoutes: Sendable {
     let authenticator: Authenticator
     let credentials: CredentialStore
+    /// The operator's allowlist for `endpoint` and `token_uri`.
+    let providerHosts: ProviderHosts
 
     func register(in router: inout Router) {
         router.add(.PUT, "/v1/credentials/apns", guarded(putAPNs))
@@ -38,7 +40,7 @@ struct CredentialRoutes: Sendable {
         guard environment == "sandbox" || environment == "production" else {
             throw ValidationError(field: "environment", reason: "must be sandbox or production")
         }
-        let endpoint = try Self.httpsURL(body.string("endpoint"), field: "endpoint")
+        let endpoint = try allowed(Self.httpsURL(body.string("endpoint"), field: "endpoint"), field: "endpoint")
         let info = try await credentials.putAPNs(
             tenant: principal.tenantID,
             APNsCredentialInput(
@@ -80,10 +82,12 @@ struct CredentialRoutes: Sendable {
         }
         let privateKeyID = try account.string("private_key_id", maxLength: 200)
         let tokenURI =
-            try Self.httpsURL(body.string("token_uri"), field: "token_uri")
-            ?? Self.httpsURL(account.string("token_uri"), field: "service_account.token_uri")
+            try allowed(Self.httpsURL(body.string("token_uri"), field: "token_uri"), field: "token_uri")
+            ?? allowed(
+                Self.httpsURL(account.string("token_uri"), field: "service_account.token_uri"),
+                field: "service_account.token_uri")
             ?? "https://oauth2.googleapis.com/token"
-        let endpoint = try Self.httpsURL(body.string("endpoint"), field: "endpoint")
+        let endpoint = try allowed(Self.httpsURL(body.string("endpoint"), field: "endpoint"), field: "endpoint")
         let info = try await credentials.putFCM(
             tenant: principal.tenantID,
             FCMCredentialInput(
@@ -120,6 +124,17 @@ struct CredentialRoutes: Sendable {
                             || $0 == 0x2D
                     }
             }
+    }
+
+    /// `url` itself when its host (and port) is in `MARQUEE_PROVIDER_HOSTS`; a 422 naming `field` otherwise.
+    func allowed(_ url: String?, field: String) throws(ValidationError) -> String? {
+        guard let url else { return nil }
+        if providerHosts.check(url: url) != nil {
+            throw ValidationError(
+                .endpointNotAllowed, field: field,
+                reason: "must point at a host the operator allows (MARQUEE_PROVIDER_HOSTS)")
+        }
+        return url
     }
 
     /// An `https://host[:port][/path]` URL: plain HTTP is never accepted, TLS verification is always on.

@@ -1,6 +1,7 @@
 import Crypto
 import Foundation
 import HTTPServer
+import MarqueeCore
 import MarqueeStore
 import Observability
 import PostgresClient
@@ -20,7 +21,7 @@ public struct MarqueeAPI: Sendable {
     public init(
         pool: PostgresPool, migrator: Migrator, keyRing: SealingKeyRing, adminToken: String?,
         keyCacheTTL: Duration = .seconds(5), groupCommit: GroupCommitter.Configuration = .init(),
-        metrics: MetricsRegistry, logger: Logger
+        providerHosts: ProviderHosts = .standard, metrics: MetricsRegistry, logger: Logger
     ) {
         let database = TenantDatabase(pool: pool)
         let tenants = TenantStore(database: database, keyRing: keyRing)
@@ -29,7 +30,8 @@ public struct MarqueeAPI: Sendable {
         system = SystemRoutes(pool: pool, migrator: migrator, metrics: metrics, logger: logger)
         admin = AdminRoutes(authenticator: authenticator, tenants: tenants)
         credentials = CredentialRoutes(
-            authenticator: authenticator, credentials: CredentialStore(database: database, keyRing: keyRing))
+            authenticator: authenticator, credentials: CredentialStore(database: database, keyRing: keyRing),
+            providerHosts: providerHosts)
         activityTypes = ActivityTypeRoutes(authenticator: authenticator, registry: registryStore)
         registry = RegistryRoutes(authenticator: authenticator, registry: registryStore, tenants: tenants)
         compat = CompatRoutes(

@@ -77,6 +77,9 @@ public struct MarqueeConfiguration: Sendable, Equatable {
     public var metricsListen: ListenAddress
     /// `MARQUEE_CA_FILE`: an extra CA certificate file (PEM) to trust for APNs/FCM, besides the system store.
     public var caFile: String?
+    /// `MARQUEE_PROVIDER_HOSTS`: where tenants' credential endpoints and FCM `token_uri` may point, as `host` or
+    /// `host:port` entries separated by commas. Default: Apple's and Google's hosts (`ProviderHosts.defaultHosts`).
+    public var providerHosts: ProviderHosts
     /// `MARQUEE_WORKERS`: worker processes `marquee up` runs. Default: the number of cores.
     public var workers: Int
     /// `MARQUEE_WORKER_BATCH`: deliveries per claim. Default 256.
@@ -211,6 +214,17 @@ public struct MarqueeConfiguration: Sendable, Equatable {
         caFile = value("MARQUEE_CA_FILE")
         if let caFile, !FileManager.default.isReadableFile(atPath: caFile) {
             problems.append(Problem(variable: "MARQUEE_CA_FILE", reason: "is not a readable file"))
+        }
+        providerHosts = .standard
+        if let text = value("MARQUEE_PROVIDER_HOSTS") {
+            if let hosts = ProviderHosts(text) {
+                providerHosts = hosts
+            } else {
+                problems.append(
+                    Problem(
+                        variable: "MARQUEE_PROVIDER_HOSTS",
+                        reason: "must be host or host:port entries separated by commas"))
+            }
         }
         workers = integer(
             "MARQUEE_WORKERS", default: max(1, ProcessInfo.processInfo.activeProcessorCount), range: 0...64)

@@ -111,9 +111,40 @@ public enum APNsReason: Sendable, Equatable, CustomStringConvertible {
         }
     }
 
-    /// Classifies an APNs answer. `status` is the HTTP status; `timestamp` is a 410's `timestamp` (ms since 1970).
+    /// Classifies a raw APNs answer: `body` is the response body (JSON for errors), `retryAfter` the `Retry-After`
+    /// header. Every number in it goes through `ProviderNumbers` (clamped or ignored, never trapping).
+    public static func decide(
+        status: Int, body: [UInt8], apnsID: String?, retryAfter header: String?, now: Date = Date()
+    ) -> DeliveryDecision {
+        var reason: APNsReason?
+        var unregisteredAt: Date?
+        if status != 200, body.count <= 65_536, let json = try? JSONValue.parse(body) {
+            reason = json["reason"]?.stringValue.map {
+                ProviderNumbers.reasonText($0).map(APNsReason.init) ?? .unknown("unreadable")
+            }
+            unregisteredAt = ProviderNumbers.timestamp(milliseconds: json["timestamp"], now: now)
+        }
+        return decide(
+            status: status, reason: reason, unregisteredAt: unregisteredAt,
+            apnsID: apnsID.flatMap { $0.utf8.count <= 64 ? $0 : nil },
+            retryAfter: ProviderNumbers.retryAfter(header, now: now))
+    }
+
+    /// Classifies an APNs answer. `status` is the HTTP status; `timestamp` is a 410's `timestamp` (ms since 1970),
+    /// ignored when outside `ProviderNumbers`' sane range.
     public static func decide(
         status: Int, reason: APNsReason?, timestamp: Int64?, apnsID: String?, retryAfter: Duration?
+    )
+        -> DeliveryDecision
+    {
+        decide(
+            status: status, reason: reason,
+            unregisteredAt: ProviderNumbers.timestamp(milliseconds: timestamp.map(JSONValue.int)), apnsID: apnsID,
+            retryAfter: retryAfter)
+    }
+
+    static func decide(
+        status: Int, reason: APNsReason?, unregisteredAt: Date?, apnsID: String?, retryAfter: Duration?
     )
         -> DeliveryDecision
     {
@@ -123,8 +154,7 @@ public enum APNsReason: Sendable, Equatable, CustomStringConvertible {
         case (400, .badDeviceToken?), (400, .deviceTokenNotForTopic?):
             return .retireToken(reason: text, unregisteredAt: nil)
         case (410, _):
-            return .retireToken(
-                reason: text, unregisteredAt: timestamp.map { Date(timeIntervalSince1970: Double($0) / 1000) })
+            return .retireToken(reason: text, unregisteredAt: unregisteredAt)
         case (403, .expiredProviderToken?):
             return .refreshProviderToken(reason: text)
         case (403, _):
@@ -164,8 +194,14 @@ public struct RetryPolicy: Sendable, Equatable {
         let ceiling = min(Self.seconds(initialDelay) * pow(2, Double(exponent)), Self.seconds(maximumDelay))
         // Half fixed, half jitter: spreads retries without letting them collapse to zero.
         var seconds = ceiling / 2 + random() * ceiling / 2
-        if let retryAfter { seconds = max(seconds, Self.seconds(retryAfter)) }
-        return .milliseconds(Int64(seconds * 1000))
+        if let retryAfter {
+            // Clamped again here, so no caller can make the conversion below trap.
+            let limit = Self.seconds(ProviderNumbers.maximumRetryAfter)
+            let floor = Self.seconds(retryAfter)
+            seconds = max(seconds, floor.isFinite ? min(max(floor, 0), limit) : 0)
+        }
+        guard seconds.isFinite else { return maximumDelay }
+        return .milliseconds(Int64(min(max(seconds, 0), 1e9) * 1000))
     }
 
     static func seconds(_ d: Duration) -> Double {

@@ -46,14 +46,28 @@ public enum FCMErrorCode: Sendable, Equatable, CustomStringConvertible {
         }
     }
 
+    /// Classifies a raw FCM `messages:send` answer: `body` is the response body, `retryAfter` the `Retry-After`
+    /// header (clamped by `ProviderNumbers`).
+    public static func decide(status: Int, body: [UInt8], retryAfter header: String?, now: Date = Date())
+        -> DeliveryDecision
+    {
+        decide(
+            status: status, body: body.count <= 65_536 ? try? JSONValue.parse(body) : nil,
+            retryAfter: ProviderNumbers.retryAfter(header, now: now))
+    }
+
     /// Classifies an FCM `messages:send` answer. `body` is the response JSON (for errors: `{"error": {…}}`).
     /// A 401 asks for a refreshed access token; the caller turns a second 401 into a broken credential.
     public static func decide(status: Int, body: JSONValue?, retryAfter: Duration?) -> DeliveryDecision {
-        if status == 200 { return .sent(providerID: body?["name"]?.stringValue) }
+        if status == 200 {
+            return .sent(providerID: body?["name"]?.stringValue.flatMap { $0.utf8.count <= 256 ? $0 : nil })
+        }
         let error = body?["error"]
         let statusText = error?["status"]?.stringValue
         let detailCode = error?["details"]?.arrayValue?.lazy.compactMap { $0["errorCode"]?.stringValue }.first
-        let code = FCMErrorCode(detailCode ?? statusText ?? "HTTP \(status)")
+        let code = FCMErrorCode(
+            ProviderNumbers.reasonText(detailCode ?? statusText) ?? (detailCode ?? statusText).map { _ in "unreadable" }
+                ?? "HTTP \(status)")
         let reason = code.description
         switch code {
         case .unregistered, .senderIDMismatch:
@@ -87,5 +101,41 @@ public enum FCMErrorCode: Sendable, Equatable, CustomStringConvertible {
             }
         }
         return false
+    }
+}
+
+/// What Google's OAuth2 token endpoint (or the tenant's allowed `token_uri`) answered to a JWT-bearer exchange.
+public enum OAuthTokenAnswer: Sendable, Equatable {
+    /// An access token and its lifetime in seconds (clamped by `ProviderNumbers.tokenLifetime`).
+    case token(String, lifetime: TimeInterval)
+    /// No token: what to do with the delivery that needed it.
+    case failed(DeliveryDecision)
+
+    /// OAuth2 error codes that reject the service account itself (RFC 6749 §5.2).
+    static let rejections: Set<String> = [
+        "invalid_grant", "invalid_client", "unauthorized_client", "invalid_scope", "invalid_request",
+        "unsupported_grant_type", "access_denied",
+    ]
+
+    /// Classifies a token-endpoint answer. Only a definite rejection (a 400/401/403, or another 4xx naming an OAuth2
+    /// error) breaks the credential; 408, 429, 5xx and anything unreadable are passing and retried, honouring a
+    /// clamped `Retry-After`.
+    public static func decide(status: Int, body: [UInt8], retryAfter header: String?, now: Date = Date())
+        -> OAuthTokenAnswer
+    {
+        let json = body.count <= 65_536 ? try? JSONValue.parse(body) : nil
+        if status == 200, let token = json?["access_token"]?.stringValue, (1...8192).contains(token.utf8.count) {
+            return .token(token, lifetime: ProviderNumbers.tokenLifetime(json?["expires_in"]))
+        }
+        let code = json?["error"]?.stringValue.flatMap { rejections.contains($0) ? $0 : nil }
+        switch status {
+        case 400, 401, 403:
+            return .failed(.credentialBroken(reason: "oauth_" + (code ?? "rejected")))
+        case 400..<500 where status != 408 && status != 429 && code != nil:
+            return .failed(.credentialBroken(reason: "oauth_" + code!))
+        default:
+            return .failed(
+                .retry(reason: "oauth_unavailable", retryAfter: ProviderNumbers.retryAfter(header, now: now)))
+        }
     }
 }

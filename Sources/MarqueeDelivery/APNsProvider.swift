@@ -2,6 +2,7 @@ import Crypto
 import Foundation
 import HTTP2
 import MarqueeCore
+import Observability
 import Synchronization
 
 /// One push to APNs.
@@ -58,22 +59,38 @@ public final class APNsProvider: Sendable {
         public var connectionsPerHost: Int
         /// Per-request deadline. Default 30 s.
         public var requestTimeout: Duration
+        /// `MARQUEE_PROVIDER_HOSTS`: the only hosts connected to. Default: Apple's and Google's.
+        public var allowedHosts: ProviderHosts
+        /// Host pools kept at once (one I/O thread and TLS context each). Default 32.
+        public var maxHosts: Int
+        /// A host pool unused for this long is closed. Default 5 minutes.
+        public var hostIdleTimeout: Duration
 
-        public init(caFile: String? = nil, connectionsPerHost: Int = 2, requestTimeout: Duration = .seconds(30)) {
+        public init(
+            caFile: String? = nil, connectionsPerHost: Int = 2, requestTimeout: Duration = .seconds(30),
+            allowedHosts: ProviderHosts = .standard, maxHosts: Int = 32, hostIdleTimeout: Duration = .seconds(300)
+        ) {
             self.caFile = caFile
             self.connectionsPerHost = connectionsPerHost
             self.requestTimeout = requestTimeout
+            self.allowedHosts = allowedHosts
+            self.maxHosts = maxHosts
+            self.hostIdleTimeout = hostIdleTimeout
         }
     }
 
     private let configuration: Configuration
     private let connections: ProviderConnections
+    private let logger: Logger?
 
-    public init(configuration: Configuration) {
+    public init(configuration: Configuration, logger: Logger? = nil) {
         self.configuration = configuration
+        self.logger = logger
         self.connections = ProviderConnections(
-            caFile: configuration.caFile, connectionsPerHost: configuration.connectionsPerHost,
-            requestTimeout: configuration.requestTimeout)
+            .init(
+                caFile: configuration.caFile, connectionsPerHost: configuration.connectionsPerHost,
+                requestTimeout: configuration.requestTimeout, allowedHosts: configuration.allowedHosts,
+                maxHosts: configuration.maxHosts, idleTimeout: configuration.hostIdleTimeout))
     }
 
     /// Open connections and streams across all hosts, for metrics.
@@ -82,10 +99,10 @@ public final class APNsProvider: Sendable {
     /// Sends one push and classifies the answer. An `ExpiredProviderToken` refreshes the token once and retries.
     public func send(_ push: APNsPush, to target: APNsTarget) async -> DeliveryDecision {
         do {
-            let client = try connections.client(host: target.host, port: target.port)
             var token = try target.tokens.token()
             for attempt in 0..<2 {
-                let response = try await client.send(request(push, providerToken: token))
+                let response = try await connections.send(
+                    request(push, providerToken: token), host: target.host, port: target.port)
                 let decision = Self.decide(response)
                 if case .refreshProviderToken = decision, attempt == 0 {
                     token = try target.tokens.refresh(rejected: token)
@@ -95,12 +112,11 @@ public final class APNsProvider: Sendable {
                 return decision
             }
             return .retry(reason: "provider token refresh loop", retryAfter: nil)
-        } catch let error as HTTP2Error {
-            return .retry(reason: "transport: \(error.code)", retryAfter: nil)
         } catch let error as CryptoError {
             return .credentialBroken(reason: "signing failed: \(error.code)")
         } catch {
-            return .retry(reason: "transport", retryAfter: nil)
+            return TransportFailure.decision(
+                error, provider: "apns", host: target.host, port: target.port, logger: logger)
         }
     }
 
@@ -115,18 +131,11 @@ public final class APNsProvider: Sendable {
             ], body: push.payload, timeout: configuration.requestTimeout)
     }
 
-    /// Maps an APNs response to a decision.
+    /// Maps an APNs response to a decision (every provider number clamped in `MarqueeCore`).
     static func decide(_ response: HTTP2Response) -> DeliveryDecision {
-        var reason: APNsReason?
-        var timestamp: Int64?
-        if response.status != 200, let body = try? JSONValue.parse(response.body) {
-            reason = body["reason"]?.stringValue.map(APNsReason.init)
-            timestamp = body["timestamp"]?.intValue
-        }
-        let retryAfter = response.header("retry-after").flatMap(Int64.init).map { Duration.seconds($0) }
-        return APNsReason.decide(
-            status: response.status, reason: reason, timestamp: timestamp, apnsID: response.header("apns-id"),
-            retryAfter: retryAfter)
+        APNsReason.decide(
+            status: response.status, body: response.body, apnsID: response.header("apns-id"),
+            retryAfter: response.header("retry-after"))
     }
 
     /// Closes every connection after in-flight requests finish.

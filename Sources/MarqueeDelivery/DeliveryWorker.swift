@@ -415,9 +415,9 @@ final class CredentialCache: Sendable {
         }
         let pem = try keyRing.open(sealed, associatedData: CredentialStore.context(tenant, "apns"))
         let key = try ES256PrivateKey(pem: String(decoding: pem, as: UTF8.self))
-        guard let endpoint = APNsTarget.endpoint(environment: info.environment, override: info.endpoint) else {
-            return nil
-        }
+        // An unusable override (written around the API) gets no host: the provider refuses it as endpoint_not_allowed.
+        let endpoint =
+            APNsTarget.endpoint(environment: info.environment, override: info.endpoint) ?? (host: "", port: 0)
         let entry = APNs(
             target: APNsTarget(
                 host: endpoint.host, port: endpoint.port,

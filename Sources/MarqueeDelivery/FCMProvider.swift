@@ -2,6 +2,7 @@ import Crypto
 import Foundation
 import HTTP2
 import MarqueeCore
+import Observability
 import Synchronization
 
 /// A tenant's FCM service account, as the worker needs it.
@@ -104,11 +105,12 @@ public final class FCMAccessTokens: Sendable {
     }
 }
 
-/// An FCM token-endpoint failure.
+/// An FCM token-endpoint failure, already classified (`OAuthTokenAnswer`).
 public struct FCMAuthError: Error, Sendable, CustomStringConvertible {
     public var status: Int
-    public var error: String
-    public var description: String { "token endpoint answered \(status) \(error)" }
+    /// What the delivery that needed the token should do.
+    public var decision: DeliveryDecision
+    public var description: String { "token endpoint answered \(status): \(decision)" }
 }
 
 /// Sends Android Live Update data messages through FCM HTTP v1 over the shared HTTP/2 pools.
@@ -117,22 +119,38 @@ public final class FCMProvider: Sendable {
         public var caFile: String?
         public var connectionsPerHost: Int
         public var requestTimeout: Duration
+        /// `MARQUEE_PROVIDER_HOSTS`: the only hosts connected to (FCM endpoints and token URIs alike).
+        public var allowedHosts: ProviderHosts
+        /// Host pools kept at once (one I/O thread and TLS context each). Default 32.
+        public var maxHosts: Int
+        /// A host pool unused for this long is closed. Default 5 minutes.
+        public var hostIdleTimeout: Duration
 
-        public init(caFile: String? = nil, connectionsPerHost: Int = 2, requestTimeout: Duration = .seconds(30)) {
+        public init(
+            caFile: String? = nil, connectionsPerHost: Int = 2, requestTimeout: Duration = .seconds(30),
+            allowedHosts: ProviderHosts = .standard, maxHosts: Int = 32, hostIdleTimeout: Duration = .seconds(300)
+        ) {
             self.caFile = caFile
             self.connectionsPerHost = connectionsPerHost
             self.requestTimeout = requestTimeout
+            self.allowedHosts = allowedHosts
+            self.maxHosts = maxHosts
+            self.hostIdleTimeout = hostIdleTimeout
         }
     }
 
     private let configuration: Configuration
     private let connections: ProviderConnections
+    private let logger: Logger?
 
-    public init(configuration: Configuration) {
+    public init(configuration: Configuration, logger: Logger? = nil) {
         self.configuration = configuration
+        self.logger = logger
         self.connections = ProviderConnections(
-            caFile: configuration.caFile, connectionsPerHost: configuration.connectionsPerHost,
-            requestTimeout: configuration.requestTimeout)
+            .init(
+                caFile: configuration.caFile, connectionsPerHost: configuration.connectionsPerHost,
+                requestTimeout: configuration.requestTimeout, allowedHosts: configuration.allowedHosts,
+                maxHosts: configuration.maxHosts, idleTimeout: configuration.hostIdleTimeout))
     }
 
     /// An access-token cache for `account` (one per tenant credential; the worker keeps them).
@@ -144,12 +162,12 @@ public final class FCMProvider: Sendable {
 
     public var statistics: (connections: Int, streams: Int) { connections.statistics }
 
-    func client(for url: String) throws -> (HTTP2Client, path: String) {
+    /// The host, port and request path of an `https` URL; `hostNotAllowed` for anything else.
+    static func target(_ url: String) throws -> (host: String, port: Int, path: String) {
         guard let components = URLComponents(string: url), components.scheme == "https", let host = components.host
-        else { throw FCMAuthError(status: 0, error: "not an https URL") }
-        let client = try connections.client(host: host, port: components.port ?? 443)
+        else { throw ProviderConnectionError.hostNotAllowed }
         let path = components.percentEncodedPath.isEmpty ? "/" : components.percentEncodedPath
-        return (client, path + (components.percentEncodedQuery.map { "?" + $0 } ?? ""))
+        return (host, components.port ?? 443, path + (components.percentEncodedQuery.map { "?" + $0 } ?? ""))
     }
 
     /// The JWT-bearer exchange: an RS256 assertion for `account` → an access token and its expiry.
@@ -165,17 +183,23 @@ public final class FCMProvider: Sendable {
         let form =
             "grant_type=" + Self.formEncode("urn:ietf:params:oauth:grant-type:jwt-bearer") + "&assertion="
             + Self.formEncode(assertion)
-        let (client, path) = try client(for: account.tokenURI)
-        let response = try await client.send(
+        let target = try Self.target(account.tokenURI)
+        let response = try await connections.send(
             HTTP2Request(
-                method: "POST", path: path, headers: [("content-type", "application/x-www-form-urlencoded")],
-                body: Array(form.utf8)))
-        let body = try? JSONValue.parse(response.body)
-        guard response.status == 200, let token = body?["access_token"]?.stringValue else {
-            throw FCMAuthError(status: response.status, error: body?["error"]?.stringValue ?? "no access_token")
+                method: "POST", path: target.path, headers: [("content-type", "application/x-www-form-urlencoded")],
+                body: Array(form.utf8), timeout: configuration.requestTimeout),
+            host: target.host, port: target.port)
+        switch OAuthTokenAnswer.decide(
+            status: response.status, body: response.body, retryAfter: response.header("retry-after"))
+        {
+        case .token(let token, let lifetime):
+            return (token, Date(timeIntervalSince1970: Double(iat) + lifetime))
+        case .failed(let decision):
+            logger?.warning(
+                "token endpoint refused the exchange",
+                metadata: ["fcm.project": .string(account.projectID), "http.status": .int(response.status)])
+            throw FCMAuthError(status: response.status, decision: decision)
         }
-        let lifetime = body?["expires_in"]?.doubleValue ?? 3600
-        return (token, Date(timeIntervalSince1970: Double(iat) + lifetime))
     }
 
     /// Sends one message. A 401 refreshes the access token once and retries; a second 401 breaks the credential.
@@ -187,21 +211,25 @@ public final class FCMProvider: Sendable {
         let account = tokens.account
         let body = FCMMessage.body(token: token, data: data, ttlSeconds: ttlSeconds, collapseKey: collapseKey)
         do {
-            let (client, _) = try client(for: account.endpoint)
+            let target = try Self.target(account.endpoint)
             let basePath = URLComponents(string: account.endpoint)?.percentEncodedPath ?? ""
             let path =
                 (basePath.hasSuffix("/") ? String(basePath.dropLast()) : basePath)
                 + "/v1/projects/\(account.projectID)/messages:send"
+            // Checked before the token exchange too, so a refused endpoint never costs a token.
+            guard configuration.allowedHosts.allows(host: target.host, port: target.port) else {
+                throw ProviderConnectionError.hostNotAllowed
+            }
             var accessToken = try await tokens.token()
             for attempt in 0..<2 {
-                let response = try await client.send(
+                let response = try await connections.send(
                     HTTP2Request(
                         method: "POST", path: path,
                         headers: [("authorization", "Bearer " + accessToken), ("content-type", "application/json")],
-                        body: body.bytes, timeout: configuration.requestTimeout))
-                let retryAfter = response.header("retry-after").flatMap(Int64.init).map { Duration.seconds($0) }
+                        body: body.bytes, timeout: configuration.requestTimeout),
+                    host: target.host, port: target.port)
                 let decision = FCMErrorCode.decide(
-                    status: response.status, body: try? JSONValue.parse(response.body), retryAfter: retryAfter)
+                    status: response.status, body: response.body, retryAfter: response.header("retry-after"))
                 if case .refreshProviderToken(let reason) = decision {
                     if attempt == 0 {
                         accessToken = try await tokens.token(rejecting: accessToken)
@@ -213,13 +241,14 @@ public final class FCMProvider: Sendable {
             }
             return .retry(reason: "token refresh loop", retryAfter: nil)
         } catch let error as FCMAuthError {
-            // 400 invalid_grant and friends: the service account itself is refused.
-            if (400..<500).contains(error.status) { return .credentialBroken(reason: "oauth: \(error.error)") }
-            return .retry(reason: "oauth: \(error.error)", retryAfter: nil)
-        } catch let error as HTTP2Error {
-            return .retry(reason: "transport: \(error.code)", retryAfter: nil)
+            // 400 invalid_grant and friends break the credential; 429, 5xx and the like are retried.
+            return error.decision
+        } catch let error as CryptoError {
+            return .credentialBroken(reason: "signing failed: \(error.code)")
         } catch {
-            return .retry(reason: "transport", retryAfter: nil)
+            let target = try? Self.target(account.endpoint)
+            return TransportFailure.decision(
+                error, provider: "fcm", host: target?.host ?? "", port: target?.port ?? 0, logger: logger)
         }
     }
 

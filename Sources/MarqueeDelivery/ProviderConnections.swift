@@ -1,38 +1,133 @@
 import HTTP2
+import MarqueeCore
+import Observability
 import Synchronization
 
+/// Why `ProviderConnections` did not send.
+enum ProviderConnectionError: Error, Sendable, Equatable {
+    /// The host (or host:port) is not in `MARQUEE_PROVIDER_HOSTS`; nothing was connected.
+    case hostNotAllowed
+    /// Every client slot is busy with another host; try again later.
+    case busy
+}
+
 /// One HTTP/2 client pool per provider host, opened on first use, shared by every tenant sending to that host.
+///
+/// Only hosts in the operator's allowlist are connected to. Each pool costs an I/O thread and a TLS context, so pools
+/// unused for `idleTimeout` are closed, and at most `maxHosts` exist: a new host evicts the least recently used idle
+/// pool, or fails retryably (`busy`) when every pool has requests in flight.
 final class ProviderConnections: Sendable {
-    private let caFile: String?
-    private let connectionsPerHost: Int
-    private let requestTimeout: Duration
-    private let clients = Mutex<[String: HTTP2Client]>([:])
+    struct Configuration: Sendable {
+        var caFile: String?
+        var connectionsPerHost: Int
+        var requestTimeout: Duration
+        /// Where connections may go. Default: Apple's and Google's hosts.
+        var allowedHosts: ProviderHosts
+        /// Pools kept at once. Default 32.
+        var maxHosts: Int
+        /// A pool without requests for this long is closed. Default 5 minutes.
+        var idleTimeout: Duration
+        /// Largest provider response body read. Default 64 KiB.
+        var maxResponseBodySize: Int
 
-    init(caFile: String?, connectionsPerHost: Int, requestTimeout: Duration) {
-        self.caFile = caFile
-        self.connectionsPerHost = connectionsPerHost
-        self.requestTimeout = requestTimeout
-    }
-
-    func client(host: String, port: Int) throws -> HTTP2Client {
-        let key = "\(host):\(port)"
-        return try clients.withLock { clients in
-            if let client = clients[key] { return client }
-            let client = try HTTP2Client(
-                .init(
-                    host: host, port: port, tls: TLSClientConfiguration(caFile: caFile),
-                    connections: connectionsPerHost,
-                    requestTimeout: requestTimeout))
-            clients[key] = client
-            return client
+        init(
+            caFile: String?, connectionsPerHost: Int, requestTimeout: Duration, allowedHosts: ProviderHosts = .standard,
+            maxHosts: Int = 32, idleTimeout: Duration = .seconds(300), maxResponseBodySize: Int = 64 << 10
+        ) {
+            self.caFile = caFile
+            self.connectionsPerHost = connectionsPerHost
+            self.requestTimeout = requestTimeout
+            self.allowedHosts = allowedHosts
+            self.maxHosts = maxHosts
+            self.idleTimeout = idleTimeout
+            self.maxResponseBodySize = maxResponseBodySize
         }
     }
+
+    private struct Entry {
+        var client: HTTP2Client
+        var inFlight: Int
+        var lastUsed: ContinuousClock.Instant
+    }
+
+    let configuration: Configuration
+    private let now: @Sendable () -> ContinuousClock.Instant
+    private let clients = Mutex<[String: Entry]>([:])
+
+    init(_ configuration: Configuration, now: @escaping @Sendable () -> ContinuousClock.Instant = { .now }) {
+        self.configuration = configuration
+        self.now = now
+    }
+
+    /// Sends `request` to `host:port` over that host's pool.
+    func send(_ request: HTTP2Request, host: String, port: Int) async throws -> HTTP2Response {
+        let (client, key) = try await lease(host: host, port: port)
+        defer { release(key) }
+        return try await client.send(request)
+    }
+
+    /// The pool for `host:port`, counted as in use until `release(key)`. Closes pools evicted on the way.
+    func lease(host: String, port: Int) async throws -> (HTTP2Client, key: String) {
+        guard configuration.allowedHosts.allows(host: host, port: port) else {
+            throw ProviderConnectionError.hostNotAllowed
+        }
+        let key = "\(host.lowercased()):\(port)"
+        let current = now()
+        let (result, evicted): (Result<HTTP2Client, any Error>, [HTTP2Client]) = clients.withLock { clients in
+            var evicted: [HTTP2Client] = []
+            for (name, entry) in clients
+            where name != key && entry.inFlight == 0 && current - entry.lastUsed >= configuration.idleTimeout {
+                evicted.append(entry.client)
+                clients.removeValue(forKey: name)
+            }
+            if var entry = clients[key] {
+                entry.inFlight += 1
+                entry.lastUsed = current
+                clients[key] = entry
+                return (.success(entry.client), evicted)
+            }
+            if clients.count >= configuration.maxHosts {
+                let idle = clients.filter { $0.value.inFlight == 0 }.min { $0.value.lastUsed < $1.value.lastUsed }
+                guard let (name, entry) = idle else { return (.failure(ProviderConnectionError.busy), evicted) }
+                evicted.append(entry.client)
+                clients.removeValue(forKey: name)
+            }
+            do {
+                let client = try HTTP2Client(
+                    .init(
+                        host: host, port: port, tls: TLSClientConfiguration(caFile: configuration.caFile),
+                        connections: configuration.connectionsPerHost, requestTimeout: configuration.requestTimeout,
+                        maxResponseBodySize: configuration.maxResponseBodySize,
+                        allowsSpecialAddresses: !configuration.allowedHosts.requiresPublicAddress(host: host)))
+                clients[key] = Entry(client: client, inFlight: 1, lastUsed: current)
+                return (.success(client), evicted)
+            } catch {
+                return (.failure(error), evicted)
+            }
+        }
+        for client in evicted { await client.shutdown() }
+        return (try result.get(), key)
+    }
+
+    /// Ends one use of the pool `key`.
+    func release(_ key: String) {
+        let current = now()
+        clients.withLock { clients in
+            guard var entry = clients[key] else { return }
+            entry.inFlight = max(0, entry.inFlight - 1)
+            entry.lastUsed = current
+            clients[key] = entry
+        }
+    }
+
+    /// The `host:port` keys of the open pools (for tests).
+    var hosts: Set<String> { clients.withLock { Set($0.keys) } }
 
     /// Open connections and streams in flight across hosts.
     var statistics: (connections: Int, streams: Int) {
         clients.withLock { clients in
-            clients.values.reduce((0, 0)) { sum, client in
-                let s = client.statistics
+            clients.values.reduce((0, 0)) { sum, entry in
+                let s = entry.client.statistics
                 return (sum.0 + s.openConnections, sum.1 + s.activeStreams)
             }
         }
@@ -42,8 +137,47 @@ final class ProviderConnections: Sendable {
     func shutdown() async {
         let all = clients.withLock { clients in
             defer { clients.removeAll() }
-            return Array(clients.values)
+            return clients.values.map(\.client)
         }
         for client in all { await client.shutdown() }
+    }
+}
+
+/// Turns a failure to talk to a provider into a decision with a fixed, non-revealing reason (`transport_error`,
+/// `tls_error`, `timeout`, `endpoint_not_allowed`) and logs the details (never tokens) for the operator only.
+///
+/// Tenants see `deliveries.reason` and `status_reason`; echoing addresses, ports, OpenSSL or errno text there would
+/// make the worker a port scanner for whoever picks the endpoint.
+enum TransportFailure {
+    static func decision(_ error: any Error, provider: String, host: String, port: Int, logger: Logger?)
+        -> DeliveryDecision
+    {
+        let decision: DeliveryDecision
+        switch error {
+        case ProviderConnectionError.hostNotAllowed:
+            decision = .credentialBroken(reason: "endpoint_not_allowed")
+        case ProviderConnectionError.busy:
+            decision = .retry(reason: "transport_error", retryAfter: nil)
+        case let error as HTTP2Error:
+            decision = .retry(reason: reason(error.code), retryAfter: nil)
+        default:
+            decision = .retry(reason: "transport_error", retryAfter: nil)
+        }
+        logger?.warning(
+            "provider request failed",
+            metadata: [
+                "provider": .string(provider), "provider.host": .string(host), "provider.port": .int(port),
+                "error": .string(String(reflecting: error)),
+            ])
+        return decision
+    }
+
+    /// The tenant-visible reason for an HTTP/2 error code.
+    static func reason(_ code: HTTP2Error.Code) -> String {
+        switch code {
+        case .timeout: "timeout"
+        case .tlsFailed, .certificateVerifyFailed, .alpnMismatch: "tls_error"
+        default: "transport_error"
+        }
     }
 }

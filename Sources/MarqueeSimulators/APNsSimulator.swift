@@ -237,8 +237,10 @@ final class APNsCore: Sendable {
         case .unregistered:
             recorder.reject(reason: "Unregistered")
             let milliseconds = Int64((now.timeIntervalSince1970 * 1000).rounded(.down))
-            return HTTPText.json(
-                410, .object(["reason": .string("Unregistered"), "timestamp": .int(milliseconds)]), headers: headers)
+            let body = rule.hostile(
+                .object(["reason": .string("Unregistered"), "timestamp": rule.timestamp ?? .int(milliseconds)]),
+                headers: &headers)
+            return HTTPText.json(410, body, headers: headers)
         case .tooManyRequests: (status, reason) = (429, "TooManyRequests")
         case .serviceUnavailable: (status, reason) = (503, "ServiceUnavailable")
         case .internalError: (status, reason) = (500, "InternalServerError")
@@ -249,7 +251,8 @@ final class APNsCore: Sendable {
         if let retryAfter = rule.retryAfterSeconds, status == 429 || status == 503 {
             headers.append(("retry-after", String(retryAfter)))
         }
-        return HTTPText.json(status, .object(["reason": .string(reason)]), headers: headers)
+        let body = rule.hostile(.object(["reason": .string(reason)]), headers: &headers)
+        return HTTPText.json(status, body, headers: headers)
     }
 
     static func error(_ rejection: APNsRejection, apnsID: String?) -> HTTP2ServerResponse {

@@ -357,14 +357,17 @@ final class FCMCore: Sendable {
         case .internalError, .delay:
             rejection = FCMRejection(500, "INTERNAL", errorCode: "INTERNAL", "an internal error occurred")
         }
-        return fcmError(rejection, headers: headers)
+        return fcmError(rejection, headers: headers, rule: rule)
     }
 
-    private func fcmError(_ rejection: FCMRejection, headers: [(String, String)] = []) -> HTTP2ServerResponse {
+    private func fcmError(_ rejection: FCMRejection, headers: [(String, String)] = [], rule: FaultRule? = nil)
+        -> HTTP2ServerResponse
+    {
         recorder.reject(reason: rejection.reason)
         var headers = headers
         if rejection.httpStatus == 401 { headers.append(("www-authenticate", "Bearer realm=\"simulator\"")) }
-        return HTTPText.json(rejection.httpStatus, rejection.json, headers: headers)
+        let body = rule?.hostile(rejection.json, headers: &headers) ?? rejection.json
+        return HTTPText.json(rejection.httpStatus, body, headers: headers)
     }
 
     private func oauthError(_ rejection: OAuthRejection) -> HTTP2ServerResponse {

@@ -19,6 +19,11 @@ import Synchronization
 /// FCM 429 QUOTA_EXCEEDED), `service_unavailable` or `unavailable` (503), `internal` or `internal_server_error`
 /// (500), `goaway` (GOAWAY on the connection; the stream counts as unprocessed), `expire_token` (FCM: the access
 /// token of the request expires now and the request gets 401), `delay` (only `latency_ms`, then normal handling).
+///
+/// Hostile answers, to test that a tenant's endpoint cannot hurt the worker: `retry_after_header` sends that text
+/// verbatim as `Retry-After` (any status; e.g. `"1e16"`, `"-1"`, `"NaN"`), `timestamp` replaces an APNs 410's
+/// `timestamp` with any JSON value (e.g. `1e17`, `-1`, `"soon"`), and `body_padding` adds that many bytes to the
+/// error body (an oversized answer).
 public struct FaultRule: Sendable, Hashable {
     /// What a matching rule does.
     public enum Action: String, Sendable, Hashable, CaseIterable {
@@ -64,11 +69,18 @@ public struct FaultRule: Sendable, Hashable {
     public var latencyMilliseconds: Int?
     /// The `retry-after` header, in seconds, for 429 and 503 (`retry_after`).
     public var retryAfterSeconds: Int?
+    /// A `retry-after` header sent verbatim with any failure (`retry_after_header`), hostile values included.
+    public var retryAfterHeader: String?
+    /// The `timestamp` of an APNs 410 body, any JSON value (`timestamp`).
+    public var timestamp: JSONValue?
+    /// Extra bytes in the error body (`body_padding`), for oversized answers.
+    public var bodyPadding: Int?
 
     /// Creates a rule.
     public init(
         tokenPrefix: String? = nil, rate: Double? = nil, action: Action, times: Int? = nil,
-        latencyMilliseconds: Int? = nil, retryAfterSeconds: Int? = nil
+        latencyMilliseconds: Int? = nil, retryAfterSeconds: Int? = nil, retryAfterHeader: String? = nil,
+        timestamp: JSONValue? = nil, bodyPadding: Int? = nil
     ) {
         self.tokenPrefix = tokenPrefix
         self.rate = rate
@@ -76,6 +88,9 @@ public struct FaultRule: Sendable, Hashable {
         self.times = times
         self.latencyMilliseconds = latencyMilliseconds
         self.retryAfterSeconds = retryAfterSeconds
+        self.retryAfterHeader = retryAfterHeader
+        self.timestamp = timestamp
+        self.bodyPadding = bodyPadding
     }
 
     /// Parses a rule list (a JSON array, or an object with a `rules` array). Throws `invalidConfiguration`.
@@ -106,7 +121,10 @@ public struct FaultRule: Sendable, Hashable {
             SimulatorError(.invalidConfiguration, "fault rule \(index): \(message)")
         }
         guard let object = json.objectValue else { throw fail("must be an object") }
-        let known: Set = ["token_prefix", "rate", "action", "times", "latency_ms", "retry_after"]
+        let known: Set = [
+            "token_prefix", "rate", "action", "times", "latency_ms", "retry_after", "retry_after_header", "timestamp",
+            "body_padding",
+        ]
         if let unknown = object.keys.sorted().first(where: { !known.contains($0) }) {
             throw fail("unknown field '\(unknown)'")
         }
@@ -133,6 +151,12 @@ public struct FaultRule: Sendable, Hashable {
         times = try count("times")
         latencyMilliseconds = try count("latency_ms")
         retryAfterSeconds = try count("retry_after")
+        if let value = object["retry_after_header"], !value.isNull {
+            guard let text = value.stringValue else { throw fail("'retry_after_header' must be a string") }
+            retryAfterHeader = text
+        }
+        if let value = object["timestamp"], !value.isNull { timestamp = value }
+        bodyPadding = try count("body_padding")
     }
 
     /// The rule as JSON, in the form `parseRules` reads.
@@ -143,6 +167,9 @@ public struct FaultRule: Sendable, Hashable {
         if let times { object["times"] = .int(Int64(times)) }
         if let latencyMilliseconds { object["latency_ms"] = .int(Int64(latencyMilliseconds)) }
         if let retryAfterSeconds { object["retry_after"] = .int(Int64(retryAfterSeconds)) }
+        if let retryAfterHeader { object["retry_after_header"] = .string(retryAfterHeader) }
+        if let timestamp { object["timestamp"] = timestamp }
+        if let bodyPadding { object["body_padding"] = .int(Int64(bodyPadding)) }
         return .object(object)
     }
 }
@@ -205,5 +232,18 @@ struct SplitMix64: RandomNumberGenerator, Sendable {
         z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
         z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
         return z ^ (z >> 31)
+    }
+}
+
+extension FaultRule {
+    /// Applies the hostile extras to an injected error answer: a verbatim `retry-after` and body padding.
+    func hostile(_ body: JSONValue, headers: inout [(String, String)]) -> JSONValue {
+        if let retryAfterHeader {
+            headers.removeAll { $0.0 == "retry-after" }
+            headers.append(("retry-after", retryAfterHeader))
+        }
+        guard let bodyPadding, bodyPadding > 0, case .object(var object) = body else { return body }
+        object["padding"] = .string(String(repeating: "x", count: bodyPadding))
+        return .object(object)
     }
 }

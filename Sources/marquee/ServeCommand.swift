@@ -31,7 +31,8 @@ struct ServeCommand {
         var router = Router()
         MarqueeAPI(
             pool: pool, migrator: migrator, keyRing: keyRing, adminToken: configuration.adminToken,
-            keyCacheTTL: .seconds(configuration.keyCacheSeconds), metrics: metrics,
+            keyCacheTTL: .seconds(configuration.keyCacheSeconds), providerHosts: configuration.providerHosts,
+            metrics: metrics,
             logger: logger
         ).register(in: &router)
 

@@ -33,7 +33,19 @@ struct UpCommand {
 
         var children: [Child] = []
         var workerEnvironment: [String: String] = [:]
+        var serveEnvironment: [String: String] = [:]
         if simulators {
+            // Credentials may point at the simulators: their host:port join the operator's (or the default) list.
+            let simulatorHosts = [
+                environment["MARQUEE_SIM_APNS_LISTEN"] ?? "127.0.0.1:2197",
+                environment["MARQUEE_SIM_FCM_LISTEN"] ?? "127.0.0.1:2198",
+            ].map { $0.hasPrefix(":") ? "127.0.0.1" + $0 : $0 }  // `:port` listens on every interface, loopback too
+            // A malformed operator value is passed on as is: serve and worker then refuse it, naming the variable.
+            let hosts =
+                (environment["MARQUEE_PROVIDER_HOSTS"] ?? ProviderHosts.standard.description) + ","
+                + simulatorHosts.joined(separator: ",")
+            serveEnvironment["MARQUEE_PROVIDER_HOSTS"] = hosts
+            workerEnvironment["MARQUEE_PROVIDER_HOSTS"] = hosts
             let ca = dataDir + "/sim-ca.pem"
             children.append(
                 Child(
@@ -55,7 +67,7 @@ struct UpCommand {
             // Workers trust both simulators' CAs: one bundle, written once both exist (see Supervisor.run).
             workerEnvironment["MARQUEE_CA_FILE"] = dataDir + "/sim-ca-bundle.pem"
         }
-        children.append(Child(name: "serve", arguments: ["serve"], environment: [:]))
+        children.append(Child(name: "serve", arguments: ["serve"], environment: serveEnvironment))
         for i in 0..<configuration.workers {
             var env = workerEnvironment
             env["MARQUEE_METRICS_LISTEN"] =

@@ -27,9 +27,15 @@ struct WorkerCommand {
         let worker = DeliveryWorker(
             pool: pool, listenerConfiguration: pgConfiguration,
             apns: APNsProvider(
-                configuration: .init(caFile: configuration.caFile, connectionsPerHost: configuration.apnsConnections)),
+                configuration: .init(
+                    caFile: configuration.caFile, connectionsPerHost: configuration.apnsConnections,
+                    allowedHosts: configuration.providerHosts),
+                logger: logger),
             fcm: FCMProvider(
-                configuration: .init(caFile: configuration.caFile, connectionsPerHost: configuration.apnsConnections)),
+                configuration: .init(
+                    caFile: configuration.caFile, connectionsPerHost: configuration.apnsConnections,
+                    allowedHosts: configuration.providerHosts),
+                logger: logger),
             keyRing: keyRing,
             configuration: .init(
                 workerID: workerID, batchSize: configuration.workerBatch, loops: configuration.workerLoops,

@@ -182,6 +182,10 @@ final class MarqueeProcess: Sendable {
             "MARQUEE_MASTER_KEY": Self.masterKey, "MARQUEE_ADMIN_TOKEN": Self.adminToken,
             // Revocation must be visible at once in tests; the cache itself is exercised separately.
             "MARQUEE_KEY_CACHE_SECONDS": "0",
+            // Apple's and Google's hosts plus the simulators on loopback (any port): credentials may point there, in
+            // serve and worker alike.
+            "MARQUEE_PROVIDER_HOSTS":
+                "api.push.apple.com,api.sandbox.push.apple.com,fcm.googleapis.com,oauth2.googleapis.com,127.0.0.1",
         ]
         env.merge(environment) { _, new in new }
         process = try Subprocess(

@@ -24,6 +24,8 @@ mkdir -p "$work"
 
 export MARQUEE_LISTEN=127.0.0.1:$port
 MARQUEE_MASTER_KEY=$(head -c 32 /dev/urandom | base64)
+# Credentials point at the simulators on loopback: the operator allowlist must say so (serve and worker).
+export MARQUEE_PROVIDER_HOSTS=api.push.apple.com,api.sandbox.push.apple.com,fcm.googleapis.com,oauth2.googleapis.com,127.0.0.1
 export MARQUEE_MASTER_KEY MARQUEE_MIGRATIONS_DIR="$root/Migrations" MARQUEE_LOG_LEVEL=${MARQUEE_LOG_LEVEL:-warning}
 "$bin/marquee" migrate >/dev/null 2>&1
 bench_reset_tenants

@@ -27,7 +27,9 @@ func transport(_ arguments: [String]) async throws {
     let expiration = Int64(Date().timeIntervalSince1970) + 3600
 
     let provider = APNsProvider(
-        configuration: .init(caFile: stringOption("--ca", arguments), connectionsPerHost: connections))
+        configuration: .init(
+            caFile: stringOption("--ca", arguments), connectionsPerHost: connections,
+            allowedHosts: ProviderHosts(entries: [.init(host: host, port: port)])))
     let target = APNsTarget(
         host: host, port: port,
         tokens: ProviderTokenCache(

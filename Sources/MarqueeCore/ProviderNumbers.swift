@@ -1,0 +1,76 @@
+import Foundation
+
+/// The one home for numbers a provider sends back (`Retry-After`, a 410's `timestamp`, a token's `expires_in`).
+///
+/// A tenant chooses (within the operator's allowlist) which endpoint answers, so every such number is hostile
+/// input: these functions never trap, and return only values the rest of the worker can do arithmetic and date
+/// formatting on. Out-of-range values are clamped when a bound is meaningful, and ignored otherwise.
+public enum ProviderNumbers {
+    /// The longest `Retry-After` honoured: one hour.
+    public static let maximumRetryAfter: Duration = .seconds(3600)
+    /// The earliest timestamp believed (2001-01-01T00:00:00Z); before it a provider's timestamp is ignored.
+    public static let earliestTimestamp = Date(timeIntervalSince1970: 978_307_200)
+    /// The latest timestamp believed, relative to now: one day ahead (clock skew); beyond it is ignored.
+    public static let timestampLeeway: TimeInterval = 86_400
+    /// Bounds for an OAuth2 `expires_in`, in seconds: at least 10 minutes (the cache refreshes 5 minutes early), at
+    /// most a day. Missing or unreadable values mean an hour.
+    public static let tokenLifetimeRange: ClosedRange<Double> = 600...86_400
+
+    /// A `Retry-After` header (delta-seconds, possibly fractional, or an HTTP-date) as a delay in 0...1 h.
+    /// Unreadable, negative or non-finite values give nil (no floor from the provider); huge ones give one hour.
+    public static func retryAfter(_ header: String?, now: Date = Date()) -> Duration? {
+        guard let text = header?.trimmingCharacters(in: .whitespaces), !text.isEmpty, text.utf8.count <= 64 else {
+            return nil
+        }
+        let seconds: Double
+        if let number = Double(text) {
+            seconds = number
+        } else if let date = httpDate(text) {
+            seconds = date.timeIntervalSince(now)
+        } else {
+            return nil
+        }
+        guard seconds.isFinite else { return nil }
+        let limit = Double(maximumRetryAfter.components.seconds)
+        let clamped = min(max(seconds, 0), limit)
+        return .milliseconds(Int64((clamped * 1000).rounded()))
+    }
+
+    /// A provider's millisecond timestamp (APNs 410 `timestamp`) as a date, if it is a finite number within
+    /// `earliestTimestamp ... now + timestampLeeway`; otherwise nil (ignored). Strings and other types are ignored.
+    public static func timestamp(milliseconds value: JSONValue?, now: Date = Date()) -> Date? {
+        guard let ms = value?.doubleValue, ms.isFinite else { return nil }
+        let seconds = ms / 1000
+        guard seconds >= earliestTimestamp.timeIntervalSince1970,
+            seconds <= now.timeIntervalSince1970 + timestampLeeway
+        else { return nil }
+        return Date(timeIntervalSince1970: seconds)
+    }
+
+    /// An OAuth2 `expires_in` (seconds) clamped to `tokenLifetimeRange`; missing or non-numeric gives an hour.
+    public static func tokenLifetime(_ value: JSONValue?) -> TimeInterval {
+        guard let seconds = value?.doubleValue, seconds.isFinite else { return 3600 }
+        return min(max(seconds, tokenLifetimeRange.lowerBound), tokenLifetimeRange.upperBound)
+    }
+
+    /// A reason text from a provider's body, made safe to store and label metrics with: at most 64 characters of
+    /// `A-Z a-z 0-9 _ - .`; anything else gives nil.
+    public static func reasonText(_ text: String?) -> String? {
+        guard let text, (1...64).contains(text.utf8.count),
+            text.utf8.allSatisfy({
+                ($0 >= 0x30 && $0 <= 0x39) || ($0 >= 0x41 && $0 <= 0x5A) || ($0 >= 0x61 && $0 <= 0x7A) || $0 == 0x5F
+                    || $0 == 0x2D || $0 == 0x2E
+            })
+        else { return nil }
+        return text
+    }
+
+    /// Parses an IMF-fixdate (`Sun, 06 Nov 1994 08:49:37 GMT`), the form RFC 9110 requires senders to use.
+    static func httpDate(_ text: String) -> Date? {
+        let formatter = DateFormatter()
+        formatter.locale = Locale(identifier: "en_US_POSIX")
+        formatter.timeZone = TimeZone(identifier: "GMT")
+        formatter.dateFormat = "EEE, dd MMM yyyy HH:mm:ss 'GMT'"
+        return formatter.date(from: text)
+    }
+}

@@ -1,0 +1,110 @@
+import Foundation
+import Testing
+
+@testable import HTTP2
+
+/// Limits that keep a hostile server (a tenant's endpoint) from costing the client more than it allows.
+@Suite("HTTP2 client limits against hostile servers", .serialized)
+struct ClientLimitsTests {
+    @Test("a response body over the limit resets the stream and fails with responseTooLarge; the connection lives")
+    func bodyCap() async throws {
+        let sized: @Sendable (HTTP2ServerRequest) async -> HTTP2ServerResponse = { request in
+            let size = Int(request.path.dropFirst()) ?? 0
+            return HTTP2ServerResponse(status: 200, headers: [], body: [UInt8](repeating: 0x41, count: size))
+        }
+        try await withServer(handler: sized) { server in
+            var configuration = Fixtures.clientConfiguration(port: server.boundPort)
+            configuration.maxResponseBodySize = 64 << 10
+            let client = try HTTP2Client(configuration)
+            let small = try await client.send(HTTP2Request(method: "GET", path: "/65536"))
+            #expect(small.body.count == 65_536)
+            do {
+                _ = try await client.send(HTTP2Request(method: "GET", path: "/1048576"))
+                Issue.record("an oversized body was accepted")
+            } catch let error as HTTP2Error {
+                #expect(error.code == .responseTooLarge)
+            }
+            let after = try await client.send(HTTP2Request(method: "GET", path: "/10"))
+            #expect(after.body.count == 10)
+            #expect(client.statistics.connectsTotal == 1)
+            await client.shutdown()
+        }
+    }
+
+    @Test("a header list over the limit fails the same way")
+    func headerCap() async throws {
+        let noisy: @Sendable (HTTP2ServerRequest) async -> HTTP2ServerResponse = { request in
+            let count = Int(request.path.dropFirst()) ?? 0
+            let headers = (0..<count).map { ("x-h\($0)", String(repeating: "v", count: 100)) }
+            return HTTP2ServerResponse(status: 200, headers: headers, body: [])
+        }
+        try await withServer(handler: noisy) { server in
+            var configuration = Fixtures.clientConfiguration(port: server.boundPort)
+            configuration.maxResponseBodySize = 4096
+            let client = try HTTP2Client(configuration)
+            #expect(try await client.send(HTTP2Request(method: "GET", path: "/10")).header("x-h9") != nil)
+            do {
+                _ = try await client.send(HTTP2Request(method: "GET", path: "/100"))
+                Issue.record("an oversized header list was accepted")
+            } catch let error as HTTP2Error {
+                #expect(error.code == .responseTooLarge)
+            }
+            #expect(try await client.send(HTTP2Request(method: "GET", path: "/1")).status == 200)
+            await client.shutdown()
+        }
+    }
+
+    @Test("with special addresses refused, loopback is not connected to, literal or by name")
+    func specialAddressesRefused() async throws {
+        try await withServer { server in
+            for host in ["127.0.0.1", "localhost"] {
+                var configuration = Fixtures.clientConfiguration(port: server.boundPort)
+                configuration.host = host
+                configuration.allowsSpecialAddresses = false
+                let client = try HTTP2Client(configuration)
+                do {
+                    _ = try await client.send(HTTP2Request(method: "GET", path: "/"))
+                    Issue.record("\(host) was connected to")
+                } catch let error as HTTP2Error {
+                    #expect(error.code == .addressRefused)
+                    #expect(!error.description.contains("127.0.0.1"))
+                }
+                #expect(client.statistics.connectsTotal == 0)
+                await client.shutdown()
+            }
+        }
+    }
+
+    @Test("special-purpose addresses are recognised, public ones are not")
+    func classification() {
+        func v4(_ text: String) -> [UInt8] {
+            var address = in_addr()
+            inet_pton(AF_INET, text, &address)
+            return withUnsafeBytes(of: &address) { Array($0) }
+        }
+        func v6(_ text: String) -> [UInt8] {
+            var address = in6_addr()
+            inet_pton(AF_INET6, text, &address)
+            return withUnsafeBytes(of: &address) { Array($0) }
+        }
+        for special in [
+            "0.0.0.0", "127.0.0.1", "10.1.2.3", "172.16.0.1", "172.31.255.255", "192.168.1.1", "169.254.169.254",
+            "100.64.0.1", "224.0.0.1", "255.255.255.255", "192.0.0.8", "198.18.0.1",
+        ] {
+            #expect(isSpecialPurposeIP(v4(special)), "\(special)")
+        }
+        for special in [
+            "::", "::1", "fc00::1", "fd12:3456::1", "fe80::1", "ff02::1", "::ffff:127.0.0.1", "::ffff:10.0.0.1",
+            "2001:db8::1", "64:ff9b::7f00:1", "2002:7f00:1::1",
+        ] {
+            #expect(isSpecialPurposeIP(v6(special)), "\(special)")
+        }
+        for public_ in ["17.188.143.34", "142.250.185.74", "172.32.0.1", "8.8.8.8", "100.128.0.1"] {
+            #expect(!isSpecialPurposeIP(v4(public_)), "\(public_)")
+        }
+        for public_ in ["2620:149:a44::1", "2a00:1450:4001:82b::200a", "::ffff:8.8.8.8"] {
+            #expect(!isSpecialPurposeIP(v6(public_)), "\(public_)")
+        }
+        #expect(isSpecialPurposeIP([1, 2, 3]))
+    }
+}

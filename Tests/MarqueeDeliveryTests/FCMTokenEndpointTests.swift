@@ -1,0 +1,128 @@
+import Crypto
+import Foundation
+import HTTP2
+import MarqueeCore
+import Synchronization
+import Testing
+
+@testable import MarqueeDelivery
+
+/// What the fake token endpoint answers next, and how often it was asked.
+private final class Script: Sendable {
+    let answer = Mutex<(status: Int, headers: [(String, String)], body: String)>((200, [], "{}"))
+    let exchanges = Atomic<Int>(0)
+}
+
+/// A TLS HTTP/2 server on loopback that answers the OAuth2 token endpoint as scripted and `messages:send` with 200.
+private final class FakeGoogle: Sendable {
+    let server: HTTP2Server
+    let caFile: String
+    private let script = Script()
+    private let runner: Mutex<Task<Void, Never>?> = Mutex(nil)
+
+    init() throws {
+        let directory = NSTemporaryDirectory() + "fcm-token-\(UUID().uuidString)"
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        let ca = try TestPKI.makeCA(commonName: "Fake Google CA")
+        caFile = directory + "/ca.pem"
+        try ca.certificatePEM.write(toFile: caFile, atomically: true, encoding: .utf8)
+        let (cert, key) = try TestPKI.makeServerCertificate(ca: ca)
+        let script = self.script
+        let sent = Array(#"{"name":"projects/p/messages/1"}"#.utf8)
+        server = HTTP2Server(
+            port: 0, tls: TLSServerConfiguration(certificateChainPEM: cert, privateKeyPEM: key),
+            handler: { request in
+                guard request.path == "/token" else { return HTTP2ServerResponse(status: 200, headers: [], body: sent) }
+                script.exchanges.wrappingAdd(1, ordering: .relaxed)
+                let (status, headers, body) = script.answer.withLock { $0 }
+                return HTTP2ServerResponse(status: status, headers: headers, body: Array(body.utf8))
+            })
+        try server.start()
+        let server = self.server
+        runner.withLock { $0 = Task { try? await server.run() } }
+    }
+
+    func answer(_ status: Int, _ body: String, headers: [(String, String)] = []) {
+        script.answer.withLock { $0 = (status, headers, body) }
+    }
+
+    var exchangeCount: Int { script.exchanges.load(ordering: .relaxed) }
+
+    func stop() async {
+        await server.stop()
+        await runner.withLock { $0 }?.value
+    }
+}
+
+@Suite("FCM token endpoint: passing failures are retried, only a rejection breaks the credential", .serialized)
+struct FCMTokenEndpointTests {
+    private func provider(_ google: FakeGoogle) throws -> (FCMProvider, FCMAccessTokens) {
+        let provider = FCMProvider(
+            configuration: .init(
+                caFile: google.caFile, connectionsPerHost: 1, requestTimeout: .seconds(20),
+                allowedHosts: ProviderHosts(entries: [.init(host: "127.0.0.1", port: google.server.boundPort)])))
+        let base = "https://127.0.0.1:\(google.server.boundPort)"
+        let account = FCMAccount(
+            projectID: "p", clientEmail: "a@p.iam.gserviceaccount.com", privateKeyID: "k", tokenURI: base + "/token",
+            endpoint: base, key: try RS256PrivateKey.generate())
+        return (provider, provider.accessTokens(for: account))
+    }
+
+    private func send(_ provider: FCMProvider, _ tokens: FCMAccessTokens) async -> DeliveryDecision {
+        await provider.send(token: "t", data: ["k": "v"], ttlSeconds: 60, collapseKey: nil, via: tokens)
+    }
+
+    @Test("429 (hostile Retry-After), 503 and 500 from the token endpoint are retried; then a token works")
+    func passing() async throws {
+        let google = try FakeGoogle()
+        let (provider, tokens) = try provider(google)
+        google.answer(429, #"{"error":"rate_limited"}"#, headers: [("retry-after", "1e16")])
+        #expect(await send(provider, tokens) == .retry(reason: "oauth_unavailable", retryAfter: .seconds(3600)))
+        google.answer(503, "<html>busy</html>", headers: [("retry-after", "2")])
+        #expect(await send(provider, tokens) == .retry(reason: "oauth_unavailable", retryAfter: .seconds(2)))
+        google.answer(500, "")
+        #expect(await send(provider, tokens) == .retry(reason: "oauth_unavailable", retryAfter: nil))
+        google.answer(200, #"{"access_token":"ya29.ok","expires_in":1e17,"token_type":"Bearer"}"#)
+        #expect(await send(provider, tokens) == .sent(providerID: "projects/p/messages/1"))
+        #expect(google.exchangeCount == 4)
+        await provider.shutdown()
+        await google.stop()
+    }
+
+    @Test("400 invalid_grant and 401 invalid_client break the credential, with a fixed reason")
+    func rejected() async throws {
+        let google = try FakeGoogle()
+        let (provider, tokens) = try provider(google)
+        google.answer(400, #"{"error":"invalid_grant","error_description":"Invalid JWT Signature."}"#)
+        #expect(await send(provider, tokens) == .credentialBroken(reason: "oauth_invalid_grant"))
+        google.answer(401, #"{"error":"invalid_client"}"#)
+        #expect(await send(provider, tokens) == .credentialBroken(reason: "oauth_invalid_client"))
+        await provider.shutdown()
+        await google.stop()
+    }
+
+    @Test("an oversized token-endpoint answer is a transport error, retried")
+    func oversized() async throws {
+        let google = try FakeGoogle()
+        let (provider, tokens) = try provider(google)
+        google.answer(200, #"{"access_token":""# + String(repeating: "x", count: 200_000) + #""}"#)
+        #expect(await send(provider, tokens) == .retry(reason: "transport_error", retryAfter: nil))
+        await provider.shutdown()
+        await google.stop()
+    }
+
+    @Test("a token_uri outside the allowlist is never connected to")
+    func tokenURIRefused() async throws {
+        let google = try FakeGoogle()
+        let provider = FCMProvider(configuration: .init(caFile: google.caFile))
+        let base = "https://127.0.0.1:\(google.server.boundPort)"
+        let tokens = provider.accessTokens(
+            for: FCMAccount(
+                projectID: "p", clientEmail: "a@p.iam.gserviceaccount.com", privateKeyID: nil,
+                tokenURI: base + "/token", endpoint: "https://fcm.googleapis.com", key: try RS256PrivateKey.generate()))
+        #expect(await send(provider, tokens) == .credentialBroken(reason: "endpoint_not_allowed"))
+        #expect(google.exchangeCount == 0)
+        await provider.shutdown()
+        await google.stop()
+    }
+}
