@@ -157,26 +157,26 @@ public struct TenantStore: Sendable {
             return nil
         }
         let hash = SHA256.hash(Array(presented.utf8))
-        return try await database.pool.withConnection { connection in
-            let rows = try connection.query(
-                """
-                WITH key AS (
-                    SELECT id, kind, last_used_at FROM api_keys
-                    WHERE tenant_id = \(tenant) AND hash = \(hash)
-                      AND (revoked_at IS NULL OR revoked_at > now())
-                ), touched AS (
-                    UPDATE api_keys SET last_used_at = now()
-                    WHERE tenant_id = \(tenant) AND id IN (
-                        SELECT id FROM key WHERE last_used_at IS NULL OR last_used_at < now() - interval '60 seconds')
-                    RETURNING id
-                )
-                SELECT key.id, key.kind, (SELECT count(*) FROM touched) AS touched FROM key
-                """)
-            guard let row = rows.first, let kind = APIKeyKind(rawValue: try row.decode(String.self, "kind")),
-                kind == parsed.kind
-            else { return nil }
-            return Principal(tenantID: tenant, keyID: try row.decode(UUID.self, "id"), kind: kind)
-        }
+        // The tenant is part of the key text, so the lookup runs confined to it, like tenant work.
+        let rows = try await database.tenantStatement(
+            tenant,
+            """
+            WITH key AS (
+                SELECT id, kind, last_used_at FROM api_keys
+                WHERE tenant_id = \(tenant) AND hash = \(hash)
+                  AND (revoked_at IS NULL OR revoked_at > now())
+            ), touched AS (
+                UPDATE api_keys SET last_used_at = now()
+                WHERE tenant_id = \(tenant) AND id IN (
+                    SELECT id FROM key WHERE last_used_at IS NULL OR last_used_at < now() - interval '60 seconds')
+                RETURNING id
+            )
+            SELECT key.id, key.kind, (SELECT count(*) FROM touched) AS touched FROM key
+            """)
+        guard let row = rows.first, let kind = APIKeyKind(rawValue: try row.decode(String.self, "kind")),
+            kind == parsed.kind
+        else { return nil }
+        return Principal(tenantID: tenant, keyID: try row.decode(UUID.self, "id"), kind: kind)
     }
 
     /// The tenant's HMAC key for delivery tokens.
