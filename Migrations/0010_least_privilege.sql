@@ -23,29 +23,46 @@
 
 -- Creating roles needs CREATEROLE; a DBA may make them beforehand instead (then nothing here needs it, as long as
 -- marquee_app has the attributes below and the memberships exist).
+-- Roles are shared by the cluster's databases, which may be migrated at the same moment: a role or membership that
+-- another migration created meanwhile is not an error (each step is its own block for that reason).
 DO $$
 BEGIN
-    IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'marquee_system') THEN
-        CREATE ROLE marquee_system NOLOGIN;
-    END IF;
-    IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'marquee_app') THEN
-        CREATE ROLE marquee_app LOGIN NOINHERIT;
-    END IF;
+    BEGIN
+        IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'marquee_system') THEN
+            CREATE ROLE marquee_system NOLOGIN;
+        END IF;
+    EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL;
+    END;
+    BEGIN
+        IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'marquee_app') THEN
+            CREATE ROLE marquee_app LOGIN NOINHERIT;
+        END IF;
+    EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL;
+    END;
     -- A pre-existing marquee_app is brought to this shape (or the migration fails, rather than run the API as a
     -- role that inherits, bypasses or administers).
     IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'marquee_app'
                AND (NOT rolcanlogin OR rolinherit OR rolsuper OR rolbypassrls OR rolcreaterole OR rolcreatedb)) THEN
         ALTER ROLE marquee_app LOGIN NOINHERIT NOSUPERUSER NOBYPASSRLS NOCREATEROLE NOCREATEDB;
     END IF;
-    IF NOT pg_has_role('marquee_app', 'marquee_api', 'MEMBER') THEN
-        GRANT marquee_api TO marquee_app;
-    END IF;
-    IF NOT pg_has_role('marquee_app', 'marquee_system', 'MEMBER') THEN
-        GRANT marquee_system TO marquee_app;
-    END IF;
-    IF NOT pg_has_role(current_user, 'marquee_system', 'MEMBER') THEN
-        EXECUTE format('GRANT marquee_system TO %I', current_user);
-    END IF;
+    BEGIN
+        IF NOT pg_has_role('marquee_app', 'marquee_api', 'MEMBER') THEN
+            GRANT marquee_api TO marquee_app;
+        END IF;
+    EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL;
+    END;
+    BEGIN
+        IF NOT pg_has_role('marquee_app', 'marquee_system', 'MEMBER') THEN
+            GRANT marquee_system TO marquee_app;
+        END IF;
+    EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL;
+    END;
+    BEGIN
+        IF NOT pg_has_role(current_user, 'marquee_system', 'MEMBER') THEN
+            EXECUTE format('GRANT marquee_system TO %I', current_user);
+        END IF;
+    EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL;
+    END;
 END
 $$;
 GRANT USAGE ON SCHEMA public TO marquee_system;
