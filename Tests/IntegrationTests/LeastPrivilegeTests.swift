@@ -146,4 +146,70 @@ struct LeastPrivilegeTests {
         allowed.signal(SIGTERM)
         _ = try await allowed.waitForExit()
     }
+
+    @Test("0010 protects a tenant table made by an earlier migration the 0004 way; later ones call the helper")
+    func migrationProtectsEveryTenantTable() async throws {
+        let url = try await TestEnvironment.makeDatabase()
+        let dir = NSTemporaryDirectory() + "migrations-" + UUID().uuidString
+        try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        for file in try FileManager.default.contentsOfDirectory(atPath: TestEnvironment.migrationsDirectory)
+        where file.hasSuffix(".sql") {
+            try FileManager.default.copyItem(
+                atPath: TestEnvironment.migrationsDirectory + "/" + file, toPath: dir + "/" + file)
+        }
+        // Like a helper's migration merged before 0010: RLS and a policy for marquee_api, nothing more.
+        try """
+        CREATE TABLE earlier_notes (tenant_id uuid NOT NULL, id text NOT NULL, body text, PRIMARY KEY (tenant_id, id));
+        ALTER TABLE earlier_notes ENABLE ROW LEVEL SECURITY;
+        CREATE POLICY tenant_isolation ON earlier_notes TO marquee_api
+            USING (tenant_id = marquee_current_tenant()) WITH CHECK (tenant_id = marquee_current_tenant());
+        GRANT SELECT, INSERT ON earlier_notes TO marquee_api;
+        """.write(toFile: dir + "/0006_earlier_notes.sql", atomically: true, encoding: .utf8)
+        // A migration after 0010, following the documented pattern.
+        try """
+        CREATE TABLE later_notes (tenant_id uuid NOT NULL, id text NOT NULL, PRIMARY KEY (tenant_id, id));
+        SELECT marquee_protect_tenant_table('later_notes');
+        """.write(toFile: dir + "/9999_later_notes.sql", atomically: true, encoding: .utf8)
+        let migrate = try await runCommand(
+            TestEnvironment.marqueeBinary, ["migrate"],
+            environment: ["DATABASE_URL": url, "MARQUEE_MIGRATIONS_DIR": dir])
+        #expect(migrate.status == 0, "\(migrate.output)")
+
+        let owner = PostgresPool(try PostgresConfiguration(url: url), options: .init(maxConnections: 1))
+        defer { owner.close() }
+        let a = UUID()
+        let b = UUID()
+        for table in ["earlier_notes", "later_notes"] {
+            let forced = try await owner.count(
+                "SELECT count(*)::int AS n FROM pg_class WHERE relname = \(table) AND relrowsecurity AND relforcerowsecurity"
+            )
+            #expect(forced == 1, "\(table)")
+            try await owner.execute(
+                "INSERT INTO \(identifier: table) (tenant_id, id) VALUES (\(a), 'x'), (\(b), 'y')")
+        }
+        // marquee_system gets what marquee_api has (SELECT, INSERT on earlier_notes; no DELETE).
+        let app = PostgresPool(
+            try PostgresConfiguration(url: TestEnvironment.appURL(url)), options: .init(maxConnections: 1))
+        defer { app.close() }
+        for table in ["earlier_notes", "later_notes"] {
+            let counts = try await app.transaction { connection in
+                try connection.execute("SET LOCAL ROLE marquee_system")
+                let all = try connection.query("SELECT count(*)::int AS n FROM \(identifier: table)")[0].decode(
+                    Int.self, "n")
+                try connection.execute("SET LOCAL ROLE marquee_api")
+                try connection.query("SELECT set_config('marquee.tenant_id', \(a.uuidString), true)")
+                let own = try connection.query("SELECT count(*)::int AS n FROM \(identifier: table)")[0].decode(
+                    Int.self, "n")
+                return (all, own)
+            }
+            #expect(counts.0 == 2 && counts.1 == 1, "\(table): system sees \(counts.0), tenant A sees \(counts.1)")
+        }
+        await #expect(throws: PostgresError.self) {
+            try await app.transaction { connection in
+                try connection.execute("SET LOCAL ROLE marquee_system")
+                try connection.execute("DELETE FROM earlier_notes")
+            }
+        }
+    }
 }
