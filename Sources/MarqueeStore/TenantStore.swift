@@ -181,11 +181,11 @@ public struct TenantStore: Sendable {
 
     /// The tenant's HMAC key for delivery tokens.
     public func deliverySecret(tenant: UUID) async throws -> [UInt8] {
-        let sealed = try await database.systemTransaction { connection in
-            let rows = try connection.query("SELECT sealed_delivery_secret FROM tenants WHERE id = \(tenant)")
-            guard let row = rows.first else { throw NotFound("tenant") }
-            return try row.decode([UInt8].self, "sealed_delivery_secret")
-        }
+        // Confined to the tenant (marquee_api reads its own tenant row), in one round trip.
+        let rows = try await database.tenantStatement(
+            tenant, "SELECT sealed_delivery_secret FROM tenants WHERE id = \(tenant)")
+        guard let row = rows.first else { throw NotFound("tenant") }
+        let sealed = try row.decode([UInt8].self, "sealed_delivery_secret")
         return try keyRing.open(sealed, associatedData: Self.deliverySecretContext(tenant))
     }
 
