@@ -18,7 +18,9 @@ bench_build() {
 # Every run starts from an empty `marquee` database (the cluster itself is kept, so its files stay warm).
 bench_pg() {
   DATABASE_URL=$("$root/Deploy/local/pg.sh" start "$out/pg")
-  export DATABASE_URL
+  # `serve` and `worker` log in as marquee_app (made by `marquee migrate`); psql and migrate use the owner.
+  APP_DATABASE_URL=${DATABASE_URL/postgres@/marquee_app@}
+  export DATABASE_URL APP_DATABASE_URL
   PGPORT=$(sed -n 4p "$out/pg/postmaster.pid")
   export PGPORT
   psql -q -h 127.0.0.1 -p "$PGPORT" -U postgres -d postgres \

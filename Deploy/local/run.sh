@@ -11,8 +11,11 @@ bin="$(swift build -c release --show-bin-path)/marquee"
 
 mkdir -p .data
 chmod 755 .data
-DATABASE_URL=$(Deploy/local/pg.sh start .data/pg)
-export DATABASE_URL
+# Least privilege as in production: the owner (the cluster's superuser here) migrates; the API and the workers log
+# in as marquee_app, which `marquee migrate` creates (the local cluster trusts local connections: no password).
+MARQUEE_MIGRATE_DATABASE_URL=$(Deploy/local/pg.sh start .data/pg)
+DATABASE_URL=${MARQUEE_MIGRATE_DATABASE_URL/postgres@/marquee_app@}
+export DATABASE_URL MARQUEE_MIGRATE_DATABASE_URL
 cleanup() { Deploy/local/pg.sh stop .data/pg; }
 trap cleanup EXIT
 

@@ -11,9 +11,11 @@ cleanup() {
   # Processes the tests started against this cluster (fixtures shared by a whole suite live until the test
   # process exits, and a crashed test process cannot stop them): stop them before the cluster.
   if [ -n "${DATABASE_URL:-}" ]; then
-    prefix="${DATABASE_URL%/*}/"
+    # Any role (serve and worker connect as marquee_app), this cluster's host and port.
+    hostport="${DATABASE_URL#*@}"
+    hostport="${hostport%%/*}"
     for pid in $(pgrep -f 'marquee (serve|worker|simulate)' || true); do
-      if { tr '\0' '\n' <"/proc/$pid/environ"; } 2>/dev/null | grep -q "^DATABASE_URL=$prefix"; then
+      if { tr '\0' '\n' <"/proc/$pid/environ"; } 2>/dev/null | grep -q "^DATABASE_URL=postgresql://[^@]*@$hostport/"; then
         kill "$pid" 2>/dev/null || true
       fi
     done

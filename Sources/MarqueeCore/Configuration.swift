@@ -40,6 +40,13 @@ public struct MarqueeConfiguration: Sendable, Equatable {
 
     /// `DATABASE_URL`: libpq URI or conninfo. Required by every command that touches the database.
     public var databaseURL: String?
+    /// `MARQUEE_MIGRATE_DATABASE_URL`: the owner's URL for `marquee migrate`; default `DATABASE_URL`.
+    public var migrateDatabaseURL: String?
+    /// `MARQUEE_APP_PASSWORD`: if set, `marquee migrate` gives the `marquee_app` login role this password.
+    public var appPassword: String?
+    /// `MARQUEE_ALLOW_PRIVILEGED_ROLE`: `true` lets `serve` and `worker` run (with a loud warning) as a database role
+    /// that is a superuser, has BYPASSRLS or owns Marquee's tables. Default `false`: they refuse to start.
+    public var allowPrivilegedRole: Bool
     /// `MARQUEE_LISTEN`: the API's address. Default `127.0.0.1:8080`.
     public var listen: ListenAddress
     /// `MARQUEE_LOG_LEVEL`: `trace` … `critical`. Default `info`.
@@ -126,6 +133,15 @@ public struct MarqueeConfiguration: Sendable, Equatable {
         }
 
         databaseURL = value("DATABASE_URL")
+        migrateDatabaseURL = value("MARQUEE_MIGRATE_DATABASE_URL")
+        appPassword = environment["MARQUEE_APP_PASSWORD"].flatMap { $0.isEmpty ? nil : $0 }
+        switch value("MARQUEE_ALLOW_PRIVILEGED_ROLE")?.lowercased() {
+        case nil, "false", "0", "no": allowPrivilegedRole = false
+        case "true", "1", "yes": allowPrivilegedRole = true
+        default:
+            problems.append(Problem(variable: "MARQUEE_ALLOW_PRIVILEGED_ROLE", reason: "must be true or false"))
+            allowPrivilegedRole = false
+        }
 
         if let text = value("MARQUEE_LISTEN") {
             if let address = ListenAddress(text) {

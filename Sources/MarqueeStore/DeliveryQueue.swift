@@ -77,8 +77,8 @@ public struct QueueStatistics: Sendable, Equatable {
 
 /// The delivery queue as workers see it: claims with `FOR UPDATE SKIP LOCKED` and a lease, results in batches.
 ///
-/// Workers work across tenants, so these statements run as the owning role (no row-level security); each still
-/// names `tenant_id` in its keys.
+/// Workers work across tenants, so these statements run as `marquee_system` (the worker's sessions start as that
+/// role, migration 0010), which row-level security lets see every tenant; each still names `tenant_id` in its keys.
 public struct DeliveryQueue: Sendable {
     let pool: PostgresPool
 

@@ -244,10 +244,68 @@ public struct RegistryStore: Sendable {
         }
     }
 
-    /// Erases a person with their devices and every token (by cascade).
+    /// Erases a person's trace, in one transaction: their instances (with attributes, content and options), every
+    /// delivery of those instances or to their devices and tokens (queued ones are thereby cancelled), the metrics of
+    /// those deliveries, lifecycle events, stored idempotent replies of those instances, and finally the person with
+    /// their devices and tokens (by cascade). Instances are removed, not anonymised: nothing of them is kept.
     public func deletePerson(tenant: UUID, id: String) async throws {
         let deleted = try await database.tenantTransaction(tenant) { connection in
-            try connection.execute("DELETE FROM people WHERE tenant_id = \(tenant) AND id = \(id)")
+            let found = try connection.query(
+                """
+                WITH devs AS (SELECT token FROM devices WHERE tenant_id = \(tenant) AND person_id = \(id))
+                SELECT ARRAY(SELECT token FROM devs) AS devices,
+                       ARRAY(SELECT token FROM devs
+                             UNION SELECT token FROM push_to_start_tokens
+                                   WHERE tenant_id = \(tenant) AND device_token IN (SELECT token FROM devs)
+                             UNION SELECT token FROM activity_tokens
+                                   WHERE tenant_id = \(tenant) AND device_token IN (SELECT token FROM devs)) AS tokens,
+                       ARRAY(SELECT i.id FROM instances i
+                             WHERE i.tenant_id = \(tenant)
+                               AND (i.person_id = \(id)
+                                    OR (p.email IS NOT NULL AND lower(i.person_email) = lower(p.email))
+                                    OR i.target_device IN (SELECT token FROM devs))) AS instances
+                FROM people p WHERE p.tenant_id = \(tenant) AND p.id = \(id)
+                FOR UPDATE OF p
+                """)
+            guard let row = found.first else { return 0 }
+            let devices = try row.decode([String].self, "devices")
+            let tokens = try row.decode([String].self, "tokens")
+            let instances = try row.decode([String].self, "instances")
+            let deliveries = try connection.query(
+                """
+                DELETE FROM deliveries
+                WHERE tenant_id = \(tenant)
+                  AND (instance_id = ANY(\(instances)::text[]) OR device_token = ANY(\(devices)::text[])
+                       OR token = ANY(\(tokens)::text[]))
+                RETURNING id::text AS id
+                """
+            ).map { try $0.decode(String.self, "id") }
+            try connection.execute(
+                """
+                DELETE FROM delivery_metrics
+                WHERE tenant_id = \(tenant)
+                  AND (lower(delivery_id) = ANY(\(deliveries)::text[]) OR recipient = ANY(\(tokens)::text[]))
+                """)
+            try connection.execute(
+                """
+                DELETE FROM activity_events
+                WHERE tenant_id = \(tenant)
+                  AND (instance_id = ANY(\(instances)::text[]) OR device_token = ANY(\(devices)::text[]))
+                """)
+            // Other devices' state and tokens for the person's instances (a device may have moved to someone else).
+            try connection.execute(
+                "DELETE FROM instance_devices WHERE tenant_id = \(tenant) AND instance_id = ANY(\(instances)::text[])")
+            try connection.execute(
+                "DELETE FROM activity_tokens WHERE tenant_id = \(tenant) AND instance_id = ANY(\(instances)::text[])")
+            try connection.execute(
+                """
+                DELETE FROM idempotency_keys k
+                WHERE k.tenant_id = \(tenant)
+                  AND EXISTS (SELECT 1 FROM unnest(\(instances)::text[]) AS i(id) WHERE strpos(k.response::text, i.id) > 0)
+                """)
+            try connection.execute(
+                "DELETE FROM instances WHERE tenant_id = \(tenant) AND id = ANY(\(instances)::text[])")
+            return try connection.execute("DELETE FROM people WHERE tenant_id = \(tenant) AND id = \(id)")
         }
         if deleted == 0 { throw NotFound("person") }
     }

@@ -6,8 +6,9 @@ import PostgresClient
 ///
 /// `tenantTransaction` switches the transaction to the `marquee_api` role and sets `marquee.tenant_id`, both with
 /// `SET LOCAL` semantics, so PostgreSQL's row-level security confines every statement in it to that tenant (the
-/// stores also name `tenant_id` in every statement: isolation twice). System work (creating tenants, looking up
-/// keys) uses `systemTransaction`, as the connecting role.
+/// stores also name `tenant_id` in every statement: isolation twice). Cross-tenant system work (creating tenants,
+/// administering keys, resealing) uses `systemTransaction`, which switches to `marquee_system` (migration 0010).
+/// The login role (`marquee_app`) has no privilege on tenant tables by itself: work that names neither role fails.
 public struct TenantDatabase: Sendable {
     public let pool: PostgresPool
 
@@ -25,15 +26,37 @@ public struct TenantDatabase: Sendable {
         }
     }
 
-    /// Runs `body` in one transaction as the connecting role (no tenant, no row-level security).
+    /// Runs `body` in one transaction as `marquee_system`: every tenant's rows, no DDL.
     public func systemTransaction<T: Sendable>(_ body: @escaping @Sendable (PostgresConnection) throws -> T)
         async throws -> T
     {
-        try await pool.transaction { connection in try body(connection) }
+        try await pool.transaction { connection in
+            try connection.enterSystem()
+            return try body(connection)
+        }
+    }
+
+    /// Runs one statement for `tenant` in its own transaction, in one round trip (pipelined), and returns its rows.
+    public func tenantStatement(_ tenant: UUID, _ statement: PostgresQuery) async throws -> PostgresRows {
+        let statements: [PostgresQuery] = ["BEGIN", "SELECT marquee_enter_tenant(\(tenant))", statement, "COMMIT"]
+        let results = try await pool.withConnection { connection in
+            let results = try connection.pipeline(statements)
+            if results.contains(where: { if case .failure = $0 { true } else { false } }) {
+                _ = try? connection.execute("ROLLBACK")
+            }
+            return results
+        }
+        for result in results { _ = try result.get() }
+        return try results[2].get()
     }
 }
 
 extension PostgresConnection {
+    /// Switches the current transaction to `marquee_system`, the cross-tenant role of system work.
+    public func enterSystem() throws {
+        try query("SELECT set_config('role', 'marquee_system', true)")
+    }
+
     /// Confines the current transaction to `tenant` (role `marquee_api`, `marquee.tenant_id`).
     public func enterTenant(_ tenant: UUID) throws {
         try query(

@@ -157,35 +157,35 @@ public struct TenantStore: Sendable {
             return nil
         }
         let hash = SHA256.hash(Array(presented.utf8))
-        return try await database.pool.withConnection { connection in
-            let rows = try connection.query(
-                """
-                WITH key AS (
-                    SELECT id, kind, last_used_at FROM api_keys
-                    WHERE tenant_id = \(tenant) AND hash = \(hash)
-                      AND (revoked_at IS NULL OR revoked_at > now())
-                ), touched AS (
-                    UPDATE api_keys SET last_used_at = now()
-                    WHERE tenant_id = \(tenant) AND id IN (
-                        SELECT id FROM key WHERE last_used_at IS NULL OR last_used_at < now() - interval '60 seconds')
-                    RETURNING id
-                )
-                SELECT key.id, key.kind, (SELECT count(*) FROM touched) AS touched FROM key
-                """)
-            guard let row = rows.first, let kind = APIKeyKind(rawValue: try row.decode(String.self, "kind")),
-                kind == parsed.kind
-            else { return nil }
-            return Principal(tenantID: tenant, keyID: try row.decode(UUID.self, "id"), kind: kind)
-        }
+        // The tenant is part of the key text, so the lookup runs confined to it, like tenant work.
+        let rows = try await database.tenantStatement(
+            tenant,
+            """
+            WITH key AS (
+                SELECT id, kind, last_used_at FROM api_keys
+                WHERE tenant_id = \(tenant) AND hash = \(hash)
+                  AND (revoked_at IS NULL OR revoked_at > now())
+            ), touched AS (
+                UPDATE api_keys SET last_used_at = now()
+                WHERE tenant_id = \(tenant) AND id IN (
+                    SELECT id FROM key WHERE last_used_at IS NULL OR last_used_at < now() - interval '60 seconds')
+                RETURNING id
+            )
+            SELECT key.id, key.kind, (SELECT count(*) FROM touched) AS touched FROM key
+            """)
+        guard let row = rows.first, let kind = APIKeyKind(rawValue: try row.decode(String.self, "kind")),
+            kind == parsed.kind
+        else { return nil }
+        return Principal(tenantID: tenant, keyID: try row.decode(UUID.self, "id"), kind: kind)
     }
 
     /// The tenant's HMAC key for delivery tokens.
     public func deliverySecret(tenant: UUID) async throws -> [UInt8] {
-        let sealed = try await database.systemTransaction { connection in
-            let rows = try connection.query("SELECT sealed_delivery_secret FROM tenants WHERE id = \(tenant)")
-            guard let row = rows.first else { throw NotFound("tenant") }
-            return try row.decode([UInt8].self, "sealed_delivery_secret")
-        }
+        // Confined to the tenant (marquee_api reads its own tenant row), in one round trip.
+        let rows = try await database.tenantStatement(
+            tenant, "SELECT sealed_delivery_secret FROM tenants WHERE id = \(tenant)")
+        guard let row = rows.first else { throw NotFound("tenant") }
+        let sealed = try row.decode([UInt8].self, "sealed_delivery_secret")
         return try keyRing.open(sealed, associatedData: Self.deliverySecretContext(tenant))
     }
 

@@ -21,6 +21,10 @@ public struct PostgresConfiguration: Sendable, CustomStringConvertible {
     /// Reported to the server as `application_name` (visible in `pg_stat_activity`).
     public var applicationName: String?
 
+    /// Server settings applied when each connection starts, as `-c name=value` options (e.g. `role`: the session's
+    /// role, which transaction-local `SET ROLE`s return to). Names and values must not contain spaces.
+    public var startupSettings: [String: String] = [:]
+
     /// Receives server notices (e.g. `NOTICE: relation already exists`). Default: notices are dropped.
     public var noticeHandler: (@Sendable (String) -> Void)?
 
@@ -111,6 +115,9 @@ public struct PostgresConfiguration: Sendable, CustomStringConvertible {
             options += " "
         }
         options += "-c TimeZone=UTC -c DateStyle=ISO,MDY -c IntervalStyle=iso_8601"
+        for (name, value) in startupSettings.sorted(by: { $0.key < $1.key }) {
+            options += " -c \(name)=\(value)"
+        }
         result.append(Parameter(key: "options", value: options))
         return result
     }

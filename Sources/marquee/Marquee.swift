@@ -1,7 +1,10 @@
 import Crypto
 import Foundation
 import MarqueeCore
+import MarqueeStore
 import Observability
+import PostgresClient
+import ServiceLifecycle
 
 /// The `marquee` command line: parses the subcommand and hands over to it.
 @main
@@ -102,5 +105,52 @@ enum Startup {
 
     static func logger(_ label: String, _ configuration: MarqueeConfiguration) -> Logger {
         Logger(label: label, level: LogLevel(string: configuration.logLevel) ?? .info)
+    }
+}
+
+/// `serve` or `worker` found its database role too privileged (see `DatabaseRoleCheck`).
+struct PrivilegedRoleError: Error, CustomStringConvertible {
+    var command: String
+    var check: DatabaseRoleCheck
+    var description: String {
+        "refusing to run \(command): \(check.summary). Row-level security does not hold for such a role. Connect as "
+            + "marquee_app (created by `marquee migrate`; see the README's security section), or set "
+            + "MARQUEE_ALLOW_PRIVILEGED_ROLE=true to run anyway (emergencies only)."
+    }
+}
+
+extension Startup {
+    /// Checks the login role of `pool` against least privilege: refuses a privileged role (throws
+    /// `PrivilegedRoleError`) unless `MARQUEE_ALLOW_PRIVILEGED_ROLE` is true, then it warns loudly. If the database
+    /// cannot be reached yet, the check is repeated in the returned service until it can; nil when done already.
+    static func databaseRoleGuard(
+        pool: PostgresPool, command: String, _ configuration: MarqueeConfiguration, logger: Logger
+    ) async throws -> ClosureService? {
+        @Sendable func verify() async throws -> Bool {
+            let check: DatabaseRoleCheck
+            do {
+                check = try await DatabaseRoleCheck.inspect(pool)
+            } catch {
+                return false
+            }
+            guard !check.isLeastPrivilege else { return true }
+            let error = PrivilegedRoleError(command: command, check: check)
+            guard configuration.allowPrivilegedRole else { throw error }
+            logger.critical(
+                "RUNNING WITH A PRIVILEGED DATABASE ROLE (MARQUEE_ALLOW_PRIVILEGED_ROLE=true): tenant isolation "
+                    + "rests on Marquee's queries alone",
+                metadata: ["db.role": .string(check.role), "problems": .string(check.problems.joined(separator: ", "))])
+            return true
+        }
+        if try await verify() { return nil }
+        logger.warning("database not reachable yet; its role is checked once it is")
+        return ClosureService {
+            while !Task.isCancelled {
+                try? await Task.sleep(for: .seconds(1))
+                if Task.isCancelled { return }
+                if try await verify() { break }
+            }
+            while !Task.isCancelled { try? await Task.sleep(for: .seconds(3600)) }
+        }
     }
 }

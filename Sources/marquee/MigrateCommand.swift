@@ -21,7 +21,9 @@ struct MigrateCommand {
         let configuration = try Startup.configuration()
         let logger = Startup.logger("marquee.migrate", configuration)
         let migrations = try Database.migrations(configuration)
-        var pgConfiguration = try PostgresConfiguration(url: try configuration.requireDatabaseURL())
+        // The owner migrates: MARQUEE_MIGRATE_DATABASE_URL when the API's DATABASE_URL is the marquee_app role.
+        var pgConfiguration = try PostgresConfiguration(
+            url: try configuration.migrateDatabaseURL ?? configuration.requireDatabaseURL())
         pgConfiguration.applicationName = "marquee-migrate"
         let pool = PostgresPool(pgConfiguration, options: .init(maxConnections: 1))
         defer { pool.close() }
@@ -48,6 +50,13 @@ struct MigrateCommand {
                     "duration.ms": .double(
                         Double(elapsed.components.seconds) * 1000 + Double(elapsed.components.attoseconds) / 1e15),
                 ])
+        }
+        if let password = configuration.appPassword {
+            // ALTER ROLE takes no parameters: the server quotes the literal.
+            let rows = try await pool.query(
+                "SELECT format('ALTER ROLE marquee_app PASSWORD %L', \(password)::text) AS statement")
+            try await pool.execute(PostgresQuery(unsafeSQL: try rows[0].decode(String.self, "statement")))
+            logger.info("marquee_app password set from MARQUEE_APP_PASSWORD")
         }
         logger.info(
             applied.isEmpty ? "database is current" : "migrations done",

@@ -56,6 +56,8 @@ struct ServeCommand {
                 }
             })
 
+        let roleGuard = try await Startup.databaseRoleGuard(
+            pool: pool, command: "serve", configuration, logger: logger)
         if let status = try? await migrator.status(), !status.isCurrent {
             logger.warning(
                 "database schema is not current; /readyz answers 503 until `marquee migrate` runs",
@@ -65,7 +67,7 @@ struct ServeCommand {
             "listening",
             metadata: ["listen": .string(configuration.listen.description), "version": .string(MarqueeVersion.current)])
         try await ServiceGroup(
-            services: [("postgres.pool", pool), ("http", server)],
+            services: [("postgres.pool", pool), ("http", server)] + (roleGuard.map { [("database.role", $0)] } ?? []),
             configuration: .init(drainTimeout: .seconds(configuration.drainTimeoutSeconds + 5)),
             logger: logger
         ).run()

@@ -21,6 +21,9 @@ struct WorkerCommand {
         let keyRing = try Startup.keyRing(configuration, command: "worker")
         var pgConfiguration = try PostgresConfiguration(url: try configuration.requireDatabaseURL())
         pgConfiguration.applicationName = "marquee-worker"
+        // The worker's work is cross-tenant (claims, results, token retirement, clean-up): its sessions run as
+        // marquee_system (migration 0010); tenant-scoped steps still switch to marquee_api per transaction.
+        pgConfiguration.startupSettings["role"] = "marquee_system"
         let pool = PostgresPool(
             pgConfiguration, options: .init(maxConnections: max(4, configuration.workerLoops * 2 + 2)))
         let metrics = MetricsRegistry()
@@ -54,6 +57,8 @@ struct WorkerCommand {
                 drainTimeout: .seconds(2)),
             router: router)
 
+        let roleGuard = try await Startup.databaseRoleGuard(
+            pool: pool, command: "worker", configuration, logger: logger)
         logger.info(
             "worker starting",
             metadata: [
@@ -64,7 +69,7 @@ struct WorkerCommand {
             services: [
                 ("postgres.pool", pool), ("worker", ClosureService { try await worker.run() }),
                 ("metrics", metricsServer),
-            ],
+            ] + (roleGuard.map { [("database.role", $0)] } ?? []),
             configuration: .init(drainTimeout: .seconds(configuration.drainTimeoutSeconds + 5)),
             logger: logger
         ).run()

@@ -32,6 +32,15 @@ enum TestEnvironment {
         return components.string!
     }
 
+    /// `url` for the `marquee_app` login role (migration 0010) instead of its owner: what `serve` and `worker` use.
+    /// The test cluster trusts local connections, so no password is needed.
+    static func appURL(_ url: String) -> String {
+        guard var components = URLComponents(string: url) else { fatalError("DATABASE_URL must be a URI in tests") }
+        components.user = "marquee_app"
+        components.password = nil
+        return components.string!
+    }
+
     /// A fresh, empty database; dropped by `drop`.
     static func makeDatabase(base: String = databaseURL) async throws -> String {
         let name = "t_" + UUID().uuidString.lowercased().replacingOccurrences(of: "-", with: "").prefix(20)
@@ -175,7 +184,9 @@ final class MarqueeProcess: Sendable {
     static let masterKey = Data((0..<32).map { _ in UInt8.random(in: 0...255) }).base64EncodedString()
     static let adminToken = "test-admin-token-0123456789"
 
-    init(_ arguments: [String], environment: [String: String], port: Int) throws {
+    /// `serve` and `worker` connect as `marquee_app`, as in production (the owner's `DATABASE_URL` is rewritten),
+    /// unless `asOwner` keeps the given URL (to test that they refuse it).
+    init(_ arguments: [String], environment: [String: String], port: Int, asOwner: Bool = false) throws {
         self.port = port
         var env: [String: String] = [
             "MARQUEE_LISTEN": "127.0.0.1:\(port)", "MARQUEE_MIGRATIONS_DIR": TestEnvironment.migrationsDirectory,
@@ -188,6 +199,9 @@ final class MarqueeProcess: Sendable {
                 "api.push.apple.com,api.sandbox.push.apple.com,fcm.googleapis.com,oauth2.googleapis.com,127.0.0.1",
         ]
         env.merge(environment) { _, new in new }
+        if !asOwner, ["serve", "worker"].contains(arguments.first ?? "") {
+            env["DATABASE_URL"] = TestEnvironment.appURL(env["DATABASE_URL"] ?? TestEnvironment.databaseURL)
+        }
         process = try Subprocess(
             TestEnvironment.marqueeBinary, arguments, environment: env,
             outputPath: NSTemporaryDirectory() + "marquee-\(UUID().uuidString).log")

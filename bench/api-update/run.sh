@@ -36,7 +36,7 @@ INSERT INTO activity_tokens (tenant_id, instance_id, device_token, token)
 VACUUM ANALYZE;
 SQL
 
-"$bin/marquee" serve >"$out/api-update-serve.log" 2>&1 &
+DATABASE_URL=$APP_DATABASE_URL "$bin/marquee" serve >"$out/api-update-serve.log" 2>&1 &
 pid=$!
 trap 'kill -TERM $pid 2>/dev/null; wait $pid 2>/dev/null; bench_pg_stop' EXIT
 for _ in $(seq 1 100); do curl -sf "http://$MARQUEE_LISTEN/healthz" >/dev/null && break; sleep 0.1; done

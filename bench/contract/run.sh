@@ -19,7 +19,7 @@ export MARQUEE_MASTER_KEY MARQUEE_MIGRATIONS_DIR="$root/Migrations"
 created=$("$bin/marquee" tenant create --name contract --json)
 app=$(echo "$created" | sed -n 's/.*"app":"\([^"]*\)".*/\1/p')
 sdk=$(echo "$created" | sed -n 's/.*"sdk":"\([^"]*\)".*/\1/p')
-"$bin/marquee" serve >"$out/contract-serve.log" 2>&1 &
+DATABASE_URL=$APP_DATABASE_URL "$bin/marquee" serve >"$out/contract-serve.log" 2>&1 &
 pid=$!
 trap 'kill -TERM $pid 2>/dev/null; wait $pid 2>/dev/null; bench_pg_stop' EXIT
 for _ in $(seq 1 100); do curl -sf "http://$MARQUEE_LISTEN/healthz" >/dev/null && break; sleep 0.1; done

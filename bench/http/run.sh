@@ -13,7 +13,7 @@ export MARQUEE_MIGRATIONS_DIR="$root/Migrations"
 trap 'kill -TERM ${pid:-0} 2>/dev/null; wait ${pid:-0} 2>/dev/null; bench_pg_stop' EXIT
 machine
 for level in info warning; do
-  MARQUEE_LOG_LEVEL=$level "$bin/marquee" serve >"$out/http-serve.log" 2>&1 &
+  MARQUEE_LOG_LEVEL=$level DATABASE_URL=$APP_DATABASE_URL "$bin/marquee" serve >"$out/http-serve.log" 2>&1 &
   pid=$!
   for _ in $(seq 1 100); do curl -sf "http://$MARQUEE_LISTEN/healthz" >/dev/null && break; sleep 0.1; done
   echo "== MARQUEE_LOG_LEVEL=$level (access log $([ $level = info ] && echo on || echo off)): wrk -t2 -c64 -d10s /healthz"

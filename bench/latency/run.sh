@@ -51,7 +51,7 @@ sim=$!
 pids+=("$sim")
 wait_sim "$sim_port" "$work/ca.pem"
 
-"$bin/marquee" serve >"$work/serve.log" 2>&1 &
+DATABASE_URL=$APP_DATABASE_URL "$bin/marquee" serve >"$work/serve.log" 2>&1 &
 api=$!
 pids+=("$api")
 for _ in $(seq 1 100); do curl -sf "http://$MARQUEE_LISTEN/healthz" >/dev/null && break; sleep 0.1; done
@@ -79,7 +79,7 @@ SQL
 worker_pids=()
 for w in $(seq 1 "$workers"); do
   MARQUEE_CA_FILE="$work/ca.pem" MARQUEE_WORKER_BATCH=${BATCH:-256} MARQUEE_WORKER_LOOPS=${LOOPS:-2} \
-    MARQUEE_METRICS_LISTEN=127.0.0.1:$((metrics_port + w)) "$bin/marquee" worker >"$work/worker-$w.log" 2>&1 &
+    MARQUEE_METRICS_LISTEN=127.0.0.1:$((metrics_port + w)) DATABASE_URL=$APP_DATABASE_URL "$bin/marquee" worker >"$work/worker-$w.log" 2>&1 &
   worker_pids+=($!)
   pids+=($!)
 done

@@ -17,7 +17,7 @@ created=$("$bin/marquee" tenant create --name "bench-$(date +%s)" --json)
 SDK_KEY=$(echo "$created" | sed -n 's/.*"sdk":"\([^"]*\)".*/\1/p')
 tenant=$(echo "$created" | sed -n 's/^{"created_at":"[^"]*","id":"\([^"]*\)".*/\1/p')
 export SDK_KEY
-"$bin/marquee" serve >"$out/registrations-serve.log" 2>&1 &
+DATABASE_URL=$APP_DATABASE_URL "$bin/marquee" serve >"$out/registrations-serve.log" 2>&1 &
 pid=$!
 trap 'kill -TERM $pid 2>/dev/null; wait $pid 2>/dev/null; bench_pg_stop' EXIT
 for _ in $(seq 1 100); do curl -sf "http://$MARQUEE_LISTEN/healthz" >/dev/null && break; sleep 0.1; done

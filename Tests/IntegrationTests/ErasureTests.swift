@@ -1,0 +1,154 @@
+import Crypto
+import Foundation
+import MarqueeStore
+import PostgresClient
+import Testing
+
+/// `DELETE /v1/people/{id}` erases the person's trace from every table of the schema.
+@Suite("Erasure")
+struct ErasureTests {
+    /// How many rows of `tenant` in each table of the schema mention `needle` anywhere (any column, JSON included).
+    /// Tables are enumerated from information_schema, so a table added later is searched too.
+    static func mentions(_ pool: PostgresPool, tenant: UUID, _ needle: String) async throws -> [String: Int] {
+        let tables = try await pool.query(
+            """
+            SELECT t.table_name::text AS name,
+                   EXISTS (SELECT 1 FROM information_schema.columns c
+                           WHERE c.table_schema = t.table_schema AND c.table_name = t.table_name
+                             AND c.column_name = 'tenant_id') AS tenant_scoped
+            FROM information_schema.tables t
+            WHERE t.table_schema = current_schema() AND t.table_type = 'BASE TABLE'
+            """)
+        var found: [String: Int] = [:]
+        for row in tables {
+            let table = try row.decode(String.self, "name")
+            let scoped = try row.decode(Bool.self, "tenant_scoped")
+            let filter = scoped ? "x.tenant_id = $2" : (table == "tenants" ? "x.id = $2" : "$2::uuid IS NOT NULL")
+            let n = try await pool.count(
+                PostgresQuery(
+                    unsafeSQL: """
+                        SELECT count(*)::int AS n FROM "\(table)" x WHERE \(filter) AND strpos(x::text, $1) > 0
+                        """, binds: [needle.encodePostgres(), tenant.encodePostgres()]))
+            if n > 0 { found[table] = n }
+        }
+        return found
+    }
+
+    @Test("deleting a person removes their ID, email, devices, tokens, instances, deliveries, events and metrics")
+    func deletePersonErasesEveryTrace() async throws {
+        let fixture = try await RegistryFixture.get()
+        let api = fixture.api
+        let tenant = try await api.createTenant()
+        let person = Fake.id("erase")
+        let email = person + "@erase.example.com"
+        let iphone = Fake.hex()
+        let pixel = Fake.fcm()
+        let pushToStart = Fake.hex()
+        let activityToken = Fake.hex()
+        let type = Fake.activityType()
+        let instance = Fake.id("inst")
+        // Another person of the same tenant keeps everything.
+        let other = Fake.id("keep")
+        let otherPhone = Fake.hex()
+        let otherInstance = Fake.id("inst")
+
+        func ok(_ response: HTTP.Response, _ what: String) throws {
+            guard (200..<300).contains(response.status) else {
+                throw TestFailure("\(what): \(response.status) \(response.text)")
+            }
+        }
+        try ok(await api.call("PUT", "/v1/people/\(person)", key: tenant.app, json: ["email": email]), "person")
+        try ok(
+            await api.call("PUT", "/v1/people/\(person)/devices/\(iphone)", key: tenant.sdk, json: ["platform": "ios"]),
+            "iphone")
+        try ok(
+            await api.call(
+                "PUT", "/v1/people/\(person)/devices/\(pixel)", key: tenant.sdk, json: ["platform": "android"]),
+            "pixel")
+        try ok(
+            await api.call("PUT", "/v1/activity_types/\(type)", key: tenant.app, json: ["attributes_type": "Attrs"]),
+            "type")
+        try ok(
+            await api.call(
+                "PUT", "/v1/people/\(person)/devices/\(iphone)/push_to_start/\(type)", key: tenant.sdk,
+                json: ["token": pushToStart]), "push-to-start")
+        try ok(
+            await api.call(
+                "PUT", "/v1/people/\(other)/devices/\(otherPhone)", key: tenant.sdk, json: ["platform": "ios"]),
+            "other's phone")
+        try ok(
+            await api.call(
+                "PUT", "/v1/people/\(other)/devices/\(otherPhone)/push_to_start/\(type)", key: tenant.sdk,
+                json: ["token": Fake.hex()]), "other's push-to-start")
+        for (who, id) in [(person, instance), (other, otherInstance)] {
+            try ok(
+                await api.call(
+                    "POST", "/v1/live_notifications/start", key: tenant.app,
+                    json: [
+                        "identifiers": ["id": who], "notification_type": type, "instance_id": id,
+                        "attributes": ["owner": who, "mail": who == person ? email : "kept@example.com"],
+                        "content_state": ["step": 1],
+                        "push_payload": ["alert": ["title": "Hi", "body": "for \(who)"]],
+                    ], headers: ["Idempotency-Key": "start-" + id]), "start \(id)")
+        }
+        try ok(
+            await api.call(
+                "PUT", "/v1/live_notifications/\(instance)/tokens/\(iphone)", key: tenant.sdk,
+                json: ["token": activityToken]), "activity token")
+        for device in [iphone, pixel] {
+            try ok(
+                await api.call(
+                    "POST", "/v1/live_notifications/\(instance)/events", key: tenant.sdk,
+                    json: [
+                        "event": "started", "device_token": device, "at": Date().timeIntervalSince1970,
+                        "content_state": ["step": 1],
+                    ]), "event")
+        }
+        try ok(
+            await api.call(
+                "POST", "/v1/live_notifications/update", key: tenant.app,
+                json: ["instance_id": instance, "content_state_patch": ["step": 2]],
+                headers: ["Idempotency-Key": "update-" + instance]), "update")
+        // Deliveries are queued (no worker runs here): their metrics, as the SDK reports them.
+        let deliveries = try await fixture.pool.query(
+            "SELECT id::text AS id FROM deliveries WHERE tenant_id = \(tenant.uuid) AND instance_id = \(instance)"
+        ).map { try $0.decode(String.self, "id") }
+        #expect(deliveries.count >= 3, "start to push-to-start and FCM, update to the activity token and FCM")
+        let secret = try await fixture.tenants.deliverySecret(tenant: tenant.uuid)
+        for delivery in deliveries {
+            try ok(
+                await api.call(
+                    "POST", "/v1/deliveries/\(delivery)/metrics", key: tenant.sdk,
+                    json: [
+                        "metric": "delivered", "recipient": iphone,
+                        "delivery_token": DeliveryTokens.make(deliveryID: delivery, secret: secret),
+                    ]), "metric")
+        }
+
+        let needles = [person, email, iphone, pixel, pushToStart, activityToken, instance] + deliveries
+        for needle in [person, email, iphone, pixel, pushToStart, activityToken, instance] {
+            #expect(try await !Self.mentions(fixture.pool, tenant: tenant.uuid, needle).isEmpty, "seeded: \(needle)")
+        }
+        let before = try await Self.mentions(fixture.pool, tenant: tenant.uuid, otherInstance)
+
+        let deleted = try await api.call("DELETE", "/v1/people/\(person)", key: tenant.app)
+        #expect(deleted.status == 204, "\(deleted.text)")
+
+        for needle in needles {
+            let left = try await Self.mentions(fixture.pool, tenant: tenant.uuid, needle)
+            #expect(left.isEmpty, "after erasure, \(needle) is still in \(left)")
+        }
+        #expect(
+            try await fixture.pool.count(
+                """
+                SELECT count(*)::int AS n FROM deliveries
+                WHERE tenant_id = \(tenant.uuid) AND status = 'queued' AND token = ANY(\([iphone, pixel, pushToStart, activityToken])::text[])
+                """) == 0)
+        // The other person's instance, deliveries and idempotent replies are untouched.
+        #expect(try await Self.mentions(fixture.pool, tenant: tenant.uuid, otherInstance) == before)
+        let otherView = try await api.call("GET", "/v1/people/\(other)", key: tenant.app)
+        #expect(otherView.status == 200)
+        // Deleting again: the person is gone.
+        expectProblem(try await api.call("DELETE", "/v1/people/\(person)", key: tenant.app), 404, "not-found")
+    }
+}
