@@ -77,21 +77,10 @@ start_worker() {
   return 1
 }
 
-# stop_pid PID LIMIT: SIGTERM, then wait up to LIMIT seconds. Prints "exit=<code> seconds=<s>" (exit=timeout when
-# it did not stop; it is then killed).
+# stop_pid PID LIMIT: SIGTERM, then wait up to LIMIT seconds; see await_exit.
 stop_pid() {
-  local t0 code=timeout
-  t0=$(date +%s.%N)
-  kill -TERM "$1" 2>/dev/null || true
-  for _ in $(seq 1 $(($2 * 10))); do
-    if ! kill -0 "$1" 2>/dev/null; then
-      wait "$1" 2>/dev/null && code=0 || code=$?
-      break
-    fi
-    sleep 0.1
-  done
-  if [ "$code" = timeout ]; then kill -9 "$1" 2>/dev/null || true; wait "$1" 2>/dev/null || true; fi
-  echo "exit=$code seconds=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.2f", b - a }')"
+  term_all "$1"
+  await_exit "$1" "$2"
 }
 
 # new_tenant NAME [BUNDLE]: a tenant (CLI), its APNs credential pointing at the simulator and the activity type
@@ -197,3 +186,43 @@ finish() {
 }
 now() { date +%s.%N; }
 elapsed() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", b - a }'; }
+
+# term_all PID…: SIGTERM to all at once; await_exit PID LIMIT then sets `stopped`/`stopped_code` like stop_pid,
+# timed from the term_all.
+term_all() {
+  term_t0=$(now)
+  local p
+  for p in "$@"; do kill -TERM "$p" 2>/dev/null || true; done
+}
+await_exit() {
+  local code=timeout
+  for _ in $(seq 1 $(($2 * 20))); do
+    if ! kill -0 "$1" 2>/dev/null || [ "$(ps -o stat= -p "$1" 2>/dev/null)" = Z ]; then
+      code=0
+      wait "$1" 2>/dev/null || code=$?
+      break
+    fi
+    sleep 0.05
+  done
+  if [ "$code" = timeout ]; then kill -9 "$1" 2>/dev/null || true; wait "$1" 2>/dev/null || true; fi
+  stopped="exit=$code after $(elapsed "$term_t0" "$(now)") s"
+  stopped_code=$code
+}
+
+# accepted_sent NAME: loads the 2xx'd updates of NAME and the simulator's records; sets accepted, sent_ok (recorded
+# sent and received by the simulator) and lost (the others).
+accepted_sent() {
+  load_accepted "$1"
+  load_received
+  read -r accepted sent_ok lost <<<"$(sql -c "
+    SELECT count(*),
+           count(*) FILTER (WHERE d.id IS NOT NULL AND EXISTS (SELECT 1 FROM chaos_received r WHERE r.apns_id = d.id)),
+           count(*) FILTER (WHERE d.id IS NULL OR NOT EXISTS (SELECT 1 FROM chaos_received r WHERE r.apns_id = d.id))
+    FROM chaos_accepted a LEFT JOIN deliveries d ON d.instance_id = a.instance_id AND d.instance_version = a.version
+         AND d.operation = 'update' AND d.status = 'sent'")"
+}
+
+# answers NAME FROM TO: the answers to requests of NAME sent between FROM and TO (epoch seconds), "status:count …".
+answers() {
+  awk -F'\t' -v a="$2" -v b="$3" '$3 >= a && $3 <= b { n[$2]++ } END { for (s in n) printf "%s:%d ", s, n[s] }' "$work/$1.tsv"
+}
