@@ -85,8 +85,9 @@ do {
     case "jwt": try jwt(Array(arguments.dropFirst()))
     default:
         FileHandle.standardError.write(
-            Data("usage: marquee-bench pg-bulk|transport|latency|requests|keygen|jwt … (see bench/Sources/marquee-bench)\n".utf8)
-        )
+            Data(
+                "usage: marquee-bench pg-bulk|transport|latency|requests|keygen|jwt … (see bench/Sources/marquee-bench)\n"
+                    .utf8))
         exit(2)
     }
 } catch {
