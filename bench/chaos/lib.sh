@@ -10,6 +10,7 @@ work="$out/chaos/${CHAOS_NAME:-chaos}"
 pgdir="$out/chaos/pg"
 mkdir -p "$work"
 chmod 755 "$out/chaos"
+rm -f "$work"/*.txt "$work"/*.tsv "$work"/*.accepted "$work"/*.summary "$work"/*.log "$work"/records.jsonl
 
 chaos_build() {
   (cd "$root" && swift build -c "$config" --product marquee >&2 && swift build -c "$config" --product marquee-bench >&2)

@@ -35,7 +35,7 @@ tdown=$(now)
 sleep "${OUTAGE:-5}"
 "$root/Deploy/local/pg.sh" start "$pgdir" "$PGPORT" >/dev/null
 tup=$(now)
-echo "PostgreSQL: $mode took $(elapsed "$td" "$tdown") s; down for $(elapsed "$td" "$tup") s (until ready)"
+echo "PostgreSQL: $mode took $(elapsed "$td" "$tdown") s; down for $(elapsed "$td" "$tup") s (until pg.sh start returned)"
 wait "$driver" || true
 cat "$work/g-updates.summary"
 wait_until "${WAIT:-120}" "SELECT NOT EXISTS (SELECT 1 FROM deliveries WHERE status = 'queued')" \
@@ -50,14 +50,16 @@ n503=$(awk -F'\t' -v a="$td" -v b="$tup" '$3 >= a && $3 <= b && $2 == 503' "$wor
 bad_any=$(awk -F'\t' '($2 >= 500 && $2 != 503) || $2 <= 0' "$work/g-updates.tsv" | wc -l)
 slowest=$(awk -F'\t' -v a="$td" -v b="$tup" '$3 >= a && $3 <= b { d = $4 - $3; if (d > m) m = d } END { printf "%.2f", m }' "$work/g-updates.tsv")
 first_ok=$(awk -F'\t' -v t="$tup" '$3 >= t && $2 == 200 { print $4; exit }' "$work/g-updates.tsv")
-first_sent=$(sql -c "SELECT extract(epoch FROM min(sent_at)) FROM deliveries WHERE sent_at >= to_timestamp($tup)")
-resume=$( [ -n "$first_sent" ] && elapsed "$tup" "$first_sent" || echo 9999)
+# Back = when the restarted postmaster started (pg.sh returns a little later, once it also checked the database).
+back=$(sql -c "SELECT extract(epoch FROM pg_postmaster_start_time())")
+first_sent=$(sql -c "SELECT extract(epoch FROM min(sent_at)) FROM deliveries WHERE sent_at >= pg_postmaster_start_time()")
+resume=$( [ -n "$first_sent" ] && elapsed "$back" "$first_sent" || echo 9999)
 echo "answers before the outage: $(answers g-updates 0 "$td")"
 echo "answers during the outage: $during(slowest answer $slowest s)"
 echo "answers after PostgreSQL is back: $(answers g-updates "$tup" 9999999999)"
 echo "a 5xx answer during the outage: $(awk -F'\t' -v a="$td" -v b="$tup" '$3 >= a && $3 <= b && $2 >= 500 { print $2, $5, $6; exit }' "$work/g-updates.tsv")"
 echo "deliveries by operation, status: $(sql -R' ' -F':' -c "SELECT operation, status, count(*) FROM deliveries GROUP BY 1, 2 ORDER BY 1, 2")"
-echo "figures: $accepted updates accepted, $sent_ok sent and received, $lost lost; during the outage $n503 answers 503, $not503 other 5xx or no answer; first 200 $( [ -n "$first_ok" ] && elapsed "$tup" "$first_ok" || echo '-') s and first delivery sent $resume s after PostgreSQL was back"
+echo "figures: $accepted updates accepted, $sent_ok sent and received, $lost lost; during the outage $n503 answers 503, $not503 other 5xx or no answer; first 200 $( [ -n "$first_ok" ] && elapsed "$back" "$first_ok" || echo '-') s and first delivery recorded sent $resume s after the restarted PostgreSQL started"
 check "every 200 has its delivery, recorded sent and received by the simulator" "[ '$accepted' -gt 0 ] && [ '$lost' = 0 ]"
 check "during the outage the API answers 503 (no other 5xx, no hang, no dropped connection)" "[ '$n503' -gt 0 ] && [ '$not503' = 0 ] && [ '$bad_any' = 0 ]"
 check "every 503 is application/problem+json" "[ '$plain503' = 0 ]"
