@@ -13,6 +13,7 @@ chmod 755 "$out/chaos"
 rm -f "$work"/*.txt "$work"/*.tsv "$work"/*.accepted "$work"/*.summary "$work"/*.log "$work"/records.jsonl
 
 chaos_build() {
+  MARQUEE_EXTRA_PACKAGES="" "$root/Deploy/local/deps.sh"
   (cd "$root" && swift build -c "$config" --product marquee >&2 && swift build -c "$config" --product marquee-bench >&2)
   bin="$(cd "$root" && swift build -c "$config" --show-bin-path)"
 }
@@ -198,7 +199,7 @@ term_all() {
 await_exit() {
   local code=timeout
   for _ in $(seq 1 $(($2 * 20))); do
-    if ! kill -0 "$1" 2>/dev/null || [ "$(ps -o stat= -p "$1" 2>/dev/null)" = Z ]; then
+    if ! kill -0 "$1" 2>/dev/null || [ "$(awk '{ print $3 }' "/proc/$1/stat" 2>/dev/null)" = Z ]; then
       code=0
       wait "$1" 2>/dev/null || code=$?
       break
