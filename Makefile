@@ -1,5 +1,5 @@
 # Marquee: the two commands the README promises, and a few helpers.
-.PHONY: run test build lint format deps bench-pg-bulk bench-http bench-transport bench-fanout bench-latency clean
+.PHONY: run test build lint format deps bench-pg-bulk bench-http bench-transport bench-fanout bench-latency chaos clean
 
 ## Build in release mode and run everything locally (private PostgreSQL under .data/).
 run:
@@ -40,6 +40,10 @@ bench-fanout:
 ## API accept -> simulator receipt at 1,000 updates/s.
 bench-latency:
 	@bench/latency/run.sh
+
+## Chaos scenarios (not part of `make test`): kill -9 of a worker, PostgreSQL restart, SIGTERM, provider faults.
+chaos:
+	@bench/chaos/run.sh
 
 clean:
 	rm -rf .build

@@ -147,7 +147,8 @@ final class HTTP1Connection {
     private let hostHeader: String
     private var buffer: [UInt8] = []
 
-    init(host: String, port: Int) throws {
+    /// `timeout` (seconds, 0 = none) bounds every send and receive: a request that hangs throws `HTTP1Timeout`.
+    init(host: String, port: Int, timeout: Double = 0) throws {
         let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
         guard fd >= 0 else { throw BenchError(description: "socket: \(String(cString: strerror(errno)))") }
         var address = sockaddr_in()
@@ -169,6 +170,11 @@ final class HTTP1Connection {
         }
         var one: Int32 = 1
         setsockopt(fd, Int32(IPPROTO_TCP), TCP_NODELAY, &one, socklen_t(MemoryLayout<Int32>.size))
+        if timeout > 0 {
+            var limit = timeval(tv_sec: Int(timeout), tv_usec: Int((timeout - Double(Int(timeout))) * 1e6))
+            setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &limit, socklen_t(MemoryLayout<timeval>.size))
+            setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &limit, socklen_t(MemoryLayout<timeval>.size))
+        }
         self.fd = fd
         hostHeader = "\(host):\(port)"
     }
@@ -177,10 +183,16 @@ final class HTTP1Connection {
 
     /// Sends a JSON POST and returns the response status after reading the whole response.
     func post(path: String, authorization: String, body: [UInt8]) throws -> Int {
-        let head =
-            "POST \(path) HTTP/1.1\r\nHost: \(hostHeader)\r\nAuthorization: \(authorization)\r\n"
-            + "Content-Type: application/json\r\nContent-Length: \(body.count)\r\n\r\n"
-        try writeAll(Array(head.utf8) + body)
+        try request(method: "POST", path: path, authorization: authorization, body: body).status
+    }
+
+    /// Sends a request (a JSON body when `body` is not empty) and returns the whole response.
+    func request(method: String, path: String, authorization: String, body: [UInt8]) throws -> HTTP1Response {
+        var head = "\(method) \(path) HTTP/1.1\r\nHost: \(hostHeader)\r\nAuthorization: \(authorization)\r\n"
+        if !body.isEmpty || method == "POST" || method == "PUT" {
+            head += "Content-Type: application/json\r\nContent-Length: \(body.count)\r\n"
+        }
+        try writeAll(Array((head + "\r\n").utf8) + body)
         return try readResponse()
     }
 
@@ -191,6 +203,7 @@ final class HTTP1Connection {
                 send(fd, $0.baseAddress! + offset, bytes.count - offset, Int32(MSG_NOSIGNAL))
             }
             if n < 0 && errno == EINTR { continue }
+            if n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) { throw HTTP1Timeout() }
             guard n > 0 else { throw BenchError(description: "send: \(String(cString: strerror(errno)))") }
             offset += n
         }
@@ -201,13 +214,14 @@ final class HTTP1Connection {
         while true {
             let n = chunk.withUnsafeMutableBytes { recv(fd, $0.baseAddress!, $0.count, 0) }
             if n < 0 && errno == EINTR { continue }
+            if n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) { throw HTTP1Timeout() }
             guard n > 0 else { throw BenchError(description: "the server closed the connection") }
             buffer += chunk[0..<n]
             return
         }
     }
 
-    private func readResponse() throws -> Int {
+    private func readResponse() throws -> HTTP1Response {
         let separator: [UInt8] = [13, 10, 13, 10]
         var headerEnd: Int?
         while headerEnd == nil {
@@ -223,15 +237,18 @@ final class HTTP1Connection {
         else { throw BenchError(description: "bad status line") }
         var length = 0
         var chunked = false
+        var contentType = ""
         for line in lines.dropFirst() {
             let parts = line.split(separator: ":", maxSplits: 1)
             guard parts.count == 2 else { continue }
             let name = parts[0].lowercased()
             let value = parts[1].trimmingCharacters(in: .whitespaces)
             if name == "content-length" { length = Int(value) ?? 0 }
+            if name == "content-type" { contentType = value }
             if name == "transfer-encoding" && value.lowercased().contains("chunked") { chunked = true }
         }
         buffer.removeFirst(headerEnd! + 4)
+        var body: [UInt8] = []
         if chunked {
             let end: [UInt8] = Array("0\r\n\r\n".utf8)
             while true {
@@ -240,6 +257,7 @@ final class HTTP1Connection {
                         buffer[$0..<$0 + end.count].elementsEqual(end)
                     })
                 {
+                    body = Array(buffer[0..<at])  // still chunk-framed: good enough for a driver's record
                     buffer.removeFirst(at + end.count)
                     break
                 }
@@ -247,8 +265,19 @@ final class HTTP1Connection {
             }
         } else {
             while buffer.count < length { try fill() }
+            body = Array(buffer[0..<length])
             buffer.removeFirst(length)
         }
-        return status
+        return HTTP1Response(status: status, contentType: contentType, body: body)
     }
 }
+
+/// A response read by `HTTP1Connection`.
+struct HTTP1Response {
+    var status: Int
+    var contentType: String
+    var body: [UInt8]
+}
+
+/// No answer within the connection's timeout.
+struct HTTP1Timeout: Error {}

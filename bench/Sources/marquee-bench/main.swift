@@ -6,6 +6,8 @@
 //       live-activity pushes through APNsProvider to an APNs endpoint (the simulator)
 //   marquee-bench latency --rate 1000 --duration 10 … (see Latency.swift)
 //       paced API updates, then receipt times from the simulator's records
+//   marquee-bench requests --port 18601 --input requests.txt --output results.tsv … (see Requests.swift)
+//       a list of API requests, one result line each (bench/chaos)
 //   marquee-bench keygen es256|rs256 <private.pem> <public.pem>
 //   marquee-bench jwt --key <p8> --kid <key ID> --team <team ID>
 //       an APNs provider token signed now (for h2load)
@@ -78,12 +80,14 @@ do {
     case "pg-bulk": try await pgBulk(Array(arguments.dropFirst()))
     case "transport": try await transport(Array(arguments.dropFirst()))
     case "latency": try latency(Array(arguments.dropFirst()))
+    case "requests": try requests(Array(arguments.dropFirst()))
     case "keygen": try keygen(Array(arguments.dropFirst()))
     case "jwt": try jwt(Array(arguments.dropFirst()))
     default:
         FileHandle.standardError.write(
-            Data("usage: marquee-bench pg-bulk|transport|latency|keygen|jwt … (see bench/Sources/marquee-bench)\n".utf8)
-        )
+            Data(
+                "usage: marquee-bench pg-bulk|transport|latency|requests|keygen|jwt … (see bench/Sources/marquee-bench)\n"
+                    .utf8))
         exit(2)
     }
 } catch {
