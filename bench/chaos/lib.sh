@@ -21,7 +21,9 @@ chaos_build() {
 # A fresh `marquee` database in the chaos cluster (started if needed, on CHAOS_PG_PORT or a free port); migrated.
 chaos_pg() {
   DATABASE_URL=$("$root/Deploy/local/pg.sh" start "$pgdir" ${CHAOS_PG_PORT:-})
-  export DATABASE_URL
+  # `serve` and `worker` log in as marquee_app (made by `marquee migrate`); psql and migrate use the owner.
+  APP_DATABASE_URL=${DATABASE_URL/postgres@/marquee_app@}
+  export DATABASE_URL APP_DATABASE_URL
   PGPORT=$(sed -n 4p "$pgdir/postmaster.pid")
   export PGPORT
   psql -q -h 127.0.0.1 -p "$PGPORT" -U postgres -d postgres \
@@ -59,7 +61,7 @@ start_sim() {
 }
 
 start_api() {
-  "$bin/marquee" serve >>"$work/serve.log" 2>&1 &
+  DATABASE_URL=$APP_DATABASE_URL "$bin/marquee" serve >>"$work/serve.log" 2>&1 &
   api=$!
   pids+=("$api")
   for _ in $(seq 1 200); do curl -sf "http://$MARQUEE_LISTEN/healthz" >/dev/null && return 0; sleep 0.1; done
@@ -71,7 +73,7 @@ start_api() {
 declare -A worker_pid
 start_worker() {
   MARQUEE_CA_FILE="$work/ca.pem" MARQUEE_WORKER_BATCH=${BATCH:-256} MARQUEE_WORKER_LOOPS=${LOOPS:-2} \
-    MARQUEE_METRICS_LISTEN=127.0.0.1:$((metrics_port + $1)) "$bin/marquee" worker >>"$work/worker-$1.log" 2>&1 &
+    MARQUEE_METRICS_LISTEN=127.0.0.1:$((metrics_port + $1)) DATABASE_URL=$APP_DATABASE_URL "$bin/marquee" worker >>"$work/worker-$1.log" 2>&1 &
   worker_pid[$1]=$!
   pids+=($!)
   for _ in $(seq 1 200); do curl -sf "http://127.0.0.1:$((metrics_port + $1))/healthz" >/dev/null && return 0; sleep 0.1; done
