@@ -272,11 +272,12 @@ struct LifecycleRoutes: Sendable {
             }
             let state: InstanceState
             var failureReason: String?
-            if deliveries.isEmpty {
+            if operation == .end {
+                // Ended even with no activity token yet: the store keeps the end for a token that registers later.
+                state = .ended
+            } else if deliveries.isEmpty {
                 state = .failed
                 failureReason = "no_activity_token"
-            } else if operation == .end {
-                state = .ended
             } else {
                 state = instance.state == .failed ? .pending : instance.state
             }

@@ -342,8 +342,13 @@ struct DeliveryTests {
         let reason = try await t.api.call("GET", "/v1/credentials/apns", key: t.tenant.app).json().string(
             "status_reason")
         #expect(reason == "InvalidProviderToken")
-        try await Task.sleep(for: .seconds(1))
-        #expect(try await t.deliveries(instance).allSatisfy { $0.string("status") == "queued" }, "paused, not failed")
+        // Parked (out of the due index), not failed.
+        var parked = false
+        while clock.now < deadline + .seconds(15), !parked {
+            parked = try await t.deliveries(instance).allSatisfy { $0.string("status") == "parked" }
+            if !parked { try await Task.sleep(for: .milliseconds(100)) }
+        }
+        #expect(parked, "parked, not failed")
         #expect(t.fixture.simulator.pushes(token: token).isEmpty)
         // Replacing the credential resumes the tenant's sends.
         _ = try await t.api.call("PUT", "/v1/credentials/apns", key: t.tenant.app, json: good)
