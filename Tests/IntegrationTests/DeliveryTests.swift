@@ -208,6 +208,37 @@ struct DeliveryTests {
                 as? String == "ended")
     }
 
+    @Test("a slow tenant endpoint holds back only its own deliveries: no lease runs out on another's, nothing re-sent")
+    func slowTenantDoesNotStallLeases() async throws {
+        let slow = try await Self.tenant()
+        let fast = try await Self.tenant()
+        slow.fixture.simulator.setFaults([.init(tokenPrefix: "5e0a", action: .delay, latencyMilliseconds: 8000)])
+        defer { slow.fixture.simulator.setFaults([]) }
+        _ = try await slow.iphone(tokenPrefix: "5e0a")
+        let (_, fastToken) = try await fast.iphone()
+        let slowInstance = Fake.id("slow")
+        let fastInstance = Fake.id("fast")
+        _ = try await slow.start(slowInstance)
+        _ = try await fast.start(fastInstance)
+        // One claim takes both; the lease (3 s) is far shorter than the slow answer (8 s).
+        let worker = try slow.fixture.worker(["MARQUEE_WORKER_LEASE_SECONDS": "3", "MARQUEE_WORKER_LOOPS": "2"])
+        defer { worker.signal(SIGKILL) }
+        let settled = try await fast.settled(fastInstance, count: 1, timeout: .seconds(20))
+        #expect(settled[0].string("status") == "sent")
+        // Wait until the slow delivery was given up on at its deadline and claimed again: past a lease period.
+        let clock = ContinuousClock()
+        let deadline = clock.now + .seconds(30)
+        var attempts = 0
+        while clock.now < deadline {
+            attempts = try await slow.deliveries(slowInstance).first?["attempts"] as? Int ?? 0
+            if attempts >= 2 { break }
+            try await Task.sleep(for: .milliseconds(100))
+        }
+        #expect(attempts >= 2, "the slow delivery hit its deadline and was retried")
+        #expect(try await fast.deliveries(fastInstance).first?["attempts"] as? Int == 1)
+        #expect(fast.fixture.simulator.pushes(token: fastToken).count == 1, "sent once, not re-claimed")
+    }
+
     @Test("503 once, then success: retried and sent once")
     func retriedOnce() async throws {
         let t = try await Self.tenant()
