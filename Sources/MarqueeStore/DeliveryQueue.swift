@@ -109,7 +109,7 @@ public struct DeliveryQueue: Sendable {
             // Leased rows carry next_attempt_at = lease end, so they are not due: no scan wades through them.
             let candidates = try connection.query(
                 """
-                SELECT d.tenant_id, d.id, d.instance_id, d.token
+                SELECT d.tenant_id, d.id, d.instance_id, d.token, d.instance_version
                 FROM deliveries d
                 WHERE d.status = 'queued' AND d.next_attempt_at <= now()
                   AND d.provider = ANY(\(providerNames)::text[])
@@ -117,18 +117,25 @@ public struct DeliveryQueue: Sendable {
                 LIMIT \(limit * 2)
                 FOR UPDATE OF d SKIP LOCKED
                 """)
-            var seen = Set<String>()
-            var tenants: [UUID] = []
-            var ids: [UUID] = []
+            // Per (instance, token) the oldest version among the candidates: a newer one is not claimed while an
+            // older one is queued, so picking it would claim nothing for that token.
+            var slot: [String: Int] = [:]
+            var picked: [(tenant: UUID, id: UUID, version: Int)] = []
             for row in candidates {
                 let tenant = try row.decode(UUID.self, "tenant_id")
                 let key =
                     "\(tenant)|\(try row.decode(String.self, "instance_id"))|\(try row.decode(String.self, "token"))"
-                guard seen.insert(key).inserted else { continue }
-                tenants.append(tenant)
-                ids.append(try row.decode(UUID.self, "id"))
-                if ids.count == limit { break }
+                let candidate = (tenant, try row.decode(UUID.self, "id"), try row.decode(Int.self, "instance_version"))
+                if let index = slot[key] {
+                    if candidate.2 < picked[index].version { picked[index] = candidate }
+                    continue
+                }
+                guard picked.count < limit else { continue }
+                slot[key] = picked.count
+                picked.append(candidate)
             }
+            let tenants = picked.map(\.tenant)
+            let ids = picked.map(\.id)
             guard !ids.isEmpty else { return [] }
             let rows = try connection.query(
                 """
