@@ -245,14 +245,12 @@ public final class DeliveryWorker: Sendable {
             "delivery.id": .string(deliveryID), "tenant.id": .string(d.tenantID.uuidString.lowercased()),
             "instance.id": .string(d.instanceID),
         ])
-        // Apple ends activities after 8 hours and so does Marquee: nothing is sent for an instance past its
-        // expiration.
-        if d.instance.expiresAt <= Date() {
-            return (result(d, .failed, reason: "instance_expired"), nil, nil)
-        }
-        // Nothing but its end reaches a device after an instance ended (no ghost activity).
-        if d.instance.state == .ended && d.operation != .end {
-            return (result(d, .superseded, reason: "instance_ended"), nil, nil)
+        switch DeliveryGate.decide(
+            event: d.operation, instanceEnded: d.instance.state == .ended, expiresAt: d.instance.expiresAt, now: Date())
+        {
+        case .send: break
+        case .instanceExpired: return (result(d, .failed, reason: "instance_expired"), nil, nil)
+        case .instanceEnded: return (result(d, .superseded, reason: "instance_ended"), nil, nil)
         }
         let secret: [UInt8]
         do {
@@ -263,13 +261,11 @@ public final class DeliveryWorker: Sendable {
         }
         // Composed from the delivery's own snapshot: a queued start keeps its alert even if an update came since.
         let options = StoredOptions(json: d.options)
-        let content = ActivityContent(
+        let content = DeliverySnapshot(
+            attributes: d.attributes, contentState: d.contentState, options: options, timestamp: d.contentTimestamp
+        ).content(
             event: d.operation, instanceID: d.instanceID, activityType: d.instance.activityType,
-            attributesType: d.activityType.attributesType, profile: d.activityType.payloadProfile,
-            attributes: d.attributes, contentState: d.contentState, alert: options.alert,
-            deepLink: options.deepLink, staleDate: options.staleDate.flatMap { $0 > Date() ? $0 : nil },
-            dismissalDate: d.operation == .end ? options.dismissalDate : nil, relevanceScore: options.relevanceScore,
-            timestamp: d.contentTimestamp)
+            attributesType: d.activityType.attributesType, profile: d.activityType.payloadProfile, now: Date())
         let attribution = DeliveryAttribution(
             deliveryID: deliveryID, deliveryToken: DeliveryTokens.make(deliveryID: deliveryID, secret: secret))
 
