@@ -108,11 +108,12 @@ struct LifecycleRoutes: Sendable {
                 reason: "is required to start on iOS: Apple shows an alert when a live activity starts")
         }
         let timestamp = Int64(now.timeIntervalSince1970.rounded(.down))
-        let content = ActivityContent(
+        // Exactly what each delivery will send (its snapshot), with the worst-case attribution.
+        let content = DeliverySnapshot(
+            attributes: attributes, contentState: contentState, options: options, timestamp: timestamp
+        ).content(
             event: .start, instanceID: instanceID, activityType: activityType, attributesType: type.attributesType,
-            profile: type.payloadProfile, attributes: attributes, contentState: contentState, alert: alert,
-            deepLink: options.deepLink, staleDate: options.staleDate, relevanceScore: options.relevanceScore,
-            timestamp: timestamp)
+            profile: type.payloadProfile, now: now)
         let targeted = Set(deliveries.map { $0.provider == .apns ? Platform.ios : Platform.android })
         try Self.checkSize(
             content, platforms: targeted.isEmpty ? (platform.map { [$0] } ?? [.ios, .android]) : Array(targeted))
@@ -256,11 +257,12 @@ struct LifecycleRoutes: Sendable {
             }
 
             let timestamp = max(Int64(now.timeIntervalSince1970.rounded(.down)), instance.contentTimestamp + 1)
-            let content = ActivityContent(
+            // Exactly what each delivery will send (its snapshot), with the worst-case attribution.
+            let content = DeliverySnapshot(
+                attributes: attributes, contentState: contentState, options: options, timestamp: timestamp
+            ).content(
                 event: operation == .end ? .end : .update, instanceID: instanceID, activityType: instance.activityType,
-                attributesType: type.attributesType, profile: type.payloadProfile, attributes: attributes,
-                contentState: contentState, alert: alert, deepLink: options.deepLink, staleDate: options.staleDate,
-                dismissalDate: options.dismissalDate, relevanceScore: options.relevanceScore, timestamp: timestamp)
+                attributesType: type.attributesType, profile: type.payloadProfile, now: now)
             let platforms = Set(context.targets.map(\.platform))
             try Self.checkSize(content, platforms: platforms.isEmpty ? [.ios, .android] : Array(platforms))
 
@@ -272,11 +274,12 @@ struct LifecycleRoutes: Sendable {
             }
             let state: InstanceState
             var failureReason: String?
-            if deliveries.isEmpty {
+            if operation == .end {
+                // Ended even with no activity token yet: the store keeps the end for a token that registers later.
+                state = .ended
+            } else if deliveries.isEmpty {
                 state = .failed
                 failureReason = "no_activity_token"
-            } else if operation == .end {
-                state = .ended
             } else {
                 state = instance.state == .failed ? .pending : instance.state
             }

@@ -126,16 +126,78 @@ public final class DeliveryWorker: Sendable {
         }
     }
 
-    /// Sends a batch concurrently and records every outcome in one transaction.
+    typealias Outcome = (DeliveryResult, TokenRetirement?, BrokenCredential?)
+
+    /// How long one delivery may take, everything included (credential and token fetch, send, refresh, resend):
+    /// three quarters of the lease, so that its result is recorded while the lease still holds.
+    static func sendDeadline(lease: Duration) -> Duration { lease * 3 / 4 }
+
+    /// Sends a batch concurrently and records outcomes in small groups as they finish (at least every 200 ms, or
+    /// every 64), so a slow endpoint holds back only its own deliveries and no lease runs out on finished work.
     func process(_ batch: [ClaimedDelivery]) async {
-        let outcomes = await withTaskGroup(of: (DeliveryResult, TokenRetirement?, BrokenCredential?).self) { group in
-            for delivery in batch {
-                group.addTask { await self.send(delivery) }
-            }
-            var all: [(DeliveryResult, TokenRetirement?, BrokenCredential?)] = []
-            for await outcome in group { all.append(outcome) }
-            return all
+        enum Event: Sendable {
+            case done(Outcome)
+            case tick
         }
+        let deadline = Self.sendDeadline(lease: configuration.lease)
+        let tick = Duration.milliseconds(200)
+        await withTaskGroup(of: Event.self) { group in
+            for delivery in batch {
+                group.addTask { .done(await self.send(delivery, deadline: deadline)) }
+            }
+            group.addTask {
+                try? await Task.sleep(for: tick)
+                return .tick
+            }
+            var pending = batch.count
+            var buffer: [Outcome] = []
+            for await event in group {
+                var flush = false
+                switch event {
+                case .done(let outcome):
+                    buffer.append(outcome)
+                    pending -= 1
+                    flush = pending == 0 || buffer.count >= 64
+                case .tick:
+                    flush = true
+                    if pending > 0 {
+                        group.addTask {
+                            try? await Task.sleep(for: tick)
+                            return .tick
+                        }
+                    }
+                }
+                if flush && !buffer.isEmpty {
+                    await record(buffer)
+                    buffer.removeAll()
+                }
+                if pending == 0 { group.cancelAll() }
+            }
+        }
+    }
+
+    /// Sends one delivery within `deadline`; past it the delivery is retried later (the request may still complete:
+    /// at-least-once). The send runs unstructured so that a provider call that ignores cancellation cannot hold the
+    /// batch, and with it every other tenant's results, past the lease.
+    func send(_ d: ClaimedDelivery, deadline: Duration) async -> Outcome {
+        let once = Once<Outcome>()
+        return await withCheckedContinuation { continuation in
+            once.set(continuation)
+            let timer = Task {
+                try? await Task.sleep(for: deadline)
+                if Task.isCancelled { return }
+                once.resume((self.retry(d, reason: "deadline", retryAfter: nil), nil, nil))
+            }
+            Task {
+                let outcome = await self.send(d)
+                timer.cancel()
+                once.resume(outcome)
+            }
+        }
+    }
+
+    /// Records one group of outcomes: marks broken credentials first, then writes the results in one transaction.
+    func record(_ outcomes: [Outcome]) async {
         let results = outcomes.map(\.0)
         let retirements = outcomes.compactMap(\.1)
         for broken in Set(outcomes.compactMap(\.2)) {
@@ -183,10 +245,12 @@ public final class DeliveryWorker: Sendable {
             "delivery.id": .string(deliveryID), "tenant.id": .string(d.tenantID.uuidString.lowercased()),
             "instance.id": .string(d.instanceID),
         ])
-        // Apple ends activities after 8 hours and so does Marquee: nothing is sent for an instance past its
-        // expiration.
-        if d.instance.expiresAt <= Date() {
-            return (result(d, .failed, reason: "instance_expired"), nil, nil)
+        switch DeliveryGate.decide(
+            event: d.operation, instanceEnded: d.instance.state == .ended, expiresAt: d.instance.expiresAt, now: Date())
+        {
+        case .send: break
+        case .instanceExpired: return (result(d, .failed, reason: "instance_expired"), nil, nil)
+        case .instanceEnded: return (result(d, .superseded, reason: "instance_ended"), nil, nil)
         }
         let secret: [UInt8]
         do {
@@ -195,14 +259,13 @@ public final class DeliveryWorker: Sendable {
             log.warning("delivery secret load failed", metadata: ["error": .string("\(error)")])
             return (retry(d, reason: "credential_load", retryAfter: nil), nil, nil)
         }
-        let options = StoredOptions(json: d.instance.options)
-        let content = ActivityContent(
+        // Composed from the delivery's own snapshot: a queued start keeps its alert even if an update came since.
+        let options = StoredOptions(json: d.options)
+        let content = DeliverySnapshot(
+            attributes: d.attributes, contentState: d.contentState, options: options, timestamp: d.contentTimestamp
+        ).content(
             event: d.operation, instanceID: d.instanceID, activityType: d.instance.activityType,
-            attributesType: d.activityType.attributesType, profile: d.activityType.payloadProfile,
-            attributes: d.instance.attributes, contentState: d.instance.contentState, alert: options.alert,
-            deepLink: options.deepLink, staleDate: options.staleDate.flatMap { $0 > Date() ? $0 : nil },
-            dismissalDate: d.operation == .end ? options.dismissalDate : nil, relevanceScore: options.relevanceScore,
-            timestamp: d.instance.contentTimestamp)
+            attributesType: d.activityType.attributesType, profile: d.activityType.payloadProfile, now: Date())
         let attribution = DeliveryAttribution(
             deliveryID: deliveryID, deliveryToken: DeliveryTokens.make(deliveryID: deliveryID, secret: secret))
 
@@ -259,11 +322,9 @@ public final class DeliveryWorker: Sendable {
         case .retry(let reason, let after):
             return (retry(d, reason: reason, retryAfter: after), nil, nil)
         case .credentialBroken(let reason):
-            // Paused, not failed: the claim skips this tenant until its credential is replaced.
+            // Parked, not failed: out of the queue until the credential is replaced (migration 0006's trigger).
             return (
-                DeliveryResult(
-                    tenantID: d.tenantID, id: d.id, status: .queued, reason: reason,
-                    nextAttemptAt: Date().addingTimeInterval(5)), nil,
+                DeliveryResult(tenantID: d.tenantID, id: d.id, status: .parked, reason: reason), nil,
                 BrokenCredential(tenant: d.tenantID, provider: d.provider, reason: reason)
             )
         case .refreshProviderToken(let reason):
@@ -436,6 +497,21 @@ final class CredentialCache: Sendable {
             sealed, associatedData: TenantStore.deliverySecretContext(tenant))
         secrets.withLock { $0[tenant] = secret }
         return secret
+    }
+}
+
+/// A continuation resumed once, by whichever of two tasks comes first.
+final class Once<Value: Sendable>: Sendable {
+    private let continuation = Mutex<CheckedContinuation<Value, Never>?>(nil)
+
+    func set(_ c: CheckedContinuation<Value, Never>) { continuation.withLock { $0 = c } }
+
+    func resume(_ value: Value) {
+        let c = continuation.withLock { c in
+            defer { c = nil }
+            return c
+        }
+        c?.resume(returning: value)
     }
 }
 

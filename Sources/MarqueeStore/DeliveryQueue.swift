@@ -14,14 +14,22 @@ public struct ClaimedDelivery: Sendable {
     public var operation: LiveActivityEvent
     public var attempts: Int
     public var createdAt: Date
-    /// The instance as it is now (payloads are composed from the current state).
+    /// The instance as it is now (its state decides whether the delivery is still wanted).
     public var instance: InstanceRecord
     public var activityType: ActivityType
+    /// What this delivery sends, as it was queued (the instance row's current values for rows older than the
+    /// snapshot columns): attributes, content state, options (alert included) and the push timestamp of its version.
+    public var attributes: JSONValue
+    public var contentState: JSONValue
+    public var options: JSONValue
+    public var contentTimestamp: Int64
 }
 
 /// How one attempt ended, to record.
 public struct DeliveryResult: Sendable {
-    public enum Status: String, Sendable { case sent, failed, undeliverable, queued }
+    /// `queued` is a retry; `parked` waits for the tenant to replace a broken credential; `superseded` was not sent
+    /// because its instance ended or a newer version for its token exists.
+    public enum Status: String, Sendable { case sent, failed, undeliverable, queued, parked, superseded }
     public var tenantID: UUID
     public var id: UUID
     public var status: Status
@@ -89,49 +97,45 @@ public struct DeliveryQueue: Sendable {
     /// Claims up to `limit` due deliveries for `worker`, leased until `lease` from now (`next_attempt_at` moves to the
     /// lease's end too, so that a dead worker's claims become due again by themselves). Takes at most one delivery
     /// per (instance, token), the oldest, and none for a token that has one in flight already, so a token never gets
-    /// version N+1 while N is in flight. Deliveries whose tenant's credentials for that provider are broken are not
-    /// claimed. (Deliveries of expired instances are claimed and failed by the worker without a send: checking
-    /// expiry here would touch every due row on every claim.)
+    /// version N+1 while N is in flight or waiting for a retry. Deliveries of a broken credential are `parked`, outside
+    /// the due index, so no claim walks past them. (Deliveries of ended or expired instances are claimed and settled
+    /// by the worker without a send, from the joined instance row.)
     public func claim(
         worker: String, limit: Int, lease: Duration, providers: [PlannedDelivery.Provider] = [.apns, .fcm]
     ) async throws -> [ClaimedDelivery] {
         let providerNames = providers.map(\.rawValue)
         let leaseSeconds = Double(lease.components.seconds)
         return try await pool.transaction { connection in
-            // Tenants whose credentials are broken are few: excluding them as plain filters (not anti-joins) lets
-            // PostgreSQL walk the due index in order and stop at the limit.
-            let broken = try connection.query(
-                """
-                SELECT ARRAY(SELECT tenant_id FROM apns_credentials WHERE status = 'broken') AS apns,
-                       ARRAY(SELECT tenant_id FROM fcm_credentials WHERE status = 'broken') AS fcm
-                """)
-            let brokenAPNs = try broken[0].decode([UUID].self, "apns")
-            let brokenFCM = try broken[0].decode([UUID].self, "fcm")
             // Leased rows carry next_attempt_at = lease end, so they are not due: no scan wades through them.
             let candidates = try connection.query(
                 """
-                SELECT d.tenant_id, d.id, d.instance_id, d.token
+                SELECT d.tenant_id, d.id, d.instance_id, d.token, d.instance_version
                 FROM deliveries d
                 WHERE d.status = 'queued' AND d.next_attempt_at <= now()
                   AND d.provider = ANY(\(providerNames)::text[])
-                  AND NOT (d.provider = 'apns' AND d.tenant_id = ANY(\(brokenAPNs)::uuid[]))
-                  AND NOT (d.provider = 'fcm' AND d.tenant_id = ANY(\(brokenFCM)::uuid[]))
                 ORDER BY d.next_attempt_at
                 LIMIT \(limit * 2)
                 FOR UPDATE OF d SKIP LOCKED
                 """)
-            var seen = Set<String>()
-            var tenants: [UUID] = []
-            var ids: [UUID] = []
+            // Per (instance, token) the oldest version among the candidates: a newer one is not claimed while an
+            // older one is queued, so picking it would claim nothing for that token.
+            var slot: [String: Int] = [:]
+            var picked: [(tenant: UUID, id: UUID, version: Int)] = []
             for row in candidates {
                 let tenant = try row.decode(UUID.self, "tenant_id")
                 let key =
                     "\(tenant)|\(try row.decode(String.self, "instance_id"))|\(try row.decode(String.self, "token"))"
-                guard seen.insert(key).inserted else { continue }
-                tenants.append(tenant)
-                ids.append(try row.decode(UUID.self, "id"))
-                if ids.count == limit { break }
+                let candidate = (tenant, try row.decode(UUID.self, "id"), try row.decode(Int.self, "instance_version"))
+                if let index = slot[key] {
+                    if candidate.2 < picked[index].version { picked[index] = candidate }
+                    continue
+                }
+                guard picked.count < limit else { continue }
+                slot[key] = picked.count
+                picked.append(candidate)
             }
+            let tenants = picked.map(\.tenant)
+            let ids = picked.map(\.id)
             guard !ids.isEmpty else { return [] }
             let rows = try connection.query(
                 """
@@ -142,15 +146,20 @@ public struct DeliveryQueue: Sendable {
                         attempts = attempts + 1, updated_at = now()
                     FROM unnest(\(tenants)::uuid[], \(ids)::uuid[]) AS c(tenant_id, id)
                     WHERE d.tenant_id = c.tenant_id AND d.id = c.id
-                      -- A token never gets version N+1 while N is in flight.
+                      -- A token never gets version N+1 while N is in flight or waiting for its retry.
                       AND NOT EXISTS (
                           SELECT 1 FROM deliveries o
                           WHERE o.tenant_id = d.tenant_id AND o.instance_id = d.instance_id AND o.token = d.token
-                            AND o.status = 'queued' AND o.locked_until >= now() AND o.id <> d.id)
+                            AND o.status = 'queued' AND o.id <> d.id
+                            AND (o.locked_until >= now() OR o.instance_version < d.instance_version))
                     RETURNING d.*
                 )
                 SELECT c.tenant_id, c.id AS delivery_id, c.instance_id, c.device_token, c.provider, c.token_kind,
                        c.token, c.operation, c.attempts, c.created_at AS delivery_created_at,
+                       COALESCE(c.attributes, i.attributes) AS snap_attributes,
+                       COALESCE(c.content_state, i.content_state) AS snap_content_state,
+                       COALESCE(c.options, i.options) AS snap_options,
+                       COALESCE(c.content_timestamp, i.content_timestamp) AS snap_content_timestamp,
                        \(unsafeRaw: LiveActivityStore.instanceColumns("i")), \(unsafeRaw: LiveActivityStore.typeColumnsJoined)
                 FROM claimed c
                 JOIN instances i ON i.tenant_id = c.tenant_id AND i.id = c.instance_id
@@ -168,14 +177,20 @@ public struct DeliveryQueue: Sendable {
                     operation: LiveActivityEvent(rawValue: try row.decode(String.self, "operation")) ?? .update,
                     attempts: try row.decode(Int.self, "attempts"),
                     createdAt: try row.decode(Date.self, "delivery_created_at"),
-                    instance: try LiveActivityStore.instance(row), activityType: try RegistryStore.activityType(row))
+                    instance: try LiveActivityStore.instance(row), activityType: try RegistryStore.activityType(row),
+                    attributes: try row.decode(JSONValue.self, "snap_attributes"),
+                    contentState: try row.decode(JSONValue.self, "snap_content_state"),
+                    options: try row.decode(JSONValue.self, "snap_options"),
+                    contentTimestamp: try row.decode(Int64.self, "snap_content_timestamp"))
             }
         }
     }
 
     /// Records results, retires dead tokens, and marks instances `active` once something reached a device — one
     /// transaction for the whole batch. Only rows still leased by `worker` are written (a lease that ran out and was
-    /// claimed again belongs to the new claimant).
+    /// claimed again belongs to the new claimant). A retry is superseded when a newer version for the same token
+    /// exists (so N never reaches a token after N+1); a row to park is queued instead if its credential was replaced
+    /// meanwhile.
     public func record(worker: String, _ results: [DeliveryResult], retire: [TokenRetirement]) async throws {
         guard !results.isEmpty || !retire.isEmpty else { return }
         let tenants = results.map(\.tenantID)
@@ -190,7 +205,16 @@ public struct DeliveryQueue: Sendable {
                 try connection.execute(
                     """
                     UPDATE deliveries d SET
-                        status = v.status, provider_id = COALESCE(v.provider_id, d.provider_id),
+                        status = CASE
+                            WHEN v.status = 'queued' AND EXISTS (
+                                SELECT 1 FROM deliveries n
+                                WHERE n.tenant_id = d.tenant_id AND n.instance_id = d.instance_id
+                                  AND n.token = d.token AND n.instance_version > d.instance_version
+                                  AND n.status IN ('queued', 'parked', 'sent')) THEN 'superseded'
+                            WHEN v.status = 'parked' AND NOT marquee_credential_broken(d.tenant_id, d.provider)
+                                THEN 'queued'
+                            ELSE v.status END,
+                        provider_id = COALESCE(v.provider_id, d.provider_id),
                         http_status = v.http_status::int, reason = v.reason, locked_until = NULL,
                         next_attempt_at = COALESCE(to_timestamp(v.next_at::double precision), d.next_attempt_at),
                         sent_at = CASE WHEN v.status = 'sent' THEN now() ELSE d.sent_at END, updated_at = now()

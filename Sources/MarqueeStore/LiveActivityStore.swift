@@ -380,9 +380,11 @@ public struct LiveActivityStore: Sendable {
                 RETURNING id
             ), dels AS (
                 INSERT INTO deliveries (tenant_id, id, instance_id, device_token, provider, token_kind, token,
-                                        operation, instance_version)
+                                        operation, instance_version, attributes, content_state, options,
+                                        content_timestamp)
                 SELECT \(tenant), d.id, \(write.instanceID), d.device_token, d.provider, d.token_kind, d.token,
-                       'start', 1
+                       'start', 1, \(write.attributes), \(write.contentState), \(write.options),
+                       \(write.contentTimestamp)
                 FROM unnest(\(d.ids)::uuid[], \(d.devices)::text[], \(d.providers)::text[], \(d.kinds)::text[],
                             \(d.tokens)::text[]) AS d(id, device_token, provider, token_kind, token)
                 WHERE EXISTS (SELECT 1 FROM ins)
@@ -426,22 +428,39 @@ public struct LiveActivityStore: Sendable {
                     attributes = \(write.attributes), content_state = \(write.contentState), options = \(write.options),
                     version = version + 1, content_timestamp = \(write.contentTimestamp),
                     ended_at = CASE WHEN \(write.operation.rawValue) = 'end' THEN now() ELSE ended_at END,
+                    -- An end that reaches no activity token while a start went (or may go) out by push-to-start is
+                    -- kept: it is queued when the activity token registers (marquee_register_activity_token).
+                    pending_end = \(write.operation.rawValue) = 'end' AND EXISTS (
+                        SELECT 1 FROM deliveries s
+                        WHERE s.tenant_id = \(tenant) AND s.instance_id = \(write.instanceID)
+                          AND s.operation = 'start' AND s.token_kind = 'push_to_start'
+                          AND (s.status = 'sent' OR (s.status = 'queued' AND s.locked_until >= now()))
+                          AND NOT EXISTS (
+                              SELECT 1 FROM activity_tokens a
+                              WHERE a.tenant_id = s.tenant_id AND a.instance_id = s.instance_id
+                                AND a.device_token = s.device_token AND a.status = 'active')),
                     updated_at = now()
                 WHERE tenant_id = \(tenant) AND id = \(write.instanceID) AND version = \(write.expectedVersion)
                   AND (\(idem?.key)::text IS NULL OR EXISTS (SELECT 1 FROM idem))
                 RETURNING version
             ), sup AS (
+                -- An end cancels every unsent delivery of the instance; an update supersedes older ones to its
+                -- tokens (rows waiting for a retry included). Rows a worker holds are left to finish (the worker
+                -- supersedes an interrupted one of an ended instance, and a retry of an older version).
                 UPDATE deliveries SET status = 'superseded', updated_at = now()
-                WHERE tenant_id = \(tenant) AND instance_id = \(write.instanceID) AND status = 'queued'
-                  AND operation <> 'start' AND token = ANY(\(d.tokens)::text[])
+                WHERE tenant_id = \(tenant) AND instance_id = \(write.instanceID) AND status IN ('queued', 'parked')
+                  AND (\(write.operation.rawValue) = 'end'
+                       OR (operation <> 'start' AND token = ANY(\(d.tokens)::text[])))
                   AND (locked_until IS NULL OR locked_until < now())
                   AND EXISTS (SELECT 1 FROM upd)
                 RETURNING 1
             ), dels AS (
                 INSERT INTO deliveries (tenant_id, id, instance_id, device_token, provider, token_kind, token,
-                                        operation, instance_version)
+                                        operation, instance_version, attributes, content_state, options,
+                                        content_timestamp)
                 SELECT \(tenant), d.id, \(write.instanceID), d.device_token, d.provider, d.token_kind, d.token,
-                       \(write.operation.rawValue), (SELECT version FROM upd)
+                       \(write.operation.rawValue), (SELECT version FROM upd), \(write.attributes),
+                       \(write.contentState), \(write.options), \(write.contentTimestamp)
                 FROM unnest(\(d.ids)::uuid[], \(d.devices)::text[], \(d.providers)::text[], \(d.kinds)::text[],
                             \(d.tokens)::text[]) AS d(id, device_token, provider, token_kind, token)
                 WHERE EXISTS (SELECT 1 FROM upd)

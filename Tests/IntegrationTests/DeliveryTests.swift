@@ -208,6 +208,109 @@ struct DeliveryTests {
                 as? String == "ended")
     }
 
+    @Test("a slow tenant endpoint holds back only its own deliveries: no lease runs out on another's, nothing re-sent")
+    func slowTenantDoesNotStallLeases() async throws {
+        let slow = try await Self.tenant()
+        let fast = try await Self.tenant()
+        slow.fixture.simulator.setFaults([.init(tokenPrefix: "5e0a", action: .delay, latencyMilliseconds: 8000)])
+        defer { slow.fixture.simulator.setFaults([]) }
+        _ = try await slow.iphone(tokenPrefix: "5e0a")
+        let (_, fastToken) = try await fast.iphone()
+        let slowInstance = Fake.id("slow")
+        let fastInstance = Fake.id("fast")
+        _ = try await slow.start(slowInstance)
+        _ = try await fast.start(fastInstance)
+        // One claim takes both; the lease (3 s) is far shorter than the slow answer (8 s).
+        let worker = try slow.fixture.worker(["MARQUEE_WORKER_LEASE_SECONDS": "3", "MARQUEE_WORKER_LOOPS": "2"])
+        defer { worker.signal(SIGKILL) }
+        let settled = try await fast.settled(fastInstance, count: 1, timeout: .seconds(20))
+        #expect(settled[0].string("status") == "sent")
+        // Wait until the slow delivery was given up on at its deadline and claimed again: past a lease period.
+        let clock = ContinuousClock()
+        let deadline = clock.now + .seconds(30)
+        var attempts = 0
+        while clock.now < deadline {
+            attempts = try await slow.deliveries(slowInstance).first?["attempts"] as? Int ?? 0
+            if attempts >= 2 { break }
+            try await Task.sleep(for: .milliseconds(100))
+        }
+        #expect(attempts >= 2, "the slow delivery hit its deadline and was retried")
+        #expect(try await fast.deliveries(fastInstance).first?["attempts"] as? Int == 1)
+        #expect(fast.fixture.simulator.pushes(token: fastToken).count == 1, "sent once, not re-claimed")
+    }
+
+    @Test("the worker sends nothing of an ended instance but its end: a leftover update is superseded unsent")
+    func nothingButTheEndAfterEnd() async throws {
+        let t = try await Self.tenant()
+        let (device, _) = try await t.iphone()
+        let instance = Fake.id("leftover")
+        #expect(try await t.start(instance).status == 200)
+        let pool = t.fixture.pool
+        try await pool.execute(
+            """
+            UPDATE deliveries SET status = 'sent', sent_at = now()
+            WHERE tenant_id = \(t.tenant.uuid) AND instance_id = \(instance)
+            """)
+        let activityToken = Fake.hex()
+        _ = try await t.api.call(
+            "PUT", "/v1/live_notifications/\(instance)/tokens/\(device)", key: t.tenant.sdk,
+            json: ["token": activityToken])
+        #expect(
+            try await t.api.call(
+                "POST", "/v1/live_notifications/end", key: t.tenant.app, json: ["instance_id": instance]
+            ).status == 200)
+        // What an update in flight during the end leaves behind when its send fails and is queued for a retry.
+        try await pool.execute(
+            """
+            INSERT INTO deliveries (tenant_id, id, instance_id, device_token, provider, token_kind, token, operation,
+                                    instance_version)
+            VALUES (\(t.tenant.uuid), marquee_ulid_uuid(), \(instance), \(device), 'apns', 'activity',
+                    \(activityToken), 'update', 1)
+            """)
+        let worker = try t.fixture.worker()
+        defer { worker.signal(SIGKILL) }
+        let settled = try await t.settled(instance, count: 3)
+        #expect(settled.first { $0.string("operation") == "update" }?.string("status") == "superseded", "\(settled)")
+        #expect(settled.first { $0.string("operation") == "end" }?.string("status") == "sent", "\(settled)")
+        let pushes = t.fixture.simulator.pushes(token: activityToken)
+        #expect(pushes.count == 1)
+        #expect(pushes.first?["payload"]?["aps"]?["event"]?.stringValue == "end")
+    }
+
+    @Test("a broken credential parks the tenant's deliveries; replacing it queues them again, expired ones fail")
+    func parkedUntilReplaced() async throws {
+        let t = try await Self.tenant()
+        _ = try await t.iphone()
+        let queued = Fake.id("park")
+        let expiring = Fake.id("park-expiring")
+        #expect(try await t.start(queued).status == 200)
+        #expect(try await t.start(expiring).status == 200)
+        let pool = t.fixture.pool
+        try await pool.execute("UPDATE apns_credentials SET status = 'broken' WHERE tenant_id = \(t.tenant.uuid)")
+        let later = Fake.id("park-later")
+        #expect(try await t.start(later).status == 200)
+        for instance in [queued, expiring, later] {
+            #expect(try await t.deliveries(instance).allSatisfy { $0.string("status") == "parked" })
+        }
+        try await pool.execute(
+            """
+            UPDATE instances SET expires_at = now() - interval '1 second'
+            WHERE tenant_id = \(t.tenant.uuid) AND id = \(expiring)
+            """)
+        // The replacement (a PUT of credentials) queues them again in its own transaction.
+        let good: [String: Any] = [
+            "team_id": t.fixture.teamID, "key_id": t.fixture.keyID, "private_key": t.fixture.key.pkcs8PEM,
+            "bundle_id": "com.example.app", "environment": "sandbox",
+            "endpoint": "https://127.0.0.1:\(t.fixture.simulator.port)",
+        ]
+        #expect(try await t.api.call("PUT", "/v1/credentials/apns", key: t.tenant.app, json: good).status == 200)
+        for instance in [queued, later] {
+            #expect(try await t.deliveries(instance).allSatisfy { $0.string("status") == "queued" })
+        }
+        let expired = try await t.deliveries(expiring)
+        #expect(expired.allSatisfy { $0.string("status") == "failed" && $0.string("reason") == "instance_expired" })
+    }
+
     @Test("503 once, then success: retried and sent once")
     func retriedOnce() async throws {
         let t = try await Self.tenant()
@@ -342,8 +445,13 @@ struct DeliveryTests {
         let reason = try await t.api.call("GET", "/v1/credentials/apns", key: t.tenant.app).json().string(
             "status_reason")
         #expect(reason == "InvalidProviderToken")
-        try await Task.sleep(for: .seconds(1))
-        #expect(try await t.deliveries(instance).allSatisfy { $0.string("status") == "queued" }, "paused, not failed")
+        // Parked (out of the due index), not failed.
+        var parked = false
+        while clock.now < deadline + .seconds(15), !parked {
+            parked = try await t.deliveries(instance).allSatisfy { $0.string("status") == "parked" }
+            if !parked { try await Task.sleep(for: .milliseconds(100)) }
+        }
+        #expect(parked, "parked, not failed")
         #expect(t.fixture.simulator.pushes(token: token).isEmpty)
         // Replacing the credential resumes the tenant's sends.
         _ = try await t.api.call("PUT", "/v1/credentials/apns", key: t.tenant.app, json: good)

@@ -478,7 +478,7 @@ struct FCMDeliveryTests {
         try await Task.sleep(for: .seconds(7))
         let paused = try await t.deliveries(instance) + t.deliveries(second)
         #expect(paused.count == 2)
-        #expect(paused.allSatisfy { $0.string("status") == "queued" }, "\(paused)")
+        #expect(paused.allSatisfy { $0.string("status") == "parked" }, "\(paused)")
         #expect(try await t.deliveries(second).first?["attempts"] as? Int == 0, "not even claimed")
         #expect(t.fcm.messages(token: rejectedToken).isEmpty)
         #expect(t.fcm.messages(token: healthy).isEmpty)

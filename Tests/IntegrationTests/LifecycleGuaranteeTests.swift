@@ -1,0 +1,147 @@
+import Foundation
+import MarqueeCore
+import MarqueeStore
+import PostgresClient
+import Testing
+
+/// No push after `end`, no lost end, order per token, snapshots (issue 9, section 3): the rows the API and the queue
+/// leave behind, checked without a worker.
+@Suite("Lifecycle guarantees")
+struct LifecycleGuaranteeTests {
+    typealias World = LifecycleTests.World
+
+    static func statuses(_ w: World, _ instance: String) async throws -> [(String, String, String)] {
+        let rows = try await w.fixture.pool.query(
+            """
+            SELECT operation, token, status FROM deliveries
+            WHERE tenant_id = \(w.tenant.uuid) AND instance_id = \(instance) ORDER BY id
+            """)
+        return try rows.map {
+            (
+                try $0.decode(String.self, "operation"), try $0.decode(String.self, "token"),
+                try $0.decode(String.self, "status")
+            )
+        }
+    }
+
+    @Test("end cancels every unsent delivery of the instance, queued starts included, in the same write")
+    func endSupersedesQueuedStart() async throws {
+        let w = try await LifecycleTests.world()
+        let instance = Fake.id("ghost")
+        #expect(try await w.start(["instance_id": instance]).status == 200)
+        let end = try await w.end(["instance_id": instance])
+        #expect(end.status == 200, "\(end.text)")
+        #expect(try end.json().string("state") == "ended")
+        let rows = try await Self.statuses(w, instance)
+        let starts = rows.filter { $0.0 == "start" }
+        #expect(starts.count == 3)
+        #expect(starts.allSatisfy { $0.2 == "superseded" }, "\(rows)")
+        #expect(!rows.contains { $0.2 == "queued" && $0.0 != "end" }, "\(rows)")
+    }
+
+    @Test("an end that finds no activity token after a sent start is kept, and sent when the token registers")
+    func pendingEndWaitsForActivityToken() async throws {
+        let w = try await LifecycleTests.world()
+        let instance = Fake.id("late-token")
+        #expect(try await w.start(["instance_id": instance, "platform": "ios"]).status == 200)
+        // The push-to-start starts went out (as a worker records them).
+        try await w.fixture.pool.execute(
+            """
+            UPDATE deliveries SET status = 'sent', sent_at = now()
+            WHERE tenant_id = \(w.tenant.uuid) AND instance_id = \(instance)
+            """)
+        let end = try await w.end(["instance_id": instance])
+        #expect(end.status == 200, "\(end.text)")
+        #expect(try end.json().string("state") == "ended", "not failed: the end is kept")
+        #expect(try await w.instance(instance).string("state") == "ended")
+        // The activity tokens arrive after the end: each gets the end, once.
+        let tokens = try await w.registerActivityTokens(instance)
+        let rows = try await Self.statuses(w, instance)
+        let ends = rows.filter { $0.0 == "end" }
+        #expect(Set(ends.map(\.1)) == Set(tokens), "\(rows)")
+        #expect(ends.allSatisfy { $0.2 == "queued" })
+        // The end carries the end's own version timestamp.
+        let stamps = try await w.fixture.pool.query(
+            """
+            SELECT d.content_timestamp, i.content_timestamp AS current FROM deliveries d
+            JOIN instances i ON i.tenant_id = d.tenant_id AND i.id = d.instance_id
+            WHERE d.tenant_id = \(w.tenant.uuid) AND d.instance_id = \(instance) AND d.operation = 'end'
+            """)
+        #expect(
+            try stamps.allSatisfy { try $0.decode(Int64.self, "content_timestamp") == $0.decode(Int64.self, "current") }
+        )
+        _ = try await w.registerActivityTokens(instance)
+        #expect(
+            try await Self.statuses(w, instance).filter { $0.0 == "end" }.count == 2 * tokens.count,
+            "a rotated token gets the end too")
+    }
+
+    @Test("an ended instance stays ended, whatever a later write sets")
+    func endedIsFinal() async throws {
+        let w = try await LifecycleTests.world()
+        let instance = Fake.id("final")
+        #expect(try await w.start(["instance_id": instance]).status == 200)
+        #expect(try await w.end(["instance_id": instance]).status == 200)
+        for state in ["active", "pending", "failed"] {
+            try await w.fixture.pool.execute(
+                "UPDATE instances SET state = \(state) WHERE tenant_id = \(w.tenant.uuid) AND id = \(instance)")
+            #expect(try await w.instance(instance).string("state") == "ended")
+        }
+    }
+
+    @Test("a queued start keeps its own alert and attributes when an update comes before it is sent")
+    func startKeepsItsSnapshot() async throws {
+        let w = try await LifecycleTests.world()
+        let instance = Fake.id("snapshot")
+        #expect(try await w.start(["instance_id": instance]).status == 200)
+        let update = try await w.update([
+            "instance_id": instance, "content_state": ["status": "on its way", "eta": 60],
+            "attributes": ["order": "43"],
+        ])
+        #expect(update.status == 200, "\(update.text)")
+        let rows = try await w.fixture.pool.query(
+            """
+            SELECT operation, attributes, content_state, options, content_timestamp FROM deliveries
+            WHERE tenant_id = \(w.tenant.uuid) AND instance_id = \(instance) AND operation = 'start'
+            """)
+        #expect(rows.count == 3)
+        for row in rows {
+            let options = try row.decode(JSONValue.self, "options")
+            #expect(options["alert"]?["title"]?.stringValue == "Order 42", "\(options)")
+            #expect(try row.decode(JSONValue.self, "attributes")["order"]?.stringValue == "42")
+            #expect(try row.decode(JSONValue.self, "content_state")["status"]?.stringValue == "preparing")
+        }
+    }
+
+    @Test("a retry of version N is superseded when N+1 is queued for the same token")
+    func retryDoesNotOvertakeNewerVersion() async throws {
+        let w = try await LifecycleTests.world()
+        let instance = Fake.id("order")
+        #expect(try await w.start(["instance_id": instance, "platform": "android"]).status == 200)
+        // A worker holds the start to the Android phone…
+        let worker = "test-worker-" + Fake.hex(8)
+        let held = try await w.fixture.pool.query(
+            """
+            UPDATE deliveries SET locked_by = \(worker), locked_until = now() + interval '60 seconds',
+                   next_attempt_at = now() + interval '60 seconds', attempts = 1
+            WHERE tenant_id = \(w.tenant.uuid) AND instance_id = \(instance) RETURNING id
+            """)
+        #expect(held.count == 1)
+        let id = try held[0].decode(UUID.self, "id")
+        // …an update is queued for the same token meanwhile…
+        let update = try await w.update(["instance_id": instance, "content_state": ["status": "ready", "eta": 0]])
+        #expect(update.status == 200, "\(update.text)")
+        // …and the start fails with a retryable error: it must not be sent after the update.
+        let queue = DeliveryQueue(pool: w.fixture.pool)
+        try await queue.record(
+            worker: worker,
+            [
+                DeliveryResult(
+                    tenantID: w.tenant.uuid, id: id, status: .queued, reason: "Unavailable",
+                    nextAttemptAt: Date().addingTimeInterval(1))
+            ], retire: [])
+        let rows = try await Self.statuses(w, instance)
+        #expect(rows.first { $0.0 == "start" }?.2 == "superseded", "\(rows)")
+        #expect(rows.first { $0.0 == "update" }?.2 == "queued", "\(rows)")
+    }
+}
