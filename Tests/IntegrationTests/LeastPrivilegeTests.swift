@@ -158,14 +158,20 @@ struct LeastPrivilegeTests {
             try FileManager.default.copyItem(
                 atPath: TestEnvironment.migrationsDirectory + "/" + file, toPath: dir + "/" + file)
         }
-        // Like a helper's migration merged before 0010: RLS and a policy for marquee_api, nothing more.
+        // Like a migration merged before 0010 (a free number below it): RLS and a policy for marquee_api, nothing
+        // more.
+        let taken = Set(try FileManager.default.contentsOfDirectory(atPath: dir).map { $0.prefix(4) })
+        guard let earlier = (6...9).map({ "000\($0)" }).first(where: { !taken.contains(Substring($0)) }) else {
+            Issue.record("no free migration number below 0010")
+            return
+        }
         try """
         CREATE TABLE earlier_notes (tenant_id uuid NOT NULL, id text NOT NULL, body text, PRIMARY KEY (tenant_id, id));
         ALTER TABLE earlier_notes ENABLE ROW LEVEL SECURITY;
         CREATE POLICY tenant_isolation ON earlier_notes TO marquee_api
             USING (tenant_id = marquee_current_tenant()) WITH CHECK (tenant_id = marquee_current_tenant());
         GRANT SELECT, INSERT ON earlier_notes TO marquee_api;
-        """.write(toFile: dir + "/0006_earlier_notes.sql", atomically: true, encoding: .utf8)
+        """.write(toFile: dir + "/\(earlier)_earlier_notes.sql", atomically: true, encoding: .utf8)
         // A migration after 0010, following the documented pattern.
         try """
         CREATE TABLE later_notes (tenant_id uuid NOT NULL, id text NOT NULL, PRIMARY KEY (tenant_id, id));
