@@ -114,7 +114,11 @@ struct DatabaseRestartTests {
     func restart() async throws {
         let dir = NSTemporaryDirectory() + "marquee-restart-\(UUID().uuidString.prefix(8))"
         let script = TestEnvironment.repositoryRoot + "/Deploy/local/pg.sh"
-        let start = try await runCommand("/bin/bash", [script, "start", dir])
+        // A random port below the ephemeral range (32768+): while the cluster is down, no client socket, spawned
+        // process (they bind ephemeral ports) or other cluster (pg.sh scans upwards from 55432) takes it.
+        var port = Int.random(in: 20000...29999)
+        while TestEnvironment.isListening(port: port) { port = Int.random(in: 20000...29999) }
+        let start = try await runCommand("/bin/bash", [script, "start", dir, String(port)])
         try #require(start.status == 0, "\(start.output)")
         do {
             try await exercise(url: start.output, script: script, dir: dir)

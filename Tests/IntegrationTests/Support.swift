@@ -50,6 +50,22 @@ enum TestEnvironment {
         return url(database: String(name), base: base)
     }
 
+    /// Whether something accepts TCP connections on 127.0.0.1:`port`.
+    static func isListening(port: Int) -> Bool {
+        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        defer { close(fd) }
+        var addr = sockaddr_in()
+        addr.sin_family = sa_family_t(AF_INET)
+        addr.sin_addr.s_addr = inet_addr("127.0.0.1")
+        addr.sin_port = UInt16(port).bigEndian
+        let result = withUnsafePointer(to: &addr) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size))
+            }
+        }
+        return result == 0
+    }
+
     /// A free TCP port on 127.0.0.1 (bound, then released).
     static func freePort() -> Int {
         let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
