@@ -182,7 +182,8 @@ struct CompatRoutes: Sendable {
             guard let device = try context?.nested("device") else { throw ValidationError.missing("context.device") }
             let token = try Identifiers.anyDeviceToken(
                 device.requiredString("token", maxLength: 4096), field: "context.device.token")
-            let userID = try event.string("userId", maxLength: 256)
+            // Only the owner may delete a device: without a userId anyone holding the public sdk key could.
+            let userID = try Identifiers.personID(event.requiredString("userId", maxLength: 256), field: "userId")
             do {
                 try await registry.deleteDevice(tenant: tenant, personID: userID, token: token)
             } catch is NotFound {
@@ -212,7 +213,8 @@ struct CompatRoutes: Sendable {
             let at = try event.timestamp("timestamp") ?? Date()
             try await registry.recordEvent(
                 tenant: tenant, instanceID: instanceID, event: lifecycle, deviceToken: deviceToken, at: at,
-                contentState: try properties.objectValue("contentState"))
+                contentState: try RegistryRoutes.eventContentState(
+                    properties.objectValue("contentState"), field: "properties.contentState"))
             return .applied
 
         case "Report Delivery Event":
@@ -220,6 +222,9 @@ struct CompatRoutes: Sendable {
             let deliveryID =
                 try properties.string("deliveryId", maxLength: 128) ?? event.string("anonymousId", maxLength: 128)
             guard let deliveryID else { throw ValidationError.missing("properties.deliveryId") }
+            try await RegistryRoutes.verifyDeliveryToken(
+                properties.requiredString("deliveryToken", maxLength: 256), deliveryID: deliveryID,
+                field: "properties.deliveryToken", tenant: tenant, tenants: tenants)
             _ = try await registry.recordMetric(
                 tenant: tenant, deliveryID: deliveryID, metric: metric,
                 recipient: try properties.string("recipient", maxLength: Identifiers.maxRecipientLength),

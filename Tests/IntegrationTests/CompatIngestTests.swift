@@ -107,7 +107,11 @@ struct CompatIngestTests {
                 ], timestamp: started),
             Self.event(
                 "track", "Report Delivery Event", userId: nil, anonymousId: delivery,
-                properties: ["metric": "delivered", "deliveryId": delivery, "recipient": device]),
+                properties: [
+                    "metric": "delivered", "deliveryId": delivery, "recipient": device,
+                    "deliveryToken": DeliveryTokens.make(
+                        deliveryID: delivery, secret: try await fixture.tenants.deliverySecret(tenant: tenant.uuid)),
+                ]),
         ]
         let response = try await api.call(
             "POST", "/v1/b", json: Self.envelope(events, writeKey: tenant.sdk),
