@@ -271,6 +271,10 @@ struct CompatRoutes: Sendable {
                 platform == .ios
                 ? try Identifiers.apnsToken(raw, field: "properties.instanceToken")
                 : try Identifiers.fcmToken(raw, field: "properties.instanceToken")
+            guard
+                try await registry.deviceBelongsToInstance(
+                    tenant: tenant, instanceID: instanceID, deviceToken: deviceToken)
+            else { throw NotFound("instance") }
             _ = try await registry.registerActivityToken(
                 tenant: tenant, instanceID: instanceID, deviceToken: deviceToken, token: token)
             return .applied

@@ -120,6 +120,10 @@ struct RegistryRoutes: Sendable {
         let token =
             platform == .ios
             ? try Identifiers.apnsToken(raw, field: "token") : try Identifiers.fcmToken(raw, field: "token")
+        guard
+            try await registry.deviceBelongsToInstance(
+                tenant: principal.tenantID, instanceID: instanceID, deviceToken: deviceToken)
+        else { throw Problems.notFound("instance") }
         let result = try await registry.registerActivityToken(
             tenant: principal.tenantID, instanceID: instanceID, deviceToken: deviceToken, token: token)
         return .json(Self.registration(result, kind: "activity", token: token))

@@ -66,6 +66,7 @@ struct CompatIngestTests {
         let delivery = Fake.id("cio-dlv")
         let started = Date().addingTimeInterval(-60)
 
+        try await fixture.seedInstance(tenant: tenant.uuid, id: instance, person: user)
         let before = try await api.call("GET", "/metrics").text
         let malformed = Self.event(
             "track", "Live Notification Token", userId: user,

@@ -397,6 +397,7 @@ struct RegistryTests {
             try await api.call(
                 "PUT", "/v1/people/\(person)/devices/\(device)", key: tenant.sdk, json: ["platform": "ios"]
             ).status == 200)
+        try await fixture.seedInstance(tenant: tenant.uuid, id: instance, person: person)
         let path = "/v1/live_notifications/\(instance)/tokens/\(device)"
         let first = Fake.hex(100)
         let r1 = try await api.call("PUT", path, key: tenant.sdk, json: ["token": first])
@@ -446,6 +447,7 @@ struct RegistryTests {
                     "PUT", "/v1/people/\(person)/devices/\(token)", key: tenant.sdk, json: ["platform": platform]
                 ).status == 200)
         }
+        try await fixture.seedInstance(tenant: tenant.uuid, id: instance, person: person)
         let activityToken = Fake.hex(128)
         #expect(
             try await api.call(
@@ -580,6 +582,7 @@ struct RegistryConcurrencyTests {
             try await api.call(
                 "PUT", "/v1/people/\(person)/devices/\(device)", key: tenant.sdk, json: ["platform": "ios"]
             ).status == 200)
+        try await fixture.seedInstance(tenant: tenant.uuid, id: instance, person: person)
         let statuses = try await withThrowingTaskGroup(of: Int.self) { group in
             for _ in 0..<Self.racers {
                 group.addTask {

@@ -72,6 +72,62 @@ struct SDKKeyAbuseTests {
         #expect(devices.map { $0.string("token") } == [maskToken(device)], "the victim keeps the device")
     }
 
+    @Test("a device of another person cannot attach a token or report events for an instance: 404, nothing stored")
+    func instanceHijack() async throws {
+        let fixture = try await RegistryFixture.get()
+        let api = fixture.api
+        let tenant = try await api.createTenant()
+        let victim = Fake.id("victim")
+        let attacker = Fake.id("mallory")
+        let victimPhone = Fake.hex()
+        let attackerPhone = Fake.hex()
+        let instance = Fake.id("order")
+        for (person, device) in [(victim, victimPhone), (attacker, attackerPhone)] {
+            #expect(
+                try await api.call(
+                    "PUT", "/v1/people/\(person)/devices/\(device)", key: tenant.sdk, json: ["platform": "ios"]
+                ).status == 200)
+        }
+        try await fixture.seedInstance(tenant: tenant.uuid, id: instance, person: victim)
+
+        expectProblem(
+            try await api.call(
+                "PUT", "/v1/live_notifications/\(instance)/tokens/\(attackerPhone)", key: tenant.sdk,
+                json: ["token": Fake.hex()]), 404, "not-found")
+        expectProblem(
+            try await api.call(
+                "POST", "/v1/live_notifications/\(instance)/events", key: tenant.sdk,
+                json: ["event": "started", "device_token": attackerPhone, "at": Date().timeIntervalSince1970]),
+            404, "not-found")
+        for properties in [
+            [
+                "registrationType": "instance", "cioInstanceId": instance, "instanceToken": Fake.hex(),
+                "deviceId": attackerPhone,
+            ],
+            ["eventType": "start", "cioInstanceId": instance, "deviceId": attackerPhone],
+        ] {
+            let name = properties["registrationType"] == nil ? "Live Notification Event" : "Live Notification Token"
+            let response = try await api.call(
+                "POST", "/v1/track", key: tenant.sdk,
+                json: CompatIngestTests.event("track", name, userId: attacker, properties: properties))
+            #expect(response.status == 404, "\(name): \(response.text)")
+        }
+        // An instance that does not exist is refused the same way (no probing for IDs).
+        expectProblem(
+            try await api.call(
+                "PUT", "/v1/live_notifications/\(Fake.id("order"))/tokens/\(attackerPhone)", key: tenant.sdk,
+                json: ["token": Fake.hex()]), 404, "not-found")
+        #expect(try await fixture.registry.activityTargets(tenant: tenant.uuid, instanceID: instance).isEmpty)
+
+        // The victim's own device still can.
+        #expect(
+            try await api.call(
+                "PUT", "/v1/live_notifications/\(instance)/tokens/\(victimPhone)", key: tenant.sdk,
+                json: ["token": Fake.hex()]
+            ).status == 200)
+        #expect(try await fixture.registry.activityTargets(tenant: tenant.uuid, instanceID: instance).count == 1)
+    }
+
     @Test("an event's content_state is capped at 4 KiB: 422 naming the field")
     func eventContentStateCap() async throws {
         let fixture = try await RegistryFixture.get()
@@ -84,6 +140,7 @@ struct SDKKeyAbuseTests {
             try await api.call(
                 "PUT", "/v1/people/\(person)/devices/\(device)", key: tenant.sdk, json: ["platform": "ios"]
             ).status == 200)
+        try await fixture.seedInstance(tenant: tenant.uuid, id: instance, person: person)
         let big = ["blob": String(repeating: "x", count: 5000)]
         expectProblem(
             try await api.call(
@@ -104,5 +161,19 @@ struct SDKKeyAbuseTests {
         let stored = try await fixture.pool.count(
             "SELECT count(*)::int AS n FROM activity_events WHERE tenant_id = \(tenant.uuid)")
         #expect(stored == 0)
+    }
+}
+
+extension RegistryFixture.Running {
+    /// An active instance started for `person`, as a start leaves it, written directly (no credentials or deliveries
+    /// needed): devices may report tokens and events only for instances of their own person.
+    func seedInstance(tenant: UUID, id: String, person: String) async throws {
+        try await pool.execute(
+            """
+            INSERT INTO instances (tenant_id, id, activity_type, person_id, state, attributes, content_state,
+                                   content_timestamp, expires_at)
+            VALUES (\(tenant), \(id), 'com.example.seeded', \(person), 'active', '{}', '{}', 1,
+                    now() + interval '8 hours')
+            """)
     }
 }
