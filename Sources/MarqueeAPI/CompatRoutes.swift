@@ -42,10 +42,19 @@ struct CompatRoutes: Sendable {
     }
 
     func batch(_ request: HTTPRequest) async throws -> HTTPResponse {
+        // A key in the Authorization header is checked before the body is parsed, so that an unauthenticated caller
+        // costs no parsing; only a request without one needs its body read for `writeKey`.
         // NUL is checked per event below, so that one such event does not drop the batch.
-        let body = try JSONBody.parse(request, allowNUL: true)
-        let principal = try await authenticator.require(
-            request, kinds: [.sdk], scheme: .bearerOrBasic, fallbackKey: try? body.string("writeKey"))
+        let principal: Principal
+        let body: JSONBody
+        if Authenticator.presentedKey(request, scheme: .bearerOrBasic) != nil {
+            principal = try await authenticator.require(request, kinds: [.sdk], scheme: .bearerOrBasic)
+            body = try JSONBody.parse(request, allowNUL: true)
+        } else {
+            body = try JSONBody.parse(request, allowNUL: true)
+            principal = try await authenticator.require(
+                request, kinds: [.sdk], scheme: .bearerOrBasic, fallbackKey: try? body.string("writeKey"))
+        }
         guard let list = body.value("batch")?.arrayValue else {
             throw ValidationError(
                 body.has("batch") ? .invalidField : .missingField, field: "batch", reason: "must be an array of events")

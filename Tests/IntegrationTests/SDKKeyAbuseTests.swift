@@ -128,6 +128,17 @@ struct SDKKeyAbuseTests {
         #expect(try await fixture.registry.activityTargets(tenant: tenant.uuid, instanceID: instance).count == 1)
     }
 
+    @Test("a compat batch with a wrong key is refused before its body is parsed: 401, not 400")
+    func batchAuthenticatedFirst() async throws {
+        let api = try await RegistryFixture.get().api
+        for path in ["/v1/b", "/v1/batch"] {
+            let response = try await api.call(
+                "POST", path, body: Data("{not json".utf8), contentType: "application/json",
+                headers: ["Authorization": "Bearer not-a-key"])
+            #expect(response.status == 401, "\(path): \(response.text)")
+        }
+    }
+
     @Test("an event's content_state is capped at 4 KiB: 422 naming the field")
     func eventContentStateCap() async throws {
         let fixture = try await RegistryFixture.get()
