@@ -42,10 +42,19 @@ struct CompatRoutes: Sendable {
     }
 
     func batch(_ request: HTTPRequest) async throws -> HTTPResponse {
+        // A key in the Authorization header is checked before the body is parsed, so that an unauthenticated caller
+        // costs no parsing; only a request without one needs its body read for `writeKey`.
         // NUL is checked per event below, so that one such event does not drop the batch.
-        let body = try JSONBody.parse(request, allowNUL: true)
-        let principal = try await authenticator.require(
-            request, kinds: [.sdk], scheme: .bearerOrBasic, fallbackKey: try? body.string("writeKey"))
+        let principal: Principal
+        let body: JSONBody
+        if Authenticator.presentedKey(request, scheme: .bearerOrBasic) != nil {
+            principal = try await authenticator.require(request, kinds: [.sdk], scheme: .bearerOrBasic)
+            body = try JSONBody.parse(request, allowNUL: true)
+        } else {
+            body = try JSONBody.parse(request, allowNUL: true)
+            principal = try await authenticator.require(
+                request, kinds: [.sdk], scheme: .bearerOrBasic, fallbackKey: try? body.string("writeKey"))
+        }
         guard let list = body.value("batch")?.arrayValue else {
             throw ValidationError(
                 body.has("batch") ? .invalidField : .missingField, field: "batch", reason: "must be an array of events")
@@ -182,7 +191,8 @@ struct CompatRoutes: Sendable {
             guard let device = try context?.nested("device") else { throw ValidationError.missing("context.device") }
             let token = try Identifiers.anyDeviceToken(
                 device.requiredString("token", maxLength: 4096), field: "context.device.token")
-            let userID = try event.string("userId", maxLength: 256)
+            // Only the owner may delete a device: without a userId anyone holding the public sdk key could.
+            let userID = try Identifiers.personID(event.requiredString("userId", maxLength: 256), field: "userId")
             do {
                 try await registry.deleteDevice(tenant: tenant, personID: userID, token: token)
             } catch is NotFound {
@@ -212,7 +222,8 @@ struct CompatRoutes: Sendable {
             let at = try event.timestamp("timestamp") ?? Date()
             try await registry.recordEvent(
                 tenant: tenant, instanceID: instanceID, event: lifecycle, deviceToken: deviceToken, at: at,
-                contentState: try properties.objectValue("contentState"))
+                contentState: try RegistryRoutes.eventContentState(
+                    properties.objectValue("contentState"), field: "properties.contentState"))
             return .applied
 
         case "Report Delivery Event":
@@ -220,6 +231,9 @@ struct CompatRoutes: Sendable {
             let deliveryID =
                 try properties.string("deliveryId", maxLength: 128) ?? event.string("anonymousId", maxLength: 128)
             guard let deliveryID else { throw ValidationError.missing("properties.deliveryId") }
+            try await RegistryRoutes.verifyDeliveryToken(
+                properties.requiredString("deliveryToken", maxLength: 256), deliveryID: deliveryID,
+                field: "properties.deliveryToken", tenant: tenant, tenants: tenants)
             _ = try await registry.recordMetric(
                 tenant: tenant, deliveryID: deliveryID, metric: metric,
                 recipient: try properties.string("recipient", maxLength: Identifiers.maxRecipientLength),
@@ -266,6 +280,10 @@ struct CompatRoutes: Sendable {
                 platform == .ios
                 ? try Identifiers.apnsToken(raw, field: "properties.instanceToken")
                 : try Identifiers.fcmToken(raw, field: "properties.instanceToken")
+            guard
+                try await registry.deviceBelongsToInstance(
+                    tenant: tenant, instanceID: instanceID, deviceToken: deviceToken)
+            else { throw NotFound("instance") }
             _ = try await registry.registerActivityToken(
                 tenant: tenant, instanceID: instanceID, deviceToken: deviceToken, token: token)
             return .applied

@@ -120,6 +120,10 @@ struct RegistryRoutes: Sendable {
         let token =
             platform == .ios
             ? try Identifiers.apnsToken(raw, field: "token") : try Identifiers.fcmToken(raw, field: "token")
+        guard
+            try await registry.deviceBelongsToInstance(
+                tenant: principal.tenantID, instanceID: instanceID, deviceToken: deviceToken)
+        else { throw Problems.notFound("instance") }
         let result = try await registry.registerActivityToken(
             tenant: principal.tenantID, instanceID: instanceID, deviceToken: deviceToken, token: token)
         return .json(Self.registration(result, kind: "activity", token: token))
@@ -143,7 +147,7 @@ struct RegistryRoutes: Sendable {
         let deviceToken = try Identifiers.anyDeviceToken(
             body.requiredString("device_token", maxLength: 4096), field: "device_token")
         guard let at = try body.timestamp("at") else { throw ValidationError.missing("at") }
-        let contentState = try body.objectValue("content_state")
+        let contentState = try Self.eventContentState(body.objectValue("content_state"), field: "content_state")
         try await registry.recordEvent(
             tenant: principal.tenantID, instanceID: instanceID, event: event, deviceToken: deviceToken, at: at,
             contentState: contentState)
@@ -160,18 +164,38 @@ struct RegistryRoutes: Sendable {
         let metric = try body.requiredEnum("metric", DeliveryMetric.self)
         let recipient = try body.string("recipient", maxLength: Identifiers.maxRecipientLength)
         let at = try body.timestamp("at")
-        if let presented = try body.string("delivery_token", maxLength: 256) {
-            let secret = try await tenants.deliverySecret(tenant: principal.tenantID)
-            guard DeliveryTokens.verify(presented, deliveryID: deliveryID, secret: secret) else {
-                throw ValidationError(field: "delivery_token", reason: "does not match this delivery")
-            }
-        }
+        try await Self.verifyDeliveryToken(
+            body.requiredString("delivery_token", maxLength: 256), deliveryID: deliveryID, field: "delivery_token",
+            tenant: principal.tenantID, tenants: tenants)
         let recorded = try await registry.recordMetric(
             tenant: principal.tenantID, deliveryID: deliveryID, metric: metric, recipient: recipient, at: at)
         return .json(.object(["recorded": .bool(recorded), "duplicate": .bool(!recorded)]), status: 202)
     }
 
+    /// Metrics are accepted only with the delivery's token (what the push carried), so that a holder of the public
+    /// sdk key cannot forge delivered or opened counts. The one home of this rule, for this route and the compat one.
+    static func verifyDeliveryToken(
+        _ presented: String, deliveryID: String, field: String, tenant: UUID, tenants: TenantStore
+    ) async throws {
+        let secret = try await tenants.deliverySecret(tenant: tenant)
+        guard DeliveryTokens.verify(presented, deliveryID: deliveryID, secret: secret) else {
+            throw ValidationError(field: field, reason: "does not match this delivery")
+        }
+    }
+
     // MARK: Field rules
+
+    /// The largest `content_state` a lifecycle event may carry, serialized (devices report it; it is stored as is).
+    static let maxEventContentStateBytes = 4096
+
+    /// An event's reported content state, refused when larger than `maxEventContentStateBytes`.
+    static func eventContentState(_ value: JSONValue?, field: String) throws(ValidationError) -> JSONValue? {
+        guard let value else { return nil }
+        guard value.serialized().utf8.count <= maxEventContentStateBytes else {
+            throw ValidationError(field: field, reason: "must be at most \(maxEventContentStateBytes) bytes of JSON")
+        }
+        return value
+    }
 
     static func email(_ text: String?) throws(ValidationError) -> String? {
         guard let text else { return nil }

@@ -399,6 +399,29 @@ public struct RegistryStore: Sendable {
         }
     }
 
+    /// Whether `deviceToken` is a device of the person `instanceID` was started for (or the device it targets). The
+    /// sdk key is public, so an activity token or a lifecycle event for an instance is taken only from such a device:
+    /// otherwise anyone could attach their own token to a guessable instance ID and receive its updates.
+    public func deviceBelongsToInstance(tenant: UUID, instanceID: String, deviceToken: String) async throws -> Bool {
+        try await database.tenantTransaction(tenant) { connection in
+            try Self.deviceBelongsToInstance(
+                connection, tenant: tenant, instanceID: instanceID, deviceToken: deviceToken)
+        }
+    }
+
+    static func deviceBelongsToInstance(
+        _ connection: PostgresConnection, tenant: UUID, instanceID: String, deviceToken: String
+    ) throws -> Bool {
+        let rows = try connection.query(
+            """
+            SELECT 1 AS ok FROM instances i
+            JOIN devices d ON d.tenant_id = i.tenant_id AND d.token = \(deviceToken)
+            WHERE i.tenant_id = \(tenant) AND i.id = \(instanceID)
+              AND (d.person_id = i.person_id OR d.token = i.target_device)
+            """)
+        return !rows.isEmpty
+    }
+
     /// Registers the per-activity token of a device for an instance; a different active token is retired.
     public func registerActivityToken(tenant: UUID, instanceID: String, deviceToken: String, token: String)
         async throws -> TokenRegistration
@@ -474,6 +497,10 @@ public struct RegistryStore: Sendable {
             guard try Self.devicePlatform(connection, tenant: tenant, token: deviceToken, personID: nil) != nil else {
                 throw NotFound("device")
             }
+            guard
+                try Self.deviceBelongsToInstance(
+                    connection, tenant: tenant, instanceID: instanceID, deviceToken: deviceToken)
+            else { throw NotFound("instance") }
             try connection.execute(
                 """
                 INSERT INTO activity_events (tenant_id, id, instance_id, device_token, event, at, content_state)

@@ -66,6 +66,7 @@ struct CompatIngestTests {
         let delivery = Fake.id("cio-dlv")
         let started = Date().addingTimeInterval(-60)
 
+        try await fixture.seedInstance(tenant: tenant.uuid, id: instance, person: user)
         let before = try await api.call("GET", "/metrics").text
         let malformed = Self.event(
             "track", "Live Notification Token", userId: user,
@@ -107,7 +108,11 @@ struct CompatIngestTests {
                 ], timestamp: started),
             Self.event(
                 "track", "Report Delivery Event", userId: nil, anonymousId: delivery,
-                properties: ["metric": "delivered", "deliveryId": delivery, "recipient": device]),
+                properties: [
+                    "metric": "delivered", "deliveryId": delivery, "recipient": device,
+                    "deliveryToken": DeliveryTokens.make(
+                        deliveryID: delivery, secret: try await fixture.tenants.deliverySecret(tenant: tenant.uuid)),
+                ]),
         ]
         let response = try await api.call(
             "POST", "/v1/b", json: Self.envelope(events, writeKey: tenant.sdk),

@@ -82,6 +82,15 @@ struct IsolationTests {
             await api.call(
                 "PUT", "/v1/people/\(person)/devices/\(iphone)/push_to_start/\(type)", key: tenant.sdk,
                 json: ["token": Fake.hex()]))
+        // Devices report tokens and events only for instances of their own person: start first.
+        try ok(
+            await api.call(
+                "POST", "/v1/live_notifications/start", key: tenant.app,
+                json: [
+                    "identifiers": ["id": person], "notification_type": type, "attributes": ["order": "a"],
+                    "content_state": ["step": 1], "instance_id": instance,
+                    "push_payload": ["alert": ["title": "A", "body": "started"]],
+                ]))
         try ok(
             await api.call(
                 "PUT", "/v1/live_notifications/\(instance)/tokens/\(iphone)", key: tenant.sdk,
@@ -94,16 +103,12 @@ struct IsolationTests {
         }
         try ok(
             await api.call(
-                "POST", "/v1/live_notifications/start", key: tenant.app,
-                json: [
-                    "identifiers": ["id": person], "notification_type": type, "attributes": ["order": "a"],
-                    "content_state": ["step": 1], "instance_id": instance,
-                    "push_payload": ["alert": ["title": "A", "body": "started"]],
-                ]))
-        try ok(
-            await api.call(
                 "POST", "/v1/deliveries/\(delivery)/metrics", key: tenant.sdk,
-                json: ["metric": "delivered", "recipient": iphone]))
+                json: [
+                    "metric": "delivered", "recipient": iphone,
+                    "delivery_token": DeliveryTokens.make(
+                        deliveryID: delivery, secret: try await fixture.tenants.deliverySecret(tenant: tenant.uuid)),
+                ]))
         try ok(
             await api.call(
                 "PUT", "/v1/credentials/apns", key: tenant.app,
@@ -162,6 +167,8 @@ struct IsolationTests {
 
         let a = try await Self.seed(fixture)
         let b = try await api.createTenant("isolation-B-" + Fake.hex(8))
+        let bDeliveryToken = DeliveryTokens.make(
+            deliveryID: a.delivery, secret: try await fixture.tenants.deliverySecret(tenant: b.uuid))
         #expect(try await Self.snapshot(fixture, a).allSatisfy { !$0.contains(" 404 ") }, "A is fully seeded")
         let before = try await Self.snapshot(fixture, a)
 
@@ -283,7 +290,8 @@ struct IsolationTests {
                 body: ["metric": "opened", "delivery_token": aDeliveryToken], expect: .invalid(field: "delivery_token")),
             Probe(
                 method: "POST", path: "/v1/deliveries/\(a.delivery)/metrics", key: b.sdk,
-                body: ["metric": "delivered", "recipient": a.recipient], expect: .own(202)),
+                body: ["metric": "delivered", "recipient": a.recipient, "delivery_token": bDeliveryToken],
+                expect: .own(202)),
             // Compat ingest with B's sdk key naming A's person, devices and instance.
             Probe(
                 method: "POST", path: "/v1/b", key: nil, body: compatBatch, headers: ["Authorization": b.basicSDK],

@@ -397,6 +397,7 @@ struct RegistryTests {
             try await api.call(
                 "PUT", "/v1/people/\(person)/devices/\(device)", key: tenant.sdk, json: ["platform": "ios"]
             ).status == 200)
+        try await fixture.seedInstance(tenant: tenant.uuid, id: instance, person: person)
         let path = "/v1/live_notifications/\(instance)/tokens/\(device)"
         let first = Fake.hex(100)
         let r1 = try await api.call("PUT", path, key: tenant.sdk, json: ["token": first])
@@ -446,6 +447,7 @@ struct RegistryTests {
                     "PUT", "/v1/people/\(person)/devices/\(token)", key: tenant.sdk, json: ["platform": platform]
                 ).status == 200)
         }
+        try await fixture.seedInstance(tenant: tenant.uuid, id: instance, person: person)
         let activityToken = Fake.hex(128)
         #expect(
             try await api.call(
@@ -506,22 +508,33 @@ struct RegistryTests {
         let tenant = try await api.createTenant()
         let delivery = Fake.id("dlv")
         let path = "/v1/deliveries/\(delivery)/metrics"
-        let first = try await api.call("POST", path, key: tenant.sdk, json: ["metric": "delivered", "recipient": "r1"])
+        let secret = try await fixture.tenants.deliverySecret(tenant: tenant.uuid)
+        let right = DeliveryTokens.make(deliveryID: delivery, secret: secret)
+        // The sdk key is public: without the delivery's token a metric would be a forgery.
+        for metric in ["delivered", "opened"] {
+            expectProblem(
+                try await api.call("POST", path, key: tenant.sdk, json: ["metric": metric, "recipient": "r1"]),
+                422, "missing-field", field: "delivery_token")
+        }
+        let first = try await api.call(
+            "POST", path, key: tenant.sdk, json: ["metric": "delivered", "recipient": "r1", "delivery_token": right])
         #expect(first.status == 202, "\(first.text)")
         #expect(try first.json()["recorded"] as? Bool == true && first.json()["duplicate"] as? Bool == false)
         let repeatDelivered = try await api.call(
-            "POST", path, key: tenant.sdk, json: ["metric": "delivered", "recipient": "r1"])
+            "POST", path, key: tenant.sdk, json: ["metric": "delivered", "recipient": "r1", "delivery_token": right])
         #expect(repeatDelivered.status == 202)
         #expect(try repeatDelivered.json()["duplicate"] as? Bool == true)
         #expect(try repeatDelivered.json()["recorded"] as? Bool == false)
         let otherRecipient = try await api.call(
-            "POST", path, key: tenant.sdk, json: ["metric": "delivered", "recipient": "r2"])
+            "POST", path, key: tenant.sdk, json: ["metric": "delivered", "recipient": "r2", "delivery_token": right])
         #expect(try otherRecipient.json()["recorded"] as? Bool == true)
 
         for _ in 0..<2 {
             let opened = try await api.call(
                 "POST", path, key: tenant.sdk,
-                json: ["metric": "opened", "recipient": "r1", "at": "2025-01-02T03:04:05Z"])
+                json: [
+                    "metric": "opened", "recipient": "r1", "at": "2025-01-02T03:04:05Z", "delivery_token": right,
+                ])
             #expect(opened.status == 202)
             #expect(try opened.json()["recorded"] as? Bool == true)
         }
@@ -530,8 +543,6 @@ struct RegistryTests {
             try await api.call(
                 "POST", path, key: tenant.sdk, json: ["metric": "opened", "delivery_token": "not-the-right-token"]),
             422, "invalid-field", field: "delivery_token")
-        let secret = try await fixture.tenants.deliverySecret(tenant: tenant.uuid)
-        let right = DeliveryTokens.make(deliveryID: delivery, secret: secret)
         let verified = try await api.call(
             "POST", path, key: tenant.sdk, json: ["metric": "opened", "delivery_token": right])
         #expect(verified.status == 202, "\(verified.text)")
@@ -571,6 +582,7 @@ struct RegistryConcurrencyTests {
             try await api.call(
                 "PUT", "/v1/people/\(person)/devices/\(device)", key: tenant.sdk, json: ["platform": "ios"]
             ).status == 200)
+        try await fixture.seedInstance(tenant: tenant.uuid, id: instance, person: person)
         let statuses = try await withThrowingTaskGroup(of: Int.self) { group in
             for _ in 0..<Self.racers {
                 group.addTask {
@@ -609,12 +621,14 @@ struct RegistryConcurrencyTests {
         let api = fixture.api
         let tenant = try await api.createTenant()
         let delivery = Fake.id("dlv")
+        let token = DeliveryTokens.make(
+            deliveryID: delivery, secret: try await fixture.tenants.deliverySecret(tenant: tenant.uuid))
         let recorded = try await withThrowingTaskGroup(of: Bool?.self) { group in
             for _ in 0..<8 {
                 group.addTask {
                     let response = try await api.call(
                         "POST", "/v1/deliveries/\(delivery)/metrics", key: tenant.sdk,
-                        json: ["metric": "delivered", "recipient": "r"])
+                        json: ["metric": "delivered", "recipient": "r", "delivery_token": token])
                     return response.status == 202 ? try response.json()["recorded"] as? Bool : nil
                 }
             }

@@ -1,6 +1,7 @@
 import Crypto
 import Foundation
 import MarqueeCore
+import MarqueeStore
 import Testing
 
 /// Client mistakes are 4xx problem+json with a stable `type`, a `detail` and the `field` at fault; never a 500.
@@ -241,6 +242,7 @@ struct ValidationTests {
             "PUT", "/v1/people/\(person)/devices/\(device)", key: tenant.sdk, json: ["platform": "android"])
         #expect(put.status == 200, "\(put.text)")
         let instance = String(repeating: "i", count: 128)
+        try await fixture.seedInstance(tenant: tenant.uuid, id: instance, person: person)
         let token = try await api.call(
             "PUT", "/v1/live_notifications/\(instance)/tokens/\(device)", key: tenant.sdk, json: ["token": longest])
         #expect(token.status == 200, "\(token.text)")
@@ -258,9 +260,13 @@ struct ValidationTests {
                 json: ["token": longest + "x"]), 422, "invalid-token", field: "token")
 
         let recipient = String(repeating: "r", count: Identifiers.maxRecipientLength)
-        let delivery = "/v1/deliveries/\(String(repeating: "D", count: 128))/metrics"
+        let deliveryID = String(repeating: "D", count: 128)
+        let delivery = "/v1/deliveries/\(deliveryID)/metrics"
+        let deliveryToken = DeliveryTokens.make(
+            deliveryID: deliveryID, secret: try await fixture.tenants.deliverySecret(tenant: tenant.uuid))
         let metric = try await api.call(
-            "POST", delivery, key: tenant.sdk, json: ["metric": "delivered", "recipient": recipient])
+            "POST", delivery, key: tenant.sdk,
+            json: ["metric": "delivered", "recipient": recipient, "delivery_token": deliveryToken])
         #expect(metric.status == 202, "\(metric.text)")
         expectProblem(
             try await api.call(
