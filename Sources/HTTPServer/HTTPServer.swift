@@ -30,6 +30,10 @@ public final class HTTPServer: Sendable {
         /// Most connections open at once (MHD splits it across its threads); beyond it new connections wait in
         /// the kernel's listen backlog until one closes. Default 10 000.
         public var connectionLimit: Int
+        /// Most connections open at once from one client address; a connection beyond it is accepted and closed at
+        /// once, so one client cannot take every slot. 0 disables the cap (e.g. behind a proxy that is the only
+        /// client address). Default 256.
+        public var perAddressConnectionLimit: Int
         /// How long `stop()` waits for in-flight requests before answering the rest with 503. Default 10 s.
         public var drainTimeout: Duration
 
@@ -41,7 +45,8 @@ public final class HTTPServer: Sendable {
             threadCount: Int = max(2, ProcessInfo.processInfo.activeProcessorCount),
             connectionTimeout: Duration = .seconds(60),
             connectionLimit: Int = 10_000,
-            drainTimeout: Duration = .seconds(10)
+            drainTimeout: Duration = .seconds(10),
+            perAddressConnectionLimit: Int = 256
         ) {
             self.host = host
             self.port = port
@@ -50,6 +55,7 @@ public final class HTTPServer: Sendable {
             self.connectionTimeout = connectionTimeout
             self.connectionLimit = connectionLimit
             self.drainTimeout = drainTimeout
+            self.perAddressConnectionLimit = perAddressConnectionLimit
         }
     }
 
@@ -205,7 +211,9 @@ final class ServerCore: Sendable {
         guard (0...65_535).contains(config.port) else {
             throw HTTPServerError(.invalidConfiguration, "port must be 0...65535", details: "port \(config.port)")
         }
-        guard config.maxBodySize >= 0, config.connectionLimit > 0, config.threadCount > 0 else {
+        guard config.maxBodySize >= 0, config.connectionLimit > 0, config.threadCount > 0,
+            config.perAddressConnectionLimit >= 0
+        else {
             throw HTTPServerError(
                 .invalidConfiguration, "maxBodySize, connectionLimit and threadCount must be positive")
         }
@@ -240,6 +248,11 @@ final class ServerCore: Sendable {
                 MHD_OPTION.URI_LOG_CALLBACK.rawValue, unsafeBitCast(uriLog, to: OpaquePointer.self), OpaquePointer(cls),
                 MHD_OPTION.SOCK_ADDR.rawValue, sockaddr,
             ]
+            if config.perAddressConnectionLimit > 0 {
+                arguments += [
+                    MHD_OPTION.PER_IP_CONNECTION_LIMIT.rawValue, UInt32(clamping: config.perAddressConnectionLimit),
+                ]
+            }
             if config.threadCount > 1 {
                 arguments += [MHD_OPTION.THREAD_POOL_SIZE.rawValue, UInt32(clamping: config.threadCount)]
             }

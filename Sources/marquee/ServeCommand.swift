@@ -40,7 +40,8 @@ struct ServeCommand {
             configuration: .init(
                 host: configuration.listen.host, port: configuration.listen.port,
                 maxBodySize: configuration.maxBodyBytes, threadCount: configuration.httpThreads,
-                drainTimeout: .seconds(configuration.drainTimeoutSeconds)),
+                drainTimeout: .seconds(configuration.drainTimeoutSeconds),
+                perAddressConnectionLimit: configuration.httpConnectionsPerAddress),
             router: router,
             onRequestCompleted: { record in
                 httpMetrics.record(record)

@@ -403,6 +403,43 @@ struct ServerTests {
         }
     }
 
+    @Test("the connection beyond the per-address cap is closed at once; another address is still served")
+    func perAddressConnectionLimit() async throws {
+        let twoPerAddress: (inout HTTPServer.Configuration) -> Void = { $0.perAddressConnectionLimit = 2 }
+        try await withServer(Self.router(), configure: twoPerAddress) { server in
+            let port = server.boundPort
+            let (held, extraAnswered, extraClosed, other, afterwards) = try await onThread {
+                // Two served connections from 127.0.0.1, kept open: the cap for that address is reached.
+                let held = try (0..<2).map { _ in try RawConnection(port: port) }
+                var statuses: [Int] = []
+                for connection in held {
+                    try connection.sendRequest("GET", "/hello")
+                    statuses.append(try connection.readResponse().status)
+                }
+                // The third from the same address is accepted by the kernel and closed by the server unanswered.
+                let clock = ContinuousClock()
+                let started = clock.now
+                let extra = try RawConnection(port: port, timeoutSeconds: 15)
+                try? extra.sendRequest("GET", "/hello")
+                let extraAnswered = (try? extra.readResponse()) != nil  // EOF or reset, not the 15 s read timeout
+                let extraClosed = clock.now - started < .seconds(10)
+                // Another client address is not held back by the first one's connections.
+                let second = try RawConnection(port: port, source: "127.0.0.2")
+                try second.sendRequest("GET", "/hello")
+                let other = try second.readResponse().status
+                // The held connections still work.
+                try held[0].sendRequest("GET", "/hello")
+                let afterwards = try held[0].readResponse().status
+                return (statuses, extraAnswered, extraClosed, other, afterwards)
+            }
+            #expect(held == [200, 200])
+            #expect(!extraAnswered)
+            #expect(extraClosed, "closed by the server, not left to time out")
+            #expect(other == 200)
+            #expect(afterwards == 200)
+        }
+    }
+
     @Test func droppingARunningServerStopsIt() async throws {
         var port = 0
         do {
