@@ -41,7 +41,8 @@ struct ServeCommand {
                 host: configuration.listen.host, port: configuration.listen.port,
                 maxBodySize: configuration.maxBodyBytes, threadCount: configuration.httpThreads,
                 drainTimeout: .seconds(configuration.drainTimeoutSeconds),
-                perAddressConnectionLimit: configuration.httpConnectionsPerAddress),
+                perAddressConnectionLimit: configuration.httpConnectionsPerAddress,
+                requestReadTimeout: .seconds(configuration.httpReadTimeoutSeconds)),
             router: router,
             onRequestCompleted: { record in
                 httpMetrics.record(record)

@@ -440,6 +440,57 @@ struct ServerTests {
         }
     }
 
+    @Test("a client dribbling its request is cut off at the read deadline; a prompt client and a slow handler are not")
+    func requestReadDeadline() async throws {
+        var router = Self.router()
+        router.get("/handler-slower-than-deadline") { _ in
+            try await Task.sleep(for: .milliseconds(1500))
+            return .text("done")
+        }
+        let oneSecond: (inout HTTPServer.Configuration) -> Void = {
+            $0.requestReadTimeout = .seconds(1)
+            $0.connectionTimeout = .seconds(60)  // each dribbled byte comes well inside the idle timeout
+        }
+        try await withServer(router, configure: oneSecond) { server in
+            let port = server.boundPort
+            let (cutOff, elapsed, prompt, slowHandler) = try await onThread {
+                let clock = ContinuousClock()
+                let slow = try RawConnection(port: port, timeoutSeconds: 15)
+                let started = clock.now
+                try slow.send("GET /hello HTTP/1.1\r\nHost: x\r\n")
+                // A prompt client is served while the slow one is still dribbling.
+                let other = try RawConnection(port: port)
+                try other.sendRequest("GET", "/hello")
+                let prompt = try other.readResponse().status
+                // One header byte every 100 ms, for at most 15 s: the idle timeout (60 s) never fires.
+                var cutOff = false
+                while clock.now - started < .seconds(15) {
+                    do {
+                        try slow.send("X")
+                    } catch {
+                        cutOff = true
+                        break
+                    }
+                    var probe = pollfd(fd: slow.fd, events: Int16(POLLIN), revents: 0)
+                    if poll(&probe, 1, 100) > 0 {
+                        cutOff = (try? slow.readResponse()) == nil  // EOF or reset, no answer
+                        break
+                    }
+                }
+                let elapsed = clock.now - started
+                // Time a handler runs does not count against the deadline.
+                let patient = try RawConnection(port: port)
+                try patient.sendRequest("GET", "/handler-slower-than-deadline")
+                let slowHandler = try patient.readResponse().status
+                return (cutOff, elapsed, prompt, slowHandler)
+            }
+            #expect(cutOff, "the dribbling client is disconnected unanswered")
+            #expect(elapsed >= .milliseconds(900) && elapsed < .seconds(10), "cut off after \(elapsed)")
+            #expect(prompt == 200)
+            #expect(slowHandler == 200)
+        }
+    }
+
     @Test func droppingARunningServerStopsIt() async throws {
         var port = 0
         do {
