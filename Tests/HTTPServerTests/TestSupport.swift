@@ -34,7 +34,9 @@ final class RawConnection {
 
     /// Connects to 127.0.0.1:`port`, from `source` (another loopback address, e.g. `127.0.0.2`) when given.
     init(port: Int, timeoutSeconds: Int = 15, source: String? = nil) throws {
-        fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        // Close-on-exec: a child process another test spawns meanwhile must not inherit the socket and keep the
+        // connection open after this test closes it.
+        fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
         guard fd >= 0 else { throw ClientError(description: "socket() failed", errno: errno) }
         if let source {
             var local = sockaddr_in()
