@@ -212,11 +212,17 @@ struct ServerTests {
 
     @Test func gracefulStopFinishesInFlightAndRefusesNew() async throws {
         let entered = Counter()
+        let released = Counter()
         let records = RecordSink()
         var router = Router()
         router.get("/slow") { _ in
             entered.enter()
-            try await Task.sleep(for: .milliseconds(600))
+            // Still running when the stop begins, however late a loaded machine schedules it: the test releases
+            // the handler only once new connections are refused.
+            let deadline = ContinuousClock.now + .seconds(10)
+            while released.total == 0 && ContinuousClock.now < deadline {
+                try await Task.sleep(for: .milliseconds(5))
+            }
             return .text("finished")
         }
         let server = HTTPServer(
@@ -243,6 +249,7 @@ struct ServerTests {
         }
         #expect(refused)
         #expect(entered.total == 1)
+        released.enter()
 
         let response = try await inFlight.value
         #expect(response.status == 200)
