@@ -3,8 +3,9 @@
 # Uses sudo when not root. The Swift toolchain itself is not a Debian package: it must already be on PATH.
 set -euo pipefail
 
-# nghttp2-client: h2load and nghttp, spawned by Tests/HTTP2Tests; python3: scripts the crypto tests run.
-packages=(postgresql libpq-dev libssl-dev openssl libnghttp2-dev libmicrohttpd-dev nghttp2-client python3 pkg-config make curl ca-certificates)
+# nghttp2-client: h2load and nghttp, spawned by Tests/HTTP2Tests; python3 with cryptography and jwt: the crypto
+# tests cross-check signatures and sealing with them (they are skipped without those modules).
+packages=(postgresql libpq-dev libssl-dev openssl libnghttp2-dev libmicrohttpd-dev nghttp2-client python3 python3-cryptography python3-jwt pkg-config make curl ca-certificates)
 [ -n "${MARQUEE_EXTRA_PACKAGES:-}" ] && read -r -a extra <<<"$MARQUEE_EXTRA_PACKAGES" && packages+=("${extra[@]}")
 
 missing=()

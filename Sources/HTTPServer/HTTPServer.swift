@@ -30,6 +30,15 @@ public final class HTTPServer: Sendable {
         /// Most connections open at once (MHD splits it across its threads); beyond it new connections wait in
         /// the kernel's listen backlog until one closes. Default 10 000.
         public var connectionLimit: Int
+        /// Most connections open at once from one client address; a connection beyond it is accepted and closed at
+        /// once, so one client cannot take every slot. 0 disables the cap (e.g. behind a proxy that is the only
+        /// client address). Default 256.
+        public var perAddressConnectionLimit: Int
+        /// The longest a client may take to send one whole request (request line, headers and body), counted from
+        /// the connection's opening or, on a kept-alive connection, from the end of the previous response. A client
+        /// still sending after it (a "slowloris" dribbling bytes just inside `connectionTimeout`) is disconnected
+        /// unanswered. Time a handler runs does not count. `.zero` disables it. Default 30 s.
+        public var requestReadTimeout: Duration
         /// How long `stop()` waits for in-flight requests before answering the rest with 503. Default 10 s.
         public var drainTimeout: Duration
 
@@ -41,7 +50,9 @@ public final class HTTPServer: Sendable {
             threadCount: Int = max(2, ProcessInfo.processInfo.activeProcessorCount),
             connectionTimeout: Duration = .seconds(60),
             connectionLimit: Int = 10_000,
-            drainTimeout: Duration = .seconds(10)
+            drainTimeout: Duration = .seconds(10),
+            perAddressConnectionLimit: Int = 256,
+            requestReadTimeout: Duration = .seconds(30)
         ) {
             self.host = host
             self.port = port
@@ -50,6 +61,8 @@ public final class HTTPServer: Sendable {
             self.connectionTimeout = connectionTimeout
             self.connectionLimit = connectionLimit
             self.drainTimeout = drainTimeout
+            self.perAddressConnectionLimit = perAddressConnectionLimit
+            self.requestReadTimeout = requestReadTimeout
         }
     }
 
@@ -188,6 +201,14 @@ final class ServerCore: Sendable {
     /// Requests between MHD's URI callback and its completion callback. An atomic rather than `state`, so
     /// those callbacks take none of our locks.
     let liveRequests = Atomic<Int>(0)
+    /// Open connections (by MHD connection pointer) and since when each has been reading a request; `nil` while
+    /// a request is being handled or answered. Enforces `requestReadTimeout`.
+    let reading = Mutex<[Int: ReadingConnection]>([:])
+
+    struct ReadingConnection {
+        var socket: Int32
+        var since: ContinuousClock.Instant?
+    }
 
     init(
         configuration: HTTPServer.Configuration, router: Router,
@@ -205,7 +226,9 @@ final class ServerCore: Sendable {
         guard (0...65_535).contains(config.port) else {
             throw HTTPServerError(.invalidConfiguration, "port must be 0...65535", details: "port \(config.port)")
         }
-        guard config.maxBodySize >= 0, config.connectionLimit > 0, config.threadCount > 0 else {
+        guard config.maxBodySize >= 0, config.connectionLimit > 0, config.threadCount > 0,
+            config.perAddressConnectionLimit >= 0, config.requestReadTimeout >= .zero
+        else {
             throw HTTPServerError(
                 .invalidConfiguration, "maxBodySize, connectionLimit and threadCount must be positive")
         }
@@ -229,6 +252,7 @@ final class ServerCore: Sendable {
         let uriLog:
             @convention(c) (UnsafeMutableRawPointer?, UnsafePointer<CChar>?, OpaquePointer?)
                 -> UnsafeMutableRawPointer? = mhdURILog
+        let notify: MHD_NotifyConnectionCallback = mhdNotifyConnection
         let timeout = Self.wholeSeconds(config.connectionTimeout)
         let errnoAfter: Int32
         let daemon: OpaquePointer? = address.withSockaddr { sockaddr in
@@ -239,7 +263,14 @@ final class ServerCore: Sendable {
                 OpaquePointer(cls),
                 MHD_OPTION.URI_LOG_CALLBACK.rawValue, unsafeBitCast(uriLog, to: OpaquePointer.self), OpaquePointer(cls),
                 MHD_OPTION.SOCK_ADDR.rawValue, sockaddr,
+                MHD_OPTION.NOTIFY_CONNECTION.rawValue, unsafeBitCast(notify, to: OpaquePointer.self),
+                OpaquePointer(cls),
             ]
+            if config.perAddressConnectionLimit > 0 {
+                arguments += [
+                    MHD_OPTION.PER_IP_CONNECTION_LIMIT.rawValue, UInt32(clamping: config.perAddressConnectionLimit),
+                ]
+            }
             if config.threadCount > 1 {
                 arguments += [MHD_OPTION.THREAD_POOL_SIZE.rawValue, UInt32(clamping: config.threadCount)]
             }
@@ -260,6 +291,11 @@ final class ServerCore: Sendable {
         state.withLock { s in
             s.daemon = handle
             s.boundPort = port ?? config.port
+        }
+        if config.requestReadTimeout > .zero {
+            let thread = Thread { [self] in enforceReadTimeout() }
+            thread.name = "http.read-deadline"
+            thread.start()
         }
     }
 
@@ -393,6 +429,51 @@ final class ServerCore: Sendable {
         return Int(seconds) + (attoseconds > 0 ? 1 : 0)
     }
 
+    // MARK: Request read deadline
+
+    func connectionOpened(_ connection: OpaquePointer) {
+        guard let info = cmhd_get_connection_info(connection, .CONNECTION_INFO_CONNECTION_FD) else { return }
+        let socket = info.pointee.connect_fd
+        reading.withLock { $0[Int(bitPattern: connection)] = ReadingConnection(socket: socket, since: .now) }
+    }
+
+    /// MHD calls this before it closes the socket, so `enforceReadTimeout` (which shuts sockets down under the same
+    /// lock) never touches a descriptor number that was closed and reused.
+    func connectionClosed(_ connection: OpaquePointer) {
+        _ = reading.withLock { $0.removeValue(forKey: Int(bitPattern: connection)) }
+    }
+
+    /// Marks the connection's request as read (`false`) or the next one as being awaited (`true`).
+    func setReading(_ connection: OpaquePointer?, _ isReading: Bool) {
+        guard let connection else { return }
+        reading.withLock { table in
+            table[Int(bitPattern: connection)]?.since = isReading ? .now : nil
+        }
+    }
+
+    /// Runs on its own thread while the server runs: disconnects every connection that has been reading one
+    /// request for longer than `requestReadTimeout`. The socket is shut down, not closed: MHD sees the connection
+    /// end, closes it and frees it as usual.
+    private func enforceReadTimeout() {
+        let limit = configuration.requestReadTimeout
+        let tick = max(Duration.milliseconds(10), min(Duration.milliseconds(250), limit / 4))
+        let tickMicroseconds = UInt32(
+            clamping: tick.components.seconds * 1_000_000 + tick.components.attoseconds / 1_000_000_000_000)
+        while true {
+            let phase = state.withLock { $0.phase }
+            if phase == .stopped { return }
+            let now = ContinuousClock.now
+            reading.withLock { table in
+                for (key, entry) in table {
+                    guard let since = entry.since, now - since > limit else { continue }
+                    _ = shutdown(entry.socket, Int32(SHUT_RDWR))
+                    table[key]?.since = nil
+                }
+            }
+            usleep(tickMicroseconds)
+        }
+    }
+
     // MARK: Request handling (MHD threads)
 
     func requestStarted(target: String, connection: OpaquePointer?) -> RequestContext {
@@ -400,8 +481,11 @@ final class ServerCore: Sendable {
         return RequestContext(target: target, remoteAddress: connection.flatMap(Self.clientAddress))
     }
 
-    func requestCompleted(_ context: RequestContext, termination: MHD_RequestTerminationCode) {
+    func requestCompleted(
+        _ context: RequestContext, connection: OpaquePointer?, termination: MHD_RequestTerminationCode
+    ) {
         liveRequests.subtract(1, ordering: .releasing)
+        setReading(connection, true)  // a kept-alive connection now awaits its next request
         guard let onRequestCompleted else { return }
         let snapshot = context.state.withLock { $0 }
         if case .new = snapshot.stage { return }  // never reached us (MHD rejected it)
@@ -438,6 +522,7 @@ final class ServerCore: Sendable {
                 // Answer before the body is read (MHD then skips it and closes the connection); with
                 // `Expect: 100-continue` the client never sends it.
                 context.state.withLock { $0.tooLarge = true }
+                setReading(connection, false)
                 var response = HTTPResponse.problem(.payloadTooLarge(limit: configuration.maxBodySize))
                 response.headers["Connection"] = "close"
                 return queue(response, context: context, connection: connection)
@@ -479,6 +564,7 @@ final class ServerCore: Sendable {
 
     /// The request is complete: route it and either answer at once or suspend and run the handler.
     private func dispatch(_ context: RequestContext, connection: OpaquePointer) -> Bool {
+        setReading(connection, false)
         let snapshot = context.state.withLock { s in
             defer { s.body = [] }
             return s
@@ -650,7 +736,20 @@ private func mhdRequestCompleted(
     requestContext.pointee = nil
     let core = Unmanaged<ServerCore>.fromOpaque(cls).takeUnretainedValue()
     let context = Unmanaged<RequestContext>.fromOpaque(opaque).takeRetainedValue()
-    core.requestCompleted(context, termination: termination)
+    core.requestCompleted(context, connection: connection, termination: termination)
+}
+
+private func mhdNotifyConnection(
+    _ cls: UnsafeMutableRawPointer?, _ connection: OpaquePointer?,
+    _ socketContext: UnsafeMutablePointer<UnsafeMutableRawPointer?>?, _ code: MHD_ConnectionNotificationCode
+) {
+    guard let cls, let connection else { return }
+    let core = Unmanaged<ServerCore>.fromOpaque(cls).takeUnretainedValue()
+    if code == .CONNECTION_NOTIFY_STARTED {
+        core.connectionOpened(connection)
+    } else {
+        core.connectionClosed(connection)
+    }
 }
 
 private func mhdCollectHeader(

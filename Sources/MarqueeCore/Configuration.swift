@@ -75,6 +75,12 @@ public struct MarqueeConfiguration: Sendable, Equatable {
     public var httpThreads: Int
     /// `MARQUEE_MAX_BODY_BYTES`: request body limit. Default 1 MiB.
     public var maxBodyBytes: Int
+    /// `MARQUEE_HTTP_CONNECTIONS_PER_ADDRESS`: most connections open at once from one client address (further ones
+    /// are closed at once); 0 disables the cap, e.g. behind a proxy. Default 256.
+    public var httpConnectionsPerAddress: Int
+    /// `MARQUEE_HTTP_READ_TIMEOUT`: seconds a client may take to send one whole request (headers and body); a
+    /// slower one is disconnected. 0 disables it. Default 30.
+    public var httpReadTimeoutSeconds: Int
     /// `MARQUEE_DRAIN_TIMEOUT`: seconds to finish in-flight work on SIGTERM. Default 30.
     public var drainTimeoutSeconds: Int
     /// `MARQUEE_KEY_CACHE_SECONDS`: how long a verified API key is trusted without a database lookup. Default 5;
@@ -215,6 +221,8 @@ public struct MarqueeConfiguration: Sendable, Equatable {
         httpThreads = integer(
             "MARQUEE_HTTP_THREADS", default: max(2, ProcessInfo.processInfo.activeProcessorCount), range: 1...256)
         maxBodyBytes = integer("MARQUEE_MAX_BODY_BYTES", default: 1 << 20, range: 1024...(64 << 20))
+        httpReadTimeoutSeconds = integer("MARQUEE_HTTP_READ_TIMEOUT", default: 30, range: 0...3600)
+        httpConnectionsPerAddress = integer("MARQUEE_HTTP_CONNECTIONS_PER_ADDRESS", default: 256, range: 0...1_000_000)
         drainTimeoutSeconds = integer("MARQUEE_DRAIN_TIMEOUT", default: 30, range: 1...3600)
         keyCacheSeconds = integer("MARQUEE_KEY_CACHE_SECONDS", default: 5, range: 0...300)
         if let text = value("MARQUEE_METRICS_LISTEN") {

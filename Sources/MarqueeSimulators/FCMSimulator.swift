@@ -170,6 +170,18 @@ public final class FCMSimulator: Sendable {
     @discardableResult
     public func expireAccessTokens() -> Int { core.expireAll() }
 
+    /// Holds the token endpoint's answers until `count` more requests have been answered 401 UNAUTHENTICATED, or
+    /// `timeout` passes, whichever comes first (for tests: it makes "many sends meet the expired token before the
+    /// refresh lands" a certainty instead of a race). The hold applies to the token requests that arrive while it
+    /// is set; `releaseTokenIssuance()` lifts it.
+    public func holdTokenIssuance(untilRejected count: Int, timeout: Duration = .seconds(5)) {
+        let target = core.recorder.rejectedCount("UNAUTHENTICATED") + count
+        core.tokenHold.withLock { $0 = (target, ContinuousClock.now + timeout) }
+    }
+
+    /// Lifts a hold set by `holdTokenIssuance(untilRejected:timeout:)`.
+    public func releaseTokenIssuance() { core.tokenHold.withLock { $0 = nil } }
+
     /// Replaces the fault rules (and forgets their `times` counts).
     public func setFaults(_ rules: [FaultRule]) { core.faults.replace(rules) }
 
@@ -195,6 +207,8 @@ final class FCMCore: Sendable {
     let recorder: Recorder
     let faults: FaultInjector
     let tokens = Mutex(Tokens())
+    /// While set, token requests wait until the UNAUTHENTICATED count reaches `rejected` or `until` passes.
+    let tokenHold = Mutex<(rejected: Int, until: ContinuousClock.Instant)?>(nil)
     /// Set once after init (the server needs the handler first); only read for statistics.
     let server = Mutex<HTTP2Server?>(nil)
 
@@ -244,12 +258,21 @@ final class FCMCore: Sendable {
             guard request.method == "POST" else {
                 return oauthError(OAuthRejection("invalid_request", "the token endpoint only accepts POST"))
             }
+            await waitForTokenHold()
             return issueToken(request)
         }
         guard request.method == "POST", let project = FCMValidator.projectID(path: request.path) else {
             return fcmError(FCMRejection(404, "NOT_FOUND", errorCode: nil, "no such method or resource"))
         }
         return await send(request, project: project)
+    }
+
+    private func waitForTokenHold() async {
+        while let hold = tokenHold.withLock({ $0 }), ContinuousClock.now < hold.until,
+            recorder.rejectedCount("UNAUTHENTICATED") < hold.rejected
+        {
+            try? await Task.sleep(for: .milliseconds(5))
+        }
     }
 
     private func issueToken(_ request: HTTP2ServerRequest) -> HTTP2ServerResponse {

@@ -41,7 +41,9 @@ struct ServeCommand {
             configuration: .init(
                 host: configuration.listen.host, port: configuration.listen.port,
                 maxBodySize: configuration.maxBodyBytes, threadCount: configuration.httpThreads,
-                drainTimeout: .seconds(configuration.drainTimeoutSeconds)),
+                drainTimeout: .seconds(configuration.drainTimeoutSeconds),
+                perAddressConnectionLimit: configuration.httpConnectionsPerAddress,
+                requestReadTimeout: .seconds(configuration.httpReadTimeoutSeconds)),
             router: router,
             onRequestCompleted: { record in
                 httpMetrics.record(record)

@@ -175,8 +175,13 @@ final class Supervisor: Sendable {
         posix_spawnattr_setpgroup(&attributes, 0)
         posix_spawnattr_setflags(
             &attributes, Int16(POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETPGROUP))
+        // Only stdin, stdout and stderr are inherited: no socket or pipe `up` happens to hold stays open in a child.
+        var actions = posix_spawn_file_actions_t()
+        posix_spawn_file_actions_init(&actions)
+        defer { posix_spawn_file_actions_destroy(&actions) }
+        _ = spawnActionsAddCloseFrom(&actions, 3)
         var pid: pid_t = 0
-        let rc = posix_spawn(&pid, binary, nil, &attributes, argv, envp)
+        let rc = posix_spawn(&pid, binary, &actions, &attributes, argv, envp)
         guard rc == 0 else { throw UsageError("could not start \(child.name): error \(rc)") }
         state.withLock {
             $0[index].pid = pid
@@ -231,3 +236,9 @@ final class Supervisor: Sendable {
         }
     }
 }
+
+/// glibc's `posix_spawn_file_actions_addclosefrom_np` (2.34+), which the Glibc module does not export.
+@_silgen_name("posix_spawn_file_actions_addclosefrom_np")
+private func spawnActionsAddCloseFrom(
+    _ actions: UnsafeMutablePointer<posix_spawn_file_actions_t>, _ from: Int32
+) -> Int32

@@ -8,29 +8,41 @@ struct CommandResult {
 }
 
 /// Runs `executable` with `arguments`, capturing output through files so large output can never deadlock a pipe.
+///
+/// posix_spawn and `waitpid` rather than Foundation's `Process`: `waitUntilExit` was seen to hang on Linux while many
+/// tests run, and these synchronous tests run on the cooperative pool, so two hung waits stalled the whole suite.
 func runCommand(_ executable: String, _ arguments: [String]) throws -> CommandResult {
     let directory = try TemporaryDirectory()
-    let outURL = directory.url.appendingPathComponent("stdout")
-    let errURL = directory.url.appendingPathComponent("stderr")
-    _ = FileManager.default.createFile(atPath: outURL.path, contents: nil)
-    _ = FileManager.default.createFile(atPath: errURL.path, contents: nil)
-    let outHandle = try FileHandle(forWritingTo: outURL)
-    let errHandle = try FileHandle(forWritingTo: errURL)
-    let process = Process()
-    process.executableURL = URL(fileURLWithPath: executable)
-    process.arguments = arguments
-    process.standardInput = FileHandle.nullDevice
-    process.standardOutput = outHandle
-    process.standardError = errHandle
-    try process.run()
-    process.waitUntilExit()
-    try outHandle.close()
-    try errHandle.close()
+    let outPath = directory.url.appendingPathComponent("stdout").path
+    let errPath = directory.url.appendingPathComponent("stderr").path
+    var actions = posix_spawn_file_actions_t()
+    posix_spawn_file_actions_init(&actions)
+    defer { posix_spawn_file_actions_destroy(&actions) }
+    posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
+    posix_spawn_file_actions_addopen(&actions, 1, outPath, O_WRONLY | O_CREAT | O_TRUNC, 0o644)
+    posix_spawn_file_actions_addopen(&actions, 2, errPath, O_WRONLY | O_CREAT | O_TRUNC, 0o644)
+    _ = spawnActionsAddCloseFrom(&actions, 3)
+    let argv = ([executable] + arguments).map { strdup($0) } + [nil]
+    defer { for pointer in argv { free(pointer) } }
+    var pid: pid_t = 0
+    let rc = posix_spawn(&pid, executable, &actions, nil, argv, environ)
+    guard rc == 0 else {
+        throw CocoaError(.executableLoad, userInfo: [NSFilePathErrorKey: executable, "errno": rc])
+    }
+    var raw: Int32 = 0
+    while waitpid(pid, &raw, 0) == -1 && errno == EINTR {}
+    let exited = raw & 0x7f == 0
     return CommandResult(
-        status: process.terminationStatus,
-        stdout: (try? String(contentsOf: outURL, encoding: .utf8)) ?? "",
-        stderr: (try? String(contentsOf: errURL, encoding: .utf8)) ?? "")
+        status: exited ? (raw >> 8) & 0xff : 128 + (raw & 0x7f),
+        stdout: (try? String(contentsOfFile: outPath, encoding: .utf8)) ?? "",
+        stderr: (try? String(contentsOfFile: errPath, encoding: .utf8)) ?? "")
 }
+
+/// glibc's `posix_spawn_file_actions_addclosefrom_np` (2.34+), which the Glibc module does not export.
+@_silgen_name("posix_spawn_file_actions_addclosefrom_np")
+private func spawnActionsAddCloseFrom(
+    _ actions: UnsafeMutablePointer<posix_spawn_file_actions_t>, _ from: Int32
+) -> Int32
 
 /// Runs the `openssl` command-line tool.
 func openssl(_ arguments: String...) throws -> CommandResult {

@@ -102,6 +102,7 @@ func runCommand(_ executable: String, _ arguments: [String], timeoutSeconds: Int
     posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
     posix_spawn_file_actions_addopen(&actions, 1, outputPath, O_WRONLY | O_CREAT | O_TRUNC, 0o644)
     posix_spawn_file_actions_adddup2(&actions, 1, 2)
+    _ = spawnActionsAddCloseFrom(&actions, 3)  // no other test's sockets leak into the child
     var pid: pid_t = 0
     let rc = posix_spawn(&pid, executable, &actions, nil, argv, environ)
     guard rc == 0 else { throw TestFailure("posix_spawn \(executable) failed: \(rc)") }
@@ -130,7 +131,7 @@ func runCommand(_ executable: String, _ arguments: [String], timeoutSeconds: Int
 
 /// A free TCP port on 127.0.0.1 (bound and released; racy but fine for tests).
 func freePort() throws -> Int {
-    let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+    let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
     guard fd >= 0 else { throw TestFailure("socket failed") }
     defer { close(fd) }
     var address = sockaddr_in()
@@ -149,7 +150,7 @@ func freePort() throws -> Int {
 
 /// Whether something accepts TCP connections on 127.0.0.1:port.
 func isListening(_ port: Int) -> Bool {
-    let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+    let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
     guard fd >= 0 else { return false }
     defer { close(fd) }
     var address = sockaddr_in()
@@ -194,3 +195,9 @@ final class Child: Sendable {
         }
     }
 }
+
+/// glibc's `posix_spawn_file_actions_addclosefrom_np` (2.34+), which the Glibc module does not export.
+@_silgen_name("posix_spawn_file_actions_addclosefrom_np")
+private func spawnActionsAddCloseFrom(
+    _ actions: UnsafeMutablePointer<posix_spawn_file_actions_t>, _ from: Int32
+) -> Int32

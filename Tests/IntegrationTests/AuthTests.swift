@@ -116,8 +116,15 @@ struct AuthTests {
         #expect(try await api.call("GET", "/v1/activity_types", key: newApp).status == 200)
         let listed = try await api.call("GET", "/admin/v1/tenants/\(tenant.id)/keys", key: admin).json().array("keys")
         #expect(listed.first { $0.string("id") == appID }?.string("revoked_at") != nil, "the old key has an end")
-        try await Task.sleep(for: .milliseconds(2600))
-        expectProblem(try await api.call("GET", "/v1/activity_types", key: tenant.app), 401, "unauthorized")
+        // The grace ends 2 s after the rotation: wait for it with a deadline rather than a guessed sleep.
+        let clock = ContinuousClock()
+        let rotated = clock.now
+        var afterGrace = try await api.call("GET", "/v1/activity_types", key: tenant.app)
+        while afterGrace.status != 401 && clock.now - rotated < .seconds(20) {
+            try await Task.sleep(for: .milliseconds(100))
+            afterGrace = try await api.call("GET", "/v1/activity_types", key: tenant.app)
+        }
+        expectProblem(afterGrace, 401, "unauthorized")
         #expect(try await api.call("GET", "/v1/activity_types", key: newApp).status == 200)
 
         // Without grace: at once (an empty body is allowed).

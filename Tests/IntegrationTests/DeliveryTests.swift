@@ -485,7 +485,11 @@ struct DeliveryTests {
     func crashRescue() async throws {
         let t = try await Self.tenant()
         t.fixture.simulator.setFaults([.init(tokenPrefix: "de1a", action: .delay, latencyMilliseconds: 1500)])
-        let doomed = try t.fixture.worker(["MARQUEE_WORKER_LEASE_SECONDS": "2", "MARQUEE_WORKER_BATCH": "16"])
+        // One claim loop: the killed worker then holds at most one batch (with the default two loops it can hold
+        // two, and all 20 were seen re-sent on a loaded machine).
+        let doomed = try t.fixture.worker([
+            "MARQUEE_WORKER_LEASE_SECONDS": "2", "MARQUEE_WORKER_BATCH": "16", "MARQUEE_WORKER_LOOPS": "1",
+        ])
         var tokens: [String] = []
         for _ in 0..<20 { tokens.append(try await t.iphone(tokenPrefix: "de1a").1) }
         let instance = Fake.id("crash")

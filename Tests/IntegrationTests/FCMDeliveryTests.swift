@@ -420,6 +420,10 @@ struct FCMDeliveryTests {
         }
         let issuedBefore = t.fcm.tokensIssued
         let rejectedBefore = Self.unauthenticated(t.fcm)
+        // The refresh is answered only once 10 sends were rejected: how many sends meet the expired token before
+        // the new one lands is then not left to the scheduler of a loaded machine.
+        t.fcm.holdTokenIssuance(untilRejected: 10, timeout: .seconds(10))
+        defer { t.fcm.releaseTokenIssuance() }
         #expect(t.fcm.expireAccessTokens() >= 1, "the worker's cached token is now expired at the simulator")
 
         let instance = Fake.id("herd")

@@ -68,7 +68,7 @@ enum TestEnvironment {
 
     /// A free TCP port on 127.0.0.1 (bound, then released).
     static func freePort() -> Int {
-        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
         defer { close(fd) }
         var addr = sockaddr_in()
         addr.sin_family = sa_family_t(AF_INET)
@@ -116,6 +116,9 @@ final class Subprocess: Sendable {
         posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
         posix_spawn_file_actions_addopen(&actions, 1, outputPath, O_WRONLY | O_CREAT | O_APPEND, 0o644)
         posix_spawn_file_actions_adddup2(&actions, 1, 2)
+        // Nothing else is inherited: a socket a concurrent test holds open (and then closes) must not stay open in
+        // a child that outlives it, or its peer never sees the close.
+        _ = spawnActionsAddCloseFrom(&actions, 3)
         // Children start with default signal handling and nothing blocked, whatever thread spawns them (Dispatch
         // threads block some signals, and a child would inherit that mask and ignore SIGTERM).
         var attributes = posix_spawnattr_t()
@@ -316,7 +319,7 @@ enum HTTP {
     }
 
     static func exchange(host: String, port: Int, request: [UInt8]) throws -> [UInt8] {
-        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
         guard fd >= 0 else { throw TestFailure("socket() failed") }
         defer { close(fd) }
         var timeout = timeval(tv_sec: 15, tv_usec: 0)
@@ -399,3 +402,9 @@ enum HTTP {
         return out
     }
 }
+
+/// glibc's `posix_spawn_file_actions_addclosefrom_np` (2.34+), which the Glibc module does not export.
+@_silgen_name("posix_spawn_file_actions_addclosefrom_np")
+private func spawnActionsAddCloseFrom(
+    _ actions: UnsafeMutablePointer<posix_spawn_file_actions_t>, _ from: Int32
+) -> Int32

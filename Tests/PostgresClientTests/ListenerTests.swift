@@ -23,24 +23,27 @@ struct ListenerTests {
             }
 
             func payloads() -> [String] { received.withLock { $0.map(\.payload) } }
+            // Opening a connection to PostgreSQL took over 5 s in full-suite runs on a loaded 2-core machine (no
+            // connection failed: the server log shows none); these deadlines only bound how long a failure takes.
+            let connecting: Duration = .seconds(30)
 
-            #expect(await eventually { listener.isListening })
+            #expect(await eventually(timeout: connecting) { listener.isListening })
             try await pool.notify(channel: channel, payload: "first")
-            #expect(await eventually { payloads().contains("first") })
+            #expect(await eventually(timeout: connecting) { payloads().contains("first") })
             let first = try #require(received.withLock { $0.first })
             #expect(first.channel == channel)
             #expect(first.pid > 0)
 
             #expect(try await TestDatabase.terminateBackends(pool, application: application) == 1)
-            #expect(await eventually { listener.connectionCount == 2 && listener.isListening })
+            #expect(await eventually(timeout: connecting) { listener.connectionCount == 2 && listener.isListening })
             try await pool.execute("SELECT pg_notify(\(channel), \("second ☃"))")
-            #expect(await eventually { payloads().contains("second ☃") })
+            #expect(await eventually(timeout: connecting) { payloads().contains("second ☃") })
 
             // A notification inside a transaction is delivered on commit only.
             try await pool.transaction { connection in
                 try connection.notify(channel: channel, payload: "third")
             }
-            #expect(await eventually { payloads().contains("third") })
+            #expect(await eventually(timeout: connecting) { payloads().contains("third") })
             group.cancelAll()
             try await group.waitForAll()
         }
