@@ -270,6 +270,96 @@ struct IdentityVerificationTests {
     }
 }
 
+extension IdentityVerificationTests {
+    @Test("required: every other sdk route about a person (device delete, push-to-start, Customer.io events) checks")
+    func everyPersonRoute() async throws {
+        let fixture = try await RegistryFixture.get()
+        let api = fixture.api
+        let (tenant, secret) = try await Self.requiredTenant(api)
+        let victim = Fake.id("victim")
+        let device = Fake.hex()
+        let own = [Self.header: Self.token(victim, secret)]
+        #expect(
+            try await api.call(
+                "PUT", "/v1/people/\(victim)/devices/\(device)", key: tenant.sdk, json: ["platform": "ios"],
+                headers: own
+            ).status == 200)
+        let instance = Fake.id("order")
+        try await fixture.seedInstance(tenant: tenant.uuid, id: instance, person: victim)
+        let activityType = Fake.activityType()
+        let native: [(String, String, [String: Any]?)] = [
+            ("DELETE", "/v1/people/\(victim)/devices/\(device)", nil),
+            ("PUT", "/v1/people/\(victim)/devices/\(device)/push_to_start/\(activityType)", ["token": Fake.hex()]),
+        ]
+        let compat: [[String: Any]] = [
+            CompatIngestTests.event("track", "Device Deleted", userId: victim, deviceToken: device),
+            CompatIngestTests.event(
+                "track", "Live Notification Token", userId: victim,
+                properties: [
+                    "registrationType": "push_to_start", "notificationType": activityType,
+                    "pushToStartToken": Fake.hex(), "deviceId": device,
+                ]),
+            // No userId: the device's owner is the person.
+            CompatIngestTests.event(
+                "track", "Live Notification Event", userId: nil,
+                properties: ["eventType": "start", "cioInstanceId": instance, "deviceId": device]),
+        ]
+        for (label, headers, status, slug) in [
+            ("no token", [:], 401, "user-token-required"),
+            ("another's token", [Self.header: Self.token(Fake.id("mallory"), secret)], 403, "user-token-wrong-person"),
+        ] as [(String, [String: String], Int, String)] {
+            for (method, path, body) in native {
+                expectProblem(
+                    try await api.call(method, path, key: tenant.sdk, json: body, headers: headers), status, slug,
+                    field: Self.header, "\(method) \(path), \(label)")
+            }
+            for event in compat {
+                expectProblem(
+                    try await api.call("POST", "/v1/track", key: tenant.sdk, json: event, headers: headers), status,
+                    slug, field: Self.header, "\(event["event"] ?? ""), \(label)")
+            }
+        }
+        for event in compat.reversed() {
+            let response = try await api.call("POST", "/v1/track", key: tenant.sdk, json: event, headers: own)
+            #expect(response.status == 200, "\(event["event"] ?? ""), own token: \(response.text)")
+        }
+        // Metrics name no person: they need the delivery's token, not a user token.
+        let delivery = Fake.id("dlv")
+        let deliveryToken = DeliveryTokens.make(
+            deliveryID: delivery, secret: try await fixture.tenants.deliverySecret(tenant: tenant.uuid))
+        let metric = try await api.call(
+            "POST", "/v1/deliveries/\(delivery)/metrics", key: tenant.sdk,
+            json: ["metric": "opened", "delivery_token": deliveryToken])
+        #expect(metric.status == 202, "\(metric.text)")
+    }
+
+    @Test("with the settings cache on, a PATCH takes effect for the next request on the same process")
+    func cachedSettingsInvalidated() async throws {
+        let fixture = try await RegistryFixture.get()
+        let serve = try MarqueeProcess(
+            ["serve"], environment: ["DATABASE_URL": fixture.databaseURL, "MARQUEE_KEY_CACHE_SECONDS": "300"],
+            port: TestEnvironment.freePort())
+        try await serve.waitUntilServing()
+        defer { serve.signal(SIGKILL) }
+        let api = API(baseURL: serve.baseURL)
+        let tenant = try await api.createTenant()
+        let person = Fake.id("user")
+        let write: @Sendable () async throws -> HTTP.Response = {
+            try await api.call("PUT", "/v1/people/\(person)", key: tenant.sdk, json: [String: Any]())
+        }
+        #expect(try await write().status == 200, "off, and now cached")
+        #expect(try await api.call("POST", "/v1/settings/identity_secret", key: tenant.app).status == 201)
+        #expect(
+            try await api.call("PATCH", "/v1/settings", key: tenant.app, json: ["identity_verification": "required"])
+                .status == 200)
+        expectProblem(try await write(), 401, "user-token-required", field: Self.header)
+        #expect(
+            try await api.call("PATCH", "/v1/settings", key: tenant.app, json: ["identity_verification": "off"])
+                .status == 200)
+        #expect(try await write().status == 200, "off again at once")
+    }
+}
+
 extension ISO8601DateFormatter {
     static var withFractions: ISO8601DateFormatter {
         let formatter = ISO8601DateFormatter()
