@@ -348,11 +348,19 @@ extension IdentityVerificationTests {
             try await api.call("PUT", "/v1/people/\(person)", key: tenant.sdk, json: [String: Any]())
         }
         #expect(try await write().status == 200, "off, and now cached")
-        #expect(try await api.call("POST", "/v1/settings/identity_secret", key: tenant.app).status == 201)
+        let created = try await api.call("POST", "/v1/settings/identity_secret", key: tenant.app)
+        #expect(created.status == 201)
+        let secret = try #require(try created.json().string("secret"))
         #expect(
             try await api.call("PATCH", "/v1/settings", key: tenant.app, json: ["identity_verification": "required"])
                 .status == 200)
         expectProblem(try await write(), 401, "user-token-required", field: Self.header)
+        let token = Self.token(person, secret)
+        #expect(
+            try await api.call(
+                "PUT", "/v1/people/\(person)", key: tenant.sdk, json: [String: Any](), headers: [Self.header: token]
+            ).status == 200)
+        #expect(!serve.log.contains(secret) && !serve.log.contains(token), "neither secret nor token is logged")
         #expect(
             try await api.call("PATCH", "/v1/settings", key: tenant.app, json: ["identity_verification": "off"])
                 .status == 200)
