@@ -10,16 +10,19 @@ struct CompatRoutes: Sendable {
     let authenticator: Authenticator
     let registry: RegistryStore
     let tenants: TenantStore
+    /// Identity verification of sdk-key writes about a person.
+    let identity: IdentityGuard
     let events: Counter
     let logger: Logger
 
     init(
-        authenticator: Authenticator, registry: RegistryStore, tenants: TenantStore, metrics: MetricsRegistry,
-        logger: Logger
+        authenticator: Authenticator, registry: RegistryStore, tenants: TenantStore, identity: IdentityGuard,
+        metrics: MetricsRegistry, logger: Logger
     ) {
         self.authenticator = authenticator
         self.registry = registry
         self.tenants = tenants
+        self.identity = identity
         self.events = metrics.counter(
             "marquee_ingest_events_total", help: "Customer.io-compatible events received, by type and outcome.",
             labels: ["type", "outcome"])
@@ -39,6 +42,13 @@ struct CompatRoutes: Sendable {
         case applied
         /// Accepted and counted, but nothing in the registry corresponds to it.
         case ignored
+    }
+
+    /// Who sent the events: what the identity check of each event needs.
+    struct Caller {
+        let request: HTTPRequest
+        let principal: Principal
+        var tenant: UUID { principal.tenantID }
     }
 
     func batch(_ request: HTTPRequest) async throws -> HTTPResponse {
@@ -65,7 +75,7 @@ struct CompatRoutes: Sendable {
         var rejected: [JSONValue] = []
         for (index, event) in list.enumerated() {
             do {
-                switch try await apply(event, tenant: principal.tenantID) {
+                switch try await apply(event, caller: Caller(request: request, principal: principal)) {
                 case .applied: applied += 1
                 case .ignored: ignored += 1
                 }
@@ -99,7 +109,7 @@ struct CompatRoutes: Sendable {
         if event["type"] == nil {
             event["type"] = .string(request.path.hasSuffix("/identify") ? "identify" : "track")
         }
-        let outcome = try await apply(.object(event), tenant: principal.tenantID)
+        let outcome = try await apply(.object(event), caller: Caller(request: request, principal: principal))
         return .json(.object(["success": .bool(true), "applied": .int(outcome == .applied ? 1 : 0)]))
     }
 
@@ -132,7 +142,7 @@ struct CompatRoutes: Sendable {
 
     // MARK: Event mapping
 
-    func apply(_ value: JSONValue, tenant: UUID) async throws -> Outcome {
+    func apply(_ value: JSONValue, caller: Caller) async throws -> Outcome {
         guard let object = value.objectValue else {
             throw ValidationError(field: "", reason: "each event must be a JSON object")
         }
@@ -144,9 +154,9 @@ struct CompatRoutes: Sendable {
         let outcome: Outcome
         switch type {
         case "identify":
-            outcome = try await identify(event, tenant: tenant)
+            outcome = try await identify(event, caller: caller)
         case "track":
-            outcome = try await track(event, tenant: tenant)
+            outcome = try await track(event, caller: caller)
         default:
             outcome = .ignored
         }
@@ -154,8 +164,10 @@ struct CompatRoutes: Sendable {
         return outcome
     }
 
-    func identify(_ event: JSONBody, tenant: UUID) async throws -> Outcome {
+    func identify(_ event: JSONBody, caller: Caller) async throws -> Outcome {
+        let tenant = caller.tenant
         let userID = try Identifiers.personID(event.requiredString("userId", maxLength: 256), field: "userId")
+        try await identity.check(caller.request, caller.principal, about: [userID])
         let traits = try event.objectValue("traits")
         let email = try traits.flatMap {
             try JSONBody(object: $0.objectValue!, path: "traits").string("email", maxLength: 320)
@@ -165,7 +177,8 @@ struct CompatRoutes: Sendable {
         return .applied
     }
 
-    func track(_ event: JSONBody, tenant: UUID) async throws -> Outcome {
+    func track(_ event: JSONBody, caller: Caller) async throws -> Outcome {
+        let tenant = caller.tenant
         let name = try event.requiredString("event", maxLength: 200)
         let properties = try event.nested("properties") ?? JSONBody(object: [:], path: "properties")
         switch name {
@@ -176,6 +189,7 @@ struct CompatRoutes: Sendable {
             let token = try Identifiers.deviceToken(
                 device.requiredString("token", maxLength: 4096), platform: platform, field: "context.device.token")
             let userID = try Identifiers.personID(event.requiredString("userId", maxLength: 256), field: "userId")
+            try await identity.check(caller.request, caller.principal, about: [userID])
             _ = try await registry.upsertDevice(
                 tenant: tenant,
                 DeviceRegistration(
@@ -193,6 +207,7 @@ struct CompatRoutes: Sendable {
                 device.requiredString("token", maxLength: 4096), field: "context.device.token")
             // Only the owner may delete a device: without a userId anyone holding the public sdk key could.
             let userID = try Identifiers.personID(event.requiredString("userId", maxLength: 256), field: "userId")
+            try await identity.check(caller.request, caller.principal, about: [userID])
             do {
                 try await registry.deleteDevice(tenant: tenant, personID: userID, token: token)
             } catch is NotFound {
@@ -201,7 +216,7 @@ struct CompatRoutes: Sendable {
             return .applied
 
         case "Live Notification Token":
-            return try await liveNotificationToken(event, properties, tenant: tenant)
+            return try await liveNotificationToken(event, properties, caller: caller)
 
         case "Live Notification Event":
             let instanceID = try Identifiers.instanceID(
@@ -219,6 +234,9 @@ struct CompatRoutes: Sendable {
             }
             let deviceToken = try Identifiers.anyDeviceToken(
                 properties.requiredString("deviceId", maxLength: 4096), field: "properties.deviceId")
+            try await identity.check(caller.request, caller.principal) {
+                [try await registry.deviceOwner(tenant: tenant, token: deviceToken)]
+            }
             let at = try event.timestamp("timestamp") ?? Date()
             try await registry.recordEvent(
                 tenant: tenant, instanceID: instanceID, event: lifecycle, deviceToken: deviceToken, at: at,
@@ -245,13 +263,18 @@ struct CompatRoutes: Sendable {
         }
     }
 
-    func liveNotificationToken(_ event: JSONBody, _ properties: JSONBody, tenant: UUID) async throws -> Outcome {
+    func liveNotificationToken(_ event: JSONBody, _ properties: JSONBody, caller: Caller) async throws -> Outcome {
+        let tenant = caller.tenant
         let registrationType = try properties.requiredString("registrationType")
         let platform = try Self.platform(properties.string("platform") ?? "ios", field: "properties.platform")
         let deviceToken = try Identifiers.deviceToken(
             properties.requiredString("deviceId", maxLength: 4096), platform: platform, field: "properties.deviceId")
         let userID = try event.string("userId", maxLength: 256).map { s throws(ValidationError) in
             try Identifiers.personID(s, field: "userId")
+        }
+        // The event is about its userId and about the device's owner, if the device is registered.
+        try await identity.check(caller.request, caller.principal) {
+            [userID, try await registry.deviceOwner(tenant: tenant, token: deviceToken)]
         }
         // A token can arrive before the device event; register the device then, if we know its owner.
         if try await registry.devicePlatform(tenant: tenant, token: deviceToken) == nil, let userID {

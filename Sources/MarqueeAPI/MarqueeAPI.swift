@@ -15,6 +15,7 @@ public struct MarqueeAPI: Sendable {
     let registry: RegistryRoutes
     let compat: CompatRoutes
     let lifecycle: LifecycleRoutes
+    let settings: SettingsRoutes
     /// The group committer of lifecycle writes (exposed for metrics).
     public let committer: GroupCommitter
 
@@ -27,15 +28,20 @@ public struct MarqueeAPI: Sendable {
         let tenants = TenantStore(database: database, keyRing: keyRing)
         let registryStore = RegistryStore(database: database)
         let authenticator = Authenticator(tenants: tenants, adminToken: adminToken, cacheTTL: keyCacheTTL)
+        let settingsStore = TenantSettingsStore(database: database, keyRing: keyRing)
+        let identity = IdentityGuard(settings: settingsStore, cacheTTL: keyCacheTTL)
         system = SystemRoutes(pool: pool, migrator: migrator, metrics: metrics, logger: logger)
         admin = AdminRoutes(authenticator: authenticator, tenants: tenants)
         credentials = CredentialRoutes(
             authenticator: authenticator, credentials: CredentialStore(database: database, keyRing: keyRing),
             providerHosts: providerHosts)
         activityTypes = ActivityTypeRoutes(authenticator: authenticator, registry: registryStore)
-        registry = RegistryRoutes(authenticator: authenticator, registry: registryStore, tenants: tenants)
+        registry = RegistryRoutes(
+            authenticator: authenticator, registry: registryStore, tenants: tenants, identity: identity)
         compat = CompatRoutes(
-            authenticator: authenticator, registry: registryStore, tenants: tenants, metrics: metrics, logger: logger)
+            authenticator: authenticator, registry: registryStore, tenants: tenants, identity: identity,
+            metrics: metrics, logger: logger)
+        settings = SettingsRoutes(authenticator: authenticator, settings: settingsStore, identity: identity)
         committer = GroupCommitter(pool: pool, configuration: groupCommit)
         lifecycle = LifecycleRoutes(
             authenticator: authenticator, store: LiveActivityStore(database: database, committer: committer),
@@ -61,5 +67,6 @@ public struct MarqueeAPI: Sendable {
         registry.register(in: &router)
         compat.register(in: &router)
         lifecycle.register(in: &router)
+        settings.register(in: &router)
     }
 }

@@ -9,6 +9,8 @@ struct RegistryRoutes: Sendable {
     let authenticator: Authenticator
     let registry: RegistryStore
     let tenants: TenantStore
+    /// Identity verification of sdk-key writes about a person.
+    let identity: IdentityGuard
 
     static let anyKey: Set<APIKeyKind> = [.app, .sdk]
 
@@ -30,6 +32,7 @@ struct RegistryRoutes: Sendable {
     func putPerson(_ request: HTTPRequest) async throws -> HTTPResponse {
         let principal = try await authenticator.require(request, kinds: Self.anyKey)
         let id = try Identifiers.personID(request.pathParameters["id"] ?? "")
+        try await identity.check(request, principal, about: [id])
         let body = try JSONBody.parse(request, allowEmpty: true)
         try body.rejectUnknown(["email", "attributes"])
         let email = try Self.email(body.string("email", maxLength: 320))
@@ -61,6 +64,7 @@ struct RegistryRoutes: Sendable {
     func putDevice(_ request: HTTPRequest) async throws -> HTTPResponse {
         let principal = try await authenticator.require(request, kinds: Self.anyKey)
         let personID = try Identifiers.personID(request.pathParameters["id"] ?? "")
+        try await identity.check(request, principal, about: [personID])
         let body = try JSONBody.parse(request)
         try body.rejectUnknown(["platform", "app_id", "os_version", "app_version", "attributes"])
         let platform = try body.requiredEnum("platform", Platform.self)
@@ -82,6 +86,7 @@ struct RegistryRoutes: Sendable {
             let token = try? Identifiers.anyDeviceToken(
                 request.pathParameters["device_token"] ?? "", field: "device_token")
         else { throw Problems.notFound("device") }
+        try await identity.check(request, principal, about: [personID])
         try await registry.deleteDevice(tenant: principal.tenantID, personID: personID, token: token)
         return .noContent()
     }
@@ -91,6 +96,7 @@ struct RegistryRoutes: Sendable {
     func putPushToStart(_ request: HTTPRequest) async throws -> HTTPResponse {
         let principal = try await authenticator.require(request, kinds: Self.anyKey)
         let personID = try Identifiers.personID(request.pathParameters["id"] ?? "")
+        try await identity.check(request, principal, about: [personID])
         let deviceToken = try Identifiers.apnsToken(request.pathParameters["device_token"] ?? "", field: "device_token")
         let activityType = try Identifiers.activityType(
             request.pathParameters["activity_type"] ?? "", field: "activity_type")
@@ -111,6 +117,9 @@ struct RegistryRoutes: Sendable {
         let instanceID = try Identifiers.instanceID(request.pathParameters["instance_id"] ?? "")
         let deviceToken = try Identifiers.anyDeviceToken(
             request.pathParameters["device_token"] ?? "", field: "device_token")
+        try await identity.check(request, principal) {
+            [try await registry.deviceOwner(tenant: principal.tenantID, token: deviceToken)]
+        }
         let body = try JSONBody.parse(request)
         try body.rejectUnknown(["token"])
         let raw = try body.requiredString("token", maxLength: 4096)
@@ -146,6 +155,9 @@ struct RegistryRoutes: Sendable {
         let event = try body.requiredEnum("event", LifecycleEvent.self)
         let deviceToken = try Identifiers.anyDeviceToken(
             body.requiredString("device_token", maxLength: 4096), field: "device_token")
+        try await identity.check(request, principal) {
+            [try await registry.deviceOwner(tenant: principal.tenantID, token: deviceToken)]
+        }
         guard let at = try body.timestamp("at") else { throw ValidationError.missing("at") }
         let contentState = try Self.eventContentState(body.objectValue("content_state"), field: "content_state")
         try await registry.recordEvent(
@@ -154,6 +166,7 @@ struct RegistryRoutes: Sendable {
         return .json(.object(["recorded": .bool(true)]), status: 202)
     }
 
+    /// Metrics name no person: the delivery's token authorizes them, so identity verification does not apply.
     func postMetric(_ request: HTTPRequest) async throws -> HTTPResponse {
         let principal = try await authenticator.require(request, kinds: Self.anyKey)
         guard let deliveryID = request.pathParameters["delivery_id"], (1...128).contains(deliveryID.utf8.count),

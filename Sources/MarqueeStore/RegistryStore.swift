@@ -374,6 +374,13 @@ public struct RegistryStore: Sendable {
 
     // MARK: Tokens
 
+    /// The person a registered device belongs to, or nil if the token is not registered.
+    public func deviceOwner(tenant: UUID, token: String) async throws -> String? {
+        let rows = try await database.tenantStatement(
+            tenant, "SELECT person_id FROM devices WHERE tenant_id = \(tenant) AND token = \(token)")
+        return try rows.first?.decode(String.self, "person_id")
+    }
+
     /// Registers the push-to-start token of a person's iOS device for an activity type. A different active token
     /// for the same (device, type) is retired. Unknown types are created with permissive defaults.
     ///

@@ -2,7 +2,8 @@ import Crypto
 import Foundation
 import PostgresClient
 
-/// Moves every sealed secret (tenant delivery secrets, APNs keys, FCM service accounts) to the key ring's current
+/// Moves every sealed secret (tenant delivery secrets, identity secrets current and previous, APNs keys, FCM service
+/// accounts) to the key ring's current
 /// key, so that a previous master key can be retired. Each secret is opened with whichever key sealed it and sealed
 /// again under the current one, with the same associated data; rows already under the current key are left alone.
 public struct SecretResealer: Sendable {
@@ -19,7 +20,9 @@ public struct SecretResealer: Sendable {
         public var deliverySecrets = 0
         public var apnsKeys = 0
         public var fcmAccounts = 0
-        public var total: Int { deliverySecrets + apnsKeys + fcmAccounts }
+        /// Current and previous identity secrets, each counted.
+        public var identitySecrets = 0
+        public var total: Int { deliverySecrets + apnsKeys + fcmAccounts + identitySecrets }
     }
 
     public func reseal() async throws -> Counts {
@@ -56,6 +59,33 @@ public struct SecretResealer: Sendable {
                 try connection.execute(
                     "UPDATE fcm_credentials SET sealed_service_account = \(again) WHERE tenant_id = \(tenant)")
                 counts.fcmAccounts += 1
+            }
+            for row in try connection.query(
+                """
+                SELECT tenant_id, sealed_identity_secret, sealed_previous_identity_secret FROM tenant_settings
+                FOR UPDATE
+                """)
+            {
+                let tenant = try row.decode(UUID.self, "tenant_id")
+                let context = TenantSettingsStore.identitySecretContext(tenant)
+                var current = try row.decode([UInt8]?.self, "sealed_identity_secret")
+                var previous = try row.decode([UInt8]?.self, "sealed_previous_identity_secret")
+                var changed = 0
+                for index in 0..<2 {
+                    guard let sealed = index == 0 ? current : previous, keyRing.needsReseal(sealed) else { continue }
+                    let again = try keyRing.seal(
+                        try keyRing.open(sealed, associatedData: context), associatedData: context)
+                    if index == 0 { current = again } else { previous = again }
+                    changed += 1
+                }
+                guard changed > 0 else { continue }
+                try connection.execute(
+                    """
+                    UPDATE tenant_settings
+                    SET sealed_identity_secret = \(current), sealed_previous_identity_secret = \(previous)
+                    WHERE tenant_id = \(tenant)
+                    """)
+                counts.identitySecrets += changed
             }
             return counts
         }

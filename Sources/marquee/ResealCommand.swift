@@ -26,6 +26,7 @@ struct ResealCommand {
             metadata: [
                 "key.id": .string(configuration.masterKeyID), "resealed.delivery_secrets": .int(counts.deliverySecrets),
                 "resealed.apns_keys": .int(counts.apnsKeys), "resealed.fcm_accounts": .int(counts.fcmAccounts),
+                "resealed.identity_secrets": .int(counts.identitySecrets),
             ])
         print("re-sealed \(counts.total) secret(s) under key \(configuration.masterKeyID)")
     }

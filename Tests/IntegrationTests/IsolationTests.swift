@@ -324,6 +324,12 @@ struct IsolationTests {
             Probe(
                 method: "PUT", path: "/v1/people/\(a.person)/devices/\(a.iphone)", key: b.sdk,
                 body: ["platform": "ios"], expect: .own(200)),
+            // Settings: B reads and changes only its own.
+            Probe(method: "GET", path: "/v1/settings", key: b.app, expect: .noLeak),
+            Probe(method: "POST", path: "/v1/settings/identity_secret", key: b.app, expect: .own(201)),
+            Probe(
+                method: "PATCH", path: "/v1/settings", key: b.app, body: ["identity_verification": "off"],
+                expect: .own(200)),
         ]
 
         var covered: Set<String> = []

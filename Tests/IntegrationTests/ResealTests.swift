@@ -37,6 +37,10 @@ struct ResealTests {
                 teamID: "TEAM123456", keyID: "KEY1234567", privateKeyPEM: pem, bundleID: "com.example.app",
                 environment: "sandbox", endpoint: nil))
         let secretBefore = try await TenantStore(database: database, keyRing: oldRing).deliverySecret(tenant: tenant)
+        // An identity secret rotated once: both the current and the previous one are sealed.
+        let oldSettings = TenantSettingsStore(database: database, keyRing: oldRing)
+        let firstIdentity = try await oldSettings.rotateIdentitySecret(tenant: tenant).secret
+        let secondIdentity = try await oldSettings.rotateIdentitySecret(tenant: tenant).secret
         await #expect(throws: (any Error).self) {
             _ = try await CredentialStore(database: database, keyRing: newRing).apnsPrivateKey(tenant: tenant)
         }
@@ -47,12 +51,14 @@ struct ResealTests {
         rotated["MARQUEE_MASTER_KEYS_PREVIOUS"] = "k1:" + oldKey
         let reseal = try await runCommand(TestEnvironment.marqueeBinary, ["reseal"], environment: rotated)
         #expect(reseal.status == 0, "\(reseal.output)")
-        #expect(reseal.output.contains("re-sealed 2 secret(s) under key k2"), "\(reseal.output)")
+        #expect(reseal.output.contains("re-sealed 4 secret(s) under key k2"), "\(reseal.output)")
         #expect(!reseal.output.contains(newKey) && !reseal.output.contains(oldKey), "keys are never printed")
 
         #expect(try await CredentialStore(database: database, keyRing: newRing).apnsPrivateKey(tenant: tenant) == pem)
         #expect(
             try await TenantStore(database: database, keyRing: newRing).deliverySecret(tenant: tenant) == secretBefore)
+        let identity = try await TenantSettingsStore(database: database, keyRing: newRing).identityKeys(tenant: tenant)
+        #expect(identity.current == secondIdentity && identity.previous == firstIdentity)
         await #expect(throws: (any Error).self) {
             _ = try await CredentialStore(database: database, keyRing: oldRing).apnsPrivateKey(tenant: tenant)
         }

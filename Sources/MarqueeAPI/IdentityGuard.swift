@@ -1,0 +1,133 @@
+import Crypto
+import Foundation
+import HTTPServer
+import MarqueeCore
+import MarqueeStore
+import Synchronization
+
+/// Identity verification: the one home of the rule that, when a tenant requires it, an sdk-key write about a person
+/// carries `X-Marquee-User-Token`, an HS256 JWT minted by the tenant's server with its identity secret, whose `sub`
+/// is that person. App-key calls are never affected.
+///
+/// The tenant's mode and secrets are cached per process for `cacheTTL` (the key cache's TTL); a change made through
+/// this process drops its entry at once, other processes see it within `cacheTTL`.
+struct IdentityGuard: Sendable {
+    /// The request header that carries the user token.
+    static let header = "X-Marquee-User-Token"
+
+    let settings: TenantSettingsStore
+    let cache: IdentityKeyCache
+    let now: @Sendable () -> Date
+
+    init(settings: TenantSettingsStore, cacheTTL: Duration, now: @escaping @Sendable () -> Date = { Date() }) {
+        self.settings = settings
+        self.cache = IdentityKeyCache(ttl: cacheTTL)
+        self.now = now
+    }
+
+    /// Checks a write by `principal` about `people` (the persons it names or reaches; nil entries, for a device
+    /// not registered yet, are skipped). Throws a 401 problem for a missing or invalid token, 403 for a valid token
+    /// of another person.
+    func check(_ request: HTTPRequest, _ principal: Principal, about people: [String?]) async throws {
+        try await check(request, principal) { people }
+    }
+
+    /// As above, with the persons found only when the check applies (e.g. a device's owner, which costs a query).
+    func check(
+        _ request: HTTPRequest, _ principal: Principal, about people: () async throws -> [String?]
+    ) async throws {
+        guard principal.kind == .sdk else { return }
+        let keys = try await identityKeys(principal.tenantID)
+        guard keys.verification == .required else { return }
+        guard let token = request.headers[Self.header]?.trimmingCharacters(in: .whitespaces), !token.isEmpty else {
+            throw Problems.userTokenRequired()
+        }
+        let date = now()
+        let claims: HS256.Claims
+        do {
+            claims = try HS256.verify(
+                token, secrets: keys.secrets(at: date), now: Int64(date.timeIntervalSince1970.rounded(.down)))
+        } catch {
+            throw Problems.userTokenInvalid(error)
+        }
+        for case let person? in try await people() where person != claims.subject {
+            throw Problems.userTokenWrongPerson()
+        }
+    }
+
+    /// Forgets the cached settings of `tenant` (after this process changed them).
+    func invalidate(_ tenant: UUID) { cache.remove(tenant) }
+
+    func identityKeys(_ tenant: UUID) async throws -> IdentityKeys {
+        if let cached = cache.lookup(tenant) { return cached }
+        let keys = try await settings.identityKeys(tenant: tenant)
+        cache.store(tenant, keys)
+        return keys
+    }
+}
+
+/// A small time-bounded cache of tenants' identity settings and opened secrets (kept in memory only).
+final class IdentityKeyCache: Sendable {
+    private struct Entry {
+        var keys: IdentityKeys
+        var expires: ContinuousClock.Instant
+    }
+
+    private let entries = Mutex<[UUID: Entry]>([:])
+    private let ttl: Duration
+    private let capacity = 10_000
+
+    init(ttl: Duration) { self.ttl = ttl }
+
+    func lookup(_ tenant: UUID) -> IdentityKeys? {
+        guard ttl > .zero else { return nil }
+        let now = ContinuousClock.now
+        return entries.withLock { entries in
+            guard let entry = entries[tenant] else { return nil }
+            if entry.expires <= now {
+                entries[tenant] = nil
+                return nil
+            }
+            return entry.keys
+        }
+    }
+
+    func store(_ tenant: UUID, _ keys: IdentityKeys) {
+        guard ttl > .zero else { return }
+        let expires = ContinuousClock.now + ttl
+        entries.withLock { entries in
+            if entries.count >= capacity { entries.removeAll(keepingCapacity: true) }
+            entries[tenant] = Entry(keys: keys, expires: expires)
+        }
+    }
+
+    func remove(_ tenant: UUID) {
+        _ = entries.withLock { $0.removeValue(forKey: tenant) }
+    }
+}
+
+extension Problems {
+    /// 401: the tenant requires identity verification and the request has no user token.
+    static func userTokenRequired() -> HTTPProblem {
+        HTTPProblem(
+            status: 401, type: typeBase + "user-token-required", title: "User token required",
+            detail:
+                "This workspace requires identity verification: send \(IdentityGuard.header) with a user token from your server.",
+            field: IdentityGuard.header)
+    }
+
+    /// 401: the user token does not verify (never quoting it).
+    static func userTokenInvalid(_ failure: HS256.Failure) -> HTTPProblem {
+        HTTPProblem(
+            status: 401, type: typeBase + "user-token-invalid", title: "User token invalid",
+            detail: "The user token \(failure.description).", field: IdentityGuard.header)
+    }
+
+    /// 403: a valid user token of another person.
+    static func userTokenWrongPerson() -> HTTPProblem {
+        HTTPProblem(
+            status: 403, type: typeBase + "user-token-wrong-person", title: "User token of another person",
+            detail: "The user token's sub is not the person this request writes about.",
+            field: IdentityGuard.header)
+    }
+}

@@ -1,0 +1,49 @@
+import Crypto
+import Foundation
+import HTTPServer
+import MarqueeCore
+import MarqueeStore
+
+/// `/v1/settings` (app key): the tenant's identity verification mode and identity secret.
+struct SettingsRoutes: Sendable {
+    let authenticator: Authenticator
+    let settings: TenantSettingsStore
+    let identity: IdentityGuard
+
+    func register(in router: inout Router) {
+        router.add(.GET, "/v1/settings", guarded(getSettings))
+        router.add(.PATCH, "/v1/settings", guarded(patchSettings))
+        router.add(.POST, "/v1/settings/identity_secret", guarded(postIdentitySecret))
+    }
+
+    func getSettings(_ request: HTTPRequest) async throws -> HTTPResponse {
+        let principal = try await authenticator.require(request, kinds: [.app])
+        return .json(Self.render(try await settings.settings(tenant: principal.tenantID)))
+    }
+
+    func patchSettings(_ request: HTTPRequest) async throws -> HTTPResponse {
+        let principal = try await authenticator.require(request, kinds: [.app])
+        let body = try JSONBody.parse(request)
+        try body.rejectUnknown(["identity_verification"])
+        let mode = try body.requiredEnum("identity_verification", IdentityVerification.self)
+        let updated = try await settings.setIdentityVerification(tenant: principal.tenantID, mode)
+        identity.invalidate(principal.tenantID)
+        return .json(Self.render(updated))
+    }
+
+    /// Creates or rotates the identity secret; the only place it is ever shown.
+    func postIdentitySecret(_ request: HTTPRequest) async throws -> HTTPResponse {
+        let principal = try await authenticator.require(request, kinds: [.app])
+        let (secret, rotated) = try await settings.rotateIdentitySecret(tenant: principal.tenantID)
+        identity.invalidate(principal.tenantID)
+        return .json(.object(["secret": .string(Base64URL.encode(secret))]), status: rotated ? 200 : 201)
+    }
+
+    static func render(_ s: TenantSettings) -> JSONValue {
+        .object([
+            "identity_verification": .string(s.identityVerification.rawValue),
+            "identity_secret_set": .bool(s.identitySecretSet),
+            "previous_secret_valid_until": .from(s.previousSecretValidUntil),
+        ])
+    }
+}
