@@ -65,8 +65,11 @@ public final class PostgresListener: Sendable {
             of: PostgresNotification.self, bufferingPolicy: .bufferingNewest(10_000))
         var descriptors: [Int32] = [-1, -1]
         if pipe(&descriptors) == 0 {
-            _ = fcntl(descriptors[0], F_SETFL, O_NONBLOCK)
-            _ = fcntl(descriptors[1], F_SETFL, O_NONBLOCK)
+            // Non-blocking, and close-on-exec so that processes spawned meanwhile do not inherit it.
+            for fd in descriptors {
+                _ = fcntl(fd, F_SETFL, O_NONBLOCK)
+                _ = fcntl(fd, F_SETFD, FD_CLOEXEC)
+            }
         }
         wakeReader = descriptors[0]
         wakeWriter = descriptors[1]
