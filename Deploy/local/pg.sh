@@ -61,9 +61,20 @@ case "$cmd" in
       port=$(sed -n 4p "$dir/postmaster.pid")
     else
       port=${3:-$(free_port)}
-      # shellcheck disable=SC2086
-      as_owner "$bin/pg_ctl" -D "$dir" -w -t 60 -l "$dir/server.log" \
-        -o "-p $port -k $dir -c listen_addresses=127.0.0.1 -c max_connections=300 ${PG_OPTIONS:-}" start >/dev/null
+      # Another cluster starting at the same moment may take the port that looked free: without an explicit port,
+      # try the next free ones.
+      for attempt in 1 2 3 4 5; do
+        # shellcheck disable=SC2086
+        if as_owner "$bin/pg_ctl" -D "$dir" -w -t 60 -l "$dir/server.log" \
+          -o "-p $port -k $dir -c listen_addresses=127.0.0.1 -c max_connections=300 ${PG_OPTIONS:-}" start >/dev/null; then
+          break
+        fi
+        if [ -n "${3:-}" ] || [ "$attempt" = 5 ]; then
+          tail -n 5 "$dir/server.log" >&2
+          exit 1
+        fi
+        port=$(free_port $((port + 1 + RANDOM % 50)))
+      done
     fi
     as_owner "$bin/psql" -h "$dir" -p "$port" -U postgres -d postgres -tAq \
       -c "SELECT 1 FROM pg_database WHERE datname = 'marquee'" | grep -q 1 \
