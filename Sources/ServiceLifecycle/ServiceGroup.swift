@@ -66,6 +66,9 @@ public struct ServiceGroup: Sendable {
     public func run() async throws -> StopReason {
         let signals = SignalStream(signals: configuration.signals)
         defer { signals.cancel() }
+        // A signal that arrives before Dispatch has registered its handler would be lost (the default action is
+        // already ignored): services start only once every signal is observed.
+        await signals.registered()
         return try await withThrowingTaskGroup(of: Event?.self) { group in
             for (name, service) in services {
                 group.addTask {
@@ -130,20 +133,28 @@ final class SignalStream: Sendable {
     private let sources: Mutex<[any DispatchSourceSignal]>
     private let continuation: AsyncStream<Int32>.Continuation
 
+    private let registration: SignalRegistration
+
     init(signals: [Int32]) {
         let (stream, continuation) = AsyncStream<Int32>.makeStream()
         self.stream = stream
         self.continuation = continuation
+        let registration = SignalRegistration(pending: signals.count)
+        self.registration = registration
         var sources: [any DispatchSourceSignal] = []
         for sig in signals {
             signal(sig, SIG_IGN)
             let source = DispatchSource.makeSignalSource(signal: sig, queue: .global())
             source.setEventHandler { continuation.yield(sig) }
+            source.setRegistrationHandler { registration.didRegister() }
             source.resume()
             sources.append(source)
         }
         self.sources = Mutex(sources)
     }
+
+    /// Returns once Dispatch observes every signal (their sources are registered).
+    func registered() async { await registration.wait() }
 
     /// Observes later signals during the drain: a second one forces an exit.
     func onNextSignal(_ handler: @escaping @Sendable (Int32) -> Void) {
@@ -160,6 +171,33 @@ final class SignalStream: Sendable {
             for source in sources { source.cancel() }
         }
         continuation.finish()
+    }
+}
+
+/// Counts signal sources until Dispatch has registered them all, and wakes who waits for that.
+final class SignalRegistration: Sendable {
+    private let state: Mutex<(pending: Int, waiters: [CheckedContinuation<Void, Never>])>
+
+    init(pending: Int) { state = Mutex((pending, [])) }
+
+    func didRegister() {
+        let waiters = state.withLock { state -> [CheckedContinuation<Void, Never>] in
+            state.pending -= 1
+            guard state.pending <= 0 else { return [] }
+            defer { state.waiters = [] }
+            return state.waiters
+        }
+        for waiter in waiters { waiter.resume() }
+    }
+
+    func wait() async {
+        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+            let ready = state.withLock { state in
+                if state.pending > 0 { state.waiters.append(continuation) }
+                return state.pending <= 0
+            }
+            if ready { continuation.resume() }
+        }
     }
 }
 

@@ -8,10 +8,12 @@ import Testing
 /// A service that records whether it drained after cancellation.
 final class DrainingService: Service {
     let drained = Mutex(false)
+    let started = Mutex(false)
     let drainTime: Duration
     init(drainTime: Duration = .milliseconds(50)) { self.drainTime = drainTime }
 
     func run() async throws {
+        started.withLock { $0 = true }
         while !Task.isCancelled {
             try? await Task.sleep(for: .seconds(60))
         }
@@ -36,7 +38,11 @@ struct ServiceGroupTests {
         let group = ServiceGroup(
             services: [("a", a), ("b", b)], configuration: .init(signals: [SIGUSR1]), logger: logger)
         async let reason = group.run()
-        try await Task.sleep(for: .milliseconds(200))
+        // Services start only once the group observes its signals: then the signal cannot be lost.
+        let deadline = ContinuousClock.now + .seconds(30)
+        while !(a.started.withLock { $0 } && b.started.withLock { $0 }) && ContinuousClock.now < deadline {
+            try await Task.sleep(for: .milliseconds(10))
+        }
         kill(getpid(), SIGUSR1)
         #expect(try await reason == .signal(SIGUSR1))
         #expect(a.drained.withLock { $0 })
