@@ -84,40 +84,54 @@ struct Authenticator: Sendable {
     }
 }
 
-/// A small time-bounded cache of verified keys, keyed by the SHA-256 of the key (the key text itself is not kept).
-final class KeyCache: Sendable {
+/// A small time-bounded, size-bounded cache kept in memory only (verified keys, tenants' identity settings). A TTL of
+/// zero turns it off.
+final class ExpiringCache<Key: Hashable & Sendable, Value: Sendable>: Sendable {
     private struct Entry {
-        var principal: Principal
+        var value: Value
         var expires: ContinuousClock.Instant
     }
 
-    private let entries = Mutex<[[UInt8]: Entry]>([:])
+    private let entries = Mutex<[Key: Entry]>([:])
     private let ttl: Duration
     private let capacity = 10_000
 
     init(ttl: Duration) { self.ttl = ttl }
 
-    func lookup(_ key: String) -> Principal? {
+    func lookup(_ key: Key) -> Value? {
         guard ttl > .zero else { return nil }
-        let hash = SHA256.hash(Array(key.utf8))
         let now = ContinuousClock.now
         return entries.withLock { entries in
-            guard let entry = entries[hash] else { return nil }
+            guard let entry = entries[key] else { return nil }
             if entry.expires <= now {
-                entries[hash] = nil
+                entries[key] = nil
                 return nil
             }
-            return entry.principal
+            return entry.value
         }
     }
 
-    func store(_ key: String, _ principal: Principal) {
+    func store(_ key: Key, _ value: Value) {
         guard ttl > .zero else { return }
-        let hash = SHA256.hash(Array(key.utf8))
         let expires = ContinuousClock.now + ttl
         entries.withLock { entries in
             if entries.count >= capacity { entries.removeAll(keepingCapacity: true) }
-            entries[hash] = Entry(principal: principal, expires: expires)
+            entries[key] = Entry(value: value, expires: expires)
         }
     }
+
+    func remove(_ key: Key) {
+        _ = entries.withLock { $0.removeValue(forKey: key) }
+    }
+}
+
+/// Verified keys, keyed by the SHA-256 of the key (the key text itself is not kept).
+final class KeyCache: Sendable {
+    private let cache: ExpiringCache<[UInt8], Principal>
+
+    init(ttl: Duration) { cache = ExpiringCache(ttl: ttl) }
+
+    func lookup(_ key: String) -> Principal? { cache.lookup(SHA256.hash(Array(key.utf8))) }
+
+    func store(_ key: String, _ principal: Principal) { cache.store(SHA256.hash(Array(key.utf8)), principal) }
 }

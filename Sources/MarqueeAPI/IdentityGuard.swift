@@ -16,12 +16,12 @@ struct IdentityGuard: Sendable {
     static let header = "X-Marquee-User-Token"
 
     let settings: TenantSettingsStore
-    let cache: IdentityKeyCache
+    let cache: ExpiringCache<UUID, IdentityKeys>
     let now: @Sendable () -> Date
 
     init(settings: TenantSettingsStore, cacheTTL: Duration, now: @escaping @Sendable () -> Date = { Date() }) {
         self.settings = settings
-        self.cache = IdentityKeyCache(ttl: cacheTTL)
+        self.cache = ExpiringCache(ttl: cacheTTL)
         self.now = now
     }
 
@@ -63,46 +63,6 @@ struct IdentityGuard: Sendable {
         let keys = try await settings.identityKeys(tenant: tenant)
         cache.store(tenant, keys)
         return keys
-    }
-}
-
-/// A small time-bounded cache of tenants' identity settings and opened secrets (kept in memory only).
-final class IdentityKeyCache: Sendable {
-    private struct Entry {
-        var keys: IdentityKeys
-        var expires: ContinuousClock.Instant
-    }
-
-    private let entries = Mutex<[UUID: Entry]>([:])
-    private let ttl: Duration
-    private let capacity = 10_000
-
-    init(ttl: Duration) { self.ttl = ttl }
-
-    func lookup(_ tenant: UUID) -> IdentityKeys? {
-        guard ttl > .zero else { return nil }
-        let now = ContinuousClock.now
-        return entries.withLock { entries in
-            guard let entry = entries[tenant] else { return nil }
-            if entry.expires <= now {
-                entries[tenant] = nil
-                return nil
-            }
-            return entry.keys
-        }
-    }
-
-    func store(_ tenant: UUID, _ keys: IdentityKeys) {
-        guard ttl > .zero else { return }
-        let expires = ContinuousClock.now + ttl
-        entries.withLock { entries in
-            if entries.count >= capacity { entries.removeAll(keepingCapacity: true) }
-            entries[tenant] = Entry(keys: keys, expires: expires)
-        }
-    }
-
-    func remove(_ tenant: UUID) {
-        _ = entries.withLock { $0.removeValue(forKey: tenant) }
     }
 }
 
