@@ -52,32 +52,7 @@ public struct APNsTarget: Sendable {
 
 /// Sends live-activity pushes to APNs over pooled HTTP/2 connections (one pool per host), with token auth.
 public final class APNsProvider: Sendable {
-    public struct Configuration: Sendable {
-        /// Extra CA file to trust (e.g. the simulator's), besides the system store.
-        public var caFile: String?
-        /// Connections per APNs host. Default 2.
-        public var connectionsPerHost: Int
-        /// Per-request deadline. Default 30 s.
-        public var requestTimeout: Duration
-        /// `MARQUEE_PROVIDER_HOSTS`: the only hosts connected to. Default: Apple's and Google's.
-        public var allowedHosts: ProviderHosts
-        /// Host pools kept at once (one I/O thread and TLS context each). Default 32.
-        public var maxHosts: Int
-        /// A host pool unused for this long is closed. Default 5 minutes.
-        public var hostIdleTimeout: Duration
-
-        public init(
-            caFile: String? = nil, connectionsPerHost: Int = 2, requestTimeout: Duration = .seconds(30),
-            allowedHosts: ProviderHosts = .standard, maxHosts: Int = 32, hostIdleTimeout: Duration = .seconds(300)
-        ) {
-            self.caFile = caFile
-            self.connectionsPerHost = connectionsPerHost
-            self.requestTimeout = requestTimeout
-            self.allowedHosts = allowedHosts
-            self.maxHosts = maxHosts
-            self.hostIdleTimeout = hostIdleTimeout
-        }
-    }
+    public typealias Configuration = ProviderClientConfiguration
 
     private let configuration: Configuration
     private let connections: ProviderConnections
@@ -86,11 +61,7 @@ public final class APNsProvider: Sendable {
     public init(configuration: Configuration, logger: Logger? = nil) {
         self.configuration = configuration
         self.logger = logger
-        self.connections = ProviderConnections(
-            .init(
-                caFile: configuration.caFile, connectionsPerHost: configuration.connectionsPerHost,
-                requestTimeout: configuration.requestTimeout, allowedHosts: configuration.allowedHosts,
-                maxHosts: configuration.maxHosts, idleTimeout: configuration.hostIdleTimeout))
+        self.connections = ProviderConnections(configuration)
     }
 
     /// Open connections and streams across all hosts, for metrics.

@@ -115,29 +115,7 @@ public struct FCMAuthError: Error, Sendable, CustomStringConvertible {
 
 /// Sends Android Live Update data messages through FCM HTTP v1 over the shared HTTP/2 pools.
 public final class FCMProvider: Sendable {
-    public struct Configuration: Sendable {
-        public var caFile: String?
-        public var connectionsPerHost: Int
-        public var requestTimeout: Duration
-        /// `MARQUEE_PROVIDER_HOSTS`: the only hosts connected to (FCM endpoints and token URIs alike).
-        public var allowedHosts: ProviderHosts
-        /// Host pools kept at once (one I/O thread and TLS context each). Default 32.
-        public var maxHosts: Int
-        /// A host pool unused for this long is closed. Default 5 minutes.
-        public var hostIdleTimeout: Duration
-
-        public init(
-            caFile: String? = nil, connectionsPerHost: Int = 2, requestTimeout: Duration = .seconds(30),
-            allowedHosts: ProviderHosts = .standard, maxHosts: Int = 32, hostIdleTimeout: Duration = .seconds(300)
-        ) {
-            self.caFile = caFile
-            self.connectionsPerHost = connectionsPerHost
-            self.requestTimeout = requestTimeout
-            self.allowedHosts = allowedHosts
-            self.maxHosts = maxHosts
-            self.hostIdleTimeout = hostIdleTimeout
-        }
-    }
+    public typealias Configuration = ProviderClientConfiguration
 
     private let configuration: Configuration
     private let connections: ProviderConnections
@@ -146,11 +124,7 @@ public final class FCMProvider: Sendable {
     public init(configuration: Configuration, logger: Logger? = nil) {
         self.configuration = configuration
         self.logger = logger
-        self.connections = ProviderConnections(
-            .init(
-                caFile: configuration.caFile, connectionsPerHost: configuration.connectionsPerHost,
-                requestTimeout: configuration.requestTimeout, allowedHosts: configuration.allowedHosts,
-                maxHosts: configuration.maxHosts, idleTimeout: configuration.hostIdleTimeout))
+        self.connections = ProviderConnections(configuration)
     }
 
     /// An access-token cache for `account` (one per tenant credential; the worker keeps them).

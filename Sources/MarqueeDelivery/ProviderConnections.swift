@@ -11,38 +11,46 @@ enum ProviderConnectionError: Error, Sendable, Equatable {
     case busy
 }
 
+/// How the worker talks to one provider (APNs or FCM): trust, pool sizes, deadlines and where it may connect.
+public struct ProviderClientConfiguration: Sendable {
+    /// Extra CA file to trust (e.g. the simulator's), besides the system store.
+    public var caFile: String?
+    /// Connections per provider host. Default 2.
+    public var connectionsPerHost: Int
+    /// Per-request deadline. Default 30 s.
+    public var requestTimeout: Duration
+    /// `MARQUEE_PROVIDER_HOSTS`: the only hosts connected to (endpoints and token URIs alike). Default: Apple's and
+    /// Google's.
+    public var allowedHosts: ProviderHosts
+    /// Host pools kept at once (one I/O thread and TLS context each). Default 32.
+    public var maxHosts: Int
+    /// A host pool without requests for this long is closed. Default 5 minutes.
+    public var hostIdleTimeout: Duration
+    /// Largest provider response body read. Default 64 KiB.
+    public var maxResponseBodySize: Int
+
+    public init(
+        caFile: String? = nil, connectionsPerHost: Int = 2, requestTimeout: Duration = .seconds(30),
+        allowedHosts: ProviderHosts = .standard, maxHosts: Int = 32, hostIdleTimeout: Duration = .seconds(300),
+        maxResponseBodySize: Int = 64 << 10
+    ) {
+        self.caFile = caFile
+        self.connectionsPerHost = connectionsPerHost
+        self.requestTimeout = requestTimeout
+        self.allowedHosts = allowedHosts
+        self.maxHosts = maxHosts
+        self.hostIdleTimeout = hostIdleTimeout
+        self.maxResponseBodySize = maxResponseBodySize
+    }
+}
+
 /// One HTTP/2 client pool per provider host, opened on first use, shared by every tenant sending to that host.
 ///
 /// Only hosts in the operator's allowlist are connected to. Each pool costs an I/O thread and a TLS context, so pools
-/// unused for `idleTimeout` are closed, and at most `maxHosts` exist: a new host evicts the least recently used idle
+/// unused for `hostIdleTimeout` are closed, and at most `maxHosts` exist: a new host evicts the least recently used idle
 /// pool, or fails retryably (`busy`) when every pool has requests in flight.
 final class ProviderConnections: Sendable {
-    struct Configuration: Sendable {
-        var caFile: String?
-        var connectionsPerHost: Int
-        var requestTimeout: Duration
-        /// Where connections may go. Default: Apple's and Google's hosts.
-        var allowedHosts: ProviderHosts
-        /// Pools kept at once. Default 32.
-        var maxHosts: Int
-        /// A pool without requests for this long is closed. Default 5 minutes.
-        var idleTimeout: Duration
-        /// Largest provider response body read. Default 64 KiB.
-        var maxResponseBodySize: Int
-
-        init(
-            caFile: String?, connectionsPerHost: Int, requestTimeout: Duration, allowedHosts: ProviderHosts = .standard,
-            maxHosts: Int = 32, idleTimeout: Duration = .seconds(300), maxResponseBodySize: Int = 64 << 10
-        ) {
-            self.caFile = caFile
-            self.connectionsPerHost = connectionsPerHost
-            self.requestTimeout = requestTimeout
-            self.allowedHosts = allowedHosts
-            self.maxHosts = maxHosts
-            self.idleTimeout = idleTimeout
-            self.maxResponseBodySize = maxResponseBodySize
-        }
-    }
+    typealias Configuration = ProviderClientConfiguration
 
     private struct Entry {
         var client: HTTP2Client
@@ -76,7 +84,7 @@ final class ProviderConnections: Sendable {
         let (result, evicted): (Result<HTTP2Client, any Error>, [HTTP2Client]) = clients.withLock { clients in
             var evicted: [HTTP2Client] = []
             for (name, entry) in clients
-            where name != key && entry.inFlight == 0 && current - entry.lastUsed >= configuration.idleTimeout {
+            where name != key && entry.inFlight == 0 && current - entry.lastUsed >= configuration.hostIdleTimeout {
                 evicted.append(entry.client)
                 clients.removeValue(forKey: name)
             }

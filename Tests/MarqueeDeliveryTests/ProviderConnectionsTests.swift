@@ -20,7 +20,7 @@ struct ProviderConnectionsTests {
             .init(
                 caFile: nil, connectionsPerHost: 1, requestTimeout: .seconds(5),
                 allowedHosts: ProviderHosts("a.test,b.test,c.test,d.test:8443")!, maxHosts: maxHosts,
-                idleTimeout: .seconds(300)),
+                hostIdleTimeout: .seconds(300)),
             now: { clock.now })
     }
 
