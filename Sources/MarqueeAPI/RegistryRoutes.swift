@@ -190,7 +190,14 @@ struct RegistryRoutes: Sendable {
     static func verifyDeliveryToken(
         _ presented: String, deliveryID: String, field: String, tenant: UUID, tenants: TenantStore
     ) async throws {
-        let secret = try await tenants.deliverySecret(tenant: tenant)
+        try verifyDeliveryToken(
+            presented, deliveryID: deliveryID, field: field, secret: try await tenants.deliverySecret(tenant: tenant))
+    }
+
+    /// As above, with the tenant's delivery secret already at hand (a batch reads it once).
+    static func verifyDeliveryToken(_ presented: String, deliveryID: String, field: String, secret: [UInt8])
+        throws(ValidationError)
+    {
         guard DeliveryTokens.verify(presented, deliveryID: deliveryID, secret: secret) else {
             throw ValidationError(field: field, reason: "does not match this delivery")
         }
