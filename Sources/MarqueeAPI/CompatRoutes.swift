@@ -409,9 +409,10 @@ struct CompatRoutes: Sendable {
             }
         case .token(let change):
             // The event is about its userId and about the device's owner, if the device is registered.
-            try identity.check { [change.person, try registry.deviceOwner(token: change.deviceToken)] }
+            let device = try registry.registeredDevice(token: change.deviceToken)
+            try identity.check([change.person, device?.personID])
             // A token can arrive before the device event; register the device then, if we know its owner.
-            if try registry.devicePlatform(token: change.deviceToken) == nil, let person = change.person {
+            if device == nil, let person = change.person {
                 _ = try registry.upsertDevice(
                     DeviceRegistration(personID: person, token: change.deviceToken, platform: change.platform))
             }
@@ -421,13 +422,12 @@ struct CompatRoutes: Sendable {
                     personID: person, deviceToken: change.deviceToken, activityType: activityType, token: token,
                     attributesType: attributesType, profile: .customerio)
             case .instance(let instanceID, let token):
-                guard try registry.deviceBelongsToInstance(instanceID: instanceID, deviceToken: change.deviceToken)
-                else { throw NotFound("instance") }
+                // Only from a device of the instance's person (checked by the registration itself).
                 _ = try registry.registerActivityToken(
                     instanceID: instanceID, deviceToken: change.deviceToken, token: token)
             }
         case .lifecycle(let instanceID, let event, let deviceToken, let at, let contentState):
-            try identity.check { [try registry.deviceOwner(token: deviceToken)] }
+            try identity.check { [try registry.registeredDevice(token: deviceToken)?.personID] }
             try registry.recordEvent(
                 instanceID: instanceID, event: event, deviceToken: deviceToken, at: at, contentState: contentState)
         case .metric(let metric):

@@ -117,22 +117,17 @@ struct RegistryRoutes: Sendable {
         let instanceID = try Identifiers.instanceID(request.pathParameters["instance_id"] ?? "")
         let deviceToken = try Identifiers.anyDeviceToken(
             request.pathParameters["device_token"] ?? "", field: "device_token")
-        try await identity.check(request, principal) {
-            [try await registry.deviceOwner(tenant: principal.tenantID, token: deviceToken)]
-        }
+        // Two round trips: the device (its owner for identity verification, its platform for the token's format),
+        // then the registration, which checks that the device is the instance's person's under the device's lock.
+        let device = try await registry.registeredDevice(tenant: principal.tenantID, token: deviceToken)
+        try await identity.check(request, principal, about: [device?.personID])
         let body = try JSONBody.parse(request)
         try body.rejectUnknown(["token"])
         let raw = try body.requiredString("token", maxLength: 4096)
-        guard let platform = try await registry.devicePlatform(tenant: principal.tenantID, token: deviceToken) else {
-            throw Problems.notFound("device")
-        }
+        guard let platform = device?.platform else { throw Problems.notFound("device") }
         let token =
             platform == .ios
             ? try Identifiers.apnsToken(raw, field: "token") : try Identifiers.fcmToken(raw, field: "token")
-        guard
-            try await registry.deviceBelongsToInstance(
-                tenant: principal.tenantID, instanceID: instanceID, deviceToken: deviceToken)
-        else { throw Problems.notFound("instance") }
         let result = try await registry.registerActivityToken(
             tenant: principal.tenantID, instanceID: instanceID, deviceToken: deviceToken, token: token)
         return .json(Self.registration(result, kind: "activity", token: token))
@@ -156,7 +151,7 @@ struct RegistryRoutes: Sendable {
         let deviceToken = try Identifiers.anyDeviceToken(
             body.requiredString("device_token", maxLength: 4096), field: "device_token")
         try await identity.check(request, principal) {
-            [try await registry.deviceOwner(tenant: principal.tenantID, token: deviceToken)]
+            [try await registry.registeredDevice(tenant: principal.tenantID, token: deviceToken)?.personID]
         }
         guard let at = try body.timestamp("at") else { throw ValidationError.missing("at") }
         let contentState = try Self.eventContentState(body.objectValue("content_state"), field: "content_state")

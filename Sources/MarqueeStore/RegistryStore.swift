@@ -302,18 +302,13 @@ public struct RegistryStore: Sendable {
         try await transaction(tenant: tenant) { try $0.deleteDevice(personID: personID, token: token) }
     }
 
-    /// The device's platform, or nil if it is not registered (to this person, when one is given).
-    public func devicePlatform(tenant: UUID, token: String, personID: String? = nil) async throws -> Platform? {
-        try await transaction(tenant: tenant) { try $0.devicePlatform(token: token, personID: personID) }
-    }
-
     // MARK: Tokens
 
-    /// The person a registered device belongs to, or nil if the token is not registered (one round trip).
-    public func deviceOwner(tenant: UUID, token: String) async throws -> String? {
-        try RegistryTransaction.deviceOwner(
+    /// A registered device's owner and platform, or nil if the token is not registered (one round trip).
+    public func registeredDevice(tenant: UUID, token: String) async throws -> RegisteredDevice? {
+        try RegistryTransaction.registeredDevice(
             try await database.tenantStatement(
-                tenant, RegistryTransaction.deviceOwnerQuery(tenant: tenant, token: token)))
+                tenant, RegistryTransaction.registeredDeviceQuery(tenant: tenant, token: token)))
     }
 
     /// Registers the push-to-start token of a person's iOS device for an activity type (see
@@ -329,16 +324,8 @@ public struct RegistryStore: Sendable {
             try await retryingRace { try await database.pool.query(query) })
     }
 
-    /// Whether `deviceToken` is a device of the person `instanceID` was started for (see
-    /// `RegistryTransaction.deviceBelongsToInstance`).
-    public func deviceBelongsToInstance(tenant: UUID, instanceID: String, deviceToken: String) async throws -> Bool {
-        try await transaction(tenant: tenant) {
-            try $0.deviceBelongsToInstance(instanceID: instanceID, deviceToken: deviceToken)
-        }
-    }
-
-    /// Registers the per-activity token of a device for an instance; a different active token is retired. One round
-    /// trip, like `registerPushToStart`.
+    /// Registers the per-activity token of a device of the instance's person (see
+    /// `RegistryTransaction.registerActivityToken`): one round trip, ownership checked in the same statement.
     public func registerActivityToken(tenant: UUID, instanceID: String, deviceToken: String, token: String)
         async throws -> TokenRegistration
     {

@@ -2,6 +2,13 @@ import Foundation
 import MarqueeCore
 import PostgresClient
 
+/// A registered device as ownership checks see it.
+public struct RegisteredDevice: Sendable, Equatable {
+    /// The person the device belongs to.
+    public var personID: String
+    public var platform: Platform
+}
+
 /// The registry's writes (and the reads they depend on) on one open transaction confined to one tenant: the one home
 /// of their SQL. `RegistryStore`'s single-call methods run one of these each in a transaction of its own; a caller
 /// that must apply several changes atomically (a Customer.io batch) runs them all in one `RegistryStore.transaction`.
@@ -76,29 +83,22 @@ public struct RegistryTransaction {
         if deleted == 0 { throw NotFound("device") }
     }
 
-    /// The device's platform, or nil if it is not registered (to this person, when one is given).
-    /// (Token registrations lock the device row themselves, inside their SQL functions, migration 0003.)
-    public func devicePlatform(token: String, personID: String? = nil) throws -> Platform? {
-        let rows = try connection.query(
-            """
-            SELECT platform FROM devices
-            WHERE tenant_id = \(tenant) AND token = \(token) AND (\(personID)::text IS NULL OR person_id = \(personID))
-            """)
+    /// A registered device's owner and platform, or nil if the token is not registered.
+    public func registeredDevice(token: String) throws -> RegisteredDevice? {
+        try Self.registeredDevice(try connection.query(Self.registeredDeviceQuery(tenant: tenant, token: token)))
+    }
+
+    static func registeredDeviceQuery(tenant: UUID, token: String) -> PostgresQuery {
+        "SELECT person_id, platform FROM devices WHERE tenant_id = \(tenant) AND token = \(token)"
+    }
+
+    static func registeredDevice(_ rows: PostgresRows) throws -> RegisteredDevice? {
         guard let row = rows.first else { return nil }
-        return Platform(rawValue: try row.decode(String.self, "platform"))
-    }
-
-    /// The person a registered device belongs to, or nil if the token is not registered.
-    public func deviceOwner(token: String) throws -> String? {
-        try Self.deviceOwner(try connection.query(Self.deviceOwnerQuery(tenant: tenant, token: token)))
-    }
-
-    static func deviceOwnerQuery(tenant: UUID, token: String) -> PostgresQuery {
-        "SELECT person_id FROM devices WHERE tenant_id = \(tenant) AND token = \(token)"
-    }
-
-    static func deviceOwner(_ rows: PostgresRows) throws -> String? {
-        try rows.first?.decode(String.self, "person_id")
+        let platform = try row.decode(String.self, "platform")
+        guard let known = Platform(rawValue: platform) else {
+            throw PostgresError(code: .decoding, context: "unknown device platform")
+        }
+        return RegisteredDevice(personID: try row.decode(String.self, "person_id"), platform: known)
     }
 
     // MARK: Tokens
@@ -139,21 +139,13 @@ public struct RegistryTransaction {
         }
     }
 
-    /// Whether `deviceToken` is a device of the person `instanceID` was started for (or the device it targets). The
-    /// sdk key is public, so an activity token or a lifecycle event for an instance is taken only from such a device:
-    /// otherwise anyone could attach their own token to a guessable instance ID and receive its updates.
-    public func deviceBelongsToInstance(instanceID: String, deviceToken: String) throws -> Bool {
-        let rows = try connection.query(
-            """
-            SELECT 1 AS ok FROM instances i
-            JOIN devices d ON d.tenant_id = i.tenant_id AND d.token = \(deviceToken)
-            WHERE i.tenant_id = \(tenant) AND i.id = \(instanceID)
-              AND (d.person_id = i.person_id OR d.token = i.target_device)
-            """)
-        return !rows.isEmpty
-    }
-
     /// Registers the per-activity token of a device for an instance; a different active token is retired.
+    ///
+    /// The device must be one of the instance's person's (or the device the instance targets): the sdk key is
+    /// public, so otherwise anyone could attach their own token to a guessable instance ID and receive its updates.
+    /// The rule's one home is `marquee_device_belongs_to_instance` (migration 0013), checked under the device row's
+    /// lock by `marquee_register_instance_token`, in the same statement. Throws `NotFound("device")` for an unknown
+    /// device and `NotFound("instance")` for an unknown instance or one of another person (never told apart).
     public func registerActivityToken(instanceID: String, deviceToken: String, token: String) throws
         -> TokenRegistration
     {
@@ -168,13 +160,16 @@ public struct RegistryTransaction {
     {
         """
         SELECT outcome, rotated, inserted
-        FROM marquee_register_activity_token(\(tenant), \(instanceID), \(deviceToken), \(token))
+        FROM marquee_register_instance_token(\(tenant), \(instanceID), \(deviceToken), \(token))
         """
     }
 
     static func activityTokenOutcome(_ rows: PostgresRows) throws -> TokenRegistration {
-        if try rows[0].decode(String.self, "outcome") == "no_device" { throw NotFound("device") }
-        return try registration(rows[0])
+        switch try rows[0].decode(String.self, "outcome") {
+        case "no_device": throw NotFound("device")
+        case "no_instance": throw NotFound("instance")
+        default: return try registration(rows[0])
+        }
     }
 
     static func registration(_ row: PostgresRow) throws -> TokenRegistration {
@@ -186,14 +181,19 @@ public struct RegistryTransaction {
     // MARK: Lifecycle events and delivery metrics
 
     /// Records a lifecycle event and moves the device's state for the instance. `ended` and `dismissed` are final:
-    /// a later `updated` does not bring the device back. Older events never overwrite newer ones.
+    /// a later `updated` does not bring the device back. Older events never overwrite newer ones. Only a device of
+    /// the instance's person may report (`marquee_device_belongs_to_instance`, as for activity tokens): otherwise
+    /// `NotFound("instance")`; an unknown device is `NotFound("device")`.
     public func recordEvent(
         instanceID: String, event: LifecycleEvent, deviceToken: String, at: Date, contentState: JSONValue?
     ) throws {
-        guard try devicePlatform(token: deviceToken) != nil else { throw NotFound("device") }
-        guard try deviceBelongsToInstance(instanceID: instanceID, deviceToken: deviceToken) else {
-            throw NotFound("instance")
-        }
+        let check = try connection.query(
+            """
+            SELECT EXISTS (SELECT 1 FROM devices WHERE tenant_id = \(tenant) AND token = \(deviceToken)) AS known,
+                   marquee_device_belongs_to_instance(\(tenant), \(instanceID), \(deviceToken)) AS owned
+            """)
+        guard try check[0].decode(Bool.self, "known") else { throw NotFound("device") }
+        guard try check[0].decode(Bool.self, "owned") else { throw NotFound("instance") }
         try connection.execute(
             """
             INSERT INTO activity_events (tenant_id, id, instance_id, device_token, event, at, content_state)
