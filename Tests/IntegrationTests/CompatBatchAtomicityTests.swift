@@ -202,20 +202,29 @@ struct CompatBatchAtomicityTests {
             CompatIngestTests.event("track", "Device Created or Updated", userId: owner, deviceToken: locked),
         ]
         let sent = Task { try await Self.post(api, tenant, events) }
-        let deadline = ContinuousClock.now + .seconds(30)
-        var blocked: Int?
-        while blocked == nil, ContinuousClock.now < deadline {
-            blocked = try await fixture.pool.query(
-                "SELECT pid FROM pg_stat_activity WHERE \(holderPID)::int = ANY(pg_blocking_pids(pid))"
-            ).first?.decode(Int.self, "pid")
-            if blocked == nil { try await Task.sleep(for: .milliseconds(20)) }
-        }
-        let waiting = try #require(blocked, "the batch reached the locked device")
+        let waiting = try #require(
+            try await fixture.backend(blockedBy: holderPID), "the batch reached the locked device")
         // Its connection dies as if the server process or the network had: the transaction never commits.
         _ = try await fixture.pool.query("SELECT pg_terminate_backend(\(waiting)::int)")
         let response = try await sent.value
         try holder.execute("ROLLBACK")
         #expect(response.status == 503, "\(response.text)")
         #expect(try await Self.footprint(fixture.pool, tenant: tenant.uuid) == seeded, "nothing of the batch is kept")
+    }
+}
+
+extension RegistryFixture.Running {
+    /// The backend that waits for a lock the backend `holder` holds, once there is one (nil after `timeout`).
+    func backend(blockedBy holder: Int, timeout: Duration = .seconds(30)) async throws -> Int? {
+        let deadline = ContinuousClock.now + timeout
+        while ContinuousClock.now < deadline {
+            if let pid = try await pool.query(
+                "SELECT pid FROM pg_stat_activity WHERE \(holder)::int = ANY(pg_blocking_pids(pid))"
+            ).first?.decode(Int.self, "pid") {
+                return pid
+            }
+            try await Task.sleep(for: .milliseconds(20))
+        }
+        return nil
     }
 }

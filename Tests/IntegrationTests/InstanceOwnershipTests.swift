@@ -75,19 +75,9 @@ struct InstanceOwnershipTests {
                 "PUT", "/v1/live_notifications/\(instance)/tokens/\(phone)", key: tenant.sdk,
                 json: ["token": Fake.hex()])
         }
-        let deadline = ContinuousClock.now + .seconds(30)
-        var waiting = false
-        while !waiting, ContinuousClock.now < deadline {
-            waiting =
-                try await fixture.pool.count(
-                    """
-                    SELECT count(*)::int AS n FROM pg_stat_activity
-                    WHERE \(holderPID)::int = ANY(pg_blocking_pids(pid))
-                    """) > 0
-            if !waiting { try await Task.sleep(for: .milliseconds(20)) }
-        }
+        let waiting = try await fixture.backend(blockedBy: holderPID)
         try holder.execute("COMMIT")
-        #expect(waiting, "the registration waited for the device's row")
+        #expect(waiting != nil, "the registration waited for the device's row")
         let response = try await sent.value
         expectProblem(response, 404, "not-found")
         #expect(try await fixture.registry.activityTargets(tenant: tenant.uuid, instanceID: instance).isEmpty)
