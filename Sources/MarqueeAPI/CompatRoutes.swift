@@ -3,9 +3,14 @@ import HTTPServer
 import MarqueeCore
 import MarqueeStore
 import Observability
+import PostgresClient
 
 /// Drop-in ingest for the Customer.io mobile SDK: Segment-style batches and single calls, authenticated with the
-/// sdk key (Basic, key as user name), mapped onto the registry. One bad event never drops the others.
+/// sdk key (Basic, key as user name), mapped onto the registry.
+///
+/// A batch is all or nothing: every event is validated first (what needs no database), then all are written in one
+/// transaction. An event that fails (invalid, refused by identity verification or ownership, or a conflict) fails
+/// the whole batch with that event's problem, naming its index, and nothing of the batch is kept.
 struct CompatRoutes: Sendable {
     let authenticator: Authenticator
     let registry: RegistryStore
@@ -38,23 +43,19 @@ struct CompatRoutes: Sendable {
     }
 
     /// What happened to one event.
-    enum Outcome: Equatable {
+    enum Outcome: Equatable, Sendable {
         case applied
         /// Accepted and counted, but nothing in the registry corresponds to it.
         case ignored
     }
 
-    /// Who sent the events: what the identity check of each event needs.
-    struct Caller {
-        let request: HTTPRequest
-        let principal: Principal
-        var tenant: UUID { principal.tenantID }
-    }
+    /// The most events one batch may hold: they are written in one transaction.
+    static let maxBatchEvents = 1000
 
     func batch(_ request: HTTPRequest) async throws -> HTTPResponse {
         // A key in the Authorization header is checked before the body is parsed, so that an unauthenticated caller
         // costs no parsing; only a request without one needs its body read for `writeKey`.
-        // NUL is checked per event below, so that one such event does not drop the batch.
+        // NUL is checked per event below, so that the answer names the event that holds it.
         let principal: Principal
         let body: JSONBody
         if Authenticator.presentedKey(request, scheme: .bearerOrBasic) != nil {
@@ -69,35 +70,22 @@ struct CompatRoutes: Sendable {
             throw ValidationError(
                 body.has("batch") ? .invalidField : .missingField, field: "batch", reason: "must be an array of events")
         }
-        guard list.count <= 1000 else { throw ValidationError(field: "batch", reason: "must hold at most 1000 events") }
-        var applied = 0
-        var ignored = 0
-        var rejected: [JSONValue] = []
-        for (index, event) in list.enumerated() {
-            do {
-                switch try await apply(event, caller: Caller(request: request, principal: principal)) {
-                case .applied: applied += 1
-                case .ignored: ignored += 1
-                }
-            } catch {
-                guard let problem = problem(for: error), problem.status < 500 || problem.status == 503 else {
-                    throw error
-                }
-                if problem.status == 503 { throw problem }
-                events.inc(1, [Self.typeLabel(event), "rejected"])
-                var entry: [String: JSONValue] = [
-                    "index": .int(Int64(index)), "type": .string(problem.type), "status": .int(Int64(problem.status)),
-                    "detail": .from(problem.detail),
-                    "field": .string("batch[\(index)]" + (problem.field.map { "." + $0 } ?? "")),
-                ]
-                if let id = event["messageId"]?.stringValue { entry["messageId"] = .string(id) }
-                rejected.append(.object(entry))
-            }
+        guard list.count <= Self.maxBatchEvents else {
+            throw ValidationError(field: "batch", reason: "must hold at most \(Self.maxBatchEvents) events")
         }
+        let outcomes: [Outcome]
+        do {
+            outcomes = try await ingest(list, request: request, principal: principal)
+        } catch let failure as EventFailure {
+            guard let problem = problem(for: failure.error), problem.status < 500 else { throw failure.error }
+            count(list, failed: failure.index)
+            throw Self.batchProblem(problem, index: failure.index, event: list[failure.index])
+        }
+        count(list, outcomes)
         return .json(
             .object([
-                "success": .bool(rejected.isEmpty), "applied": .int(Int64(applied)), "ignored": .int(Int64(ignored)),
-                "rejected": .array(rejected),
+                "success": .bool(true), "applied": .int(Int64(outcomes.count { $0 == .applied })),
+                "ignored": .int(Int64(outcomes.count { $0 == .ignored })), "rejected": .array([]),
             ]))
     }
 
@@ -109,8 +97,16 @@ struct CompatRoutes: Sendable {
         if event["type"] == nil {
             event["type"] = .string(request.path.hasSuffix("/identify") ? "identify" : "track")
         }
-        let outcome = try await apply(.object(event), caller: Caller(request: request, principal: principal))
-        return .json(.object(["success": .bool(true), "applied": .int(outcome == .applied ? 1 : 0)]))
+        let list: [JSONValue] = [.object(event)]
+        let outcomes: [Outcome]
+        do {
+            outcomes = try await ingest(list, request: request, principal: principal)
+        } catch let failure as EventFailure {
+            if let problem = problem(for: failure.error), problem.status < 500 { count(list, failed: 0) }
+            throw failure.error
+        }
+        count(list, outcomes)
+        return .json(.object(["success": .bool(true), "applied": .int(outcomes.first == .applied ? 1 : 0)]))
     }
 
     /// A minimal settings document, enough for the SDK to start and send to this host.
@@ -140,9 +136,129 @@ struct CompatRoutes: Sendable {
         }
     }
 
+    // MARK: Ingest
+
+    /// The event at `index` failed with `error` (a client problem); nothing of its request was kept.
+    struct EventFailure: Error {
+        let index: Int
+        let error: any Error
+    }
+
+    /// Validates every event (what needs no database), then writes them all in one transaction, in order. Throws
+    /// `EventFailure` for the first event found at fault; database errors pass through as they are (a deadlock or a
+    /// racing token registration re-runs the transaction; an outage is a 503).
+    func ingest(_ list: [JSONValue], request: HTTPRequest, principal: Principal) async throws -> [Outcome] {
+        var changes: [Change] = []
+        changes.reserveCapacity(list.count)
+        for (index, event) in list.enumerated() {
+            do {
+                changes.append(try Self.change(event))
+            } catch {
+                throw EventFailure(index: index, error: error)
+            }
+        }
+        // The tenant's identity setting and delivery secret are read once, before the transaction.
+        let verdict = try await identity.verdict(request, principal)
+        var secret: [UInt8]?
+        for (index, change) in changes.enumerated() {
+            guard case .metric(let metric) = change else { continue }
+            let key: [UInt8]
+            if let secret { key = secret } else { key = try await tenants.deliverySecret(tenant: principal.tenantID) }
+            secret = key
+            do {
+                try RegistryRoutes.verifyDeliveryToken(
+                    metric.deliveryToken, deliveryID: metric.deliveryID, field: "properties.deliveryToken", secret: key)
+            } catch {
+                throw EventFailure(index: index, error: error)
+            }
+        }
+        let validated = changes
+        return try await registry.transaction(tenant: principal.tenantID) { registry in
+            var outcomes: [Outcome] = []
+            outcomes.reserveCapacity(validated.count)
+            for (index, change) in validated.enumerated() {
+                do {
+                    outcomes.append(try Self.write(change, registry, verdict))
+                } catch let error as PostgresError {
+                    throw error
+                } catch {
+                    throw EventFailure(index: index, error: error)
+                }
+            }
+            return outcomes
+        }
+    }
+
+    /// The problem a batch answers when its event `index` fails with `item`: that event's status and type, its field
+    /// prefixed with `batch[<index>].` (a user-token problem keeps naming the header, which is what to fix), and the
+    /// index (and the event's `messageId`) as members of their own.
+    static func batchProblem(_ item: HTTPProblem, index: Int, event: JSONValue) -> HTTPProblem {
+        var problem = item
+        if item.field != IdentityGuard.header {
+            problem.field = "batch[\(index)]" + (item.field.map { "." + $0 } ?? "")
+        }
+        problem.detail =
+            "Event \(index) of the batch: \(item.detail ?? item.title) Nothing in the batch was applied."
+        problem.extensions["index"] = String(index)
+        if let id = event["messageId"]?.stringValue, id.utf8.count <= 128, !id.contains("\u{0}") {
+            problem.extensions["messageId"] = id
+        }
+        return problem
+    }
+
+    /// Counts the events of a request that was applied, by type and outcome.
+    func count(_ list: [JSONValue], _ outcomes: [Outcome]) {
+        for (event, outcome) in zip(list, outcomes) {
+            events.inc(1, [Self.typeLabel(event), outcome == .applied ? "applied" : "ignored"])
+        }
+    }
+
+    /// Counts the events of a request that failed: the event at fault `rejected`, the others `discarded`.
+    func count(_ list: [JSONValue], failed: Int) {
+        for (index, event) in list.enumerated() {
+            events.inc(1, [Self.typeLabel(event), index == failed ? "rejected" : "discarded"])
+        }
+    }
+
     // MARK: Event mapping
 
-    func apply(_ value: JSONValue, caller: Caller) async throws -> Outcome {
+    /// One validated event: what it asks of the registry.
+    enum Change: Sendable {
+        case identify(person: String, email: String?, traits: JSONValue?)
+        case device(DeviceRegistration)
+        case deleteDevice(person: String, token: String)
+        case token(TokenChange)
+        case lifecycle(
+            instanceID: String, event: LifecycleEvent, deviceToken: String, at: Date, contentState: JSONValue?)
+        case metric(MetricChange)
+        /// Accepted and counted, nothing to write.
+        case ignored
+    }
+
+    /// A `Live Notification Token` event.
+    struct TokenChange: Sendable {
+        enum Registration: Sendable {
+            case pushToStart(person: String, activityType: String, token: String, attributesType: String?)
+            case instance(instanceID: String, token: String)
+        }
+        /// The event's `userId`, if any.
+        var person: String?
+        var deviceToken: String
+        var platform: Platform
+        var registration: Registration
+    }
+
+    /// A `Report Delivery Event`.
+    struct MetricChange: Sendable {
+        var deliveryID: String
+        var metric: DeliveryMetric
+        var recipient: String?
+        var at: Date?
+        var deliveryToken: String
+    }
+
+    /// Validates one event and maps it onto the registry, without I/O.
+    static func change(_ value: JSONValue) throws -> Change {
         guard let object = value.objectValue else {
             throw ValidationError(field: "", reason: "each event must be a JSON object")
         }
@@ -150,35 +266,22 @@ struct CompatRoutes: Sendable {
             throw ValidationError(field: field, reason: JSONBody.nulReason)
         }
         let event = JSONBody(object: object)
-        let type = try event.requiredString("type")
-        let outcome: Outcome
-        switch type {
+        switch try event.requiredString("type") {
         case "identify":
-            outcome = try await identify(event, caller: caller)
+            let userID = try Identifiers.personID(event.requiredString("userId", maxLength: 256), field: "userId")
+            let traits = try event.objectValue("traits")
+            let email = try traits.flatMap {
+                try JSONBody(object: $0.objectValue!, path: "traits").string("email", maxLength: 320)
+            }
+            return .identify(person: userID, email: try RegistryRoutes.email(email), traits: traits)
         case "track":
-            outcome = try await track(event, caller: caller)
+            return try track(event)
         default:
-            outcome = .ignored
+            return .ignored
         }
-        events.inc(1, [Self.typeLabel(value), outcome == .applied ? "applied" : "ignored"])
-        return outcome
     }
 
-    func identify(_ event: JSONBody, caller: Caller) async throws -> Outcome {
-        let tenant = caller.tenant
-        let userID = try Identifiers.personID(event.requiredString("userId", maxLength: 256), field: "userId")
-        try await identity.check(caller.request, caller.principal, about: [userID])
-        let traits = try event.objectValue("traits")
-        let email = try traits.flatMap {
-            try JSONBody(object: $0.objectValue!, path: "traits").string("email", maxLength: 320)
-        }
-        _ = try await registry.upsertPerson(
-            tenant: tenant, id: userID, email: try RegistryRoutes.email(email), attributes: traits)
-        return .applied
-    }
-
-    func track(_ event: JSONBody, caller: Caller) async throws -> Outcome {
-        let tenant = caller.tenant
+    static func track(_ event: JSONBody) throws -> Change {
         let name = try event.requiredString("event", maxLength: 200)
         let properties = try event.nested("properties") ?? JSONBody(object: [:], path: "properties")
         switch name {
@@ -189,16 +292,13 @@ struct CompatRoutes: Sendable {
             let token = try Identifiers.deviceToken(
                 device.requiredString("token", maxLength: 4096), platform: platform, field: "context.device.token")
             let userID = try Identifiers.personID(event.requiredString("userId", maxLength: 256), field: "userId")
-            try await identity.check(caller.request, caller.principal, about: [userID])
-            _ = try await registry.upsertDevice(
-                tenant: tenant,
+            return .device(
                 DeviceRegistration(
                     personID: userID, token: token, platform: platform,
                     appID: try (context?.nested("app"))?.string("namespace", maxLength: 255),
                     osVersion: try Self.loose(properties, "device_os") ?? (try device.string("version", maxLength: 64)),
                     appVersion: try Self.loose(properties, "app_version"),
                     attributes: .object(properties.object)))
-            return .applied
 
         case "Device Deleted":
             let context = try event.nested("context")
@@ -207,16 +307,10 @@ struct CompatRoutes: Sendable {
                 device.requiredString("token", maxLength: 4096), field: "context.device.token")
             // Only the owner may delete a device: without a userId anyone holding the public sdk key could.
             let userID = try Identifiers.personID(event.requiredString("userId", maxLength: 256), field: "userId")
-            try await identity.check(caller.request, caller.principal, about: [userID])
-            do {
-                try await registry.deleteDevice(tenant: tenant, personID: userID, token: token)
-            } catch is NotFound {
-                return .ignored  // already gone: deleting twice is not an error for the SDK
-            }
-            return .applied
+            return .deleteDevice(person: userID, token: token)
 
         case "Live Notification Token":
-            return try await liveNotificationToken(event, properties, caller: caller)
+            return .token(try liveNotificationToken(event, properties))
 
         case "Live Notification Event":
             let instanceID = try Identifiers.instanceID(
@@ -234,37 +328,30 @@ struct CompatRoutes: Sendable {
             }
             let deviceToken = try Identifiers.anyDeviceToken(
                 properties.requiredString("deviceId", maxLength: 4096), field: "properties.deviceId")
-            try await identity.check(caller.request, caller.principal) {
-                [try await registry.deviceOwner(tenant: tenant, token: deviceToken)]
-            }
-            let at = try event.timestamp("timestamp") ?? Date()
-            try await registry.recordEvent(
-                tenant: tenant, instanceID: instanceID, event: lifecycle, deviceToken: deviceToken, at: at,
+            return .lifecycle(
+                instanceID: instanceID, event: lifecycle, deviceToken: deviceToken,
+                at: try event.timestamp("timestamp") ?? Date(),
                 contentState: try RegistryRoutes.eventContentState(
                     properties.objectValue("contentState"), field: "properties.contentState"))
-            return .applied
 
         case "Report Delivery Event":
             let metric = try properties.requiredEnum("metric", DeliveryMetric.self)
             let deliveryID =
                 try properties.string("deliveryId", maxLength: 128) ?? event.string("anonymousId", maxLength: 128)
             guard let deliveryID else { throw ValidationError.missing("properties.deliveryId") }
-            try await RegistryRoutes.verifyDeliveryToken(
-                properties.requiredString("deliveryToken", maxLength: 256), deliveryID: deliveryID,
-                field: "properties.deliveryToken", tenant: tenant, tenants: tenants)
-            _ = try await registry.recordMetric(
-                tenant: tenant, deliveryID: deliveryID, metric: metric,
-                recipient: try properties.string("recipient", maxLength: Identifiers.maxRecipientLength),
-                at: try event.timestamp("timestamp"))
-            return .applied
+            return .metric(
+                MetricChange(
+                    deliveryID: deliveryID, metric: metric,
+                    recipient: try properties.string("recipient", maxLength: Identifiers.maxRecipientLength),
+                    at: try event.timestamp("timestamp"),
+                    deliveryToken: try properties.requiredString("deliveryToken", maxLength: 256)))
 
         default:
             return .ignored
         }
     }
 
-    func liveNotificationToken(_ event: JSONBody, _ properties: JSONBody, caller: Caller) async throws -> Outcome {
-        let tenant = caller.tenant
+    static func liveNotificationToken(_ event: JSONBody, _ properties: JSONBody) throws -> TokenChange {
         let registrationType = try properties.requiredString("registrationType")
         let platform = try Self.platform(properties.string("platform") ?? "ios", field: "properties.platform")
         let deviceToken = try Identifiers.deviceToken(
@@ -272,15 +359,7 @@ struct CompatRoutes: Sendable {
         let userID = try event.string("userId", maxLength: 256).map { s throws(ValidationError) in
             try Identifiers.personID(s, field: "userId")
         }
-        // The event is about its userId and about the device's owner, if the device is registered.
-        try await identity.check(caller.request, caller.principal) {
-            [userID, try await registry.deviceOwner(tenant: tenant, token: deviceToken)]
-        }
-        // A token can arrive before the device event; register the device then, if we know its owner.
-        if try await registry.devicePlatform(tenant: tenant, token: deviceToken) == nil, let userID {
-            _ = try await registry.upsertDevice(
-                tenant: tenant, DeviceRegistration(personID: userID, token: deviceToken, platform: platform))
-        }
+        let registration: TokenChange.Registration
         switch registrationType {
         case "push_to_start":
             let activityType = try Identifiers.activityType(
@@ -291,10 +370,8 @@ struct CompatRoutes: Sendable {
                 try Identifiers.attributesType(s, field: "properties.attributesType")
             }
             guard let owner = userID else { throw ValidationError.missing("userId") }
-            _ = try await registry.registerPushToStart(
-                tenant: tenant, personID: owner, deviceToken: deviceToken, activityType: activityType, token: token,
-                attributesType: attributesType, profile: .customerio)
-            return .applied
+            registration = .pushToStart(
+                person: owner, activityType: activityType, token: token, attributesType: attributesType)
         case "instance":
             let instanceID = try Identifiers.instanceID(
                 properties.requiredString("cioInstanceId", maxLength: 128), field: "properties.cioInstanceId")
@@ -303,16 +380,62 @@ struct CompatRoutes: Sendable {
                 platform == .ios
                 ? try Identifiers.apnsToken(raw, field: "properties.instanceToken")
                 : try Identifiers.fcmToken(raw, field: "properties.instanceToken")
-            guard
-                try await registry.deviceBelongsToInstance(
-                    tenant: tenant, instanceID: instanceID, deviceToken: deviceToken)
-            else { throw NotFound("instance") }
-            _ = try await registry.registerActivityToken(
-                tenant: tenant, instanceID: instanceID, deviceToken: deviceToken, token: token)
-            return .applied
+            registration = .instance(instanceID: instanceID, token: token)
         default:
             throw ValidationError(field: "properties.registrationType", reason: "must be push_to_start or instance")
         }
+        return TokenChange(person: userID, deviceToken: deviceToken, platform: platform, registration: registration)
+    }
+
+    /// Writes one validated event inside the request's transaction, after its identity check.
+    static func write(_ change: Change, _ registry: RegistryTransaction, _ identity: IdentityGuard.Verdict) throws
+        -> Outcome
+    {
+        switch change {
+        case .ignored:
+            return .ignored
+        case .identify(let person, let email, let traits):
+            try identity.check([person])
+            _ = try registry.upsertPerson(id: person, email: email, attributes: traits)
+        case .device(let registration):
+            try identity.check([registration.personID])
+            _ = try registry.upsertDevice(registration)
+        case .deleteDevice(let person, let token):
+            try identity.check([person])
+            do {
+                try registry.deleteDevice(personID: person, token: token)
+            } catch is NotFound {
+                return .ignored  // already gone, or not this person's: deleting twice is not an error for the SDK
+            }
+        case .token(let change):
+            // The event is about its userId and about the device's owner, if the device is registered.
+            let device = try registry.registeredDevice(token: change.deviceToken)
+            try identity.check([change.person, device?.personID])
+            // A token can arrive before the device event; register the device then, if we know its owner.
+            if device == nil, let person = change.person {
+                _ = try registry.upsertDevice(
+                    DeviceRegistration(personID: person, token: change.deviceToken, platform: change.platform))
+            }
+            switch change.registration {
+            case .pushToStart(let person, let activityType, let token, let attributesType):
+                _ = try registry.registerPushToStart(
+                    personID: person, deviceToken: change.deviceToken, activityType: activityType, token: token,
+                    attributesType: attributesType, profile: .customerio)
+            case .instance(let instanceID, let token):
+                // Only from a device of the instance's person (checked by the registration itself).
+                _ = try registry.registerActivityToken(
+                    instanceID: instanceID, deviceToken: change.deviceToken, token: token)
+            }
+        case .lifecycle(let instanceID, let event, let deviceToken, let at, let contentState):
+            try identity.check { [try registry.registeredDevice(token: deviceToken)?.personID] }
+            try registry.recordEvent(
+                instanceID: instanceID, event: event, deviceToken: deviceToken, at: at, contentState: contentState)
+        case .metric(let metric):
+            // Its delivery token was verified before the transaction.
+            _ = try registry.recordMetric(
+                deliveryID: metric.deliveryID, metric: metric.metric, recipient: metric.recipient, at: metric.at)
+        }
+        return .applied
     }
 
     static func platform(_ text: String, field: String) throws(ValidationError) -> Platform {

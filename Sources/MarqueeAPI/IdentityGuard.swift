@@ -36,22 +36,61 @@ struct IdentityGuard: Sendable {
     func check(
         _ request: HTTPRequest, _ principal: Principal, about people: () async throws -> [String?]
     ) async throws {
-        guard principal.kind == .sdk else { return }
+        let verdict = try await verdict(request, principal)
+        try verdict.check(verdict.needsPeople ? try await people() : [])
+    }
+
+    /// What the rule asks of one request, decided once: whether it applies and whose user token the request
+    /// carries. Checks against it need no I/O, so they can run inside a transaction (a Customer.io batch).
+    func verdict(_ request: HTTPRequest, _ principal: Principal) async throws -> Verdict {
+        guard principal.kind == .sdk else { return Verdict(state: .unchecked) }
         let keys = try await identityKeys(principal.tenantID)
-        guard keys.verification == .required else { return }
+        guard keys.verification == .required else { return Verdict(state: .unchecked) }
         guard let token = request.headers[Self.header]?.trimmingCharacters(in: .whitespaces), !token.isEmpty else {
-            throw Problems.userTokenRequired()
+            return Verdict(state: .refused(Problems.userTokenRequired()))
         }
         let date = now()
-        let claims: HS256.Claims
         do {
-            claims = try HS256.verify(
+            let claims = try HS256.verify(
                 token, secrets: keys.secrets(at: date), now: Int64(date.timeIntervalSince1970.rounded(.down)))
+            return Verdict(state: .subject(claims.subject))
         } catch {
-            throw Problems.userTokenInvalid(error)
+            return Verdict(state: .refused(Problems.userTokenInvalid(error)))
         }
-        for case let person? in try await people() where person != claims.subject {
-            throw Problems.userTokenWrongPerson()
+    }
+
+    /// The identity rule for one request (see `verdict`).
+    struct Verdict: Sendable {
+        enum State: Sendable {
+            /// Not an sdk key, or the tenant does not require verification.
+            case unchecked
+            /// Required, and the request has no valid user token: every write about a person is refused this way.
+            case refused(HTTPProblem)
+            /// Required, and the user token is valid for this person.
+            case subject(String)
+        }
+        let state: State
+
+        /// Whether `check` looks at the persons (so a caller need not look them up otherwise).
+        var needsPeople: Bool {
+            if case .subject = state { true } else { false }
+        }
+
+        /// Checks a write about `people` (nil entries are skipped).
+        func check(_ people: [String?]) throws {
+            switch state {
+            case .unchecked: return
+            case .refused(let problem): throw problem
+            case .subject(let subject):
+                for case let person? in people where person != subject {
+                    throw Problems.userTokenWrongPerson()
+                }
+            }
+        }
+
+        /// As above, with the persons found only when the check looks at them (e.g. a device's owner).
+        func check(_ people: () throws -> [String?]) throws {
+            try check(needsPeople ? people() : [])
         }
     }
 

@@ -117,22 +117,17 @@ struct RegistryRoutes: Sendable {
         let instanceID = try Identifiers.instanceID(request.pathParameters["instance_id"] ?? "")
         let deviceToken = try Identifiers.anyDeviceToken(
             request.pathParameters["device_token"] ?? "", field: "device_token")
-        try await identity.check(request, principal) {
-            [try await registry.deviceOwner(tenant: principal.tenantID, token: deviceToken)]
-        }
+        // Two round trips: the device (its owner for identity verification, its platform for the token's format),
+        // then the registration, which checks that the device is the instance's person's under the device's lock.
+        let device = try await registry.registeredDevice(tenant: principal.tenantID, token: deviceToken)
+        try await identity.check(request, principal, about: [device?.personID])
         let body = try JSONBody.parse(request)
         try body.rejectUnknown(["token"])
         let raw = try body.requiredString("token", maxLength: 4096)
-        guard let platform = try await registry.devicePlatform(tenant: principal.tenantID, token: deviceToken) else {
-            throw Problems.notFound("device")
-        }
+        guard let platform = device?.platform else { throw Problems.notFound("device") }
         let token =
             platform == .ios
             ? try Identifiers.apnsToken(raw, field: "token") : try Identifiers.fcmToken(raw, field: "token")
-        guard
-            try await registry.deviceBelongsToInstance(
-                tenant: principal.tenantID, instanceID: instanceID, deviceToken: deviceToken)
-        else { throw Problems.notFound("instance") }
         let result = try await registry.registerActivityToken(
             tenant: principal.tenantID, instanceID: instanceID, deviceToken: deviceToken, token: token)
         return .json(Self.registration(result, kind: "activity", token: token))
@@ -156,7 +151,7 @@ struct RegistryRoutes: Sendable {
         let deviceToken = try Identifiers.anyDeviceToken(
             body.requiredString("device_token", maxLength: 4096), field: "device_token")
         try await identity.check(request, principal) {
-            [try await registry.deviceOwner(tenant: principal.tenantID, token: deviceToken)]
+            [try await registry.registeredDevice(tenant: principal.tenantID, token: deviceToken)?.personID]
         }
         guard let at = try body.timestamp("at") else { throw ValidationError.missing("at") }
         let contentState = try Self.eventContentState(body.objectValue("content_state"), field: "content_state")
@@ -190,7 +185,14 @@ struct RegistryRoutes: Sendable {
     static func verifyDeliveryToken(
         _ presented: String, deliveryID: String, field: String, tenant: UUID, tenants: TenantStore
     ) async throws {
-        let secret = try await tenants.deliverySecret(tenant: tenant)
+        try verifyDeliveryToken(
+            presented, deliveryID: deliveryID, field: field, secret: try await tenants.deliverySecret(tenant: tenant))
+    }
+
+    /// As above, with the tenant's delivery secret already at hand (a batch reads it once).
+    static func verifyDeliveryToken(_ presented: String, deliveryID: String, field: String, secret: [UInt8])
+        throws(ValidationError)
+    {
         guard DeliveryTokens.verify(presented, deliveryID: deliveryID, secret: secret) else {
             throw ValidationError(field: field, reason: "does not match this delivery")
         }

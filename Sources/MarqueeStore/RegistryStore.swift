@@ -177,28 +177,7 @@ public struct RegistryStore: Sendable {
 
     /// Creates or updates a person. Absent fields keep their stored values; `attributes` replaces the object.
     public func upsertPerson(tenant: UUID, id: String, email: String?, attributes: JSONValue?) async throws -> Person {
-        try await database.tenantTransaction(tenant) { connection in
-            try Self.upsertPerson(connection, tenant: tenant, id: id, email: email, attributes: attributes)
-        }
-    }
-
-    static func upsertPerson(
-        _ connection: PostgresConnection, tenant: UUID, id: String, email: String?, attributes: JSONValue?
-    ) throws -> Person {
-        do {
-            let rows = try connection.query(
-                """
-                INSERT INTO people (tenant_id, id, email, attributes)
-                VALUES (\(tenant), \(id), \(email), COALESCE(\(attributes), '{}'::jsonb))
-                ON CONFLICT (tenant_id, id) DO UPDATE SET
-                    email = COALESCE(EXCLUDED.email, people.email),
-                    attributes = CASE WHEN \(attributes) IS NULL THEN people.attributes ELSE EXCLUDED.attributes END
-                RETURNING id, email, attributes, created_at, updated_at
-                """)
-            return try person(rows[0])
-        } catch let error as PostgresError where error.code == .uniqueViolation {
-            throw Conflict(field: "email", reason: "belongs to another person")
-        }
+        try await transaction(tenant: tenant) { try $0.upsertPerson(id: id, email: email, attributes: attributes) }
     }
 
     /// The person with every device and (masked) token.
@@ -315,139 +294,45 @@ public struct RegistryStore: Sendable {
     /// Registers a device for a person (creating the person if needed). A token registered before under someone
     /// else moves to this person: a device has one owner.
     public func upsertDevice(tenant: UUID, _ registration: DeviceRegistration) async throws -> Device {
-        try await database.tenantTransaction(tenant) { connection in
-            try connection.execute(
-                """
-                INSERT INTO people (tenant_id, id) VALUES (\(tenant), \(registration.personID))
-                ON CONFLICT (tenant_id, id) DO NOTHING
-                """)
-            let rows = try connection.query(
-                """
-                INSERT INTO devices (tenant_id, token, person_id, platform, app_id, os_version, app_version, attributes)
-                VALUES (\(tenant), \(registration.token), \(registration.personID), \(registration.platform.rawValue),
-                        \(registration.appID), \(registration.osVersion), \(registration.appVersion),
-                        COALESCE(\(registration.attributes), '{}'::jsonb))
-                ON CONFLICT (tenant_id, token) DO UPDATE SET
-                    person_id = EXCLUDED.person_id, platform = EXCLUDED.platform,
-                    app_id = COALESCE(EXCLUDED.app_id, devices.app_id),
-                    os_version = COALESCE(EXCLUDED.os_version, devices.os_version),
-                    app_version = COALESCE(EXCLUDED.app_version, devices.app_version),
-                    attributes = CASE WHEN \(registration.attributes) IS NULL THEN devices.attributes
-                                      ELSE EXCLUDED.attributes END
-                RETURNING \(unsafeRaw: Self.deviceColumns)
-                """)
-            return try Self.device(rows[0])
-        }
+        try await transaction(tenant: tenant) { try $0.upsertDevice(registration) }
     }
 
     /// Removes a device (and its tokens). With `personID`, only if it belongs to that person.
     public func deleteDevice(tenant: UUID, personID: String?, token: String) async throws {
-        let deleted = try await database.tenantTransaction(tenant) { connection in
-            if let personID {
-                return try connection.execute(
-                    "DELETE FROM devices WHERE tenant_id = \(tenant) AND token = \(token) AND person_id = \(personID)")
-            }
-            return try connection.execute("DELETE FROM devices WHERE tenant_id = \(tenant) AND token = \(token)")
-        }
-        if deleted == 0 { throw NotFound("device") }
-    }
-
-    /// The device's platform, or nil if it is not registered (to this person, when one is given).
-    public func devicePlatform(tenant: UUID, token: String, personID: String? = nil) async throws -> Platform? {
-        try await database.tenantTransaction(tenant) { connection in
-            try Self.devicePlatform(connection, tenant: tenant, token: token, personID: personID)
-        }
-    }
-
-    /// (Token registrations lock the device row themselves, inside their SQL functions, migration 0003.)
-    static func devicePlatform(_ connection: PostgresConnection, tenant: UUID, token: String, personID: String?) throws
-        -> Platform?
-    {
-        let rows = try connection.query(
-            """
-            SELECT platform FROM devices
-            WHERE tenant_id = \(tenant) AND token = \(token) AND (\(personID)::text IS NULL OR person_id = \(personID))
-            """)
-        guard let row = rows.first else { return nil }
-        return Platform(rawValue: try row.decode(String.self, "platform"))
+        try await transaction(tenant: tenant) { try $0.deleteDevice(personID: personID, token: token) }
     }
 
     // MARK: Tokens
 
-    /// The person a registered device belongs to, or nil if the token is not registered.
-    public func deviceOwner(tenant: UUID, token: String) async throws -> String? {
-        let rows = try await database.tenantStatement(
-            tenant, "SELECT person_id FROM devices WHERE tenant_id = \(tenant) AND token = \(token)")
-        return try rows.first?.decode(String.self, "person_id")
+    /// A registered device's owner and platform, or nil if the token is not registered (one round trip).
+    public func registeredDevice(tenant: UUID, token: String) async throws -> RegisteredDevice? {
+        try RegistryTransaction.registeredDevice(
+            try await database.tenantStatement(
+                tenant, RegistryTransaction.registeredDeviceQuery(tenant: tenant, token: token)))
     }
 
-    /// Registers the push-to-start token of a person's iOS device for an activity type. A different active token
-    /// for the same (device, type) is retired. Unknown types are created with permissive defaults.
-    ///
-    /// One statement (`marquee_register_push_to_start`, migration 0003), confined to the tenant by row-level
-    /// security like every other query.
+    /// Registers the push-to-start token of a person's iOS device for an activity type (see
+    /// `RegistryTransaction.registerPushToStart`), in one round trip: the SQL function confines itself to the tenant.
     public func registerPushToStart(
         tenant: UUID, personID: String, deviceToken: String, activityType: String, token: String,
         attributesType: String?, profile: PayloadProfile = .marquee
     ) async throws -> TokenRegistration {
-        let defaultAttributes = String(activityType.split(separator: ".").last ?? Substring(activityType))
-        let rows = try await retryingRace {
-            try await database.pool.query(
-                """
-                SELECT outcome, rotated, inserted FROM marquee_register_push_to_start(
-                    \(tenant), \(personID), \(deviceToken), \(activityType), \(token), \(attributesType),
-                    \(profile.rawValue), \(defaultAttributes))
-                """)
-        }
-        switch try rows[0].decode(String.self, "outcome") {
-        case "no_device": throw NotFound("device")
-        case "not_ios": throw Conflict(field: "device_token", reason: "push-to-start tokens exist only for iOS devices")
-        default: return try Self.registration(rows[0])
-        }
+        let query = RegistryTransaction.registerPushToStartQuery(
+            tenant: tenant, personID: personID, deviceToken: deviceToken, activityType: activityType, token: token,
+            attributesType: attributesType, profile: profile)
+        return try RegistryTransaction.pushToStartOutcome(
+            try await retryingRace { try await database.pool.query(query) })
     }
 
-    /// Whether `deviceToken` is a device of the person `instanceID` was started for (or the device it targets). The
-    /// sdk key is public, so an activity token or a lifecycle event for an instance is taken only from such a device:
-    /// otherwise anyone could attach their own token to a guessable instance ID and receive its updates.
-    public func deviceBelongsToInstance(tenant: UUID, instanceID: String, deviceToken: String) async throws -> Bool {
-        try await database.tenantTransaction(tenant) { connection in
-            try Self.deviceBelongsToInstance(
-                connection, tenant: tenant, instanceID: instanceID, deviceToken: deviceToken)
-        }
-    }
-
-    static func deviceBelongsToInstance(
-        _ connection: PostgresConnection, tenant: UUID, instanceID: String, deviceToken: String
-    ) throws -> Bool {
-        let rows = try connection.query(
-            """
-            SELECT 1 AS ok FROM instances i
-            JOIN devices d ON d.tenant_id = i.tenant_id AND d.token = \(deviceToken)
-            WHERE i.tenant_id = \(tenant) AND i.id = \(instanceID)
-              AND (d.person_id = i.person_id OR d.token = i.target_device)
-            """)
-        return !rows.isEmpty
-    }
-
-    /// Registers the per-activity token of a device for an instance; a different active token is retired.
+    /// Registers the per-activity token of a device of the instance's person (see
+    /// `RegistryTransaction.registerActivityToken`): one round trip, ownership checked in the same statement.
     public func registerActivityToken(tenant: UUID, instanceID: String, deviceToken: String, token: String)
         async throws -> TokenRegistration
     {
-        let rows = try await retryingRace {
-            try await database.pool.query(
-                """
-                SELECT outcome, rotated, inserted
-                FROM marquee_register_activity_token(\(tenant), \(instanceID), \(deviceToken), \(token))
-                """)
-        }
-        if try rows[0].decode(String.self, "outcome") == "no_device" { throw NotFound("device") }
-        return try Self.registration(rows[0])
-    }
-
-    static func registration(_ row: PostgresRow) throws -> TokenRegistration {
-        let rotated = try row.decode(Bool.self, "rotated")
-        let inserted = try row.decode(Bool.self, "inserted")
-        return TokenRegistration(rotated: rotated, unchanged: !inserted && !rotated)
+        let query = RegistryTransaction.registerActivityTokenQuery(
+            tenant: tenant, instanceID: instanceID, deviceToken: deviceToken, token: token)
+        return try RegistryTransaction.activityTokenOutcome(
+            try await retryingRace { try await database.pool.query(query) })
     }
 
     /// The tokens an update or end of `instanceID` goes to: every active per-activity token, and the FCM tokens of
@@ -494,35 +379,15 @@ public struct RegistryStore: Sendable {
 
     // MARK: Lifecycle events and delivery metrics
 
-    /// Records a lifecycle event and moves the device's state for the instance. `ended` and `dismissed` are final:
-    /// a later `updated` does not bring the device back. Older events never overwrite newer ones.
+    /// Records a lifecycle event and moves the device's state for the instance (see
+    /// `RegistryTransaction.recordEvent`).
     public func recordEvent(
         tenant: UUID, instanceID: String, event: LifecycleEvent, deviceToken: String, at: Date,
         contentState: JSONValue?
     ) async throws {
-        try await database.tenantTransaction(tenant) { connection in
-            guard try Self.devicePlatform(connection, tenant: tenant, token: deviceToken, personID: nil) != nil else {
-                throw NotFound("device")
-            }
-            guard
-                try Self.deviceBelongsToInstance(
-                    connection, tenant: tenant, instanceID: instanceID, deviceToken: deviceToken)
-            else { throw NotFound("instance") }
-            try connection.execute(
-                """
-                INSERT INTO activity_events (tenant_id, id, instance_id, device_token, event, at, content_state)
-                VALUES (\(tenant), \(UUID()), \(instanceID), \(deviceToken), \(event.rawValue), \(at), \(contentState))
-                """)
-            try connection.execute(
-                """
-                INSERT INTO instance_devices (tenant_id, instance_id, device_token, state, state_at, content_state)
-                VALUES (\(tenant), \(instanceID), \(deviceToken), \(event.rawValue), \(at), \(contentState))
-                ON CONFLICT (tenant_id, instance_id, device_token) DO UPDATE SET
-                    state = EXCLUDED.state, state_at = EXCLUDED.state_at,
-                    content_state = COALESCE(EXCLUDED.content_state, instance_devices.content_state)
-                WHERE instance_devices.state NOT IN ('ended', 'dismissed')
-                  AND instance_devices.state_at <= EXCLUDED.state_at
-                """)
+        try await transaction(tenant: tenant) {
+            try $0.recordEvent(
+                instanceID: instanceID, event: event, deviceToken: deviceToken, at: at, contentState: contentState)
         }
     }
 
@@ -530,15 +395,24 @@ public struct RegistryStore: Sendable {
     public func recordMetric(
         tenant: UUID, deliveryID: String, metric: DeliveryMetric, recipient: String?, at: Date?
     ) async throws -> Bool {
-        try await database.tenantTransaction(tenant) { connection in
-            let inserted = try connection.execute(
-                """
-                INSERT INTO delivery_metrics (tenant_id, id, delivery_id, metric, recipient, at)
-                VALUES (\(tenant), \(UUID()), \(deliveryID), \(metric.rawValue), \(recipient ?? ""),
-                        COALESCE(\(at), now()))
-                ON CONFLICT (tenant_id, delivery_id, recipient) WHERE metric = 'delivered' DO NOTHING
-                """)
-            return inserted > 0
+        try await transaction(tenant: tenant) {
+            try $0.recordMetric(deliveryID: deliveryID, metric: metric, recipient: recipient, at: at)
+        }
+    }
+
+    // MARK: Transactions
+
+    /// Runs `body` in one transaction confined to `tenant`: whatever it writes commits together, or (when it throws,
+    /// or the process dies first) not at all. A deadlock re-runs the whole body (the pool's transaction), and so does
+    /// a unique violation from two token registrations racing for the same (device, scope): `body` must be safe to
+    /// run again, which holds as long as it only uses `RegistryTransaction`.
+    public func transaction<T: Sendable>(
+        tenant: UUID, _ body: @escaping @Sendable (RegistryTransaction) throws -> T
+    ) async throws -> T {
+        try await retryingRace {
+            try await database.tenantTransaction(tenant) { connection in
+                try body(RegistryTransaction(connection, tenant: tenant))
+            }
         }
     }
 

@@ -50,7 +50,7 @@ struct CompatIngestTests {
         return 0
     }
 
-    @Test("a Customer.io SDK batch: every good event applied, the malformed one rejected by index")
+    @Test("a Customer.io SDK batch: all good events applied; with a malformed one, nothing, and a 422 naming it")
     func sdkBatch() async throws {
         let fixture = try await RegistryFixture.get()
         let api = fixture.api
@@ -114,22 +114,28 @@ struct CompatIngestTests {
                         deliveryID: delivery, secret: try await fixture.tenants.deliverySecret(tenant: tenant.uuid)),
                 ]),
         ]
-        let response = try await api.call(
+        // All or nothing: the malformed event fails the whole batch, naming its index, and nothing is kept.
+        let refused = try await api.call(
             "POST", "/v1/b", json: Self.envelope(events, writeKey: tenant.sdk),
+            headers: ["Authorization": tenant.basicSDK])
+        expectProblem(refused, 422, "invalid-token", field: "batch[6].properties.pushToStartToken")
+        #expect(try refused.json().string("index") == "6")
+        #expect(try refused.json().string("messageId") == malformed["messageId"] as? String)
+        #expect(!refused.text.contains("not-hex-"), "the bad token is not echoed")
+        expectProblem(try await api.call("GET", "/v1/people/\(user)", key: tenant.app), 404, "not-found")
+
+        // Without it, every event applies.
+        let response = try await api.call(
+            "POST", "/v1/b",
+            json: Self.envelope(
+                events.filter { $0["messageId"] as? String != malformed["messageId"] as? String }, writeKey: tenant.sdk),
             headers: ["Authorization": tenant.basicSDK])
         #expect(response.status == 200, "\(response.text)")
         let result = try response.json()
-        #expect(result["success"] as? Bool == false)
+        #expect(result["success"] as? Bool == true)
         #expect(result["applied"] as? Int == 7)
         #expect(result["ignored"] as? Int == 1, "Application Opened is counted, not rejected")
-        let rejected = result.array("rejected")
-        #expect(rejected.count == 1)
-        #expect(rejected.first?["index"] as? Int == 6)
-        #expect(rejected.first?.string("messageId") == malformed["messageId"] as? String)
-        #expect(rejected.first?.string("field") == "batch[6].properties.pushToStartToken")
-        #expect(rejected.first?.string("type") == "https://marquee.dev/problems/invalid-token")
-        #expect(rejected.first?["status"] as? Int == 422)
-        #expect(!response.text.contains("not-hex-"), "the bad token is not echoed")
+        #expect(result.array("rejected").isEmpty)
 
         // The registry, as the app API shows it.
         let person = try await api.call("GET", "/v1/people/\(user)", key: tenant.app)
@@ -197,32 +203,34 @@ struct CompatIngestTests {
             (#"marquee_ingest_events_total{type="track",outcome="applied"}"#, 8.0),
             (#"marquee_ingest_events_total{type="track",outcome="ignored"}"#, 1.0),
             (#"marquee_ingest_events_total{type="track",outcome="rejected"}"#, 1.0),
+            (#"marquee_ingest_events_total{type="track",outcome="discarded"}"#, 7.0),
+            (#"marquee_ingest_events_total{type="identify",outcome="discarded"}"#, 1.0),
         ] {
             #expect(Self.sample(after, series) - Self.sample(before, series) >= count, "\(series)")
         }
     }
 
-    @Test("events that are not objects or hold U+0000 are rejected by index; the others still apply")
+    @Test("events that are not objects, hold U+0000 or lack their type fail the batch by index; nothing applies")
     func oddEvents() async throws {
         let fixture = try await RegistryFixture.get()
         let api = fixture.api
         let tenant = try await api.createTenant()
         let user = Fake.id("odd")
-        let events: [Any] = [
-            ["not", "an", "event"],
-            Self.event("identify", userId: user + "\u{0}", properties: [:]),
-            Self.event("identify", userId: user, properties: ["email": user + "@example.com"]),
-            ["event": "Device Created or Updated"],
-        ]
+        let good = Self.event("identify", userId: user, properties: ["email": user + "@example.com"])
+        for (odd, field) in [
+            (["not", "an", "event"] as Any, "batch[1]"),
+            (Self.event("identify", userId: user + "\u{0}", properties: [:]), "batch[1].userId"),
+            (["event": "Device Created or Updated"], "batch[1].type"),
+        ] {
+            let response = try await api.call(
+                "POST", "/v1/b", key: tenant.sdk, json: ["batch": [good, odd], "sentAt": "2025-03-01T12:00:00.000Z"])
+            expectProblem(response, 422, field == "batch[1].type" ? "missing-field" : "invalid-field", field: field)
+            #expect(try response.json().string("detail")?.first?.isWhitespace == false)
+            expectProblem(try await api.call("GET", "/v1/people/\(user)", key: tenant.app), 404, "not-found")
+        }
         let response = try await api.call(
-            "POST", "/v1/b", key: tenant.sdk, json: ["batch": events, "sentAt": "2025-03-01T12:00:00.000Z"])
-        #expect(response.status == 200, "\(response.text)")
-        let result = try response.json()
-        #expect(result["applied"] as? Int == 1)
-        let rejected = result.array("rejected")
-        #expect(rejected.map { $0["index"] as? Int } == [0, 1, 3])
-        #expect(rejected.map { $0.string("field") } == ["batch[0]", "batch[1].userId", "batch[3].type"])
-        #expect(rejected.allSatisfy { ($0.string("detail") ?? "").first?.isWhitespace == false })
+            "POST", "/v1/b", key: tenant.sdk, json: ["batch": [good], "sentAt": "2025-03-01T12:00:00.000Z"])
+        #expect(try response.json()["applied"] as? Int == 1, "\(response.text)")
         #expect(try await api.call("GET", "/v1/people/\(user)", key: tenant.app).status == 200)
     }
 

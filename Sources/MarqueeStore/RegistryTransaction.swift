@@ -1,0 +1,225 @@
+import Foundation
+import MarqueeCore
+import PostgresClient
+
+/// A registered device as ownership checks see it.
+public struct RegisteredDevice: Sendable, Equatable {
+    /// The person the device belongs to.
+    public var personID: String
+    public var platform: Platform
+}
+
+/// The registry's writes (and the reads they depend on) on one open transaction confined to one tenant: the one home
+/// of their SQL. `RegistryStore`'s single-call methods run one of these each in a transaction of its own; a caller
+/// that must apply several changes atomically (a Customer.io batch) runs them all in one `RegistryStore.transaction`.
+///
+/// Not `Sendable`: it holds the transaction's connection and lives only inside the transaction's body.
+public struct RegistryTransaction {
+    let connection: PostgresConnection
+    /// The tenant the transaction is confined to (row-level security and every statement's `tenant_id`).
+    public let tenant: UUID
+
+    init(_ connection: PostgresConnection, tenant: UUID) {
+        self.connection = connection
+        self.tenant = tenant
+    }
+
+    // MARK: People and devices
+
+    /// Creates or updates a person. Absent fields keep their stored values; `attributes` replaces the object.
+    public func upsertPerson(id: String, email: String?, attributes: JSONValue?) throws -> Person {
+        do {
+            let rows = try connection.query(
+                """
+                INSERT INTO people (tenant_id, id, email, attributes)
+                VALUES (\(tenant), \(id), \(email), COALESCE(\(attributes), '{}'::jsonb))
+                ON CONFLICT (tenant_id, id) DO UPDATE SET
+                    email = COALESCE(EXCLUDED.email, people.email),
+                    attributes = CASE WHEN \(attributes) IS NULL THEN people.attributes ELSE EXCLUDED.attributes END
+                RETURNING id, email, attributes, created_at, updated_at
+                """)
+            return try RegistryStore.person(rows[0])
+        } catch let error as PostgresError where error.code == .uniqueViolation {
+            throw Conflict(field: "email", reason: "belongs to another person")
+        }
+    }
+
+    /// Registers a device for a person (creating the person if needed). A token registered before under someone
+    /// else moves to this person: a device has one owner.
+    public func upsertDevice(_ registration: DeviceRegistration) throws -> Device {
+        try connection.execute(
+            """
+            INSERT INTO people (tenant_id, id) VALUES (\(tenant), \(registration.personID))
+            ON CONFLICT (tenant_id, id) DO NOTHING
+            """)
+        let rows = try connection.query(
+            """
+            INSERT INTO devices (tenant_id, token, person_id, platform, app_id, os_version, app_version, attributes)
+            VALUES (\(tenant), \(registration.token), \(registration.personID), \(registration.platform.rawValue),
+                    \(registration.appID), \(registration.osVersion), \(registration.appVersion),
+                    COALESCE(\(registration.attributes), '{}'::jsonb))
+            ON CONFLICT (tenant_id, token) DO UPDATE SET
+                person_id = EXCLUDED.person_id, platform = EXCLUDED.platform,
+                app_id = COALESCE(EXCLUDED.app_id, devices.app_id),
+                os_version = COALESCE(EXCLUDED.os_version, devices.os_version),
+                app_version = COALESCE(EXCLUDED.app_version, devices.app_version),
+                attributes = CASE WHEN \(registration.attributes) IS NULL THEN devices.attributes
+                                  ELSE EXCLUDED.attributes END
+            RETURNING \(unsafeRaw: RegistryStore.deviceColumns)
+            """)
+        return try RegistryStore.device(rows[0])
+    }
+
+    /// Removes a device (and its tokens). With `personID`, only if it belongs to that person. Throws `NotFound`
+    /// when nothing was removed (which leaves the transaction usable).
+    public func deleteDevice(personID: String?, token: String) throws {
+        let deleted: Int
+        if let personID {
+            deleted = try connection.execute(
+                "DELETE FROM devices WHERE tenant_id = \(tenant) AND token = \(token) AND person_id = \(personID)")
+        } else {
+            deleted = try connection.execute("DELETE FROM devices WHERE tenant_id = \(tenant) AND token = \(token)")
+        }
+        if deleted == 0 { throw NotFound("device") }
+    }
+
+    /// A registered device's owner and platform, or nil if the token is not registered.
+    public func registeredDevice(token: String) throws -> RegisteredDevice? {
+        try Self.registeredDevice(try connection.query(Self.registeredDeviceQuery(tenant: tenant, token: token)))
+    }
+
+    static func registeredDeviceQuery(tenant: UUID, token: String) -> PostgresQuery {
+        "SELECT person_id, platform FROM devices WHERE tenant_id = \(tenant) AND token = \(token)"
+    }
+
+    static func registeredDevice(_ rows: PostgresRows) throws -> RegisteredDevice? {
+        guard let row = rows.first else { return nil }
+        let platform = try row.decode(String.self, "platform")
+        guard let known = Platform(rawValue: platform) else {
+            throw PostgresError(code: .decoding, context: "unknown device platform")
+        }
+        return RegisteredDevice(personID: try row.decode(String.self, "person_id"), platform: known)
+    }
+
+    // MARK: Tokens
+
+    /// Registers the push-to-start token of a person's iOS device for an activity type. A different active token
+    /// for the same (device, type) is retired. Unknown types are created with permissive defaults.
+    ///
+    /// One statement (`marquee_register_push_to_start`, migration 0003), confined to the tenant by row-level
+    /// security like every other query.
+    public func registerPushToStart(
+        personID: String, deviceToken: String, activityType: String, token: String, attributesType: String?,
+        profile: PayloadProfile = .marquee
+    ) throws -> TokenRegistration {
+        try Self.pushToStartOutcome(
+            try connection.query(
+                Self.registerPushToStartQuery(
+                    tenant: tenant, personID: personID, deviceToken: deviceToken, activityType: activityType,
+                    token: token, attributesType: attributesType, profile: profile)))
+    }
+
+    static func registerPushToStartQuery(
+        tenant: UUID, personID: String, deviceToken: String, activityType: String, token: String,
+        attributesType: String?, profile: PayloadProfile
+    ) -> PostgresQuery {
+        let defaultAttributes = String(activityType.split(separator: ".").last ?? Substring(activityType))
+        return """
+            SELECT outcome, rotated, inserted FROM marquee_register_push_to_start(
+                \(tenant), \(personID), \(deviceToken), \(activityType), \(token), \(attributesType),
+                \(profile.rawValue), \(defaultAttributes))
+            """
+    }
+
+    static func pushToStartOutcome(_ rows: PostgresRows) throws -> TokenRegistration {
+        switch try rows[0].decode(String.self, "outcome") {
+        case "no_device": throw NotFound("device")
+        case "not_ios": throw Conflict(field: "device_token", reason: "push-to-start tokens exist only for iOS devices")
+        default: return try registration(rows[0])
+        }
+    }
+
+    /// Registers the per-activity token of a device for an instance; a different active token is retired.
+    ///
+    /// The device must be one of the instance's person's (or the device the instance targets): the sdk key is
+    /// public, so otherwise anyone could attach their own token to a guessable instance ID and receive its updates.
+    /// The rule's one home is `marquee_device_belongs_to_instance` (migration 0013), checked under the device row's
+    /// lock by `marquee_register_instance_token`, in the same statement. Throws `NotFound("device")` for an unknown
+    /// device and `NotFound("instance")` for an unknown instance or one of another person (never told apart).
+    public func registerActivityToken(instanceID: String, deviceToken: String, token: String) throws
+        -> TokenRegistration
+    {
+        try Self.activityTokenOutcome(
+            try connection.query(
+                Self.registerActivityTokenQuery(
+                    tenant: tenant, instanceID: instanceID, deviceToken: deviceToken, token: token)))
+    }
+
+    static func registerActivityTokenQuery(tenant: UUID, instanceID: String, deviceToken: String, token: String)
+        -> PostgresQuery
+    {
+        """
+        SELECT outcome, rotated, inserted
+        FROM marquee_register_instance_token(\(tenant), \(instanceID), \(deviceToken), \(token))
+        """
+    }
+
+    static func activityTokenOutcome(_ rows: PostgresRows) throws -> TokenRegistration {
+        switch try rows[0].decode(String.self, "outcome") {
+        case "no_device": throw NotFound("device")
+        case "no_instance": throw NotFound("instance")
+        default: return try registration(rows[0])
+        }
+    }
+
+    static func registration(_ row: PostgresRow) throws -> TokenRegistration {
+        let rotated = try row.decode(Bool.self, "rotated")
+        let inserted = try row.decode(Bool.self, "inserted")
+        return TokenRegistration(rotated: rotated, unchanged: !inserted && !rotated)
+    }
+
+    // MARK: Lifecycle events and delivery metrics
+
+    /// Records a lifecycle event and moves the device's state for the instance. `ended` and `dismissed` are final:
+    /// a later `updated` does not bring the device back. Older events never overwrite newer ones. Only a device of
+    /// the instance's person may report (`marquee_device_belongs_to_instance`, as for activity tokens): otherwise
+    /// `NotFound("instance")`; an unknown device is `NotFound("device")`.
+    public func recordEvent(
+        instanceID: String, event: LifecycleEvent, deviceToken: String, at: Date, contentState: JSONValue?
+    ) throws {
+        let check = try connection.query(
+            """
+            SELECT EXISTS (SELECT 1 FROM devices WHERE tenant_id = \(tenant) AND token = \(deviceToken)) AS known,
+                   marquee_device_belongs_to_instance(\(tenant), \(instanceID), \(deviceToken)) AS owned
+            """)
+        guard try check[0].decode(Bool.self, "known") else { throw NotFound("device") }
+        guard try check[0].decode(Bool.self, "owned") else { throw NotFound("instance") }
+        try connection.execute(
+            """
+            INSERT INTO activity_events (tenant_id, id, instance_id, device_token, event, at, content_state)
+            VALUES (\(tenant), \(UUID()), \(instanceID), \(deviceToken), \(event.rawValue), \(at), \(contentState))
+            """)
+        try connection.execute(
+            """
+            INSERT INTO instance_devices (tenant_id, instance_id, device_token, state, state_at, content_state)
+            VALUES (\(tenant), \(instanceID), \(deviceToken), \(event.rawValue), \(at), \(contentState))
+            ON CONFLICT (tenant_id, instance_id, device_token) DO UPDATE SET
+                state = EXCLUDED.state, state_at = EXCLUDED.state_at,
+                content_state = COALESCE(EXCLUDED.content_state, instance_devices.content_state)
+            WHERE instance_devices.state NOT IN ('ended', 'dismissed')
+              AND instance_devices.state_at <= EXCLUDED.state_at
+            """)
+    }
+
+    /// Records a delivery metric. `delivered` counts once per (delivery, recipient): returns false for a repeat.
+    public func recordMetric(deliveryID: String, metric: DeliveryMetric, recipient: String?, at: Date?) throws -> Bool {
+        let inserted = try connection.execute(
+            """
+            INSERT INTO delivery_metrics (tenant_id, id, delivery_id, metric, recipient, at)
+            VALUES (\(tenant), \(UUID()), \(deliveryID), \(metric.rawValue), \(recipient ?? ""),
+                    COALESCE(\(at), now()))
+            ON CONFLICT (tenant_id, delivery_id, recipient) WHERE metric = 'delivered' DO NOTHING
+            """)
+        return inserted > 0
+    }
+}
