@@ -48,7 +48,8 @@ public enum ProcessMetrics {
         guard let stat = try? String(contentsOfFile: "/proc/self/stat", encoding: .utf8),
             let boot = bootTime()
         else { return nil }
-        return parse(stat: stat, bootTime: boot, ticksPerSecond: Double(sysconf(Int32(_SC_CLK_TCK))),
+        return parse(
+            stat: stat, bootTime: boot, ticksPerSecond: Double(sysconf(Int32(_SC_CLK_TCK))),
             pageSize: Double(sysconf(Int32(_SC_PAGESIZE))))
     }
 

@@ -125,7 +125,9 @@ struct MetricsTests {
         ProcessMetrics.register(in: registry)
         let text = registry.exposition()
         func value(_ name: String) -> Double? {
-            text.split(separator: "\n").first { $0.hasPrefix(name + " ") }.flatMap { Double($0.split(separator: " ")[1]) }
+            text.split(separator: "\n").first { $0.hasPrefix(name + " ") }.flatMap {
+                Double($0.split(separator: " ")[1])
+            }
         }
         #expect(try #require(value("process_resident_memory_bytes")) > 1_000_000)
         #expect(try #require(value("process_open_fds")) >= 3)
