@@ -90,9 +90,22 @@ prom_port=$(free_port)
 export MARQUEE_MASTER_KEY
 MARQUEE_MASTER_KEY=$(head -c 32 /dev/urandom | base64)
 DATABASE_URL=$owner_url "$bin" migrate >"$work/migrate.log" 2>&1
+sim_port=$(free_port)
+Deploy/local/demo-keys.sh "$work/keys" >/dev/null
+MARQUEE_SIM_LISTEN=127.0.0.1:$sim_port MARQUEE_SIM_CA_OUT="$work/sim-ca.pem" MARQUEE_SIM_KEYS="$work/keys/apns-keys.json" \
+  "$bin" simulate apns >"$work/sim.log" 2>&1 &
+pids+=($!)
+export MARQUEE_PROVIDER_HOSTS="127.0.0.1:$sim_port" MARQUEE_ADMIN_TOKEN
+MARQUEE_ADMIN_TOKEN=$(head -c 24 /dev/urandom | base64 | tr -d '/+=')
 DATABASE_URL=$app_url MARQUEE_LISTEN=127.0.0.1:$api_port "$bin" serve >"$work/serve.log" 2>&1 &
 pids+=($!)
-DATABASE_URL=$app_url MARQUEE_METRICS_LISTEN=127.0.0.1:$metrics_port "$bin" worker >"$work/worker.log" 2>&1 &
+deadline=$((SECONDS + 30))
+until [ -s "$work/sim-ca.pem" ]; do
+  [ $SECONDS -lt $deadline ] || { fail "the APNs simulator did not start"; exit 1; }
+  sleep 0.1
+done
+DATABASE_URL=$app_url MARQUEE_METRICS_LISTEN=127.0.0.1:$metrics_port MARQUEE_CA_FILE="$work/sim-ca.pem" \
+  "$bin" worker >"$work/worker.log" 2>&1 &
 pids+=($!)
 # The shipped config, its discovery swapped for these two processes and a 1 s interval.
 sed -e "s#dns_sd_configs: \[{names: \[serve\].*#static_configs: [{targets: ['127.0.0.1:$api_port']}]#" \
@@ -111,16 +124,39 @@ until curl -sf "http://127.0.0.1:$api_port/readyz" >/dev/null && curl -sf "http:
   [ $SECONDS -lt $deadline ] || { fail "serve or worker did not start"; tail -5 "$work"/*.log >&2; exit 1; }
   sleep 0.2
 done
-# Some API traffic, so the request families have series (a 401 too).
-curl -s -o /dev/null "http://127.0.0.1:$api_port/v1/live_notifications/x" -H 'Authorization: Bearer nope' || true
+# Some API traffic, so the request families have series (a 401 too), and one activity started on an iPhone
+# through the simulator, so the delivery families have series.
+api="http://127.0.0.1:$api_port"
+curl -s -o /dev/null "$api/v1/live_notifications/x" -H 'Authorization: Bearer nope' || true
+json_pem() { awk 'BEGIN { ORS = "" } { gsub(/"/, "\\\""); print $0 "\\n" }' "$1"; }
+j='Content-Type: application/json'
+call() {  # what, then curl arguments: fails the test with the answer's body unless it is 2xx
+  local what=$1 out
+  shift
+  out=$(curl -s -w '\n%{http_code}' "$@") || true
+  [[ "${out##*$'\n'}" == 2?? ]] || fail "$what: ${out//$'\n'/ }"
+}
+app_key=$(curl -sf -X POST "$api/admin/v1/tenants" -H "Authorization: Bearer $MARQUEE_ADMIN_TOKEN" -H "$j" \
+  -d '{"name":"scrape"}' | sed -n 's/.*"app":"\([^"]*\)".*/\1/p')
+call "APNs credential upload" -X PUT "$api/v1/credentials/apns" -H "Authorization: Bearer $app_key" -H "$j" -d "{\"team_id\":\"DEMOTEAM01\",\"key_id\":\"DEMOKEY001\",\"bundle_id\":\"com.example.demo\",\"environment\":\"sandbox\",\"endpoint\":\"https://127.0.0.1:$sim_port\",\"private_key\":\"$(json_pem "$work/keys/demo-apns.p8")\"}"
+call "activity type" -X PUT "$api/v1/activity_types/com.example.delivery" -H "Authorization: Bearer $app_key" -H "$j" \
+  -d '{"attributes_type":"DeliveryAttributes","payload_profile":"marquee"}'
+iphone=$(printf 'a1%.0s' $(seq 1 32))
+call "device" -X PUT "$api/v1/people/ann/devices/$iphone" -H "Authorization: Bearer $app_key" -H "$j" \
+  -d '{"platform":"ios"}'
+call "push-to-start" -X PUT "$api/v1/people/ann/devices/$iphone/push_to_start/com.example.delivery" \
+  -H "Authorization: Bearer $app_key" -H "$j" -d "{\"token\":\"$(printf 'b2%.0s' $(seq 1 32))\"}"
+call "start" -X POST "$api/v1/live_notifications/start" -H "Authorization: Bearer $app_key" -H "$j" \
+  -d '{"identifiers":{"id":"ann"},"notification_type":"com.example.delivery","instance_id":"order-1","attributes":{"order":"1"},"content_state":{"status":"preparing"},"push_payload":{"alert":{"title":"Order","body":"Preparing"}}}'
 
 prom="http://127.0.0.1:$prom_port"
 query() { curl -sf --get "$prom/api/v1/query" --data-urlencode "query=$1"; }
 results() { python3 -c 'import json,sys; d=json.load(sys.stdin); print(len(d["data"]["result"]))'; }
 deadline=$((SECONDS + 90))
 until [ "$(query 'sum(up{job=~"marquee-api|marquee-worker"})' 2>/dev/null | python3 -c 'import json,sys; r=json.load(sys.stdin)["data"]["result"]; print(r[0]["value"][1] if r else 0)' 2>/dev/null)" = 2 ] \
-  && [ "$(query 'marquee_http_requests_total{status="401"}' 2>/dev/null | results 2>/dev/null)" -ge 1 ] 2>/dev/null; do
-  [ $SECONDS -lt $deadline ] || { fail "Prometheus never scraped both processes"; tail -5 "$work/prometheus.log" >&2; break; }
+  && [ "$(query 'marquee_http_requests_total{status="401"}' 2>/dev/null | results 2>/dev/null)" -ge 1 ] 2>/dev/null \
+  && [ "$(query 'marquee_deliveries_total{status="sent"}' 2>/dev/null | results 2>/dev/null)" -ge 1 ] 2>/dev/null; do
+  [ $SECONDS -lt $deadline ] || { fail "Prometheus never scraped both processes with a sent delivery"; tail -5 "$work/prometheus.log" >&2; break; }
   sleep 0.5
 done
 
@@ -151,6 +187,8 @@ check_series 'marquee_ready == 1' job
 check_series 'marquee_queue_due' job instance
 check_series 'marquee_queue_oldest_due_seconds' job instance
 check_series 'marquee_deliveries_claimed_total' job
+check_series 'marquee_deliveries_total{provider="apns",operation="start",status="sent"}' job instance
+check_series 'marquee_send_duration_seconds_bucket{provider="apns"}' le
 check_series 'marquee_open_connections' provider
 check_series 'marquee_inflight_streams' provider
 check_series 'marquee_group_commit_batches_total' job
