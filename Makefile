@@ -1,5 +1,5 @@
 # Marquee: the two commands the README promises, and a few helpers.
-.PHONY: run test build lint format deps bench-pg-bulk bench-http bench-transport bench-fanout bench-latency chaos clean
+.PHONY: run test test-deploy build lint format deps bench-pg-bulk bench-http bench-transport bench-fanout bench-latency chaos clean
 
 ## Build in release mode and run everything locally (private PostgreSQL under .data/).
 run:
@@ -8,6 +8,10 @@ run:
 ## Run the whole test suite against a throwaway PostgreSQL cluster.
 test:
 	@Deploy/local/test.sh
+
+## Check Deploy/: image packages, kustomize, systemd units, promtool, a real Prometheus scrape.
+test-deploy:
+	@Deploy/test-deploy.sh
 
 ## Install missing Debian packages.
 deps:

@@ -23,17 +23,10 @@ trap cleanup EXIT
 umask 077
 [ -s .data/master.key ] || head -c 32 /dev/urandom | base64 >.data/master.key
 [ -s .data/admin.token ] || head -c 24 /dev/urandom | base64 | tr -d '/+=' >.data/admin.token
-# Demo provider keys: an APNs .p8 and an FCM service-account key, trusted by the local simulators.
-[ -s .data/demo-apns.p8 ] || openssl ecparam -name prime256v1 -genkey -noout 2>/dev/null | openssl pkcs8 -topk8 -nocrypt >.data/demo-apns.p8
-[ -s .data/demo-fcm.pem ] || openssl genpkey -algorithm RSA -pkeyopt rsa_keygen_bits:2048 -out .data/demo-fcm.pem 2>/dev/null
 umask 022
+# Demo provider keys: an APNs .p8 and an FCM service-account key, trusted by the local simulators.
+Deploy/local/demo-keys.sh .data
 json_pem() { awk 'BEGIN { ORS = "" } { gsub(/"/, "\\\""); print $0 "\\n" }' "$1"; }
-cat >.data/apns-keys.json <<JSON
-{"DEMOKEY001": {"team_id": "DEMOTEAM01", "public_key": "$(openssl pkey -in .data/demo-apns.p8 -pubout | json_pem /dev/stdin)"}}
-JSON
-cat >.data/fcm-keys.json <<JSON
-{"marquee-demo@demo-project.iam.gserviceaccount.com": {"project_id": "demo-project", "public_key": "$(openssl pkey -in .data/demo-fcm.pem -pubout | json_pem /dev/stdin)"}}
-JSON
 
 MARQUEE_MASTER_KEY=$(cat .data/master.key)
 MARQUEE_ADMIN_TOKEN=$(cat .data/admin.token)

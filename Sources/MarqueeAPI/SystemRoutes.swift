@@ -9,12 +9,15 @@ public struct SystemRoutes: Sendable {
     private let migrator: Migrator
     private let metrics: MetricsRegistry
     private let logger: Logger
+    private let ready: Gauge
 
     public init(pool: PostgresPool, migrator: Migrator, metrics: MetricsRegistry, logger: Logger) {
         self.pool = pool
         self.migrator = migrator
         self.metrics = metrics
         self.logger = logger
+        self.ready = metrics.gauge(
+            "marquee_ready", help: "1 when this API process is ready (PostgreSQL answers, migrations current).")
     }
 
     /// Adds the three routes.
@@ -25,8 +28,10 @@ public struct SystemRoutes: Sendable {
         router.add(.GET, "/readyz") { request in
             try await readiness(request)
         }
-        router.add(.GET, "/metrics") { _ in
-            .text(metrics.exposition(), contentType: Exposition.contentType)
+        router.add(.GET, "/metrics") { request in
+            // Readiness is sampled at each scrape too, so an alert sees it without an orchestrator probing.
+            _ = try? await readiness(request)
+            return .text(metrics.exposition(), contentType: Exposition.contentType)
         }
     }
 
@@ -36,11 +41,13 @@ public struct SystemRoutes: Sendable {
         do {
             status = try await migrator.status()
         } catch {
+            ready.set(0)
             logger.warning(
                 "readiness: database check failed",
                 metadata: ["request.id": .string(request.requestID), "error": .string(String(describing: error))])
             throw Problems.databaseUnavailable()
         }
+        ready.set(status.isCurrent ? 1 : 0)
         guard status.isCurrent else {
             throw Problems.migrationsPending(status.pending.map(\.version), changed: status.changed)
         }

@@ -25,6 +25,7 @@ struct ServeCommand {
         let migrator = Migrator(pool: pool, migrations: migrations)
         let metrics = MetricsRegistry()
         let httpMetrics = HTTPMetrics(registry: metrics)
+        RuntimeMetrics.register(pool: pool, in: metrics)
 
         let keyRing = try Startup.keyRing(configuration, command: "serve")
 

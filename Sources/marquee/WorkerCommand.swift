@@ -27,6 +27,7 @@ struct WorkerCommand {
         let pool = PostgresPool(
             pgConfiguration, options: .init(maxConnections: max(4, configuration.workerLoops * 2 + 2)))
         let metrics = MetricsRegistry()
+        RuntimeMetrics.register(pool: pool, in: metrics)
         let worker = DeliveryWorker(
             pool: pool, listenerConfiguration: pgConfiguration,
             apns: APNsProvider(

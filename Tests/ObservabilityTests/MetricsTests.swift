@@ -104,3 +104,37 @@ struct MetricsTests {
         #expect(!MetricsRegistry.isValidName(""))
     }
 }
+
+@Suite struct ProcessMetricsTests {
+    @Test func parsesAStatLineWhoseCommandHasSpacesAndParentheses() throws {
+        // Fields 3… as the kernel writes them; utime 250, stime 150 ticks; starttime 1000 ticks; vsize; rss 30 pages.
+        let line =
+            "4242 (marquee (worker) x) S 1 4242 4242 0 -1 4194560 500 0 0 0 250 150 0 0 20 0 9 0 1000 "
+            + "123456789 30 18446744073709551615 1 1 0 0 0 0 0 4096 17988 0 0 0 17 1 0 0 0 0 0"
+        let sample = try #require(
+            ProcessMetrics.parse(stat: line, bootTime: 1_700_000_000, ticksPerSecond: 100, pageSize: 4096))
+        #expect(sample.cpuSeconds == 4)
+        #expect(sample.startTimeSeconds == 1_700_000_010)
+        #expect(sample.virtualBytes == 123_456_789)
+        #expect(sample.residentBytes == 30 * 4096)
+        #expect(ProcessMetrics.parse(stat: "4242 (x) S 1", bootTime: 0, ticksPerSecond: 100, pageSize: 4096) == nil)
+    }
+
+    @Test func exportsTheStandardFamiliesFromThisProcess() throws {
+        let registry = MetricsRegistry()
+        ProcessMetrics.register(in: registry)
+        let text = registry.exposition()
+        func value(_ name: String) -> Double? {
+            text.split(separator: "\n").first { $0.hasPrefix(name + " ") }.flatMap {
+                Double($0.split(separator: " ")[1])
+            }
+        }
+        #expect(try #require(value("process_resident_memory_bytes")) > 1_000_000)
+        #expect(try #require(value("process_open_fds")) >= 3)
+        #expect(try #require(value("process_max_fds")) >= 3)
+        #expect(try #require(value("process_cpu_seconds_total")) > 0)
+        let start = try #require(value("process_start_time_seconds"))
+        let now = Date().timeIntervalSince1970
+        #expect(start > now - 86_400 * 30 && start <= now + 5)
+    }
+}
