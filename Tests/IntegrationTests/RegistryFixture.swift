@@ -84,7 +84,10 @@ actor RegistryFixture {
         guard migrate.status == 0 else { throw TestFailure("marquee migrate failed:\n\(migrate.output)") }
         atexit { killFixtureChildren() }
         let serve = try await startServe(environment: env)
-        let pool = PostgresPool(try PostgresConfiguration(url: url), options: .init(maxConnections: 4))
+        // Shared by every registry suite running in parallel, some of whose tests hold a connection while a row lock
+        // keeps it waiting: room for all of them, with a longer wait than production's on a loaded machine.
+        let pool = PostgresPool(
+            try PostgresConfiguration(url: url), options: .init(maxConnections: 12, acquireTimeout: .seconds(30)))
         let keyRing = try SealingKeyRing.fromBase64(MarqueeProcess.masterKey)
         let database = TenantDatabase(pool: pool)
         return Running(
