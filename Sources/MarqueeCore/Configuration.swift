@@ -103,6 +103,9 @@ public struct MarqueeConfiguration: Sendable, Equatable {
     public var workerLeaseSeconds: Int
     /// `MARQUEE_APNS_CONNECTIONS`: HTTP/2 connections per APNs host per worker. Default 2.
     public var apnsConnections: Int
+    /// `MARQUEE_RETENTION_DAYS`: days lifecycle events, delivery metrics and finished instances are kept; 0 keeps
+    /// everything. Default 30.
+    public var retentionDays: Int
     /// `MARQUEE_RETRY_INITIAL_MS`: the first retry's delay ceiling. Default 8000.
     public var retryInitialMilliseconds: Int
     /// `MARQUEE_RETRY_MAX_ATTEMPTS`: attempts before a delivery fails. Default 10.
@@ -256,6 +259,7 @@ public struct MarqueeConfiguration: Sendable, Equatable {
         workerLoops = integer("MARQUEE_WORKER_LOOPS", default: 2, range: 1...64)
         workerLeaseSeconds = integer("MARQUEE_WORKER_LEASE_SECONDS", default: 60, range: 1...3600)
         apnsConnections = integer("MARQUEE_APNS_CONNECTIONS", default: 2, range: 1...64)
+        retentionDays = integer("MARQUEE_RETENTION_DAYS", default: 30, range: 0...3650)
         retryInitialMilliseconds = integer("MARQUEE_RETRY_INITIAL_MS", default: 8000, range: 10...600_000)
         retryMaxAttempts = integer("MARQUEE_RETRY_MAX_ATTEMPTS", default: 10, range: 1...100)
         migrationsDirectory = value("MARQUEE_MIGRATIONS_DIR")

@@ -213,13 +213,11 @@ public struct RegistryTransaction {
 
     /// Records a delivery metric. `delivered` counts once per (delivery, recipient): returns false for a repeat.
     public func recordMetric(deliveryID: String, metric: DeliveryMetric, recipient: String?, at: Date?) throws -> Bool {
-        let inserted = try connection.execute(
+        let rows = try connection.query(
             """
-            INSERT INTO delivery_metrics (tenant_id, id, delivery_id, metric, recipient, at)
-            VALUES (\(tenant), \(UUID()), \(deliveryID), \(metric.rawValue), \(recipient ?? ""),
-                    COALESCE(\(at), now()))
-            ON CONFLICT (tenant_id, delivery_id, recipient) WHERE metric = 'delivered' DO NOTHING
+            SELECT marquee_record_delivery_metric(\(tenant), \(deliveryID), \(metric.rawValue), \(recipient ?? ""),
+                                                  \(at)) AS recorded
             """)
-        return inserted > 0
+        return try rows[0].decode(Bool.self, "recorded")
     }
 }

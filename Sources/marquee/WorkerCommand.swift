@@ -49,6 +49,10 @@ struct WorkerCommand {
                     initialDelay: .milliseconds(configuration.retryInitialMilliseconds))),
             metrics: metrics, logger: logger)
 
+        let retention = RetentionService(
+            store: RetentionStore(pool: pool), configuration: .init(keepDays: configuration.retentionDays),
+            metrics: metrics, logger: logger)
+
         var router = Router()
         router.add(.GET, "/healthz") { _ in .json(["status": "ok"]) }
         router.add(.GET, "/metrics") { _ in .text(metrics.exposition(), contentType: Exposition.contentType) }
@@ -69,6 +73,7 @@ struct WorkerCommand {
         try await ServiceGroup(
             services: [
                 ("postgres.pool", pool), ("worker", ClosureService { try await worker.run() }),
+                ("retention", ClosureService { await retention.run() }),
                 ("metrics", metricsServer),
             ] + (roleGuard.map { [("database.role", $0)] } ?? []),
             configuration: .init(drainTimeout: .seconds(configuration.drainTimeoutSeconds + 5)),

@@ -19,7 +19,7 @@ struct RowLevelSecurityTests {
         let protected = try await fixture.pool.query(
             """
             SELECT c.relname::text AS name FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-            WHERE n.nspname = 'public' AND c.relkind = 'r' AND c.relrowsecurity
+            WHERE n.nspname = 'public' AND c.relkind IN ('r', 'p') AND c.relrowsecurity
             """
         ).map { try $0.decode(String.self, "name") }
         let withTenantColumn = try await fixture.pool.query(

@@ -1,0 +1,162 @@
+import Foundation
+import MarqueeStore
+import PostgresClient
+import Testing
+
+/// Retention (migration 0020) on a database of its own: a pass with the clock moved forward drops whole day
+/// partitions and purges finished instances, and would do the same to every other suite's rows on a shared database.
+@Suite("Retention")
+struct RetentionTests {
+    /// A fresh, migrated database; `owner` connects as its owner, `system` as the worker does (marquee_app with the
+    /// marquee_system role).
+    struct Database {
+        let owner: PostgresPool
+        let system: PostgresPool
+        let tenant = UUID()
+
+        static func make() async throws -> Database {
+            let url = try await TestEnvironment.makeDatabase()
+            let owner = PostgresPool(try PostgresConfiguration(url: url), options: .init(maxConnections: 2))
+            try await Migrator(
+                pool: owner, migrations: try MigrationFiles.load(directory: TestEnvironment.migrationsDirectory)
+            ).migrate()
+            var configuration = try PostgresConfiguration(url: TestEnvironment.appURL(url))
+            configuration.startupSettings["role"] = "marquee_system"
+            let database = Database(
+                owner: owner, system: PostgresPool(configuration, options: .init(maxConnections: 8)))
+            try await database.system.execute(
+                "INSERT INTO tenants (id, name, sealed_delivery_secret) VALUES (\(database.tenant), 'r', '\\x00')")
+            return database
+        }
+
+        func close() {
+            owner.close()
+            system.close()
+        }
+
+        func count(_ table: String) async throws -> Int {
+            try await system.query(PostgresQuery(unsafeSQL: "SELECT count(*)::int AS n FROM \(table)"))[0]
+                .decode(Int.self, "n")
+        }
+
+        func exists(_ relation: String) async throws -> Bool {
+            try await owner.query("SELECT to_regclass(\(relation)) IS NOT NULL AS e")[0].decode(Bool.self, "e")
+        }
+
+        /// An instance that ended (or expires) at `at`.
+        func instance(_ id: String, expiresAt: Date, endedAt: Date?) async throws {
+            try await system.execute(
+                """
+                INSERT INTO instances (tenant_id, id, activity_type, state, attributes, content_state,
+                                       content_timestamp, expires_at, ended_at)
+                VALUES (\(tenant), \(id), 'Order', \(endedAt == nil ? "active" : "ended"), '{}', '{}', 1,
+                        \(expiresAt), \(endedAt))
+                """)
+        }
+    }
+
+    static func day(_ date: Date) -> String {
+        let formatter = DateFormatter()
+        formatter.timeZone = TimeZone(identifier: "UTC")
+        formatter.locale = Locale(identifier: "en_US_POSIX")
+        formatter.dateFormat = "yyyyMMdd"
+        return formatter.string(from: date)
+    }
+
+    @Test("a pass 40 days on drops old day partitions, the DEFAULT partition's old rows and finished instances")
+    func clockMovedForward() async throws {
+        let db = try await Database.make()
+        defer { db.close() }
+        let now = Date()
+        let day: TimeInterval = 86_400
+        // Rows of today (today's partition) and of 5 days ago (no partition that old: the DEFAULT partition).
+        for receivedAt in [now, now - 5 * day] {
+            try await db.system.execute(
+                """
+                INSERT INTO activity_events (tenant_id, id, instance_id, device_token, event, at, received_at)
+                VALUES (\(db.tenant), \(UUID()), 'i', 'd', 'started', \(receivedAt), \(receivedAt))
+                """)
+            try await db.system.execute(
+                """
+                INSERT INTO delivery_metrics (tenant_id, id, delivery_id, metric, at, recorded_at)
+                VALUES (\(db.tenant), \(UUID()), 'x', 'opened', \(receivedAt), \(receivedAt))
+                """)
+        }
+        #expect(try await db.count("activity_events_default") == 1)
+        #expect(try await db.count("activity_events_\(Self.day(now))") == 1)
+        try await db.instance("ended-long-ago", expiresAt: now + 8 * 3600, endedAt: now)
+        try await db.instance("expired-long-ago", expiresAt: now + 8 * 3600, endedAt: nil)
+        try await db.instance("still-live-then", expiresAt: now + 45 * day, endedAt: nil)
+
+        let store = RetentionStore(pool: db.system)
+        // Today, keeping 30 days: nothing is old enough.
+        let first = try #require(try await store.apply(now: now, keepDays: 30))
+        #expect(first.partitionsDropped == 0 && first.instancesPurged == 0 && first.defaultRowsDeleted == 0)
+        #expect(try await db.count("activity_events") == 2)
+        // Once a day: a second pass the same day does nothing.
+        #expect(try await store.apply(now: now, keepDays: 30) == nil)
+
+        // 40 days on: the cutoff is 10 days after today.
+        let later = now + 40 * day
+        let report = try #require(try await store.apply(now: later, keepDays: 30))
+        #expect(report.cutoff.replacingOccurrences(of: "-", with: "") == Self.day(now + 10 * day))
+        // Yesterday to today+7 were made by the migration (9 days per table) and today's pass; all are before the
+        // cutoff except none: every one of them is dropped.
+        #expect(report.partitionsDropped >= 2 * 9)
+        #expect(report.defaultRowsDeleted == 2)
+        #expect(report.instancesPurged == 2)
+        #expect(try await db.count("activity_events") == 0)
+        #expect(try await db.count("delivery_metrics") == 0)
+        #expect(try await !db.exists("activity_events_\(Self.day(now))"))
+        #expect(try await !db.exists("delivery_metrics_\(Self.day(now))"))
+        // Partitions ahead of the new day exist and are protected like their parent.
+        let ahead = "activity_events_\(Self.day(later + 3 * day))"
+        #expect(try await db.exists(ahead))
+        let protected = try await db.owner.query(
+            "SELECT relrowsecurity AND relforcerowsecurity AS p FROM pg_class WHERE relname = \(ahead)")
+        #expect(try protected[0].decode(Bool.self, "p"))
+        let left = try await db.system.query("SELECT id FROM instances ORDER BY id")
+        #expect(try left.map { try $0.decode(String.self, "id") } == ["still-live-then"])
+    }
+
+    @Test("keeping 0 days keeps everything; partitions are still made ahead")
+    func keepEverything() async throws {
+        let db = try await Database.make()
+        defer { db.close() }
+        let now = Date() + 100 * 86_400
+        try await db.instance("old", expiresAt: Date(), endedAt: Date())
+        let report = try #require(try await RetentionStore(pool: db.system).apply(now: now, keepDays: 0))
+        #expect(report.partitionsDropped == 0 && report.instancesPurged == 0)
+        #expect(report.partitionsCreated == 2 * 9)
+        #expect(try await db.count("instances") == 1)
+        #expect(try await db.exists("delivery_metrics_\(Self.day(now))"))
+    }
+
+    @Test("`delivered` is recorded once per delivery and recipient, even when reports race")
+    func deliveredOnceUnderRace() async throws {
+        let db = try await Database.make()
+        defer { db.close() }
+        let results = try await withThrowingTaskGroup(of: Bool.self) { group in
+            for _ in 0..<8 {
+                group.addTask {
+                    try await db.system.transaction { connection in
+                        try connection.query(
+                            """
+                            SELECT marquee_record_delivery_metric(\(db.tenant), 'dlv', 'delivered', 'phone', NULL)
+                                AS recorded
+                            """)[0].decode(Bool.self, "recorded")
+                    }
+                }
+            }
+            return try await group.reduce(into: [Bool]()) { $0.append($1) }
+        }
+        #expect(results.filter { $0 }.count == 1)
+        // `opened` counts every time; another recipient is another `delivered`.
+        for (metric, recipient) in [("opened", "phone"), ("opened", "phone"), ("delivered", "watch")] {
+            let recorded = try await db.system.query(
+                "SELECT marquee_record_delivery_metric(\(db.tenant), 'dlv', \(metric), \(recipient), NULL) AS r")
+            #expect(try recorded[0].decode(Bool.self, "r"))
+        }
+        #expect(try await db.count("delivery_metrics") == 4)
+    }
+}
