@@ -194,6 +194,8 @@ check_series 'marquee_inflight_streams' provider
 check_series 'marquee_group_commit_batches_total' job
 check_series 'marquee_db_pool_connections' state job instance
 check_series 'marquee_db_pool_waiters' job
+check_series 'marquee_credentials{status="ok"}' provider job instance
+check_series 'marquee_retention_runs_total' outcome job
 check_series 'process_cpu_seconds_total{job="marquee-worker"}' instance
 check_series 'process_resident_memory_bytes{job="marquee-api"}' instance
 check_series 'process_open_fds' job

@@ -150,6 +150,14 @@ public final class Gauge: MetricFamily {
     /// Removes every series (for gauges recomputed from scratch on each collection).
     public func reset() { series.withLock { $0.removeAll() } }
 
+    /// Replaces every series at once, so that a scrape never sees the family half rebuilt.
+    public func replaceAll(_ values: [LabelValues: Double]) {
+        for labels in values.keys {
+            precondition(labels.count == labelNames.count, "\(name): expected labels \(labelNames)")
+        }
+        series.withLock { $0 = values }
+    }
+
     /// The current value of one series (0 if never set).
     public func value(_ labels: LabelValues = []) -> Double { series.withLock { $0[labels] ?? 0 } }
 

@@ -53,9 +53,15 @@ struct WorkerCommand {
             store: RetentionStore(pool: pool), configuration: .init(keepDays: configuration.retentionDays),
             metrics: metrics, logger: logger)
 
+        let credentialHealth = CredentialHealthSampler(pool: pool, metrics: metrics)
+
         var router = Router()
         router.add(.GET, "/healthz") { _ in .json(["status": "ok"]) }
-        router.add(.GET, "/metrics") { _ in .text(metrics.exposition(), contentType: Exposition.contentType) }
+        router.add(.GET, "/metrics") { _ in
+            // Credential state is read at each scrape (one small query), so the gauges are never stale.
+            try? await credentialHealth.sample()
+            return .text(metrics.exposition(), contentType: Exposition.contentType)
+        }
         let metricsServer = HTTPServer(
             configuration: .init(
                 host: configuration.metricsListen.host, port: configuration.metricsListen.port, threadCount: 1,

@@ -445,6 +445,11 @@ struct DeliveryTests {
         let reason = try await t.api.call("GET", "/v1/credentials/apns", key: t.tenant.app).json().string(
             "status_reason")
         #expect(reason == "InvalidProviderToken")
+        // The worker names the tenant in trouble (bounded: the oldest breaks only) and counts broken credentials.
+        let tenantLabel = #"provider="apns",tenant_id="\#(t.tenant.uuid.uuidString.lowercased())""#
+        let whileBroken = try await HTTP.get(worker.baseURL + "/metrics").text
+        #expect(whileBroken.contains("marquee_credential_broken{\(tenantLabel)}"))
+        #expect(!whileBroken.contains(#"marquee_credentials{provider="apns",status="broken"} 0"#))
         // Parked (out of the due index), not failed.
         var parked = false
         while clock.now < deadline + .seconds(15), !parked {
@@ -460,6 +465,7 @@ struct DeliveryTests {
         #expect(t.fixture.simulator.pushes(token: token).count == 1)
         let metrics = try await HTTP.get(worker.baseURL + "/metrics")
         #expect(metrics.text.contains(#"marquee_credentials_broken_total{provider="apns"} 1"#))
+        #expect(!metrics.text.contains("marquee_credential_broken{\(tenantLabel)}"))
     }
 
     @Test("GOAWAY mid-batch: nothing is lost and nothing is sent twice")
