@@ -192,6 +192,7 @@ check_series 'marquee_send_duration_seconds_bucket{provider="apns"}' le
 check_series 'marquee_open_connections' provider
 check_series 'marquee_inflight_streams' provider
 check_series 'marquee_group_commit_batches_total' job
+check_series 'marquee_group_commit_batch_size_bucket' le job
 check_series 'marquee_db_pool_connections' state job instance
 check_series 'marquee_db_pool_waiters' job
 check_series 'marquee_credentials{status="ok"}' provider job instance

@@ -42,7 +42,10 @@ public struct MarqueeAPI: Sendable {
             authenticator: authenticator, registry: registryStore, tenants: tenants, identity: identity,
             metrics: metrics, logger: logger)
         settings = SettingsRoutes(authenticator: authenticator, settings: settingsStore, identity: identity)
-        committer = GroupCommitter(pool: pool, configuration: groupCommit)
+        let batchSizes = metrics.histogram(
+            "marquee_group_commit_batch_size", help: "Requests per transaction of the lifecycle group committer.",
+            buckets: [1, 2, 4, 8, 16, 32, 64, 128, 256])
+        committer = GroupCommitter(pool: pool, configuration: groupCommit) { batchSizes.observe(Double($0)) }
         lifecycle = LifecycleRoutes(
             authenticator: authenticator, store: LiveActivityStore(database: database, committer: committer),
             now: { Date() })

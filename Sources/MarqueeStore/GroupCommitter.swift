@@ -51,10 +51,16 @@ public final class GroupCommitter: Sendable {
     private let pool: PostgresPool
     private let configuration: Configuration
     private let state = Mutex(State())
+    private let onBatch: @Sendable (_ statements: Int) -> Void
 
-    public init(pool: PostgresPool, configuration: Configuration = .init()) {
+    /// `onBatch` is told the size of every batch committed (for a histogram).
+    public init(
+        pool: PostgresPool, configuration: Configuration = .init(),
+        onBatch: @escaping @Sendable (_ statements: Int) -> Void = { _ in }
+    ) {
         self.pool = pool
         self.configuration = configuration
+        self.onBatch = onBatch
     }
 
     public var statistics: Statistics { state.withLock { $0.statistics } }
@@ -119,6 +125,7 @@ public final class GroupCommitter: Sendable {
                     $0.statistics.batches += 1
                     $0.statistics.statements += batch.count
                 }
+                onBatch(batch.count)
                 return
             }
         } catch {

@@ -1,0 +1,32 @@
+import Foundation
+import MarqueeStore
+import PostgresClient
+import Synchronization
+import Testing
+
+@Suite("Group commit")
+struct GroupCommitterTests {
+    @Test("every committed batch is reported with its size; the sizes add up to the statements")
+    func batchSizesAreReported() async throws {
+        let fixture = try await RegistryFixture.get()
+        let sizes = Mutex<[Int]>([])
+        let committer = GroupCommitter(
+            pool: fixture.pool, configuration: .init(writers: 1, maxBatch: 16, notifyChannel: nil)
+        ) { size in sizes.withLock { $0.append(size) } }
+        let tenant = UUID()
+        try await withThrowingTaskGroup(of: Int.self) { group in
+            for i in 0..<100 {
+                group.addTask {
+                    try await committer.submit(tenant: tenant, "SELECT \(i)::int AS n")[0].decode(Int.self, "n")
+                }
+            }
+            let total = try await group.reduce(0, +)
+            #expect(total == (0..<100).reduce(0, +))
+        }
+        let reported = sizes.withLock { $0 }
+        #expect(reported.reduce(0, +) == 100)
+        #expect(reported.allSatisfy { (1...16).contains($0) })
+        #expect(committer.statistics.batches == reported.count)
+        #expect(committer.statistics.statements == 100)
+    }
+}
