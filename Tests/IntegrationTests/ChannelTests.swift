@@ -5,6 +5,7 @@ import MarqueeCore
 import MarqueeDelivery
 import MarqueeSimulators
 import PostgresClient
+import Synchronization
 import Testing
 
 /// A database, an in-process APNs simulator, and `marquee serve` trusting the simulator's CA (channels are created at
@@ -165,6 +166,10 @@ struct ChannelTests {
         let deleted = try await t.api.call("DELETE", "/v1/channels/\(id)", key: t.tenant.app)
         #expect(deleted.status == 204, "\(deleted.text)")
         #expect(try await t.fixture.channelsAtApple(t.bundleID) == 1)
+        // Each request to Apple is logged with its apns-request-id; the provider token never is.
+        let log = t.fixture.serve.log
+        #expect(log.contains("apns.request_id") && log.contains("channel.create") && log.contains("channel.delete"))
+        #expect(!log.contains("bearer ") && !log.contains("eyJ"))
         expectProblem(try await t.api.call("GET", "/v1/channels/\(id)", key: t.tenant.app), 404, "not-found")
         expectProblem(try await t.api.call("DELETE", "/v1/channels/\(id)", key: t.tenant.app), 404, "not-found")
         expectProblem(try await t.api.call("GET", "/v1/channels/not-a-ulid", key: t.tenant.app), 404, "not-found")
@@ -216,6 +221,20 @@ struct ChannelTests {
         await #expect(throws: ChannelManagementError(.channelNotFound)) {
             try await client.delete(target, channelID: a)
         }
+        // An expired provider token is refreshed once, and the request retried.
+        let clock = Mutex(Date().addingTimeInterval(-7200))
+        let stale = APNsChannelTarget(
+            host: "127.0.0.1", port: fixture.simulator.port, bundleID: bundleID,
+            tokens: ProviderTokenCache(
+                teamID: fixture.teamID, keyID: fixture.keyID, key: fixture.key,
+                now: {
+                    clock.withLock { date in
+                        defer { date = Date() }
+                        return date
+                    }
+                }))
+        #expect(try await client.list(stale) == [b])
+        #expect(try #require(stale.tokens.issuedAt) > Date().addingTimeInterval(-600))
         // A host outside the allowlist is never connected to.
         let strict = APNsChannelClient(configuration: .init(caFile: fixture.caFile))
         await #expect(throws: ChannelManagementError(.unreachable(reason: "endpoint_not_allowed"))) {
