@@ -181,6 +181,7 @@ final class APNsCore: Sendable {
     let validator: APNsValidator
     let recorder: Recorder
     let faults: FaultInjector
+    let channels = APNsChannelRegistry()
     let now: @Sendable () -> Date
     /// Set once after init (the server needs the handler first); only read for statistics.
     let server = Mutex<HTTP2Server?>(nil)
@@ -195,6 +196,7 @@ final class APNsCore: Sendable {
     }
 
     func handle(_ request: HTTP2ServerRequest) async -> HTTP2ServerResponse {
+        if let answer = channels.answer(request, validator: validator, now: self.now()) { return answer }
         if request.path.hasPrefix("/_sim/") { return control(request) }
         let now = self.now()
         let push: APNsAcceptedPush

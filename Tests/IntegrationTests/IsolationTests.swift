@@ -1,5 +1,6 @@
 import Crypto
 import Foundation
+import MarqueeCore
 import MarqueeStore
 import PostgresClient
 import Testing
@@ -44,13 +45,16 @@ struct IsolationTests {
         var teamID: String
         var projectID: String
         var keyIDs: [String]
+        /// A's broadcast channel (ULID) and Apple's ID for it.
+        var channel: String
+        var apnsChannel: String
 
         /// Strings of A's that must never appear in an answer to B.
         var secrets: [String] {
             [
                 tenant.id, tenant.name, person, email, iphone, pixel, activityType, instance, teamID, projectID,
                 tenant.app,
-                tenant.sdk,
+                tenant.sdk, channel, apnsChannel,
             ] + keyIDs
         }
     }
@@ -120,10 +124,20 @@ struct IsolationTests {
         account["project_id"] = projectID
         try ok(await api.call("PUT", "/v1/credentials/fcm", key: tenant.app, json: ["service_account": account]))
         let keys = try await api.call("GET", "/admin/v1/tenants/\(tenant.id)/keys", key: MarqueeProcess.adminToken)
+        // A channel as the API records one after Apple created it (this fixture has no APNs to create it at).
+        let channel = ULIDGenerator.shared.next()
+        let apnsChannel = Data(SecureRandom.bytes(18)).base64EncodedString()
+        _ = try await ChannelStore(database: TenantDatabase(pool: fixture.pool)).insert(
+            tenant: tenant.uuid,
+            ChannelRecord(
+                id: channel.uuid, activityType: type, storagePolicy: .mostRecent, apnsChannelID: apnsChannel,
+                bundleID: "com.example.a", environment: "sandbox", createdAt: Date(), updatedAt: Date()),
+            idempotency: nil)
         return Seeded(
             tenant: tenant, person: person, email: email, iphone: iphone, pixel: pixel, activityType: type,
             instance: instance, delivery: delivery, recipient: iphone, teamID: teamID, projectID: projectID,
-            keyIDs: try keys.json().array("keys").compactMap { $0.string("id") })
+            keyIDs: try keys.json().array("keys").compactMap { $0.string("id") }, channel: channel.description,
+            apnsChannel: apnsChannel)
     }
 
     /// A's data as A sees it (timestamps included, so any write would show).
@@ -133,7 +147,8 @@ struct IsolationTests {
         for path in [
             "/v1/people/\(a.person)", "/v1/credentials/apns", "/v1/credentials/fcm", "/v1/activity_types",
             "/v1/activity_types/\(a.activityType)", "/v1/live_notifications/\(a.instance)",
-            "/v1/live_notifications/\(a.instance)/deliveries", "/v1/live_notifications",
+            "/v1/live_notifications/\(a.instance)/deliveries", "/v1/live_notifications", "/v1/channels",
+            "/v1/channels/\(a.channel)",
         ] {
             let response = try await api.call("GET", path, key: a.tenant.app)
             views.append("\(path) \(response.status) \(response.text)")
@@ -288,6 +303,19 @@ struct IsolationTests {
                     "content_state": ["step": 1], "instance_id": a.instance,
                     "push_payload": ["alert": ["title": "B", "body": "b"]],
                 ], expect: .invalid(field: "notification_type")),
+            // Broadcast channels: A's is invisible to B and cannot be deleted by B (at Apple or here). B's create
+            // names A's activity type, which B does not have.
+            Probe(method: "GET", path: "/v1/channels", key: b.app, expect: .noLeak),
+            Probe(
+                method: "GET", path: "/v1/channels/\(a.channel)", key: b.app,
+                expect: .notFound(control: "/v1/channels/\(ULIDGenerator.shared.next())")),
+            Probe(
+                method: "DELETE", path: "/v1/channels/\(a.channel)", key: b.app,
+                expect: .notFound(control: "/v1/channels/\(ULIDGenerator.shared.next())")),
+            Probe(
+                method: "POST", path: "/v1/channels", key: b.app,
+                body: ["activity_type": a.activityType, "storage_policy": "none"],
+                expect: .invalid(field: "activity_type")),
             // Metrics: B's report is B's own (not a duplicate of A's), and A's delivery token is not B's.
             Probe(
                 method: "POST", path: "/v1/deliveries/\(a.delivery)/metrics", key: b.sdk,

@@ -215,7 +215,8 @@ final class MarqueeProcess: Sendable {
             // Apple's and Google's hosts plus the simulators on loopback (any port): credentials may point there, in
             // serve and worker alike.
             "MARQUEE_PROVIDER_HOSTS":
-                "api.push.apple.com,api.sandbox.push.apple.com,fcm.googleapis.com,oauth2.googleapis.com,127.0.0.1",
+                "api.push.apple.com,api.sandbox.push.apple.com,api-manage-broadcast.push.apple.com,"
+                + "api-manage-broadcast.sandbox.push.apple.com,fcm.googleapis.com,oauth2.googleapis.com,127.0.0.1",
         ]
         env.merge(environment) { _, new in new }
         if !asOwner, ["serve", "worker"].contains(arguments.first ?? "") {
