@@ -17,6 +17,7 @@ public struct MarqueeAPI: Sendable {
     let lifecycle: LifecycleRoutes
     let settings: SettingsRoutes
     let channels: ChannelRoutes
+    let segments: SegmentRoutes
     /// The group committer of lifecycle writes (exposed for metrics).
     public let committer: GroupCommitter
 
@@ -47,6 +48,7 @@ public struct MarqueeAPI: Sendable {
         channels = ChannelRoutes(
             authenticator: authenticator, store: ChannelStore(database: database), manager: channelManager,
             now: { Date() })
+        segments = SegmentRoutes(authenticator: authenticator, store: SegmentStore(database: database))
         let batchSizes = metrics.histogram(
             "marquee_group_commit_batch_size", help: "Requests per transaction of the lifecycle group committer.",
             buckets: [1, 2, 4, 8, 16, 32, 64, 128, 256])
@@ -77,5 +79,6 @@ public struct MarqueeAPI: Sendable {
         lifecycle.register(in: &router)
         settings.register(in: &router)
         channels.register(in: &router)
+        segments.register(in: &router)
     }
 }

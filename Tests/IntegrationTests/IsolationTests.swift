@@ -48,13 +48,15 @@ struct IsolationTests {
         /// A's broadcast channel (ULID) and Apple's ID for it.
         var channel: String
         var apnsChannel: String
+        /// A's segment (its ID and name both A's).
+        var segment: String
 
         /// Strings of A's that must never appear in an answer to B.
         var secrets: [String] {
             [
                 tenant.id, tenant.name, person, email, iphone, pixel, activityType, instance, teamID, projectID,
                 tenant.app,
-                tenant.sdk, channel, apnsChannel,
+                tenant.sdk, channel, apnsChannel, segment,
             ] + keyIDs
         }
     }
@@ -133,11 +135,16 @@ struct IsolationTests {
                 id: channel.uuid, activityType: type, storagePolicy: .mostRecent, apnsChannelID: apnsChannel,
                 bundleID: "com.example.a", environment: "sandbox", createdAt: Date(), updatedAt: Date()),
             idempotency: nil)
+        let segment = Fake.id("seg")
+        try ok(
+            await api.call(
+                "PUT", "/v1/segments/\(segment)", key: tenant.app,
+                json: ["name": segment, "filter": ["email_domain": "a.example.com"]]))
         return Seeded(
             tenant: tenant, person: person, email: email, iphone: iphone, pixel: pixel, activityType: type,
             instance: instance, delivery: delivery, recipient: iphone, teamID: teamID, projectID: projectID,
             keyIDs: try keys.json().array("keys").compactMap { $0.string("id") }, channel: channel.description,
-            apnsChannel: apnsChannel)
+            apnsChannel: apnsChannel, segment: segment)
     }
 
     /// A's data as A sees it (timestamps included, so any write would show).
@@ -148,7 +155,7 @@ struct IsolationTests {
             "/v1/people/\(a.person)", "/v1/credentials/apns", "/v1/credentials/fcm", "/v1/activity_types",
             "/v1/activity_types/\(a.activityType)", "/v1/live_notifications/\(a.instance)",
             "/v1/live_notifications/\(a.instance)/deliveries", "/v1/live_notifications", "/v1/channels",
-            "/v1/channels/\(a.channel)",
+            "/v1/channels/\(a.channel)", "/v1/segments", "/v1/segments/\(a.segment)",
         ] {
             let response = try await api.call("GET", path, key: a.tenant.app)
             views.append("\(path) \(response.status) \(response.text)")
@@ -316,6 +323,17 @@ struct IsolationTests {
                 method: "POST", path: "/v1/channels", key: b.app,
                 body: ["activity_type": a.activityType, "storage_policy": "none"],
                 expect: .invalid(field: "activity_type")),
+            // Segments: A's is invisible to B, cannot be previewed or deleted by B; B's PUT under its ID is B's own.
+            Probe(method: "GET", path: "/v1/segments", key: b.app, expect: .noLeak),
+            Probe(
+                method: "GET", path: "/v1/segments/\(a.segment)", key: b.app,
+                expect: .notFound(control: "/v1/segments/\(Fake.id("none"))")),
+            Probe(
+                method: "POST", path: "/v1/segments/\(a.segment)/preview", key: b.app,
+                expect: .notFound(control: "/v1/segments/\(Fake.id("none"))/preview")),
+            Probe(
+                method: "DELETE", path: "/v1/segments/\(a.segment)", key: b.app,
+                expect: .notFound(control: "/v1/segments/\(Fake.id("none"))")),
             // Metrics: B's report is B's own (not a duplicate of A's), and A's delivery token is not B's.
             Probe(
                 method: "POST", path: "/v1/deliveries/\(a.delivery)/metrics", key: b.sdk,
@@ -358,6 +376,9 @@ struct IsolationTests {
             Probe(
                 method: "PUT", path: "/v1/people/\(a.person)/devices/\(a.iphone)", key: b.sdk,
                 body: ["platform": "ios"], expect: .own(200)),
+            Probe(
+                method: "PUT", path: "/v1/segments/\(a.segment)", key: b.app,
+                body: ["name": "b", "filter": ["has_device": [:] as [String: Any]]], expect: .own(201)),
             // Settings: B reads and changes only its own.
             Probe(method: "GET", path: "/v1/settings", key: b.app, expect: .noLeak),
             Probe(method: "POST", path: "/v1/settings/identity_secret", key: b.app, expect: .own(201)),
