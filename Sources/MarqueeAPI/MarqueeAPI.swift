@@ -18,6 +18,7 @@ public struct MarqueeAPI: Sendable {
     let settings: SettingsRoutes
     let channels: ChannelRoutes
     let segments: SegmentRoutes
+    let peopleImport: PeopleImportRoutes
     /// The group committer of lifecycle writes (exposed for metrics).
     public let committer: GroupCommitter
 
@@ -49,6 +50,7 @@ public struct MarqueeAPI: Sendable {
             authenticator: authenticator, store: ChannelStore(database: database), manager: channelManager,
             now: { Date() })
         segments = SegmentRoutes(authenticator: authenticator, store: SegmentStore(database: database))
+        peopleImport = PeopleImportRoutes(authenticator: authenticator, store: PeopleImportStore(database: database))
         let batchSizes = metrics.histogram(
             "marquee_group_commit_batch_size", help: "Requests per transaction of the lifecycle group committer.",
             buckets: [1, 2, 4, 8, 16, 32, 64, 128, 256])
@@ -80,5 +82,6 @@ public struct MarqueeAPI: Sendable {
         settings.register(in: &router)
         channels.register(in: &router)
         segments.register(in: &router)
+        peopleImport.register(in: &router)
     }
 }

@@ -28,6 +28,8 @@ struct IsolationTests {
         var key: String?
         var body: [String: Any]?
         var headers: [String: String] = [:]
+        /// A body that is not JSON (with its media type), instead of `body`.
+        var raw: (body: Data, contentType: String)? = nil
         var expect: Expectation
     }
 
@@ -376,6 +378,15 @@ struct IsolationTests {
             Probe(
                 method: "PUT", path: "/v1/people/\(a.person)/devices/\(a.iphone)", key: b.sdk,
                 body: ["platform": "ios"], expect: .own(200)),
+            // A bulk import naming A's person and device creates B's own.
+            Probe(
+                method: "POST", path: "/v1/people/import", key: b.app,
+                raw: (
+                    Data(
+                        #"{"id":"\#(a.person)","devices":[{"token":"\#(a.iphone)","platform":"ios"}]}"#
+                            .utf8),
+                    "application/x-ndjson"
+                ), expect: .own(200)),
             Probe(
                 method: "PUT", path: "/v1/segments/\(a.segment)", key: b.app,
                 body: ["name": "b", "filter": ["has_device": [:] as [String: Any]]], expect: .own(201)),
@@ -393,7 +404,8 @@ struct IsolationTests {
             let route = try #require(routes.resolve(probe.method, probe.path), "\(label) matches no route")
             covered.insert(route)
             let response = try await api.call(
-                probe.method, probe.path, key: probe.key, json: probe.body, headers: probe.headers)
+                probe.method, probe.path, key: probe.key, json: probe.body, body: probe.raw?.body,
+                contentType: probe.raw?.contentType, headers: probe.headers)
             #expect(response.status != 403, "\(label): never 403 across tenants")
             #expect(response.status < 500, "\(label): \(response.text)")
             // B may see back what B itself sent (its own person with the same ID), nothing else of A's.
@@ -401,7 +413,7 @@ struct IsolationTests {
                 probe.path
                 + (try probe.body.map {
                     String(decoding: try JSONSerialization.data(withJSONObject: $0), as: UTF8.self)
-                } ?? "")
+                } ?? "") + (probe.raw.map { String(decoding: $0.body, as: UTF8.self) } ?? "")
             for secret in a.secrets where !sent.contains(secret) {
                 #expect(!response.text.contains(secret), "\(label) mentions A's \(secret): \(response.text)")
             }
