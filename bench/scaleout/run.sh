@@ -18,5 +18,6 @@ for a in ${API_COUNTS:-1 2}; do
   else
     echo "api-update, $a APIs: $(grep -E '^sum:' "$out/scaleout-api-$a.txt") $(grep -E '^p50' "$out/scaleout-api-$a.txt" | tr '\n' ' ')"
   fi
+  grep -E "^deliveries committed" "$out/scaleout-api-$a.txt" | sed 's/^/  /'
   grep -E "^tps" "$out/scaleout-api-$a.txt" | sed 's/^/  pgbench (same run): /'
 done
