@@ -216,15 +216,17 @@ final class APNsCore: Sendable {
                 return injected(rule, push: push, now: now)
             }
         }
-        var record: [String: JSONValue] = [
-            "time": .string(HTTPText.timestamp(now)), "token": .string(push.token), "topic": .string(push.topic),
-            "push_type": .string("liveactivity"), "priority": .int(Int64(push.priority)),
-            "apns_id": .string(push.apnsID),
-            "key_id": .string(push.keyID), "team_id": .string(push.teamID), "payload": push.payload,
-        ]
-        if let expiration = push.expiration { record["expiration"] = .int(expiration) }
-        if let collapseID = push.collapseID { record["collapse_id"] = .string(collapseID) }
-        recorder.accept(token: push.token, record: .object(record))
+        recorder.accept(token: push.token) {
+            var record: [String: JSONValue] = [
+                "time": .string(HTTPText.timestamp(now)), "token": .string(push.token), "topic": .string(push.topic),
+                "push_type": .string("liveactivity"), "priority": .int(Int64(push.priority)),
+                "apns_id": .string(push.apnsID),
+                "key_id": .string(push.keyID), "team_id": .string(push.teamID), "payload": push.payload,
+            ]
+            if let expiration = push.expiration { record["expiration"] = .int(expiration) }
+            if let collapseID = push.collapseID { record["collapse_id"] = .string(collapseID) }
+            return .object(record)
+        }
         return HTTP2ServerResponse(
             status: 200, headers: [("apns-id", push.apnsID), ("apns-unique-id", UUID().uuidString.lowercased())])
     }

@@ -42,8 +42,14 @@ final class APNsValidator: Sendable {
     let bundlesByTeam: [String: Set<String>]
     let maxTokenAge: TimeInterval
     let clockSkew: TimeInterval
-    /// Provider tokens whose signature verified, by token text (bounded); claims are still checked each time.
-    private let verified = Mutex<[String: String]>([:])
+    /// Provider tokens whose signature verified, by token text (bounded), with the claims checked on every request:
+    /// a cache hit skips decoding the token (base64 and two JSON parses) as well as its signature.
+    private let verified = Mutex<[String: VerifiedToken]>([:])
+
+    struct VerifiedToken {
+        var keyID: String
+        var claims: [String: JSONValue]
+    }
 
     init(keys: [APNsSimulator.SigningKey], maxTokenAge: TimeInterval = 3600, clockSkew: TimeInterval = 60) {
         var byID: [String: APNsSimulator.SigningKey] = [:]
@@ -108,10 +114,17 @@ final class APNsValidator: Sendable {
 
     /// Checks `authorization: bearer <JWT>` and returns the key that signed it.
     func verifyProviderToken(authorization: String?, now: Date) throws(APNsRejection) -> APNsSimulator.SigningKey {
-        guard let authorization, !authorization.trimmingCharacters(in: .whitespaces).isEmpty else {
+        guard let authorization, !HTTPText.trimmed(authorization[...]).isEmpty else {
             throw APNsRejection(403, "MissingProviderToken", "no authorization header")
         }
-        guard let token = HTTPText.bearerToken(authorization), let jwt = UnverifiedJWT(token) else {
+        guard let token = HTTPText.bearerToken(authorization) else {
+            throw APNsRejection(403, "InvalidProviderToken", "authorization must be 'bearer <JWT>'")
+        }
+        if let known = verified.withLock({ $0[token] }), let key = keys[known.keyID] {
+            try Self.checkClaims(known.claims, teamID: key.teamID, now: now, maxAge: maxTokenAge, skew: clockSkew)
+            return key
+        }
+        guard let jwt = UnverifiedJWT(token) else {
             throw APNsRejection(403, "InvalidProviderToken", "authorization must be 'bearer <JWT>'")
         }
         guard jwt.header["alg"]?.stringValue == "ES256" else {
@@ -120,15 +133,12 @@ final class APNsValidator: Sendable {
         guard let keyID = jwt.header["kid"]?.stringValue, let key = keys[keyID] else {
             throw APNsRejection(403, "InvalidProviderToken", "the provider token's kid is unknown")
         }
-        let known = verified.withLock { $0[token] == keyID }
-        if !known {
-            guard (try? JWT.verify(token, verifier: key.publicKey)) != nil else {
-                throw APNsRejection(403, "InvalidProviderToken", "the provider token's signature does not verify")
-            }
-            verified.withLock { cache in
-                if cache.count >= 256 { cache.removeAll(keepingCapacity: true) }
-                cache[token] = keyID
-            }
+        guard (try? JWT.verify(token, verifier: key.publicKey)) != nil else {
+            throw APNsRejection(403, "InvalidProviderToken", "the provider token's signature does not verify")
+        }
+        verified.withLock { cache in
+            if cache.count >= 256 { cache.removeAll(keepingCapacity: true) }
+            cache[token] = VerifiedToken(keyID: keyID, claims: jwt.claims)
         }
         try Self.checkClaims(jwt.claims, teamID: key.teamID, now: now, maxAge: maxTokenAge, skew: clockSkew)
         return key
