@@ -101,15 +101,18 @@ final class APNsValidator: Sendable {
 
     /// The device token of `/3/device/<token>`: 404 BadPath for another path, 400 BadDeviceToken unless 64–200 hex.
     static func deviceToken(path: String) throws(APNsRejection) -> String {
-        let target = path.split(separator: "?", maxSplits: 1, omittingEmptySubsequences: false)[0]
-        guard target.hasPrefix(pathPrefix) else {
+        // Byte-level (this runs for every push): the path up to any query, after the prefix.
+        let utf8 = path.utf8
+        let end = utf8.firstIndex(of: UInt8(ascii: "?")) ?? utf8.endIndex
+        let target = utf8[utf8.startIndex..<end]
+        guard target.starts(with: pathPrefix.utf8) else {
             throw APNsRejection(404, "BadPath", "the path must be /3/device/<token>")
         }
-        let token = String(target.dropFirst(pathPrefix.count))
-        guard (64...200).contains(token.utf8.count), token.utf8.allSatisfy(\.isHexDigit) else {
+        let token = target.dropFirst(pathPrefix.utf8.count)
+        guard (64...200).contains(token.count), token.allSatisfy(\.isHexDigit) else {
             throw APNsRejection(400, "BadDeviceToken", "the device token must be 64 to 200 hexadecimal characters")
         }
-        return token
+        return String(Substring(token))
     }
 
     /// Checks `authorization: bearer <JWT>` and returns the key that signed it.
