@@ -159,7 +159,7 @@ final class APNsChannelRegistry: Sendable {
 
     static func echo(_ requestID: String?) -> String {
         requestID.flatMap { $0.utf8.count == 36 && UUID(uuidString: $0) != nil ? $0 : nil }
-            ?? UUID().uuidString.lowercased()
+            ?? SecureRandom.uuid().uuidString.lowercased()
     }
 
     private func control(_ request: HTTP2ServerRequest) -> HTTP2ServerResponse {

@@ -228,7 +228,8 @@ final class APNsCore: Sendable {
             return .object(record)
         }
         return HTTP2ServerResponse(
-            status: 200, headers: [("apns-id", push.apnsID), ("apns-unique-id", UUID().uuidString.lowercased())])
+            status: 200,
+            headers: [("apns-id", push.apnsID), ("apns-unique-id", SecureRandom.uuid().uuidString.lowercased())])
     }
 
     private func injected(_ rule: FaultRule, push: APNsAcceptedPush, now: Date) -> HTTP2ServerResponse {
@@ -260,7 +261,7 @@ final class APNsCore: Sendable {
     }
 
     static func error(_ rejection: APNsRejection, apnsID: String?) -> HTTP2ServerResponse {
-        let id = apnsID.flatMap { UUID(uuidString: $0) != nil ? $0 : nil } ?? UUID().uuidString
+        let id = apnsID.flatMap { UUID(uuidString: $0) != nil ? $0 : nil } ?? SecureRandom.uuid().uuidString
         return HTTPText.json(
             rejection.status, .object(["reason": .string(rejection.reason)]),
             headers: [("apns-id", id), ("x-sim-detail", rejection.detail)])

@@ -1,3 +1,4 @@
+import Crypto
 import Foundation
 import MarqueeCore
 import PostgresClient
@@ -203,7 +204,7 @@ public struct RegistryTransaction {
         try connection.execute(
             """
             INSERT INTO activity_events (tenant_id, id, instance_id, device_token, event, at, content_state)
-            VALUES (\(tenant), \(UUID()), \(instanceID), \(deviceToken), \(event.rawValue), \(at), \(contentState))
+            VALUES (\(tenant), \(SecureRandom.uuid()), \(instanceID), \(deviceToken), \(event.rawValue), \(at), \(contentState))
             """)
         try connection.execute(
             """
