@@ -52,6 +52,11 @@ for a in $(seq 0 $((apis - 1))); do
 done
 
 machine
+ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat" 2>/dev/null || echo 0; }
+busy() { awk '/^cpu / { print $2 + $3 + $4 + $7 + $8 }' /proc/stat; }
+api_cpu0=0
+for p in "${api_pids[@]}"; do api_cpu0=$((api_cpu0 + $(ticks "$p"))); done
+busy0=$(busy)
 before=$(psql -qtA "$DATABASE_URL" -c "SELECT count(*) FROM deliveries WHERE tenant_id = '$tenant'")
 if [ "$apis" = 1 ]; then
   echo "== wrk -t2 -c64 -d10s POST /v1/live_notifications/update (10k instances, 1 token each)"
@@ -68,7 +73,12 @@ else
   cat "$out"/api-update-wrk-*.txt | grep -E "Requests/sec|^p50"
   echo "sum: $(cat "$out"/api-update-wrk-*.txt | awk '/Requests\/sec/ { s += $2 } END { printf "%.0f", s }') requests/s"
 fi
+busy1=$(busy)
+api_cpu1=0
+for p in "${api_pids[@]}"; do api_cpu1=$((api_cpu1 + $(ticks "$p"))); done
 after=$(psql -qtA "$DATABASE_URL" -c "SELECT count(*) FROM deliveries WHERE tenant_id = '$tenant'")
+hz=$(getconf CLK_TCK)
+echo "CPU seconds during the run: API $(awk -v t=$((api_cpu1 - api_cpu0)) -v h="$hz" 'BEGIN { printf "%.1f", t / h }'), everything else (PostgreSQL, wrk, the OS) $(awk -v t=$((busy1 - busy0 - api_cpu1 + api_cpu0)) -v h="$hz" 'BEGIN { printf "%.1f", t / h }') of $(awk -v t=$((busy1 - busy0)) -v h="$hz" 'BEGIN { printf "%.1f", t / h }') busy"
 echo "deliveries committed during the run: $((after - before))"
 curl -s "http://$MARQUEE_LISTEN/metrics" | grep -E "^marquee_group_commit_(batches|statements)_total" || true
 echo "non-2xx in server logs: $(cat "$out"/api-update-serve-*.log | grep -c '"http.status":[45]' || true)"

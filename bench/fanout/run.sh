@@ -148,6 +148,12 @@ sleep 1  # LISTEN established
 
 machine
 echo "== $mode: $instances updates (one SQL transaction), $workers workers x $loops loops, batch $batch"
+# Where the CPU goes: each process's user + system ticks, and the whole machine's busy ticks, over the round.
+ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat" 2>/dev/null || echo 0; }
+busy() { awk '/^cpu / { print $2 + $3 + $4 + $7 + $8 }' /proc/stat; }
+declare -A cpu0
+for p in "${worker_pids[@]}" "$api" "$sim"; do cpu0[$p]=$(ticks "$p"); done
+busy0=$(busy)
 t0=$(enqueue)
 deadline=$(($(date +%s) + timeout))
 last=-1
@@ -170,6 +176,15 @@ echo "marquee: $ours pushes/s ($(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.2f
 echo "simulator: $(sim_stats "$sim_port" "$work/ca.pem")"
 for i in "${!worker_pids[@]}"; do echo "worker $((i + 1)) RSS: $(rss "${worker_pids[$i]}")"; done
 echo "API RSS: $(rss "$api"); simulator RSS: $(rss "$sim")"
+hz=$(getconf CLK_TCK)
+busy1=$(busy)
+ours_cpu=0
+for p in "${worker_pids[@]}" "$api" "$sim"; do ours_cpu=$((ours_cpu + $(ticks "$p") - ${cpu0[$p]})); done
+workers_cpu=0
+for p in "${worker_pids[@]}"; do workers_cpu=$((workers_cpu + $(ticks "$p") - ${cpu0[$p]})); done
+sim_cpu=$(($(ticks "$sim") - ${cpu0[$sim]}))
+echo "CPU seconds during the round: workers $(awk -v t=$workers_cpu -v h="$hz" 'BEGIN { printf "%.1f", t / h }'), simulator $(awk -v t=$sim_cpu -v h="$hz" 'BEGIN { printf "%.1f", t / h }'), everything else (PostgreSQL, psql polling, the OS) $(awk -v t=$((busy1 - busy0 - ours_cpu)) -v h="$hz" 'BEGIN { printf "%.1f", t / h }') of $(awk -v t=$((busy1 - busy0)) -v h="$hz" 'BEGIN { printf "%.1f", t / h }') busy"
+echo "per push: workers $(awk -v t=$workers_cpu -v h="$hz" -v n="$sent" 'BEGIN { printf "%.0f", t / h * 1e6 / n }') µs, simulator $(awk -v t=$sim_cpu -v h="$hz" -v n="$sent" 'BEGIN { printf "%.0f", t / h * 1e6 / n }') µs, rest $(awk -v t=$((busy1 - busy0 - ours_cpu)) -v h="$hz" -v n="$sent" 'BEGIN { printf "%.0f", t / h * 1e6 / n }') µs"
 echo "worker warnings/errors: $(cat "$work"/worker-*.log | grep -c '"level":"\(warning\|error\)"' || true)"
 for p in "${worker_pids[@]}"; do kill -TERM "$p"; done
 for p in "${worker_pids[@]}"; do wait "$p" || true; done

@@ -2,7 +2,8 @@
 # Marquee behind PgBouncer (Debian's 1.18) in transaction mode: does it work? Starts the bench cluster, PgBouncer in
 # front of it, `serve` through PgBouncer, and sends N concurrent writes (PUT activity types, each a transaction that
 # uses prepared statements). Prints the HTTP status counts and the database errors `serve` logged.
-#   MODE=transaction|session (default transaction), N (default 300), CONCURRENCY (default 16)
+#   MODE=transaction|session (default transaction), N (default 300), CONCURRENCY (default 16),
+#   POOL_SIZE (PgBouncer's default_pool_size, default 4; `serve` opens 8)
 source "$(dirname "$0")/../lib.sh"
 mode=${MODE:-transaction}
 n=${N:-300}
@@ -30,7 +31,7 @@ unix_socket_dir =
 auth_type = trust
 auth_file = $work/users.txt
 pool_mode = $mode
-default_pool_size = 4
+default_pool_size = ${POOL_SIZE:-4}
 max_client_conn = 200
 ; Marquee sends TimeZone, DateStyle and IntervalStyle (and the worker its role) in the \`options\` startup parameter,
 ; which 1.18 refuses outright; ignoring it loses those settings (see Deploy/SCALING.md).
