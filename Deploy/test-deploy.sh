@@ -184,8 +184,10 @@ check_series 'up{job="marquee-worker"} == 1' instance
 check_series 'marquee_http_requests_total' method route status job instance
 check_series 'marquee_http_request_duration_seconds_bucket' method route status le
 check_series 'marquee_ready == 1' job
-check_series 'marquee_queue_due' job instance
-check_series 'marquee_queue_oldest_due_seconds' job instance
+check_series 'marquee_queue_due' provider job instance
+check_series 'marquee_queue_oldest_due_seconds' provider job instance
+check_series 'marquee_queue_leased' provider job instance
+check_series 'marquee_delivery_latency_seconds_bucket{provider="apns"}' le job
 check_series 'marquee_deliveries_claimed_total' job
 check_series 'marquee_deliveries_total{provider="apns",operation="start",status="sent"}' job instance
 check_series 'marquee_send_duration_seconds_bucket{provider="apns"}' le

@@ -32,6 +32,10 @@ export DATABASE_URL
 export MARQUEE_TEST_PGDATA="$work/pg"
 echo "test: PostgreSQL at $DATABASE_URL" >&2
 
+# Temporary files of the tests (simulator CAs, records) live in the run's directory and go with it.
+mkdir -p "$work/tmp"
+export TMPDIR="$work/tmp"
+
 swift build --build-tests "$@"
 MARQUEE_BIN="$(swift build --show-bin-path)/marquee"
 export MARQUEE_BIN

@@ -146,6 +146,8 @@ final class RequestContext: Sendable {
         var body: [UInt8] = []
         var bytesIn = 0
         var tooLarge = false
+        /// The body limit of this request's route, once looked up (only for bodies over the server's default).
+        var bodyLimit: Int?
         var route: String?
         var status = 0
         var bytesOut = 0
@@ -517,13 +519,13 @@ final class ServerCore: Sendable {
                 s.requestID = RequestID.accept(headers["X-Request-Id"]) ?? RequestID.generate()
             }
             if let length = headers["Content-Length"].flatMap({ Int($0.trimmingCharacters(in: .whitespaces)) }),
-                length > configuration.maxBodySize
+                length > configuration.maxBodySize, length > bodyLimit(context)
             {
                 // Answer before the body is read (MHD then skips it and closes the connection); with
                 // `Expect: 100-continue` the client never sends it.
                 context.state.withLock { $0.tooLarge = true }
                 setReading(connection, false)
-                var response = HTTPResponse.problem(.payloadTooLarge(limit: configuration.maxBodySize))
+                var response = HTTPResponse.problem(.payloadTooLarge(limit: bodyLimit(context)))
                 response.headers["Connection"] = "close"
                 return queue(response, context: context, connection: connection)
             }
@@ -539,13 +541,30 @@ final class ServerCore: Sendable {
         }
     }
 
+    /// The largest body the request's route takes: its `BodyPolicy.maxSize`, else the server's `maxBodySize`.
+    /// Looked up only for bodies over the server's limit, once per request.
+    private func bodyLimit(_ context: RequestContext) -> Int {
+        let (known, method, headers) = context.state.withLock { ($0.bodyLimit, $0.method, $0.headers) }
+        if let known { return known }
+        var limit = configuration.maxBodySize
+        if case .matched(let match) = router.route(
+            HTTPRequest(method: method, target: context.target, headers: headers)),
+            let size = match.bodyPolicy.maxSize
+        {
+            limit = size
+        }
+        context.state.withLock { $0.bodyLimit = limit }
+        return limit
+    }
+
     private func receive(
         _ context: RequestContext, connection: OpaquePointer, upload: UnsafePointer<CChar>?,
         uploadSize: UnsafeMutablePointer<Int>
     ) -> Bool {
         let size = uploadSize.pointee
         if size > 0 {
-            let limit = configuration.maxBodySize
+            var limit = configuration.maxBodySize
+            if context.state.withLock({ $0.body.count }) + size > limit { limit = bodyLimit(context) }
             context.state.withLock { s in
                 s.bytesIn += size
                 guard !s.tooLarge else { return }
@@ -571,7 +590,7 @@ final class ServerCore: Sendable {
         }
         if snapshot.tooLarge {
             return queue(
-                .problem(.payloadTooLarge(limit: configuration.maxBodySize)), context: context,
+                .problem(.payloadTooLarge(limit: snapshot.bodyLimit ?? configuration.maxBodySize)), context: context,
                 connection: connection)
         }
         var request = HTTPRequest(

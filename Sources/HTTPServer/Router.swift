@@ -3,14 +3,30 @@ public typealias HTTPHandler = @Sendable (HTTPRequest) async throws -> HTTPRespo
 
 /// What a route accepts as a request body; checked centrally before the handler runs.
 public struct BodyPolicy: Sendable, Hashable {
-    private enum Kind: Hashable { case json, any }
+    private enum Kind: Hashable { case json, ndjson, any }
     private let kind: Kind
+    /// The route's largest body in bytes, when it differs from the server's `maxBodySize`.
+    public let maxSize: Int?
+
+    private init(kind: Kind, maxSize: Int? = nil) {
+        self.kind = kind
+        self.maxSize = maxSize
+    }
 
     /// A non-empty body must have a JSON `Content-Type` (`application/json` or `application/…+json`),
     /// otherwise the server answers 415 without calling the handler. The default.
     public static let json = BodyPolicy(kind: .json)
     /// Any body is passed to the handler as is.
     public static let any = BodyPolicy(kind: .any)
+
+    /// Newline-delimited JSON (`application/x-ndjson`, `application/ndjson` or `application/jsonl`), up to
+    /// `maxSize` bytes (which may exceed the server's `maxBodySize`: bulk routes take large bodies).
+    public static func ndjson(maxSize: Int) -> BodyPolicy { BodyPolicy(kind: .ndjson, maxSize: maxSize) }
+
+    /// The media types `.ndjson` accepts.
+    public static let ndjsonMediaTypes: Set<String> = [
+        "application/x-ndjson", "application/ndjson", "application/jsonl",
+    ]
 
     /// The problem to answer with before the handler runs, if any.
     func violation(for request: HTTPRequest) -> HTTPProblem? {
@@ -19,6 +35,11 @@ public struct BodyPolicy: Sendable, Hashable {
             return nil
         case .json:
             guard !request.body.isEmpty, !request.hasJSONContentType else { return nil }
+            return .unsupportedMediaType(contentType: request.headers["Content-Type"])
+        case .ndjson:
+            guard !request.body.isEmpty, !(request.mediaType.map(Self.ndjsonMediaTypes.contains) ?? false) else {
+                return nil
+            }
             return .unsupportedMediaType(contentType: request.headers["Content-Type"])
         }
     }

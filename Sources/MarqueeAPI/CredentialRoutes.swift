@@ -23,7 +23,9 @@ struct CredentialRoutes: Sendable {
     func putAPNs(_ request: HTTPRequest) async throws -> HTTPResponse {
         let principal = try await authenticator.require(request, kinds: [.app])
         let body = try JSONBody.parse(request)
-        try body.rejectUnknown(["team_id", "key_id", "private_key", "bundle_id", "environment", "endpoint"])
+        try body.rejectUnknown([
+            "team_id", "key_id", "private_key", "bundle_id", "environment", "endpoint", "management_endpoint",
+        ])
         let teamID = try Self.appleID(body.requiredString("team_id"), field: "team_id")
         let keyID = try Self.appleID(body.requiredString("key_id"), field: "key_id")
         let pem = try body.requiredString("private_key", maxLength: 16 * 1024)
@@ -41,11 +43,14 @@ struct CredentialRoutes: Sendable {
             throw ValidationError(field: "environment", reason: "must be sandbox or production")
         }
         let endpoint = try allowed(Self.httpsURL(body.string("endpoint"), field: "endpoint"), field: "endpoint")
+        let managementEndpoint = try allowed(
+            Self.httpsURL(body.string("management_endpoint"), field: "management_endpoint"),
+            field: "management_endpoint")
         let info = try await credentials.putAPNs(
             tenant: principal.tenantID,
             APNsCredentialInput(
                 teamID: teamID, keyID: keyID, privateKeyPEM: pem, bundleID: bundleID, environment: environment,
-                endpoint: endpoint))
+                endpoint: endpoint, managementEndpoint: managementEndpoint))
         return .json(Render.apns(info))
     }
 

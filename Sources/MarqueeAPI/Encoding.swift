@@ -36,7 +36,8 @@ public enum Render {
     static func apns(_ c: APNsCredentialInfo) -> JSONValue {
         .object([
             "team_id": .string(c.teamID), "key_id": .string(c.keyID), "bundle_id": .string(c.bundleID),
-            "environment": .string(c.environment), "endpoint": .from(c.endpoint), "status": .string(c.status),
+            "environment": .string(c.environment), "endpoint": .from(c.endpoint),
+            "management_endpoint": .from(c.managementEndpoint), "status": .string(c.status),
             "status_reason": .from(c.statusReason), "created_at": .from(c.createdAt), "updated_at": .from(c.updatedAt),
         ])
     }

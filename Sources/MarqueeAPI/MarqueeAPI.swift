@@ -16,13 +16,17 @@ public struct MarqueeAPI: Sendable {
     let compat: CompatRoutes
     let lifecycle: LifecycleRoutes
     let settings: SettingsRoutes
+    let channels: ChannelRoutes
+    let segments: SegmentRoutes
+    let peopleImport: PeopleImportRoutes
     /// The group committer of lifecycle writes (exposed for metrics).
     public let committer: GroupCommitter
 
     public init(
         pool: PostgresPool, migrator: Migrator, keyRing: SealingKeyRing, adminToken: String?,
         keyCacheTTL: Duration = .seconds(5), groupCommit: GroupCommitter.Configuration = .init(),
-        providerHosts: ProviderHosts = .standard, metrics: MetricsRegistry, logger: Logger
+        providerHosts: ProviderHosts = .standard, channelManager: (any BroadcastChannelManaging)? = nil,
+        metrics: MetricsRegistry, logger: Logger
     ) {
         let database = TenantDatabase(pool: pool)
         let tenants = TenantStore(database: database, keyRing: keyRing)
@@ -42,6 +46,11 @@ public struct MarqueeAPI: Sendable {
             authenticator: authenticator, registry: registryStore, tenants: tenants, identity: identity,
             metrics: metrics, logger: logger)
         settings = SettingsRoutes(authenticator: authenticator, settings: settingsStore, identity: identity)
+        channels = ChannelRoutes(
+            authenticator: authenticator, store: ChannelStore(database: database), manager: channelManager,
+            now: { Date() })
+        segments = SegmentRoutes(authenticator: authenticator, store: SegmentStore(database: database))
+        peopleImport = PeopleImportRoutes(authenticator: authenticator, store: PeopleImportStore(database: database))
         let batchSizes = metrics.histogram(
             "marquee_group_commit_batch_size", help: "Requests per transaction of the lifecycle group committer.",
             buckets: [1, 2, 4, 8, 16, 32, 64, 128, 256])
@@ -71,5 +80,8 @@ public struct MarqueeAPI: Sendable {
         compat.register(in: &router)
         lifecycle.register(in: &router)
         settings.register(in: &router)
+        channels.register(in: &router)
+        segments.register(in: &router)
+        peopleImport.register(in: &router)
     }
 }

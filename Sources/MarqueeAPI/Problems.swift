@@ -76,6 +76,7 @@ func problem(for error: any Error) -> HTTPProblem? {
     case let v as ValidationError: return Problems.validation(v)
     case let n as NotFound: return Problems.notFound(n.resource)
     case let c as Conflict: return Problems.conflict(field: c.field, reason: c.reason)
+    case let c as ChannelManagementError: return Problems.channel(c)
     case let p as PostgresError
     where p.code == .connectionFailed || p.code == .connectionLost || p.code == .poolTimeout:
         return Problems.databaseUnavailable()

@@ -167,21 +167,31 @@ struct RegistryRoutes: Sendable {
         guard let deliveryID = request.pathParameters["delivery_id"], (1...128).contains(deliveryID.utf8.count),
             deliveryID.utf8.allSatisfy({ $0 > 0x20 && $0 < 0x7F })
         else { throw ValidationError(field: "delivery_id", reason: "must be 1 to 128 printable characters") }
-        let body = try JSONBody.parse(request)
-        try body.rejectUnknown(["metric", "recipient", "delivery_token", "at"])
-        let metric = try body.requiredEnum("metric", DeliveryMetric.self)
-        let recipient = try body.string("recipient", maxLength: Identifiers.maxRecipientLength)
-        let at = try body.timestamp("at")
+        let (metric, recipient, at, token) = try Self.metricReport(request)
         try await Self.verifyDeliveryToken(
-            body.requiredString("delivery_token", maxLength: 256), deliveryID: deliveryID, field: "delivery_token",
-            tenant: principal.tenantID, tenants: tenants)
+            token, deliveryID: deliveryID, field: "delivery_token", tenant: principal.tenantID, tenants: tenants)
         let recorded = try await registry.recordMetric(
             tenant: principal.tenantID, deliveryID: deliveryID, metric: metric, recipient: recipient, at: at)
         return .json(.object(["recorded": .bool(recorded), "duplicate": .bool(!recorded)]), status: 202)
     }
 
+    /// The body of a metric report: metric, recipient, time and delivery token.
+    /// Synchronous and not inlined: Swift 6.3's optimiser crashed (signal 11 while splitting the coroutine) with these
+    /// typed-throws calls inlined into the async handler, in release builds.
+    @inline(never)
+    static func metricReport(_ request: HTTPRequest) throws -> (DeliveryMetric, String?, Date?, String) {
+        let body = try JSONBody.parse(request)
+        try body.rejectUnknown(["metric", "recipient", "delivery_token", "at"])
+        return (
+            try body.requiredEnum("metric", DeliveryMetric.self),
+            try body.string("recipient", maxLength: Identifiers.maxRecipientLength), try body.timestamp("at"),
+            try body.requiredString("delivery_token", maxLength: 256)
+        )
+    }
+
     /// Metrics are accepted only with the delivery's token (what the push carried), so that a holder of the public
     /// sdk key cannot forge delivered or opened counts. The one home of this rule, for this route and the compat one.
+    @inline(never)
     static func verifyDeliveryToken(
         _ presented: String, deliveryID: String, field: String, tenant: UUID, tenants: TenantStore
     ) async throws {

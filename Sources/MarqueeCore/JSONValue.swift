@@ -97,63 +97,76 @@ public enum JSONValue: Sendable, Hashable, CustomStringConvertible {
     public var description: String { serialized() }
 
     public func serialized() -> String {
-        var out = ""
+        String(decoding: bytes, as: UTF8.self)
+    }
+
+    /// UTF-8 bytes of `serialized()`, written byte by byte (no intermediate `String`).
+    public var bytes: [UInt8] {
+        var out: [UInt8] = []
+        out.reserveCapacity(128)
         write(to: &out)
         return out
     }
 
-    /// UTF-8 bytes of `serialized()`.
-    public var bytes: [UInt8] { Array(serialized().utf8) }
-
-    func write(to out: inout String) {
+    func write(to out: inout [UInt8]) {
         switch self {
-        case .null: out += "null"
-        case .bool(let b): out += b ? "true" : "false"
-        case .int(let i): out += String(i)
+        case .null: out.append(contentsOf: "null".utf8)
+        case .bool(let b): out.append(contentsOf: (b ? "true" : "false").utf8)
+        case .int(let i): out.append(contentsOf: String(i).utf8)
         case .double(let d):
             if !d.isFinite {
-                out += "null"
+                out.append(contentsOf: "null".utf8)
             } else if d == d.rounded() && abs(d) < 1e15 {
-                out += String(Int64(d))
+                out.append(contentsOf: String(Int64(d)).utf8)
             } else {
-                out += String(d)
+                out.append(contentsOf: String(d).utf8)
             }
         case .string(let s): JSONValue.writeString(s, to: &out)
         case .array(let a):
-            out += "["
+            out.append(UInt8(ascii: "["))
             for (i, v) in a.enumerated() {
-                if i > 0 { out += "," }
+                if i > 0 { out.append(UInt8(ascii: ",")) }
                 v.write(to: &out)
             }
-            out += "]"
+            out.append(UInt8(ascii: "]"))
         case .object(let o):
-            out += "{"
+            out.append(UInt8(ascii: "{"))
             for (i, key) in o.keys.sorted().enumerated() {
-                if i > 0 { out += "," }
+                if i > 0 { out.append(UInt8(ascii: ",")) }
                 JSONValue.writeString(key, to: &out)
-                out += ":"
+                out.append(UInt8(ascii: ":"))
                 o[key]!.write(to: &out)
             }
-            out += "}"
+            out.append(UInt8(ascii: "}"))
         }
     }
 
-    static func writeString(_ s: String, to out: inout String) {
-        out += "\""
-        for scalar in s.unicodeScalars {
-            switch scalar {
-            case "\"": out += "\\\""
-            case "\\": out += "\\\\"
-            case "\n": out += "\\n"
-            case "\r": out += "\\r"
-            case "\t": out += "\\t"
-            case let c where c.value < 0x20:
-                let hex = String(c.value, radix: 16)
-                out += "\\u" + String(repeating: "0", count: 4 - hex.count) + hex
-            default: out.unicodeScalars.append(scalar)
+    /// A JSON string literal. Only ASCII bytes are ever escaped, and every byte of a multi-byte UTF-8 sequence is
+    /// 0x80 or above, so escaping the UTF-8 bytes one by one is exact; a string with nothing to escape is copied
+    /// whole.
+    static func writeString(_ s: String, to out: inout [UInt8]) {
+        out.append(UInt8(ascii: "\""))
+        let utf8 = s.utf8
+        if !utf8.contains(where: { $0 < 0x20 || $0 == UInt8(ascii: "\"") || $0 == UInt8(ascii: "\\") }) {
+            out.append(contentsOf: utf8)
+        } else {
+            for byte in utf8 {
+                switch byte {
+                case UInt8(ascii: "\""): out.append(contentsOf: "\\\"".utf8)
+                case UInt8(ascii: "\\"): out.append(contentsOf: "\\\\".utf8)
+                case UInt8(ascii: "\n"): out.append(contentsOf: "\\n".utf8)
+                case UInt8(ascii: "\r"): out.append(contentsOf: "\\r".utf8)
+                case UInt8(ascii: "\t"): out.append(contentsOf: "\\t".utf8)
+                case 0..<0x20:
+                    let hex: [UInt8] = Array("0123456789abcdef".utf8)
+                    out.append(contentsOf: "\\u00".utf8)
+                    out.append(hex[Int(byte >> 4)])
+                    out.append(hex[Int(byte & 0x0F)])
+                default: out.append(byte)
+                }
             }
         }
-        out += "\""
+        out.append(UInt8(ascii: "\""))
     }
 }
 
@@ -290,6 +303,22 @@ struct JSONParser {
 
     mutating func parseString() throws(JSONParseError) -> String {
         index += 1  // opening quote
+        // Fast path: most strings have no escape; validate and copy the bytes up to the closing quote at once.
+        let start = index
+        while index < bytes.count {
+            let c = bytes[index]
+            if c == UInt8(ascii: "\"") {
+                guard let s = String(validating: bytes[start..<index], as: UTF8.self) else {
+                    throw fail("invalid UTF-8 in string")
+                }
+                index += 1
+                return s
+            }
+            if c == UInt8(ascii: "\\") { break }
+            if c < 0x20 { throw fail("control character in string") }
+            index += 1
+        }
+        index = start
         var scalars = String.UnicodeScalarView()
         var runStart = index
         func flushRun(_ parser: JSONParser, upTo end: Int, into scalars: inout String.UnicodeScalarView) -> Bool {

@@ -24,9 +24,11 @@ public struct ProviderHosts: Sendable, Equatable, CustomStringConvertible {
         }
     }
 
-    /// Apple's and Google's hosts, the default: APNs production and sandbox, FCM, Google's OAuth2 token endpoint.
+    /// Apple's and Google's hosts, the default: APNs production and sandbox, APNs broadcast channel management
+    /// (production and sandbox), FCM, Google's OAuth2 token endpoint.
     public static let defaultHosts: [String] = [
-        "api.push.apple.com", "api.sandbox.push.apple.com", "fcm.googleapis.com", "oauth2.googleapis.com",
+        "api.push.apple.com", "api.sandbox.push.apple.com", "api-manage-broadcast.push.apple.com",
+        "api-manage-broadcast.sandbox.push.apple.com", "fcm.googleapis.com", "oauth2.googleapis.com",
     ]
 
     /// The default allowlist.

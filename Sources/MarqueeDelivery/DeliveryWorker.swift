@@ -341,6 +341,10 @@ public final class DeliveryWorker: Sendable {
         reason: String? = nil
     ) -> DeliveryResult {
         metrics.deliveries.inc(1, [d.provider.rawValue, d.operation.rawValue, status.rawValue, reason ?? ""])
+        if status == .sent {
+            // Accept → sent, on the database's clock for the accept and this host's for the answer (never negative).
+            metrics.acceptToSent.observe(max(0, Date().timeIntervalSince(d.createdAt)), [d.provider.rawValue])
+        }
         return DeliveryResult(
             tenantID: d.tenantID, id: d.id, status: status, providerID: providerID, httpStatus: http, reason: reason)
     }
@@ -362,10 +366,12 @@ public final class DeliveryWorker: Sendable {
     func sampleQueue() async {
         var ticks = 0
         while !Task.isCancelled {
-            if let stats = try? await queue.statistics() {
-                metrics.queueDue.set(Double(stats.due))
-                metrics.oldestDue.set(stats.oldestDueAge)
-                metrics.leased.set(Double(stats.inFlight))
+            if let byProvider = try? await queue.statistics() {
+                for (provider, stats) in byProvider {
+                    metrics.queueDue.set(Double(stats.due), [provider.rawValue])
+                    metrics.oldestDue.set(stats.oldestDueAge, [provider.rawValue])
+                    metrics.leased.set(Double(stats.inFlight), [provider.rawValue])
+                }
             }
             if ticks % 60 == 0, let removed = try? await queue.expireIdempotencyKeys(), removed > 0 {
                 logger.info("expired idempotency records removed", metadata: ["removed": .int(removed)])
@@ -385,6 +391,7 @@ struct WorkerMetrics: Sendable {
     let queueDue: Gauge
     let oldestDue: Gauge
     let leased: Gauge
+    let acceptToSent: Histogram
     let retries: Counter
     let retired: Counter
     let claimed: Counter
@@ -399,9 +406,17 @@ struct WorkerMetrics: Sendable {
         streams = registry.gauge("marquee_inflight_streams", help: "HTTP/2 streams in flight.", labels: ["provider"])
         connections = registry.gauge(
             "marquee_open_connections", help: "Open HTTP/2 connections to providers.", labels: ["provider"])
-        queueDue = registry.gauge("marquee_queue_due", help: "Deliveries due and not leased.")
-        oldestDue = registry.gauge("marquee_queue_oldest_due_seconds", help: "Age of the oldest due delivery.")
-        leased = registry.gauge("marquee_queue_leased", help: "Deliveries leased by workers right now.")
+        queueDue = registry.gauge(
+            "marquee_queue_due", help: "Deliveries due and not leased, by provider.", labels: ["provider"])
+        oldestDue = registry.gauge(
+            "marquee_queue_oldest_due_seconds", help: "Age of the oldest due delivery, by provider.",
+            labels: ["provider"])
+        leased = registry.gauge(
+            "marquee_queue_leased", help: "Deliveries leased by workers right now, by provider.", labels: ["provider"])
+        acceptToSent = registry.histogram(
+            "marquee_delivery_latency_seconds",
+            help: "Time from the change accepted by the API to the provider's 2xx for its delivery (retries included).",
+            labels: ["provider"], buckets: [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900])
         retries = registry.counter("marquee_retries_total", help: "Retries scheduled.", labels: ["provider"])
         retired = registry.counter(
             "marquee_tokens_retired_total", help: "Tokens retired after the provider called them dead.",

@@ -38,23 +38,29 @@ public final class ProviderTokenCache: Sendable {
         if let current = cached.withLock({ $0 }), now.timeIntervalSince(current.issuedAt) < refreshAfter {
             return current.token
         }
-        return try issue(at: now)
+        return try issue(replacing: cached.withLock { $0?.token }, at: now)
     }
 
     /// Replaces `rejected` with a new token (once: if another sender already replaced it, that one is returned).
     public func refresh(rejected: String) throws -> String {
         if let current = cached.withLock({ $0 }), current.token != rejected { return current.token }
-        return try issue(at: now())
+        return try issue(replacing: rejected, at: now())
     }
 
     /// When the cached token was signed (nil before the first send).
     public var issuedAt: Date? { cached.withLock { $0?.issuedAt } }
 
-    private func issue(at now: Date) throws -> String {
+    /// Signs a token to replace `seen` (the token the caller found, nil when there was none). Signing happens outside
+    /// the lock, so two senders may sign at once; only the first to install wins, and the other returns the winner's
+    /// token, so a rejected token is replaced exactly once.
+    private func issue(replacing seen: String?, at now: Date) throws -> String {
         let iat = Int64(now.timeIntervalSince1970)
         let token = try JWT.sign(
             claims: ["iss": .string(teamID), "iat": .int(iat)], header: ["kid": keyID], signer: key)
-        cached.withLock { $0 = Cached(token: token, issuedAt: Date(timeIntervalSince1970: Double(iat))) }
-        return token
+        return cached.withLock { current in
+            if let current, current.token != seen { return current.token }
+            current = Cached(token: token, issuedAt: Date(timeIntervalSince1970: Double(iat)))
+            return token
+        }
     }
 }

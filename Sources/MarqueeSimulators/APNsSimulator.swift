@@ -181,6 +181,7 @@ final class APNsCore: Sendable {
     let validator: APNsValidator
     let recorder: Recorder
     let faults: FaultInjector
+    let channels = APNsChannelRegistry()
     let now: @Sendable () -> Date
     /// Set once after init (the server needs the handler first); only read for statistics.
     let server = Mutex<HTTP2Server?>(nil)
@@ -195,6 +196,7 @@ final class APNsCore: Sendable {
     }
 
     func handle(_ request: HTTP2ServerRequest) async -> HTTP2ServerResponse {
+        if let answer = channels.answer(request, validator: validator, now: self.now()) { return answer }
         if request.path.hasPrefix("/_sim/") { return control(request) }
         let now = self.now()
         let push: APNsAcceptedPush
@@ -214,17 +216,20 @@ final class APNsCore: Sendable {
                 return injected(rule, push: push, now: now)
             }
         }
-        var record: [String: JSONValue] = [
-            "time": .string(HTTPText.timestamp(now)), "token": .string(push.token), "topic": .string(push.topic),
-            "push_type": .string("liveactivity"), "priority": .int(Int64(push.priority)),
-            "apns_id": .string(push.apnsID),
-            "key_id": .string(push.keyID), "team_id": .string(push.teamID), "payload": push.payload,
-        ]
-        if let expiration = push.expiration { record["expiration"] = .int(expiration) }
-        if let collapseID = push.collapseID { record["collapse_id"] = .string(collapseID) }
-        recorder.accept(token: push.token, record: .object(record))
+        recorder.accept(token: push.token) {
+            var record: [String: JSONValue] = [
+                "time": .string(HTTPText.timestamp(now)), "token": .string(push.token), "topic": .string(push.topic),
+                "push_type": .string("liveactivity"), "priority": .int(Int64(push.priority)),
+                "apns_id": .string(push.apnsID),
+                "key_id": .string(push.keyID), "team_id": .string(push.teamID), "payload": push.payload,
+            ]
+            if let expiration = push.expiration { record["expiration"] = .int(expiration) }
+            if let collapseID = push.collapseID { record["collapse_id"] = .string(collapseID) }
+            return .object(record)
+        }
         return HTTP2ServerResponse(
-            status: 200, headers: [("apns-id", push.apnsID), ("apns-unique-id", UUID().uuidString.lowercased())])
+            status: 200,
+            headers: [("apns-id", push.apnsID), ("apns-unique-id", SecureRandom.uuid().uuidString.lowercased())])
     }
 
     private func injected(_ rule: FaultRule, push: APNsAcceptedPush, now: Date) -> HTTP2ServerResponse {
@@ -256,7 +261,7 @@ final class APNsCore: Sendable {
     }
 
     static func error(_ rejection: APNsRejection, apnsID: String?) -> HTTP2ServerResponse {
-        let id = apnsID.flatMap { UUID(uuidString: $0) != nil ? $0 : nil } ?? UUID().uuidString
+        let id = apnsID.flatMap { UUID(uuidString: $0) != nil ? $0 : nil } ?? SecureRandom.uuid().uuidString
         return HTTPText.json(
             rejection.status, .object(["reason": .string(rejection.reason)]),
             headers: [("apns-id", id), ("x-sim-detail", rejection.detail)])

@@ -42,8 +42,14 @@ final class APNsValidator: Sendable {
     let bundlesByTeam: [String: Set<String>]
     let maxTokenAge: TimeInterval
     let clockSkew: TimeInterval
-    /// Provider tokens whose signature verified, by token text (bounded); claims are still checked each time.
-    private let verified = Mutex<[String: String]>([:])
+    /// Provider tokens whose signature verified, by token text (bounded), with the claims checked on every request:
+    /// a cache hit skips decoding the token (base64 and two JSON parses) as well as its signature.
+    private let verified = Mutex<[String: VerifiedToken]>([:])
+
+    struct VerifiedToken {
+        var keyID: String
+        var claims: [String: JSONValue]
+    }
 
     init(keys: [APNsSimulator.SigningKey], maxTokenAge: TimeInterval = 3600, clockSkew: TimeInterval = 60) {
         var byID: [String: APNsSimulator.SigningKey] = [:]
@@ -75,7 +81,7 @@ final class APNsValidator: Sendable {
             }
             let priority = try Self.priority(request.header("apns-priority"))
             let expiration = try Self.expiration(request.header("apns-expiration"))
-            let apnsID = try Self.messageID(request.header("apns-id")) ?? UUID().uuidString
+            let apnsID = try Self.messageID(request.header("apns-id")) ?? SecureRandom.uuid().uuidString
             let collapseID = request.header("apns-collapse-id")
             if let collapseID, collapseID.utf8.count > 64 {
                 throw APNsRejection(400, "BadCollapseId", "apns-collapse-id is longer than 64 bytes")
@@ -95,23 +101,33 @@ final class APNsValidator: Sendable {
 
     /// The device token of `/3/device/<token>`: 404 BadPath for another path, 400 BadDeviceToken unless 64–200 hex.
     static func deviceToken(path: String) throws(APNsRejection) -> String {
-        let target = path.split(separator: "?", maxSplits: 1, omittingEmptySubsequences: false)[0]
-        guard target.hasPrefix(pathPrefix) else {
+        // Byte-level (this runs for every push): the path up to any query, after the prefix.
+        let utf8 = path.utf8
+        let end = utf8.firstIndex(of: UInt8(ascii: "?")) ?? utf8.endIndex
+        let target = utf8[utf8.startIndex..<end]
+        guard target.starts(with: pathPrefix.utf8) else {
             throw APNsRejection(404, "BadPath", "the path must be /3/device/<token>")
         }
-        let token = String(target.dropFirst(pathPrefix.count))
-        guard (64...200).contains(token.utf8.count), token.utf8.allSatisfy(\.isHexDigit) else {
+        let token = target.dropFirst(pathPrefix.utf8.count)
+        guard (64...200).contains(token.count), token.allSatisfy(\.isHexDigit) else {
             throw APNsRejection(400, "BadDeviceToken", "the device token must be 64 to 200 hexadecimal characters")
         }
-        return token
+        return String(Substring(token))
     }
 
     /// Checks `authorization: bearer <JWT>` and returns the key that signed it.
     func verifyProviderToken(authorization: String?, now: Date) throws(APNsRejection) -> APNsSimulator.SigningKey {
-        guard let authorization, !authorization.trimmingCharacters(in: .whitespaces).isEmpty else {
+        guard let authorization, !HTTPText.trimmed(authorization[...]).isEmpty else {
             throw APNsRejection(403, "MissingProviderToken", "no authorization header")
         }
-        guard let token = HTTPText.bearerToken(authorization), let jwt = UnverifiedJWT(token) else {
+        guard let token = HTTPText.bearerToken(authorization) else {
+            throw APNsRejection(403, "InvalidProviderToken", "authorization must be 'bearer <JWT>'")
+        }
+        if let known = verified.withLock({ $0[token] }), let key = keys[known.keyID] {
+            try Self.checkClaims(known.claims, teamID: key.teamID, now: now, maxAge: maxTokenAge, skew: clockSkew)
+            return key
+        }
+        guard let jwt = UnverifiedJWT(token) else {
             throw APNsRejection(403, "InvalidProviderToken", "authorization must be 'bearer <JWT>'")
         }
         guard jwt.header["alg"]?.stringValue == "ES256" else {
@@ -120,15 +136,12 @@ final class APNsValidator: Sendable {
         guard let keyID = jwt.header["kid"]?.stringValue, let key = keys[keyID] else {
             throw APNsRejection(403, "InvalidProviderToken", "the provider token's kid is unknown")
         }
-        let known = verified.withLock { $0[token] == keyID }
-        if !known {
-            guard (try? JWT.verify(token, verifier: key.publicKey)) != nil else {
-                throw APNsRejection(403, "InvalidProviderToken", "the provider token's signature does not verify")
-            }
-            verified.withLock { cache in
-                if cache.count >= 256 { cache.removeAll(keepingCapacity: true) }
-                cache[token] = keyID
-            }
+        guard (try? JWT.verify(token, verifier: key.publicKey)) != nil else {
+            throw APNsRejection(403, "InvalidProviderToken", "the provider token's signature does not verify")
+        }
+        verified.withLock { cache in
+            if cache.count >= 256 { cache.removeAll(keepingCapacity: true) }
+            cache[token] = VerifiedToken(keyID: keyID, claims: jwt.claims)
         }
         try Self.checkClaims(jwt.claims, teamID: key.teamID, now: now, maxAge: maxTokenAge, skew: clockSkew)
         return key

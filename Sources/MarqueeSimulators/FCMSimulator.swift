@@ -348,13 +348,14 @@ final class FCMCore: Sendable {
         }
         let milliseconds = Int64((now.timeIntervalSince1970 * 1000).rounded(.down))
         let name = "projects/\(project)/messages/0:\(milliseconds)%\(Hex.encode(SecureRandom.bytes(8)))"
-        recorder.accept(
-            token: message.token,
-            record: .object([
+        let clientEmail = access.clientEmail
+        recorder.accept(token: message.token) {
+            .object([
                 "time": .string(HTTPText.timestamp(now)), "token": .string(message.token),
-                "project_id": .string(project), "name": .string(name), "client_email": .string(access.clientEmail),
+                "project_id": .string(project), "name": .string(name), "client_email": .string(clientEmail),
                 "message": message.message,
-            ]))
+            ])
+        }
         return HTTPText.json(200, .object(["name": .string(name)]))
     }
 

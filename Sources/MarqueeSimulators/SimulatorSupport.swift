@@ -46,9 +46,15 @@ struct SimulatorTLS: Sendable {
 }
 
 /// Accepted requests (in memory, per token, and as JSON lines in a file) and counters.
+///
+/// A record is kept as a closure that builds its JSON, run only when it is read (`/_sim/…`) or written to the records
+/// file: formatting times and building objects for every accepted push cost more than the rest of a request.
 final class Recorder: Sendable {
+    /// A record's JSON, built on demand.
+    typealias Record = @Sendable () -> JSONValue
+
     private struct State {
-        var byToken: [String: [JSONValue]] = [:]
+        var byToken: [String: [Record]] = [:]
         /// Tokens of the kept records, oldest first, from `head` on.
         var order: [String] = []
         var head = 0
@@ -60,10 +66,13 @@ final class Recorder: Sendable {
     private let state = Mutex(State())
     /// The records file descriptor (-1 without a file); writes are serialized by the lock.
     private let file: Mutex<Int32>
+    /// Whether there is a records file (then each record is serialized as it is accepted).
+    private let hasFile: Bool
     private let memoryLimit: Int
 
     init(path: String?, memoryLimit: Int) throws {
         self.memoryLimit = max(1, memoryLimit)
+        hasFile = path != nil
         guard let path else {
             file = Mutex(-1)
             return
@@ -86,8 +95,8 @@ final class Recorder: Sendable {
         }
     }
 
-    /// Keeps `record` for `token` and appends it to the file as one line.
-    func accept(token: String, record: JSONValue) {
+    /// Keeps `record` for `token` and, with a records file, appends its JSON to the file as one line.
+    func accept(token: String, record: @escaping Record) {
         state.withLock { state in
             state.accepted += 1
             state.byToken[token, default: []].append(record)
@@ -103,7 +112,8 @@ final class Recorder: Sendable {
                 }
             }
         }
-        let line = Array((record.serialized() + "\n").utf8)
+        guard hasFile else { return }
+        let line = Array((record().serialized() + "\n").utf8)
         file.withLock { fd in
             guard fd >= 0 else { return }
             line.withUnsafeBytes { buffer in
@@ -130,10 +140,10 @@ final class Recorder: Sendable {
 
     /// The kept records for `token`, or all kept records (oldest first) when `nil`.
     func records(token: String?) -> [JSONValue] {
-        state.withLock { state in
+        let kept: [Record] = state.withLock { state in
             if let token { return state.byToken[token] ?? [] }
             var cursors: [String: Int] = [:]
-            var all: [JSONValue] = []
+            var all: [Record] = []
             all.reserveCapacity(state.order.count - state.head)
             for token in state.order[state.head...] {
                 let index = cursors[token, default: 0]
@@ -142,6 +152,7 @@ final class Recorder: Sendable {
             }
             return all
         }
+        return kept.map { $0() }
     }
 
     /// Forgets records and counters (the file is kept).
@@ -225,8 +236,16 @@ enum HTTPText {
         guard let header else { return nil }
         let parts = header.split(separator: " ", maxSplits: 1, omittingEmptySubsequences: true)
         guard parts.count == 2, parts[0].lowercased() == "bearer" else { return nil }
-        let token = parts[1].trimmingCharacters(in: .whitespaces)
-        return token.isEmpty ? nil : token
+        let token = trimmed(parts[1])
+        return token.isEmpty ? nil : String(token)
+    }
+
+    /// `text` without leading and trailing spaces and tabs (byte-level: `trimmingCharacters` cost microseconds).
+    static func trimmed(_ text: Substring) -> Substring {
+        var text = text
+        while let first = text.utf8.first, first == 0x20 || first == 0x09 { text = text.dropFirst() }
+        while let last = text.utf8.last, last == 0x20 || last == 0x09 { text = text.dropLast() }
+        return text
     }
 
     /// ISO 8601 UTC with milliseconds.

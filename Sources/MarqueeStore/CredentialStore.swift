@@ -11,9 +11,12 @@ public struct APNsCredentialInput: Sendable {
     public var bundleID: String
     public var environment: String
     public var endpoint: String?
+    /// Overrides the broadcast channel management host (`https://host:port`).
+    public var managementEndpoint: String?
 
     public init(
-        teamID: String, keyID: String, privateKeyPEM: String, bundleID: String, environment: String, endpoint: String?
+        teamID: String, keyID: String, privateKeyPEM: String, bundleID: String, environment: String, endpoint: String?,
+        managementEndpoint: String? = nil
     ) {
         self.teamID = teamID
         self.keyID = keyID
@@ -21,6 +24,7 @@ public struct APNsCredentialInput: Sendable {
         self.bundleID = bundleID
         self.environment = environment
         self.endpoint = endpoint
+        self.managementEndpoint = managementEndpoint
     }
 }
 
@@ -31,6 +35,7 @@ public struct APNsCredentialInfo: Sendable, Equatable {
     public var bundleID: String
     public var environment: String
     public var endpoint: String?
+    public var managementEndpoint: String?
     public var status: String
     public var statusReason: String?
     public var createdAt: Date
@@ -93,12 +98,14 @@ public struct CredentialStore: Sendable {
         return try await database.tenantTransaction(tenant) { connection in
             let rows = try connection.query(
                 """
-                INSERT INTO apns_credentials (tenant_id, team_id, key_id, bundle_id, environment, endpoint, sealed_private_key)
+                INSERT INTO apns_credentials (tenant_id, team_id, key_id, bundle_id, environment, endpoint,
+                                              management_endpoint, sealed_private_key)
                 VALUES (\(tenant), \(input.teamID), \(input.keyID), \(input.bundleID), \(input.environment),
-                        \(input.endpoint), \(sealed))
+                        \(input.endpoint), \(input.managementEndpoint), \(sealed))
                 ON CONFLICT (tenant_id) DO UPDATE SET
                     team_id = EXCLUDED.team_id, key_id = EXCLUDED.key_id, bundle_id = EXCLUDED.bundle_id,
                     environment = EXCLUDED.environment, endpoint = EXCLUDED.endpoint,
+                    management_endpoint = EXCLUDED.management_endpoint,
                     sealed_private_key = EXCLUDED.sealed_private_key, status = 'ok', status_reason = NULL
                 RETURNING \(unsafeRaw: Self.apnsColumns)
                 """)
@@ -131,6 +138,19 @@ public struct CredentialStore: Sendable {
             return try row.decode([UInt8].self, "sealed_private_key")
         }
         return String(decoding: try keyRing.open(sealed, associatedData: Self.context(tenant, "apns")), as: UTF8.self)
+    }
+
+    /// The tenant's APNs credential with its sealed key, or nil without one: for channel management in the API.
+    public func apnsCredential(tenant: UUID) async throws -> (APNsCredentialInfo, sealed: [UInt8])? {
+        try await database.tenantTransaction(tenant) { connection in
+            let rows = try connection.query(
+                """
+                SELECT \(unsafeRaw: Self.apnsColumns), sealed_private_key FROM apns_credentials
+                WHERE tenant_id = \(tenant)
+                """)
+            guard let row = rows.first else { return nil }
+            return (try Self.apnsInfo(row), try row.decode([UInt8].self, "sealed_private_key"))
+        }
     }
 
     /// Stores (or replaces) the tenant's FCM service account.
@@ -182,7 +202,7 @@ public struct CredentialStore: Sendable {
     }
 
     static let apnsColumns =
-        "team_id, key_id, bundle_id, environment, endpoint, status, status_reason, created_at, updated_at"
+        "team_id, key_id, bundle_id, environment, endpoint, management_endpoint, status, status_reason, created_at, updated_at"
     static let fcmColumns =
         "project_id, client_email, private_key_id, token_uri, endpoint, status, status_reason, created_at, updated_at"
 
@@ -190,8 +210,9 @@ public struct CredentialStore: Sendable {
         APNsCredentialInfo(
             teamID: try row.decode(String.self, "team_id"), keyID: try row.decode(String.self, "key_id"),
             bundleID: try row.decode(String.self, "bundle_id"), environment: try row.decode(String.self, "environment"),
-            endpoint: try row.decode(String?.self, "endpoint"), status: try row.decode(String.self, "status"),
-            statusReason: try row.decode(String?.self, "status_reason"),
+            endpoint: try row.decode(String?.self, "endpoint"),
+            managementEndpoint: try row.decode(String?.self, "management_endpoint"),
+            status: try row.decode(String.self, "status"), statusReason: try row.decode(String?.self, "status_reason"),
             createdAt: try row.decode(Date.self, "created_at"), updatedAt: try row.decode(Date.self, "updated_at"))
     }
 

@@ -76,11 +76,17 @@ public struct TokenRetirement: Sendable {
     }
 }
 
-/// Queue depth for metrics.
+/// Queue depth for metrics, for one provider.
 public struct QueueStatistics: Sendable, Equatable {
     public var due: Int
     public var oldestDueAge: Double
     public var inFlight: Int
+
+    public init(due: Int = 0, oldestDueAge: Double = 0, inFlight: Int = 0) {
+        self.due = due
+        self.oldestDueAge = oldestDueAge
+        self.inFlight = inFlight
+    }
 }
 
 /// The delivery queue as workers see it: claims with `FOR UPDATE SKIP LOCKED` and a lease, results in batches.
@@ -295,19 +301,30 @@ public struct DeliveryQueue: Sendable {
             """)
     }
 
-    /// Due deliveries, the age of the oldest, and how many are leased now.
-    public func statistics() async throws -> QueueStatistics {
+    /// Per provider: due deliveries, the age of the oldest, and how many are leased now. Every provider is present
+    /// (zeros when it has nothing queued), so gauges keep their series.
+    public func statistics() async throws -> [PlannedDelivery.Provider: QueueStatistics] {
         let rows = try await pool.query(
             """
-            SELECT count(*) FILTER (WHERE locked_until IS NULL OR locked_until < now())::int AS due,
+            SELECT provider,
+                   count(*) FILTER (WHERE locked_until IS NULL OR locked_until < now())::int AS due,
                    COALESCE(extract(epoch FROM now() - min(next_attempt_at)
                        FILTER (WHERE locked_until IS NULL OR locked_until < now())), 0)::float8 AS oldest,
                    count(*) FILTER (WHERE locked_until >= now())::int AS in_flight
             FROM deliveries WHERE status = 'queued' AND next_attempt_at <= now()
+            GROUP BY provider
             """)
-        return QueueStatistics(
-            due: try rows[0].decode(Int.self, "due"), oldestDueAge: try rows[0].decode(Double.self, "oldest"),
-            inFlight: try rows[0].decode(Int.self, "in_flight"))
+        var byProvider = Dictionary(
+            uniqueKeysWithValues: PlannedDelivery.Provider.allCases.map { ($0, QueueStatistics()) })
+        for row in rows {
+            guard let provider = PlannedDelivery.Provider(rawValue: try row.decode(String.self, "provider")) else {
+                continue
+            }
+            byProvider[provider] = QueueStatistics(
+                due: try row.decode(Int.self, "due"), oldestDueAge: try row.decode(Double.self, "oldest"),
+                inFlight: try row.decode(Int.self, "in_flight"))
+        }
+        return byProvider
     }
 
     /// The tenant's APNs credential row (sealed key included), for the worker's credential cache.

@@ -78,7 +78,7 @@ public struct ChangeContext: Sendable {
 
 /// One delivery row to queue.
 public struct PlannedDelivery: Sendable, Equatable {
-    public enum Provider: String, Sendable { case apns, fcm }
+    public enum Provider: String, Sendable, CaseIterable { case apns, fcm }
     public enum TokenKind: String, Sendable {
         case pushToStart = "push_to_start"
         case activity, fcm

@@ -1,3 +1,4 @@
+import Crypto
 import Foundation
 import MarqueeCore
 import PostgresClient
@@ -123,12 +124,18 @@ public struct RegistryTransaction {
         tenant: UUID, personID: String, deviceToken: String, activityType: String, token: String,
         attributesType: String?, profile: PayloadProfile
     ) -> PostgresQuery {
-        let defaultAttributes = String(activityType.split(separator: ".").last ?? Substring(activityType))
+        let defaultAttributes = defaultAttributesType(activityType)
         return """
             SELECT outcome, rotated, inserted FROM marquee_register_push_to_start(
                 \(tenant), \(personID), \(deviceToken), \(activityType), \(token), \(attributesType),
                 \(profile.rawValue), \(defaultAttributes))
             """
+    }
+
+    /// The attributes type an activity type created by a token registration gets: its last label
+    /// (`com.example.Delivery` → `Delivery`).
+    static func defaultAttributesType(_ activityType: String) -> String {
+        String(activityType.split(separator: ".").last ?? Substring(activityType))
     }
 
     static func pushToStartOutcome(_ rows: PostgresRows) throws -> TokenRegistration {
@@ -197,7 +204,7 @@ public struct RegistryTransaction {
         try connection.execute(
             """
             INSERT INTO activity_events (tenant_id, id, instance_id, device_token, event, at, content_state)
-            VALUES (\(tenant), \(UUID()), \(instanceID), \(deviceToken), \(event.rawValue), \(at), \(contentState))
+            VALUES (\(tenant), \(SecureRandom.uuid()), \(instanceID), \(deviceToken), \(event.rawValue), \(at), \(contentState))
             """)
         try connection.execute(
             """

@@ -3,6 +3,7 @@ import Foundation
 import HTTPServer
 import MarqueeAPI
 import MarqueeCore
+import MarqueeDelivery
 import MarqueeStore
 import Observability
 import PostgresClient
@@ -29,11 +30,23 @@ struct ServeCommand {
 
         let keyRing = try Startup.keyRing(configuration, command: "serve")
 
+        // Broadcast channels are created and deleted at Apple synchronously, from this process. A channel list can be
+        // long (10,000 IDs per app), hence the larger answer cap.
+        let channelClient = APNsChannelClient(
+            configuration: .init(
+                caFile: configuration.caFile, connectionsPerHost: 1, requestTimeout: .seconds(10),
+                allowedHosts: configuration.providerHosts, maxHosts: 8, maxResponseBodySize: 1 << 20),
+            logger: logger)
+        let channelManager = APNsChannelManager(
+            client: channelClient,
+            credentials: CredentialStore(database: TenantDatabase(pool: pool), keyRing: keyRing), keyRing: keyRing,
+            logger: logger)
+
         var router = Router()
         MarqueeAPI(
             pool: pool, migrator: migrator, keyRing: keyRing, adminToken: configuration.adminToken,
             keyCacheTTL: .seconds(configuration.keyCacheSeconds), providerHosts: configuration.providerHosts,
-            metrics: metrics,
+            channelManager: channelManager, metrics: metrics,
             logger: logger
         ).register(in: &router)
 
@@ -74,6 +87,7 @@ struct ServeCommand {
             configuration: .init(drainTimeout: .seconds(configuration.drainTimeoutSeconds + 5)),
             logger: logger
         ).run()
+        await channelClient.shutdown()
         pool.close()
         logger.info("stopped")
     }

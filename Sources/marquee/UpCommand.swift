@@ -66,6 +66,8 @@ struct UpCommand {
                     ]))
             // Workers trust both simulators' CAs: one bundle, written once both exist (see Supervisor.run).
             workerEnvironment["MARQUEE_CA_FILE"] = dataDir + "/sim-ca-bundle.pem"
+            // serve too: it creates and deletes broadcast channels at the APNs simulator.
+            serveEnvironment["MARQUEE_CA_FILE"] = dataDir + "/sim-ca-bundle.pem"
         }
         children.append(Child(name: "serve", arguments: ["serve"], environment: serveEnvironment))
         for i in 0..<configuration.workers {

@@ -206,6 +206,27 @@ struct DeliveryTests {
         #expect(
             try await t.api.call("GET", "/v1/live_notifications/\(instance)", key: t.tenant.app).json()["state"]
                 as? String == "ended")
+
+        // The worker's metrics: accept → sent latency for what it sent, and the queue gauges per provider (sampled
+        // every 5 s, so wait for them).
+        let clock = ContinuousClock()
+        let deadline = clock.now + .seconds(20)
+        var metrics = ""
+        repeat {
+            metrics = try await HTTP.get(worker.baseURL + "/metrics").text
+            if metrics.contains(#"marquee_queue_due{provider="fcm"}"#) { break }
+            try await Task.sleep(for: .milliseconds(200))
+        } while clock.now < deadline
+        for family in ["marquee_queue_due", "marquee_queue_oldest_due_seconds", "marquee_queue_leased"] {
+            for provider in ["apns", "fcm"] {
+                #expect(metrics.contains("\(family){provider=\"\(provider)\"}"), "\(family) for \(provider)")
+            }
+        }
+        let sentCount = metrics.split(separator: "\n").first {
+            $0.hasPrefix(#"marquee_delivery_latency_seconds_count{provider="apns"}"#)
+        }
+        #expect((sentCount?.split(separator: " ").last.flatMap { Double($0) } ?? 0) >= 1, "\(sentCount ?? "none")")
+        #expect(metrics.contains(#"marquee_delivery_latency_seconds_bucket{provider="apns",le="900"}"#))
     }
 
     @Test("a slow tenant endpoint holds back only its own deliveries: no lease runs out on another's, nothing re-sent")

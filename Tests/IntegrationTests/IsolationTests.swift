@@ -1,5 +1,6 @@
 import Crypto
 import Foundation
+import MarqueeCore
 import MarqueeStore
 import PostgresClient
 import Testing
@@ -27,6 +28,8 @@ struct IsolationTests {
         var key: String?
         var body: [String: Any]?
         var headers: [String: String] = [:]
+        /// A body that is not JSON (with its media type), instead of `body`.
+        var raw: (body: Data, contentType: String)? = nil
         var expect: Expectation
     }
 
@@ -44,13 +47,18 @@ struct IsolationTests {
         var teamID: String
         var projectID: String
         var keyIDs: [String]
+        /// A's broadcast channel (ULID) and Apple's ID for it.
+        var channel: String
+        var apnsChannel: String
+        /// A's segment (its ID and name both A's).
+        var segment: String
 
         /// Strings of A's that must never appear in an answer to B.
         var secrets: [String] {
             [
                 tenant.id, tenant.name, person, email, iphone, pixel, activityType, instance, teamID, projectID,
                 tenant.app,
-                tenant.sdk,
+                tenant.sdk, channel, apnsChannel, segment,
             ] + keyIDs
         }
     }
@@ -120,10 +128,25 @@ struct IsolationTests {
         account["project_id"] = projectID
         try ok(await api.call("PUT", "/v1/credentials/fcm", key: tenant.app, json: ["service_account": account]))
         let keys = try await api.call("GET", "/admin/v1/tenants/\(tenant.id)/keys", key: MarqueeProcess.adminToken)
+        // A channel as the API records one after Apple created it (this fixture has no APNs to create it at).
+        let channel = ULIDGenerator.shared.next()
+        let apnsChannel = Data(SecureRandom.bytes(18)).base64EncodedString()
+        _ = try await ChannelStore(database: TenantDatabase(pool: fixture.pool)).insert(
+            tenant: tenant.uuid,
+            ChannelRecord(
+                id: channel.uuid, activityType: type, storagePolicy: .mostRecent, apnsChannelID: apnsChannel,
+                bundleID: "com.example.a", environment: "sandbox", createdAt: Date(), updatedAt: Date()),
+            idempotency: nil)
+        let segment = Fake.id("seg")
+        try ok(
+            await api.call(
+                "PUT", "/v1/segments/\(segment)", key: tenant.app,
+                json: ["name": segment, "filter": ["email_domain": "a.example.com"]]))
         return Seeded(
             tenant: tenant, person: person, email: email, iphone: iphone, pixel: pixel, activityType: type,
             instance: instance, delivery: delivery, recipient: iphone, teamID: teamID, projectID: projectID,
-            keyIDs: try keys.json().array("keys").compactMap { $0.string("id") })
+            keyIDs: try keys.json().array("keys").compactMap { $0.string("id") }, channel: channel.description,
+            apnsChannel: apnsChannel, segment: segment)
     }
 
     /// A's data as A sees it (timestamps included, so any write would show).
@@ -133,7 +156,8 @@ struct IsolationTests {
         for path in [
             "/v1/people/\(a.person)", "/v1/credentials/apns", "/v1/credentials/fcm", "/v1/activity_types",
             "/v1/activity_types/\(a.activityType)", "/v1/live_notifications/\(a.instance)",
-            "/v1/live_notifications/\(a.instance)/deliveries", "/v1/live_notifications",
+            "/v1/live_notifications/\(a.instance)/deliveries", "/v1/live_notifications", "/v1/channels",
+            "/v1/channels/\(a.channel)", "/v1/segments", "/v1/segments/\(a.segment)",
         ] {
             let response = try await api.call("GET", path, key: a.tenant.app)
             views.append("\(path) \(response.status) \(response.text)")
@@ -288,6 +312,30 @@ struct IsolationTests {
                     "content_state": ["step": 1], "instance_id": a.instance,
                     "push_payload": ["alert": ["title": "B", "body": "b"]],
                 ], expect: .invalid(field: "notification_type")),
+            // Broadcast channels: A's is invisible to B and cannot be deleted by B (at Apple or here). B's create
+            // names A's activity type, which B does not have.
+            Probe(method: "GET", path: "/v1/channels", key: b.app, expect: .noLeak),
+            Probe(
+                method: "GET", path: "/v1/channels/\(a.channel)", key: b.app,
+                expect: .notFound(control: "/v1/channels/\(ULIDGenerator.shared.next())")),
+            Probe(
+                method: "DELETE", path: "/v1/channels/\(a.channel)", key: b.app,
+                expect: .notFound(control: "/v1/channels/\(ULIDGenerator.shared.next())")),
+            Probe(
+                method: "POST", path: "/v1/channels", key: b.app,
+                body: ["activity_type": a.activityType, "storage_policy": "none"],
+                expect: .invalid(field: "activity_type")),
+            // Segments: A's is invisible to B, cannot be previewed or deleted by B; B's PUT under its ID is B's own.
+            Probe(method: "GET", path: "/v1/segments", key: b.app, expect: .noLeak),
+            Probe(
+                method: "GET", path: "/v1/segments/\(a.segment)", key: b.app,
+                expect: .notFound(control: "/v1/segments/\(Fake.id("none"))")),
+            Probe(
+                method: "POST", path: "/v1/segments/\(a.segment)/preview", key: b.app,
+                expect: .notFound(control: "/v1/segments/\(Fake.id("none"))/preview")),
+            Probe(
+                method: "DELETE", path: "/v1/segments/\(a.segment)", key: b.app,
+                expect: .notFound(control: "/v1/segments/\(Fake.id("none"))")),
             // Metrics: B's report is B's own (not a duplicate of A's), and A's delivery token is not B's.
             Probe(
                 method: "POST", path: "/v1/deliveries/\(a.delivery)/metrics", key: b.sdk,
@@ -330,6 +378,18 @@ struct IsolationTests {
             Probe(
                 method: "PUT", path: "/v1/people/\(a.person)/devices/\(a.iphone)", key: b.sdk,
                 body: ["platform": "ios"], expect: .own(200)),
+            // A bulk import naming A's person and device creates B's own.
+            Probe(
+                method: "POST", path: "/v1/people/import", key: b.app,
+                raw: (
+                    Data(
+                        #"{"id":"\#(a.person)","devices":[{"token":"\#(a.iphone)","platform":"ios"}]}"#
+                            .utf8),
+                    "application/x-ndjson"
+                ), expect: .own(200)),
+            Probe(
+                method: "PUT", path: "/v1/segments/\(a.segment)", key: b.app,
+                body: ["name": "b", "filter": ["has_device": [:] as [String: Any]]], expect: .own(201)),
             // Settings: B reads and changes only its own.
             Probe(method: "GET", path: "/v1/settings", key: b.app, expect: .noLeak),
             Probe(method: "POST", path: "/v1/settings/identity_secret", key: b.app, expect: .own(201)),
@@ -344,7 +404,8 @@ struct IsolationTests {
             let route = try #require(routes.resolve(probe.method, probe.path), "\(label) matches no route")
             covered.insert(route)
             let response = try await api.call(
-                probe.method, probe.path, key: probe.key, json: probe.body, headers: probe.headers)
+                probe.method, probe.path, key: probe.key, json: probe.body, body: probe.raw?.body,
+                contentType: probe.raw?.contentType, headers: probe.headers)
             #expect(response.status != 403, "\(label): never 403 across tenants")
             #expect(response.status < 500, "\(label): \(response.text)")
             // B may see back what B itself sent (its own person with the same ID), nothing else of A's.
@@ -352,7 +413,7 @@ struct IsolationTests {
                 probe.path
                 + (try probe.body.map {
                     String(decoding: try JSONSerialization.data(withJSONObject: $0), as: UTF8.self)
-                } ?? "")
+                } ?? "") + (probe.raw.map { String(decoding: $0.body, as: UTF8.self) } ?? "")
             for secret in a.secrets where !sent.contains(secret) {
                 #expect(!response.text.contains(secret), "\(label) mentions A's \(secret): \(response.text)")
             }

@@ -115,7 +115,7 @@ struct API: Sendable {
     /// Sends `json` (serialised with JSONSerialization) or raw `body`, with `Authorization: Bearer <key>`.
     func call(
         _ method: String, _ path: String, key: String? = nil, json: Any? = nil, body: Data? = nil,
-        contentType: String? = nil, headers extra: [String: String] = [:]
+        contentType: String? = nil, headers extra: [String: String] = [:], timeout: Int = 15
     ) async throws -> HTTP.Response {
         var headers = extra
         if let key { headers["Authorization"] = "Bearer " + key }
@@ -125,7 +125,7 @@ struct API: Sendable {
             headers["Content-Type"] = "application/json"
         }
         if let contentType { headers["Content-Type"] = contentType }
-        return try await HTTP.send(method, baseURL + path, headers: headers, body: payload)
+        return try await HTTP.send(method, baseURL + path, headers: headers, body: payload, timeout: timeout)
     }
 
     /// `POST /admin/v1/tenants`.

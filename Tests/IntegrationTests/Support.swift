@@ -215,7 +215,8 @@ final class MarqueeProcess: Sendable {
             // Apple's and Google's hosts plus the simulators on loopback (any port): credentials may point there, in
             // serve and worker alike.
             "MARQUEE_PROVIDER_HOSTS":
-                "api.push.apple.com,api.sandbox.push.apple.com,fcm.googleapis.com,oauth2.googleapis.com,127.0.0.1",
+                "api.push.apple.com,api.sandbox.push.apple.com,api-manage-broadcast.push.apple.com,"
+                + "api-manage-broadcast.sandbox.push.apple.com,fcm.googleapis.com,oauth2.googleapis.com,127.0.0.1",
         ]
         env.merge(environment) { _, new in new }
         if !asOwner, ["serve", "worker"].contains(arguments.first ?? "") {
@@ -295,11 +296,11 @@ enum HTTP {
     }
 
     /// One request on its own TCP connection (`Connection: close`), with blocking socket I/O on a dedicated thread
-    /// and a 15 s socket timeout. (URLSession on Linux was seen to leave an await hanging under heavy load; this
-    /// client cannot: every failure is a thrown error.)
-    static func send(_ method: String, _ url: String, headers: [String: String] = [:], body: Data?) async throws
-        -> Response
-    {
+    /// and a 15 s socket timeout (or `timeout`). (URLSession on Linux was seen to leave an await hanging under heavy
+    /// load; this client cannot: every failure is a thrown error.)
+    static func send(
+        _ method: String, _ url: String, headers: [String: String] = [:], body: Data?, timeout: Int = 15
+    ) async throws -> Response {
         guard let components = URLComponents(string: url), let host = components.host, let port = components.port
         else { throw TestFailure("bad test URL \(url)") }
         let target = components.percentEncodedPath + (components.percentEncodedQuery.map { "?" + $0 } ?? "")
@@ -311,18 +312,19 @@ enum HTTP {
         let request = Array(head.utf8) + (body.map { Array($0) } ?? [])
         let raw = try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<[UInt8], any Error>) in
             let thread = Thread {
-                continuation.resume(with: Result { try exchange(host: host, port: port, request: request) })
+                continuation.resume(
+                    with: Result { try exchange(host: host, port: port, request: request, timeout: timeout) })
             }
             thread.start()
         }
         return try parse(raw)
     }
 
-    static func exchange(host: String, port: Int, request: [UInt8]) throws -> [UInt8] {
+    static func exchange(host: String, port: Int, request: [UInt8], timeout seconds: Int = 15) throws -> [UInt8] {
         let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
         guard fd >= 0 else { throw TestFailure("socket() failed") }
         defer { close(fd) }
-        var timeout = timeval(tv_sec: 15, tv_usec: 0)
+        var timeout = timeval(tv_sec: seconds, tv_usec: 0)
         setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
         setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
         var address = sockaddr_in()

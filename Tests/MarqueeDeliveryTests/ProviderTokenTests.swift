@@ -44,15 +44,40 @@ struct ProviderTokenTests {
     func refreshOnce() async throws {
         let clock = ManualClock()
         let cache = ProviderTokenCache(teamID: "T", keyID: "K", key: ES256PrivateKey.generate(), now: clock.read)
-        let rejected = try cache.token()
-        clock.advance(1)
-        let replacements = try await withThrowingTaskGroup(of: String.self) { group in
-            for _ in 0..<50 { group.addTask { try cache.refresh(rejected: rejected) } }
+        // Many rounds: signing takes tens of microseconds, so a check-then-sign race shows within a few rounds.
+        for _ in 0..<20 {
+            let rejected = try cache.token()
+            clock.advance(1)
+            let replacements = try await Self.concurrently(50) { try cache.refresh(rejected: rejected) }
+            #expect(replacements.count == 1)
+            #expect(!replacements.contains(rejected))
+            #expect(try cache.token() == replacements.first)
+        }
+    }
+
+    @Test("senders that find no token, or a due one, at the same moment agree on one new token")
+    func issueOnce() async throws {
+        let clock = ManualClock()
+        for _ in 0..<20 {
+            let cache = ProviderTokenCache(teamID: "T", keyID: "K", key: ES256PrivateKey.generate(), now: clock.read)
+            #expect(try await Self.concurrently(50) { try cache.token() }.count == 1)
+            let first = try cache.token()
+            clock.advance(41 * 60)
+            let renewed = try await Self.concurrently(50) { try cache.token() }
+            #expect(renewed.count == 1)
+            #expect(!renewed.contains(first))
+        }
+    }
+
+    /// The distinct results of `count` concurrent calls.
+    private static func concurrently(
+        _ count: Int, _ body: @escaping @Sendable () throws -> String
+    ) async throws -> Set<String> {
+        try await withThrowingTaskGroup(of: String.self) { group in
+            for _ in 0..<count { group.addTask { try body() } }
             var all = Set<String>()
             for try await t in group { all.insert(t) }
             return all
         }
-        #expect(replacements.count == 1)
-        #expect(!replacements.contains(rejected))
     }
 }

@@ -2,6 +2,7 @@ import Crypto
 import Foundation
 import HTTP2
 import MarqueeCore
+import Synchronization
 import Testing
 
 @testable import MarqueeSimulators
@@ -348,11 +349,32 @@ struct RecorderTests {
     func memoryLimit() throws {
         let recorder = try Recorder(path: nil, memoryLimit: 3)
         for index in 0..<5 {
-            recorder.accept(token: index % 2 == 0 ? "even" : "odd", record: .int(Int64(index)))
+            recorder.accept(token: index % 2 == 0 ? "even" : "odd") { .int(Int64(index)) }
         }
         #expect(recorder.records(token: nil) == [.int(2), .int(3), .int(4)])
         #expect(recorder.records(token: "even") == [.int(2), .int(4)])
         #expect(recorder.records(token: "odd") == [.int(3)])
         #expect(recorder.acceptedCount == 5)
+    }
+
+    @Test("a record's JSON is built only when read, unless there is a records file (then once, as a line)")
+    func lazyRecords() throws {
+        let built = Atomic<Int>(0)
+        let memory = try Recorder(path: nil, memoryLimit: 10)
+        for index in 0..<3 {
+            memory.accept(token: "t") {
+                built.add(1, ordering: .relaxed)
+                return .int(Int64(index))
+            }
+        }
+        #expect(built.load(ordering: .relaxed) == 0, "nothing built on the request path")
+        #expect(memory.records(token: "t") == [.int(0), .int(1), .int(2)])
+        #expect(built.load(ordering: .relaxed) == 3)
+
+        let path = try temporaryDirectory() + "/records.jsonl"
+        let filed = try Recorder(path: path, memoryLimit: 10)
+        filed.accept(token: "t") { .object(["n": .int(1)]) }
+        filed.accept(token: "u") { .object(["n": .int(2)]) }
+        #expect(try String(contentsOfFile: path, encoding: .utf8) == "{\"n\":1}\n{\"n\":2}\n")
     }
 }

@@ -3,11 +3,14 @@
 # against 10,000 existing instances (one iOS activity token each), fsync on. Side by side, pgbench runs the SQL the
 # endpoint runs for one request (the context read, then the write statement and a NOTIFY in one transaction),
 # which is what PostgreSQL allows without group commit.
+# APIS=N (default 1) runs N `marquee serve` processes on consecutive ports, with one wrk per process sharing the 64
+# connections, and reports the sum (scale-out: bench/scaleout).
 source "$(dirname "$0")/../lib.sh"
 MARQUEE_EXTRA_PACKAGES="wrk" "$root/Deploy/local/deps.sh"
 bench_build
 bench_pg
 port=${PORT:-18083}
+apis=${APIS:-1}
 instances=${INSTANCES:-10000}
 export INSTANCES=$instances
 export MARQUEE_LISTEN=127.0.0.1:$port
@@ -36,22 +39,41 @@ INSERT INTO activity_tokens (tenant_id, instance_id, device_token, token)
 VACUUM ANALYZE;
 SQL
 
-DATABASE_URL=$APP_DATABASE_URL "$bin/marquee" serve >"$out/api-update-serve.log" 2>&1 &
-pid=$!
-trap 'kill -TERM $pid 2>/dev/null; wait $pid 2>/dev/null; bench_pg_stop' EXIT
-for _ in $(seq 1 100); do curl -sf "http://$MARQUEE_LISTEN/healthz" >/dev/null && break; sleep 0.1; done
+api_pids=()
+for a in $(seq 0 $((apis - 1))); do
+  MARQUEE_LISTEN=127.0.0.1:$((port + a)) DATABASE_URL=$APP_DATABASE_URL "$bin/marquee" serve \
+    >"$out/api-update-serve-$a.log" 2>&1 &
+  api_pids+=($!)
+done
+pid=${api_pids[0]}
+trap 'for p in "${api_pids[@]}"; do kill -TERM $p 2>/dev/null; wait $p 2>/dev/null; done; bench_pg_stop' EXIT
+for a in $(seq 0 $((apis - 1))); do
+  for _ in $(seq 1 100); do curl -sf "http://127.0.0.1:$((port + a))/healthz" >/dev/null && break; sleep 0.1; done
+done
 
 machine
 before=$(psql -qtA "$DATABASE_URL" -c "SELECT count(*) FROM deliveries WHERE tenant_id = '$tenant'")
-echo "== wrk -t2 -c64 -d10s POST /v1/live_notifications/update (10k instances, 1 token each)"
-wrk -t2 -c64 -d10s -s "$root/bench/api-update/update.lua" "http://$MARQUEE_LISTEN"
+if [ "$apis" = 1 ]; then
+  echo "== wrk -t2 -c64 -d10s POST /v1/live_notifications/update (10k instances, 1 token each)"
+  wrk -t2 -c64 -d10s -s "$root/bench/api-update/update.lua" "http://$MARQUEE_LISTEN"
+else
+  echo "== $apis x wrk -t1 -c$((64 / apis)) -d10s POST /v1/live_notifications/update, one per API process"
+  wrk_pids=()
+  for a in $(seq 0 $((apis - 1))); do
+    wrk -t1 -c$((64 / apis)) -d10s -s "$root/bench/api-update/update.lua" "http://127.0.0.1:$((port + a))" \
+      >"$out/api-update-wrk-$a.txt" &
+    wrk_pids+=($!)
+  done
+  wait "${wrk_pids[@]}"
+  cat "$out"/api-update-wrk-*.txt | grep -E "Requests/sec|^p50"
+  echo "sum: $(cat "$out"/api-update-wrk-*.txt | awk '/Requests\/sec/ { s += $2 } END { printf "%.0f", s }') requests/s"
+fi
 after=$(psql -qtA "$DATABASE_URL" -c "SELECT count(*) FROM deliveries WHERE tenant_id = '$tenant'")
 echo "deliveries committed during the run: $((after - before))"
 curl -s "http://$MARQUEE_LISTEN/metrics" | grep -E "^marquee_group_commit_(batches|statements)_total" || true
-echo "non-2xx in server log: $(grep -c '"http.status":[45]' "$out/api-update-serve.log" || true)"
-echo "server RSS after run: $(ps -o rss= -p $pid) KiB"
-kill -TERM $pid
-wait $pid || true
+echo "non-2xx in server logs: $(cat "$out"/api-update-serve-*.log | grep -c '"http.status":[45]' || true)"
+for p in "${api_pids[@]}"; do echo "server RSS after run: $(ps -o rss= -p "$p") KiB"; done
+for p in "${api_pids[@]}"; do kill -TERM "$p"; wait "$p" || true; done
 
 # The endpoint's SQL for one request, one transaction per request as without group commit.
 cat >"$out/api-update.sql" <<SQL

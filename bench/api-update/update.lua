@@ -15,7 +15,9 @@ end
 request = function()
   counter = counter + 1
   local i = math.random(0, instances - 1)
-  local body = '{"instance_id":"bench-' .. i .. '","content_state_patch":{"step":' .. counter .. ',"status":"moving"}}'
+  -- A random step, not the counter: each wrk thread (and process) has its own counter, and equal patches to one
+  -- instance would be suppressed as no-ops.
+  local body = '{"instance_id":"bench-' .. i .. '","content_state_patch":{"step":' .. math.random(1, 2000000000) .. ',"status":"moving"}}'
   return wrk.format("POST", "/v1/live_notifications/update", {
     ["Authorization"] = "Bearer " .. key,
     ["Content-Type"] = "application/json",

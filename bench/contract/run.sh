@@ -25,6 +25,8 @@ trap 'kill -TERM $pid 2>/dev/null; wait $pid 2>/dev/null; bench_pg_stop' EXIT
 for _ in $(seq 1 100); do curl -sf "http://$MARQUEE_LISTEN/healthz" >/dev/null && break; sleep 0.1; done
 
 checks=not_a_server_error,response_schema_conformance,status_code_conformance,content_type_conformance
+# Hooks: a serializer for the NDJSON import body.
+export SCHEMATHESIS_HOOKS=hooks PYTHONPATH="$root/bench/contract${PYTHONPATH:+:$PYTHONPATH}"
 st() { "$out/st-venv/bin/schemathesis" run "$root/openapi.yaml" --url "http://$MARQUEE_LISTEN" -c "$checks" \
   --phases=examples,fuzzing -n "${EXAMPLES:-25}" "$@"; }
 status=0

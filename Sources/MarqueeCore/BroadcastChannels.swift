@@ -1,0 +1,103 @@
+import Foundation
+
+/// What Apple keeps of a broadcast channel's messages for devices that subscribe later.
+public enum ChannelStoragePolicy: String, Sendable, CaseIterable, Equatable {
+    /// Nothing is stored (Apple's `message-storage-policy` 0); broadcasts on it must carry `apns-expiration: 0`.
+    case none
+    /// The most recent message is stored (Apple's `message-storage-policy` 1).
+    case mostRecent = "most_recent"
+
+    /// Apple's `message-storage-policy` number.
+    public var appleValue: Int { self == .none ? 0 : 1 }
+
+    /// The policy of Apple's number, or nil for any other value.
+    public init?(appleValue: Int) {
+        switch appleValue {
+        case 0: self = .none
+        case 1: self = .mostRecent
+        default: return nil
+        }
+    }
+}
+
+/// Apple's limits on broadcast channels.
+public enum ChannelLimits {
+    /// Channels Apple allows per app and APNs environment (`CannotCreateChannelConfig` beyond it).
+    public static let perAppAndEnvironment = 10_000
+    /// The longest `apns-channel-id` believed. Apple documents the ID as opaque base64 of no fixed length; real IDs
+    /// are a few dozen characters, and this bound keeps a hostile answer out of indexes and logs.
+    public static let maxChannelIDLength = 1024
+
+    /// An `apns-channel-id` from a provider if it is 1 to `maxChannelIDLength` characters of base64 (standard or
+    /// URL-safe alphabet, `=` padding), otherwise nil.
+    public static func channelID(_ text: String?) -> String? {
+        guard let text, (1...maxChannelIDLength).contains(text.utf8.count),
+            text.utf8.allSatisfy({
+                ($0 >= 0x30 && $0 <= 0x39) || ($0 >= 0x41 && $0 <= 0x5A) || ($0 >= 0x61 && $0 <= 0x7A) || $0 == 0x2B
+                    || $0 == 0x2F || $0 == 0x3D || $0 == 0x2D || $0 == 0x5F
+            })
+        else { return nil }
+        return text
+    }
+}
+
+/// Why a channel management request did not succeed. Reasons are safe to show (Apple's reason text, sanitized, or a
+/// fixed transport code): never an address, a token or an OpenSSL message.
+public struct ChannelManagementError: Error, Sendable, Equatable, CustomStringConvertible {
+    public enum Code: Sendable, Equatable {
+        /// The tenant has no APNs credential.
+        case noCredential
+        /// Apple refuses more channels for this app and environment (`CannotCreateChannelConfig`).
+        case limitReached
+        /// Apple does not know the channel (`ChannelNotRegistered`, `BadChannelId`).
+        case channelNotFound
+        /// Apple answered with an error (or an unusable success); `reason` is Apple's reason or `HTTP <status>`.
+        case refused(status: Int, reason: String)
+        /// Apple could not be reached: `timeout`, `tls_error`, `transport_error` or `endpoint_not_allowed`.
+        case unreachable(reason: String)
+    }
+
+    public var code: Code
+    /// Apple's `Retry-After` (clamped by `ProviderNumbers`), when it sent one.
+    public var retryAfter: Duration?
+
+    public init(_ code: Code, retryAfter: Duration? = nil) {
+        self.code = code
+        self.retryAfter = retryAfter
+    }
+
+    public var description: String {
+        switch code {
+        case .noCredential: "no APNs credential"
+        case .limitReached: "CannotCreateChannelConfig"
+        case .channelNotFound: "channel not registered at APNs"
+        case .refused(let status, let reason): "APNs refused (\(status)): \(reason)"
+        case .unreachable(let reason): "APNs unreachable: \(reason)"
+        }
+    }
+}
+
+/// Where a channel lives at Apple: what creating it returned, and what deleting it needs.
+public struct ChannelAddress: Sendable, Equatable {
+    /// Apple's opaque channel ID (`apns-channel-id`).
+    public var apnsChannelID: String
+    /// The app (bundle ID) the channel belongs to.
+    public var bundleID: String
+    /// `sandbox` or `production`.
+    public var environment: String
+
+    public init(apnsChannelID: String, bundleID: String, environment: String) {
+        self.apnsChannelID = apnsChannelID
+        self.bundleID = bundleID
+        self.environment = environment
+    }
+}
+
+/// Creates and deletes a tenant's broadcast channels at Apple (implemented over HTTP/2 by `MarqueeDelivery`).
+public protocol BroadcastChannelManaging: Sendable {
+    /// Creates a channel for the tenant's app in its credential's environment.
+    func create(tenant: UUID, storagePolicy: ChannelStoragePolicy) async throws(ChannelManagementError)
+        -> ChannelAddress
+    /// Deletes a channel at Apple; `channelNotFound` when Apple no longer knows it.
+    func delete(tenant: UUID, _ channel: ChannelAddress) async throws(ChannelManagementError)
+}

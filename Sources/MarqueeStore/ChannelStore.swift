@@ -1,0 +1,152 @@
+import Foundation
+import MarqueeCore
+import PostgresClient
+
+/// A broadcast channel as recorded (migration 0030).
+public struct ChannelRecord: Sendable, Equatable {
+    /// A ULID as a UUID.
+    public var id: UUID
+    public var activityType: String
+    public var storagePolicy: ChannelStoragePolicy
+    public var apnsChannelID: String
+    public var bundleID: String
+    public var environment: String
+    /// `active`, or `gone` once Apple no longer knows the channel.
+    public var status: String
+    public var statusReason: String?
+    public var createdAt: Date
+    public var updatedAt: Date
+
+    public init(
+        id: UUID, activityType: String, storagePolicy: ChannelStoragePolicy, apnsChannelID: String, bundleID: String,
+        environment: String, status: String = "active", statusReason: String? = nil, createdAt: Date, updatedAt: Date
+    ) {
+        self.id = id
+        self.activityType = activityType
+        self.storagePolicy = storagePolicy
+        self.apnsChannelID = apnsChannelID
+        self.bundleID = bundleID
+        self.environment = environment
+        self.status = status
+        self.statusReason = statusReason
+        self.createdAt = createdAt
+        self.updatedAt = updatedAt
+    }
+}
+
+/// What a channel create needs to know before it asks Apple.
+public struct ChannelCreateContext: Sendable {
+    public var activityTypeExists: Bool
+    /// The stored answer for the request's Idempotency-Key (last 24 hours).
+    public var idempotent: StoredResponse?
+}
+
+/// How recording a created channel went.
+public enum ChannelInsertOutcome: Sendable, Equatable {
+    case inserted
+    /// A concurrent request took the Idempotency-Key first: nothing was written; replay its answer.
+    case idempotencyKeyTaken
+}
+
+/// A tenant's broadcast channels.
+public struct ChannelStore: Sendable {
+    let database: TenantDatabase
+
+    public init(database: TenantDatabase) {
+        self.database = database
+    }
+
+    /// Whether the activity type exists, and the stored answer for `idempotencyKey`, in one transaction.
+    public func createContext(tenant: UUID, activityType: String, idempotencyKey: String?) async throws
+        -> ChannelCreateContext
+    {
+        try await database.tenantTransaction(tenant) { connection in
+            let types = try connection.query(
+                "SELECT 1 FROM activity_types WHERE tenant_id = \(tenant) AND identifier = \(activityType)")
+            let stored = try idempotencyKey.map { key in
+                try LiveActivityStore.storedResponse(
+                    connection.query(LiveActivityStore.idempotencyQuery(tenant, key)))
+            }
+            return ChannelCreateContext(activityTypeExists: !types.isEmpty, idempotent: stored ?? nil)
+        }
+    }
+
+    /// Records a channel Apple created, with the request's idempotency record when it has one (both or neither).
+    public func insert(tenant: UUID, _ channel: ChannelRecord, idempotency: IdempotencyRecord?) async throws
+        -> ChannelInsertOutcome
+    {
+        let idem = idempotency
+        let rows = try await database.tenantStatement(
+            tenant,
+            """
+            WITH idem AS (
+                INSERT INTO idempotency_keys (tenant_id, key, request_hash, status, response)
+                SELECT \(tenant), \(idem?.key), \(idem?.requestHash ?? []), \(idem?.status ?? 201),
+                       \(idem?.response ?? .null)
+                WHERE \(idem?.key)::text IS NOT NULL
+                ON CONFLICT (tenant_id, key) DO UPDATE SET
+                    request_hash = EXCLUDED.request_hash, status = EXCLUDED.status, response = EXCLUDED.response,
+                    created_at = now()
+                WHERE idempotency_keys.created_at <= now() - interval '24 hours'
+                RETURNING 1
+            ), ins AS (
+                INSERT INTO channels (tenant_id, id, activity_type, storage_policy, apns_channel_id, bundle_id,
+                                      environment, status, created_at, updated_at)
+                SELECT \(tenant), \(channel.id), \(channel.activityType), \(channel.storagePolicy.rawValue),
+                       \(channel.apnsChannelID), \(channel.bundleID), \(channel.environment), \(channel.status),
+                       \(channel.createdAt), \(channel.updatedAt)
+                WHERE \(idem?.key)::text IS NULL OR EXISTS (SELECT 1 FROM idem)
+                RETURNING 1
+            )
+            SELECT EXISTS (SELECT 1 FROM ins) AS created
+            """)
+        return try rows[0].decode(Bool.self, "created") ? .inserted : .idempotencyKeyTaken
+    }
+
+    /// One channel; `NotFound("channel")` when the tenant has no such channel.
+    public func get(tenant: UUID, id: UUID) async throws -> ChannelRecord {
+        let rows = try await database.tenantStatement(
+            tenant, "SELECT \(unsafeRaw: Self.columns) FROM channels WHERE tenant_id = \(tenant) AND id = \(id)")
+        guard let row = rows.first else { throw NotFound("channel") }
+        return try Self.channel(row)
+    }
+
+    /// Channels newest first, before `before` (a cursor), optionally of one activity type.
+    public func list(tenant: UUID, activityType: String?, before: UUID?, limit: Int) async throws -> [ChannelRecord] {
+        let rows = try await database.tenantStatement(
+            tenant,
+            """
+            SELECT \(unsafeRaw: Self.columns) FROM channels
+            WHERE tenant_id = \(tenant)
+              AND (\(activityType)::text IS NULL OR activity_type = \(activityType))
+              AND (\(before)::uuid IS NULL OR id < \(before))
+            ORDER BY id DESC LIMIT \(limit)
+            """)
+        return try rows.map(Self.channel)
+    }
+
+    /// Removes a channel's record; false when there was none (already deleted).
+    public func delete(tenant: UUID, id: UUID) async throws -> Bool {
+        let rows = try await database.tenantStatement(
+            tenant, "DELETE FROM channels WHERE tenant_id = \(tenant) AND id = \(id) RETURNING 1")
+        return !rows.isEmpty
+    }
+
+    static let columns = """
+        id, activity_type, storage_policy, apns_channel_id, bundle_id, environment, status, status_reason, \
+        created_at, updated_at
+        """
+
+    static func channel(_ row: PostgresRow) throws -> ChannelRecord {
+        let policyText = try row.decode(String.self, "storage_policy")
+        guard let policy = ChannelStoragePolicy(rawValue: policyText) else {
+            throw PostgresError(code: .decoding, context: "unknown channel storage policy")
+        }
+        return ChannelRecord(
+            id: try row.decode(UUID.self, "id"), activityType: try row.decode(String.self, "activity_type"),
+            storagePolicy: policy, apnsChannelID: try row.decode(String.self, "apns_channel_id"),
+            bundleID: try row.decode(String.self, "bundle_id"), environment: try row.decode(String.self, "environment"),
+            status: try row.decode(String.self, "status"), statusReason: try row.decode(String?.self, "status_reason"),
+            createdAt: try row.decode(Date.self, "created_at"), updatedAt: try row.decode(Date.self, "updated_at"))
+    }
+}

@@ -1,0 +1,219 @@
+import Foundation
+import MarqueeCore
+import PostgresClient
+
+/// One person of a bulk import, checked line by line by the API.
+public struct ImportPerson: Sendable, Equatable {
+    public struct Device: Sendable, Equatable {
+        public var token: String
+        public var platform: Platform
+        /// Push-to-start tokens of an iOS device, by activity type.
+        public var pushToStart: [String: String]
+
+        public init(token: String, platform: Platform, pushToStart: [String: String] = [:]) {
+            self.token = token
+            self.platform = platform
+            self.pushToStart = pushToStart
+        }
+    }
+
+    /// The line of the import it came from (1-based).
+    public var line: Int
+    public var id: String
+    /// nil keeps the stored email.
+    public var email: String?
+    /// nil keeps the stored attributes; an object replaces them.
+    public var attributes: JSONValue?
+    public var devices: [Device]
+
+    public init(line: Int, id: String, email: String?, attributes: JSONValue?, devices: [Device]) {
+        self.line = line
+        self.id = id
+        self.email = email
+        self.attributes = attributes
+        self.devices = devices
+    }
+}
+
+/// A line the import did not apply, and why.
+public struct ImportRejection: Sendable, Equatable {
+    public var line: Int
+    public var field: String
+    public var reason: String
+
+    public init(line: Int, field: String, reason: String) {
+        self.line = line
+        self.field = field
+        self.reason = reason
+    }
+}
+
+/// What an import did.
+public struct ImportOutcome: Sendable, Equatable {
+    /// People created.
+    public var imported: Int
+    /// People who existed and were updated.
+    public var updated: Int
+    /// Lines refused by the database's rules (an email that belongs to another person); the API adds the lines
+    /// it refused before.
+    public var rejected: [ImportRejection]
+}
+
+/// The answer to an import request: done now, or the stored answer of an earlier request with the same key.
+public enum ImportResult: Sendable {
+    case done(ImportOutcome, JSONValue)
+    case replay(StoredResponse)
+}
+
+/// Bulk upsert of people, their devices and push-to-start tokens: COPY into staging tables, then one merge per
+/// table, in one transaction.
+public struct PeopleImportStore: Sendable {
+    let database: TenantDatabase
+
+    public init(database: TenantDatabase) {
+        self.database = database
+    }
+
+    /// Imports `people` (distinct IDs, emails and device tokens: the API rejects repeats). With an idempotency
+    /// key, the rendered answer (`render`) is stored in the same transaction, and a repeat returns it instead.
+    public func importPeople(
+        tenant: UUID, _ people: [ImportPerson], idempotencyKey: String?, requestHash: [UInt8],
+        render: @escaping @Sendable (ImportOutcome) -> JSONValue
+    ) async throws -> ImportResult {
+        try await database.tenantTransaction(tenant) { connection in
+            if let key = idempotencyKey {
+                // Serialises requests with the same key: the second waits, then replays the first's answer.
+                try connection.query("SELECT pg_advisory_xact_lock(hashtextextended(\(tenant.uuidString + key), 0))")
+                if let stored = try LiveActivityStore.storedResponse(
+                    connection.query(LiveActivityStore.idempotencyQuery(tenant, key)))
+                {
+                    return .replay(stored)
+                }
+            }
+            let outcome = try Self.merge(connection, tenant: tenant, people)
+            let response = render(outcome)
+            if let key = idempotencyKey {
+                try connection.execute(
+                    """
+                    INSERT INTO idempotency_keys (tenant_id, key, request_hash, status, response)
+                    VALUES (\(tenant), \(key), \(requestHash), 200, \(response))
+                    ON CONFLICT (tenant_id, key) DO UPDATE SET
+                        request_hash = EXCLUDED.request_hash, status = EXCLUDED.status, response = EXCLUDED.response,
+                        created_at = now()
+                    """)
+            }
+            return .done(outcome, response)
+        }
+    }
+
+    static func merge(_ connection: PostgresConnection, tenant: UUID, _ people: [ImportPerson]) throws
+        -> ImportOutcome
+    {
+        for table in [
+            """
+            CREATE TEMP TABLE import_people (line integer NOT NULL, id text NOT NULL, email text, attributes jsonb,
+                                             created boolean NOT NULL DEFAULT false) ON COMMIT DROP
+            """,
+            """
+            CREATE TEMP TABLE import_devices (line integer NOT NULL, person_id text NOT NULL, token text NOT NULL,
+                                              platform text NOT NULL) ON COMMIT DROP
+            """,
+            """
+            CREATE TEMP TABLE import_push_to_start (line integer NOT NULL, person_id text NOT NULL,
+                                                    device_token text NOT NULL, activity_type text NOT NULL,
+                                                    token text NOT NULL, default_attributes_type text NOT NULL)
+                ON COMMIT DROP
+            """,
+        ] {
+            try connection.execute(PostgresQuery(unsafeSQL: table))
+        }
+        _ = try connection.copyFrom(
+            table: "import_people", columns: ["line", "id", "email", "attributes"],
+            rows: people.lazy.map { p in
+                [
+                    p.line.encodePostgres(), p.id.encodePostgres(), p.email.encodePostgres(),
+                    p.attributes.encodePostgres(),
+                ]
+            })
+        _ = try connection.copyFrom(
+            table: "import_devices", columns: ["line", "person_id", "token", "platform"],
+            rows: people.lazy.flatMap { p in
+                p.devices.map { d in
+                    [
+                        p.line.encodePostgres(), p.id.encodePostgres(), d.token.encodePostgres(),
+                        d.platform.rawValue.encodePostgres(),
+                    ]
+                }
+            })
+        _ = try connection.copyFrom(
+            table: "import_push_to_start",
+            columns: ["line", "person_id", "device_token", "activity_type", "token", "default_attributes_type"],
+            rows: people.lazy.flatMap { p in
+                p.devices.flatMap { d in
+                    d.pushToStart.sorted { $0.key < $1.key }.map { type, token in
+                        [
+                            p.line.encodePostgres(), p.id.encodePostgres(), d.token.encodePostgres(),
+                            type.encodePostgres(), token.encodePostgres(),
+                            RegistryTransaction.defaultAttributesType(type).encodePostgres(),
+                        ]
+                    }
+                }
+            })
+        // An email that belongs to someone else already: the line is refused, the others go on.
+        let conflicts = try connection.query(
+            """
+            WITH bad AS (
+                DELETE FROM import_people i
+                WHERE i.email IS NOT NULL AND EXISTS (
+                    SELECT 1 FROM people p
+                    WHERE p.tenant_id = \(tenant) AND lower(p.email) = lower(i.email) AND p.id <> i.id)
+                RETURNING i.line, i.id
+            ), devices AS (
+                DELETE FROM import_devices d USING bad WHERE d.line = bad.line
+            ), tokens AS (
+                DELETE FROM import_push_to_start t USING bad WHERE t.line = bad.line
+            )
+            SELECT line FROM bad ORDER BY line
+            """)
+        let rejected = try conflicts.map {
+            ImportRejection(
+                line: try $0.decode(Int.self, "line"), field: "email", reason: "belongs to another person")
+        }
+        // People: new ones inserted (and marked), existing ones updated; absent email and attributes are kept.
+        try connection.execute(
+            """
+            WITH inserted AS (
+                INSERT INTO people (tenant_id, id, email, attributes)
+                SELECT \(tenant), i.id, i.email, COALESCE(i.attributes, '{}'::jsonb) FROM import_people i ORDER BY i.id
+                ON CONFLICT (tenant_id, id) DO NOTHING
+                RETURNING id
+            )
+            UPDATE import_people i SET created = true FROM inserted WHERE i.id = inserted.id
+            """)
+        let updated = try connection.execute(
+            """
+            UPDATE people p SET email = COALESCE(i.email, p.email), attributes = COALESCE(i.attributes, p.attributes)
+            FROM import_people i
+            WHERE p.tenant_id = \(tenant) AND p.id = i.id AND NOT i.created
+            """)
+        let created = try connection.query("SELECT count(*)::int AS n FROM import_people WHERE created")
+        // Devices: a token registered before under someone else moves to this person (a device has one owner),
+        // as a single registration does.
+        try connection.execute(
+            """
+            INSERT INTO devices (tenant_id, token, person_id, platform)
+            SELECT \(tenant), d.token, d.person_id, d.platform FROM import_devices d ORDER BY d.token
+            ON CONFLICT (tenant_id, token) DO UPDATE SET person_id = EXCLUDED.person_id, platform = EXCLUDED.platform
+            """)
+        // Push-to-start tokens: the one home of the rotation rule, `marquee_register_push_to_start` (0003), per row.
+        try connection.query(
+            """
+            SELECT count(r.outcome) AS n FROM import_push_to_start t
+            CROSS JOIN LATERAL marquee_register_push_to_start(
+                \(tenant), t.person_id, t.device_token, t.activity_type, t.token, NULL, 'marquee',
+                t.default_attributes_type) r
+            """)
+        return ImportOutcome(
+            imported: try created[0].decode(Int.self, "n"), updated: updated, rejected: rejected)
+    }
+}

@@ -1,0 +1,196 @@
+import Foundation
+import MarqueeCore
+import PostgresClient
+import Testing
+
+/// `POST /v1/people/import`: NDJSON in, people, devices and push-to-start tokens out, bad lines reported.
+@Suite("People import")
+struct PeopleImportTests {
+    static func ndjson(_ lines: [String]) -> Data { Data(lines.joined(separator: "\n").utf8) }
+
+    static func post(_ api: API, _ key: String, _ body: Data, headers: [String: String] = [:]) async throws
+        -> HTTP.Response
+    {
+        try await api.call(
+            "POST", "/v1/people/import", key: key, body: body, contentType: "application/x-ndjson", headers: headers,
+            timeout: 300)
+    }
+
+    static func json(_ object: [String: Any]) throws -> String {
+        String(decoding: try JSONSerialization.data(withJSONObject: object, options: [.sortedKeys]), as: UTF8.self)
+    }
+
+    @Test("good lines import, bad ones are reported by line and field, and existing people keep what a line omits")
+    func goodAndBad() async throws {
+        let fixture = try await RegistryFixture.get()
+        let api = fixture.api
+        let tenant = try await api.createTenant("import-" + Fake.hex(6))
+        let type = Fake.activityType()
+        let existing = Fake.id("old")
+        let taken = Fake.id("taken")
+        #expect(
+            try await api.call(
+                "PUT", "/v1/people/\(existing)", key: tenant.app,
+                json: ["email": "\(existing)@example.com", "attributes": ["plan": "pro"]]
+            ).status == 200)
+        #expect(
+            try await api.call("PUT", "/v1/people/\(taken)", key: tenant.app, json: ["email": "taken@example.com"])
+                .status == 200)
+        let fresh = Fake.id("new")
+        let iphone = Fake.hex()
+        let pts = Fake.hex()
+        let pixel = Fake.fcm()
+        // Line numbers (from 1) are what the expectations below name.
+        let lines: [String] = [
+            try Self.json([
+                "id": fresh, "email": "\(fresh)@example.com", "attributes": ["team": "lions"],
+                "devices": [
+                    ["token": iphone, "platform": "ios", "push_to_start": [type: pts]],
+                    ["token": pixel, "platform": "android"],
+                ],
+            ]),
+            try Self.json(["id": existing, "email": "\(existing)-2@example.com"]),
+            "{not json",
+            try Self.json(["email": "x@example.com"]),
+            try Self.json(["id": Fake.id("p"), "devices": [["token": Fake.hex(), "platform": "windows"]]]),
+            try Self.json([
+                "id": Fake.id("p"),
+                "devices": [["token": Fake.fcm(), "platform": "android", "push_to_start": [type: pts]]],
+            ]),
+            try Self.json(["id": fresh]),
+            try Self.json(["id": Fake.id("p"), "email": "\(fresh.uppercased())@EXAMPLE.com"]),
+            try Self.json(["id": Fake.id("p"), "devices": [["token": iphone, "platform": "ios"]]]),
+            try Self.json(["id": Fake.id("p"), "email": "TAKEN@example.com"]),
+            "",
+            try Self.json(["id": Fake.id("p"), "attributes": [1, 2]]),
+            try Self.json(["id": Fake.id("p"), "nickname": "x"]) + "\r",
+            "[1]",
+        ]
+        let response = try await Self.post(api, tenant.app, Self.ndjson(lines))
+        #expect(response.status == 200, "\(response.text)")
+        let body = try response.json()
+        #expect(body["imported"] as? Int == 1)
+        #expect(body["updated"] as? Int == 1)
+        let rejected = (body["rejected"] as? [[String: Any]]) ?? []
+        let byLine = Dictionary(
+            rejected.map { ($0["line"] as? Int ?? 0, $0["field"] as? String ?? "") }, uniquingKeysWith: { a, _ in a })
+        #expect(
+            byLine == [
+                3: "line", 4: "id", 5: "devices[0].platform", 6: "devices[0].push_to_start", 7: "id", 8: "email",
+                9: "devices[0].token", 10: "email", 12: "attributes", 13: "nickname", 14: "line",
+            ], "\(response.text)")
+        #expect(rejected.allSatisfy { ($0["reason"] as? String)?.isEmpty == false })
+        #expect(!response.text.contains(pts), "tokens are never echoed")
+
+        // The new person, with both devices and the push-to-start token, as the API reads them.
+        let person = try await api.call("GET", "/v1/people/\(fresh)", key: tenant.app)
+        #expect(person.status == 200, "\(person.text)")
+        let devices = (try person.json()["devices"] as? [[String: Any]]) ?? []
+        #expect(devices.compactMap { $0["platform"] as? String }.sorted() == ["android", "ios"], "\(person.text)")
+        let iosTokens = devices.first { $0["platform"] as? String == "ios" }?["tokens"] as? [[String: Any]]
+        #expect(iosTokens?.map { "\($0["kind"] ?? "")/\($0["activity_type"] ?? "")" } == ["push_to_start/\(type)"])
+        #expect(try person.json()["email"] as? String == "\(fresh)@example.com")
+        // The existing person: new email, attributes kept (the line had none).
+        let old = try await api.call("GET", "/v1/people/\(existing)", key: tenant.app).json()
+        #expect(old["email"] as? String == "\(existing)-2@example.com")
+        #expect((old["attributes"] as? [String: Any])?["plan"] as? String == "pro")
+        // The taken email still belongs to its owner.
+        #expect(
+            try await api.call("GET", "/v1/people/\(taken)", key: tenant.app).json()["email"] as? String
+                == "taken@example.com")
+        // A segment sees the imported push-to-start token.
+        #expect(
+            try await api.call(
+                "PUT", "/v1/segments/pts", key: tenant.app,
+                json: ["name": "pts", "filter": ["has_push_to_start": type]]
+            ).status == 201)
+        let preview = try await api.call("POST", "/v1/segments/pts/preview", key: tenant.app).json()
+        #expect(preview["sample"] as? [String] == [fresh])
+
+        // Importing again rotates the push-to-start token like a registration does.
+        let rotated = Fake.hex()
+        let again = try await Self.post(
+            api, tenant.app,
+            Self.ndjson([
+                try Self.json([
+                    "id": fresh, "devices": [["token": iphone, "platform": "ios", "push_to_start": [type: rotated]]],
+                ])
+            ]))
+        #expect(try again.json()["updated"] as? Int == 1, "\(again.text)")
+        let tokens = try await fixture.pool.query(
+            """
+            SELECT token, status FROM push_to_start_tokens
+            WHERE tenant_id = \(tenant.uuid) AND device_token = \(iphone) ORDER BY status
+            """)
+        #expect(
+            try tokens.map { try "\($0.decode(String.self, "token"))=\($0.decode(String.self, "status"))" } == [
+                "\(rotated)=active", "\(pts)=retired",
+            ])
+    }
+
+    @Test("an Idempotency-Key replays the first answer; a JSON body is 415; more than 100,000 people is 422")
+    func requestRules() async throws {
+        let fixture = try await RegistryFixture.get()
+        let api = fixture.api
+        let tenant = try await api.createTenant("import-rules-" + Fake.hex(6))
+        let body = Self.ndjson([try Self.json(["id": Fake.id("a")]), try Self.json(["id": Fake.id("b")])])
+        let key = ["Idempotency-Key": Fake.hex(12)]
+        let first = try await Self.post(api, tenant.app, body, headers: key)
+        #expect(first.status == 200)
+        #expect(try first.json()["imported"] as? Int == 2)
+        let repeated = try await Self.post(api, tenant.app, body, headers: key)
+        #expect(repeated.status == 200)
+        #expect(repeated.header("Idempotent-Replayed") == "true")
+        #expect(try repeated.json()["imported"] as? Int == 2, "the first answer, not a second import (0 new)")
+        expectProblem(
+            try await Self.post(api, tenant.app, Self.ndjson([try Self.json(["id": "c"])]), headers: key), 422,
+            "invalid-field", field: "Idempotency-Key")
+
+        let json = try await api.call(
+            "POST", "/v1/people/import", key: tenant.app, body: body, contentType: "application/json")
+        expectProblem(json, 415, "unsupported-media-type")
+        expectProblem(
+            try await api.call(
+                "POST", "/v1/people/import", key: tenant.sdk, body: body, contentType: "application/x-ndjson"),
+            403, "forbidden")
+        let tooMany = Data(String(repeating: "{\"id\":\"x\"}\n", count: 100_001).utf8)
+        expectProblem(try await Self.post(api, tenant.app, tooMany), 422, "invalid-field", field: "body")
+    }
+
+    @Test("100,000 people with an iPhone and a push-to-start token each, in one request")
+    func hundredThousand() async throws {
+        let fixture = try await RegistryFixture.get()
+        let api = fixture.api
+        let tenant = try await api.createTenant("import-100k-" + Fake.hex(6))
+        let type = Fake.activityType()
+        let prefix = Fake.hex(6)
+        var text = ""
+        text.reserveCapacity(100_000 * 220)
+        for i in 0..<100_000 {
+            let device = String(format: "%064x", i)
+            text += """
+                {"id":"p\(prefix)-\(i)","email":"p\(i)@\(prefix).example.com","attributes":{"n":\(i)},\
+                "devices":[{"token":"\(device)","platform":"ios","push_to_start":{"\(type)":"\(device)aa"}}]}
+
+                """
+        }
+        let started = ContinuousClock.now
+        let response = try await Self.post(api, tenant.app, Data(text.utf8))
+        let elapsed = ContinuousClock.now - started
+        #expect(response.status == 200, "\(response.text.prefix(500))")
+        let body = try response.json()
+        #expect(body["imported"] as? Int == 100_000)
+        #expect((body["rejected"] as? [Any])?.isEmpty == true)
+        let counts = try await fixture.pool.query(
+            """
+            SELECT (SELECT count(*)::int FROM people WHERE tenant_id = \(tenant.uuid)) AS people,
+                   (SELECT count(*)::int FROM devices WHERE tenant_id = \(tenant.uuid)) AS devices,
+                   (SELECT count(*)::int FROM push_to_start_tokens WHERE tenant_id = \(tenant.uuid)
+                        AND status = 'active') AS tokens
+            """)
+        #expect(try counts[0].decode(Int.self, "people") == 100_000)
+        #expect(try counts[0].decode(Int.self, "devices") == 100_000)
+        #expect(try counts[0].decode(Int.self, "tokens") == 100_000)
+        print("import of 100,000 people with devices and push-to-start tokens: \(elapsed)")
+    }
+}
