@@ -82,6 +82,8 @@ let package = Package(
         ),
 
         // MARK: Tests
+        // Mirrors of the device libraries' Codable types, shared by the payload and end-to-end tests.
+        .target(name: "ClientMirrors", path: "Tests/ClientMirrors", swiftSettings: swiftSettings),
         .testTarget(name: "PostgresClientTests", dependencies: ["PostgresClient"], swiftSettings: swiftSettings),
         .testTarget(name: "HTTPServerTests", dependencies: ["HTTPServer"], swiftSettings: swiftSettings),
         .testTarget(name: "CryptoTests", dependencies: ["Crypto"], swiftSettings: swiftSettings),
@@ -94,7 +96,8 @@ let package = Package(
             name: "ServiceLifecycleTests", dependencies: ["ServiceLifecycle", "Observability"],
             swiftSettings: swiftSettings),
         .testTarget(
-            name: "MarqueeCoreTests", dependencies: ["MarqueeCore"], exclude: ["Golden"], swiftSettings: swiftSettings),
+            name: "MarqueeCoreTests", dependencies: ["MarqueeCore", "ClientMirrors"], exclude: ["Golden"],
+            swiftSettings: swiftSettings),
         .testTarget(
             name: "MarqueeSimulatorsTests", dependencies: ["MarqueeSimulators", "HTTP2", "Crypto", "MarqueeCore"],
             swiftSettings: swiftSettings),
@@ -102,7 +105,7 @@ let package = Package(
             name: "IntegrationTests",
             dependencies: [
                 "MarqueeCore", "MarqueeStore", "MarqueeAPI", "PostgresClient", "HTTPServer", "Observability", "Crypto",
-                "MarqueeSimulators", "MarqueeDelivery", "HTTP2",
+                "MarqueeSimulators", "MarqueeDelivery", "HTTP2", "ClientMirrors",
             ],
             swiftSettings: swiftSettings
         ),

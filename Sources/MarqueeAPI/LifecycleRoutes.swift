@@ -113,7 +113,7 @@ struct LifecycleRoutes: Sendable {
             attributes: attributes, contentState: contentState, options: options, timestamp: timestamp
         ).content(
             event: .start, instanceID: instanceID, activityType: activityType, attributesType: type.attributesType,
-            profile: type.payloadProfile, now: now)
+            profile: type.payloadProfile, dateFields: type.dateFields, now: now)
         let targeted = Set(deliveries.map { $0.provider == .apns ? Platform.ios : Platform.android })
         try Self.checkSize(
             content, platforms: targeted.isEmpty ? (platform.map { [$0] } ?? [.ios, .android]) : Array(targeted))
@@ -262,7 +262,8 @@ struct LifecycleRoutes: Sendable {
                 attributes: attributes, contentState: contentState, options: options, timestamp: timestamp
             ).content(
                 event: operation == .end ? .end : .update, instanceID: instanceID, activityType: instance.activityType,
-                attributesType: type.attributesType, profile: type.payloadProfile, now: now)
+                attributesType: type.attributesType, profile: type.payloadProfile, dateFields: type.dateFields,
+                now: now)
             let platforms = Set(context.targets.map(\.platform))
             try Self.checkSize(content, platforms: platforms.isEmpty ? [.ios, .android] : Array(platforms))
 
@@ -451,6 +452,7 @@ struct LifecycleRoutes: Sendable {
             throw ValidationError(
                 .schemaViolation, field: "content_state" + violation.pointer.description, reason: violation.reason)
         }
+        try type.payloadProfile.checkContentState(state)
         return state
     }
 

@@ -54,12 +54,15 @@ public struct ActivityContent: Sendable, Equatable {
     /// Epoch seconds of this event; strictly increasing per instance (the caller ensures it), because ActivityKit
     /// drops a push whose timestamp is not newer than the last one it applied.
     public var timestamp: Int64
+    /// The activity type's date fields (JSON pointer → encoding), already applied to ``contentState``. A profile whose
+    /// other platform reads dates in another unit re-encodes them from this (Customer.io Android: milliseconds).
+    public var dateFields: [String: DateEncoding]
 
     public init(
         event: LiveActivityEvent, instanceID: String, activityType: String, attributesType: String,
         profile: PayloadProfile, attributes: JSONValue = .object([:]), contentState: JSONValue,
         alert: LiveActivityAlert? = nil, deepLink: String? = nil, staleDate: Date? = nil, dismissalDate: Date? = nil,
-        relevanceScore: Double? = nil, timestamp: Int64
+        relevanceScore: Double? = nil, timestamp: Int64, dateFields: [String: DateEncoding] = [:]
     ) {
         self.event = event
         self.instanceID = instanceID
@@ -74,6 +77,7 @@ public struct ActivityContent: Sendable, Equatable {
         self.dismissalDate = dismissalDate
         self.relevanceScore = relevanceScore
         self.timestamp = timestamp
+        self.dateFields = dateFields
     }
 }
 
@@ -104,4 +108,9 @@ public struct DeliveryAttribution: Sendable, Equatable {
 /// Seconds since 1970, whole (fractions dropped): how APNs and FCM payloads carry instants.
 func epochSeconds(_ date: Date) -> Int64 {
     Int64(date.timeIntervalSince1970.rounded(.down))
+}
+
+/// Milliseconds since 1970, whole (fractions dropped): how Customer.io's Android SDK reads instants.
+func epochMilliseconds(_ date: Date) -> Int64 {
+    DateFields.epochMilliseconds(date.timeIntervalSince1970)
 }

@@ -6,9 +6,12 @@ import Foundation
 /// Input at each configured pointer may be epoch seconds (a JSON number, fractions allowed) or an ISO 8601 date-time
 /// string (`2025-03-01T12:30:00Z`, `2025-03-01T13:30:00.250+01:00`, `…+0100`). Output follows the field's
 /// ``DateEncoding``:
-/// - `epoch_seconds`: a number of seconds since 1970, an integer when the instant is a whole second;
+/// - `epoch_seconds`: whole seconds since 1970, always an integer: a fraction is rounded down (towards the past), because
+///   decoders such as Customer.io's `EpochSecondsDate` read an `Int64` and refuse `1740000000.5`, which makes the
+///   whole content state undecodable;
 /// - `apple_reference`: seconds since 2001-01-01T00:00:00Z (epoch − 978 307 200), what a plain `Date` in an
-///   ActivityKit content state decodes with the default `JSONDecoder` strategy; integer when whole;
+///   ActivityKit content state decodes with the default `JSONDecoder` strategy (a `Double`, so fractions are kept);
+///   integer when whole;
 /// - `iso8601`: `YYYY-MM-DDTHH:MM:SSZ` in UTC. Fractions are truncated to the second, because Swift's
 ///   `JSONDecoder.DateDecodingStrategy.iso8601` refuses fractional seconds.
 public enum DateFields {
@@ -64,10 +67,27 @@ public enum DateFields {
     /// Encodes an instant (epoch seconds) for the app's decoder.
     public static func encode(_ epochSeconds: Double, as encoding: DateEncoding) -> JSONValue {
         switch encoding {
-        case .epochSeconds: number(epochSeconds)
+        case .epochSeconds: .int(Int64(epochSeconds.rounded(.down)))
         case .appleReference: number(epochSeconds - Double(appleReferenceOffset))
         case .iso8601: .string(ISO8601.format(Int64(epochSeconds.rounded(.down))))
         }
+    }
+
+    /// The instant an already encoded date field denotes, in epoch seconds (the inverse of
+    /// `encode(_:as:)`); nil when the value is not in that encoding.
+    public static func decode(_ value: JSONValue, as encoding: DateEncoding) -> Double? {
+        switch (encoding, value) {
+        case (.epochSeconds, .int), (.epochSeconds, .double): value.doubleValue
+        case (.appleReference, .int), (.appleReference, .double):
+            value.doubleValue.map { $0 + Double(appleReferenceOffset) }
+        case (.iso8601, .string(let text)): ISO8601.parse(text)
+        default: nil
+        }
+    }
+
+    /// Whole milliseconds since 1970 (rounded down), for readers such as Customer.io's Android SDK.
+    public static func epochMilliseconds(_ epochSeconds: Double) -> Int64 {
+        Int64((epochSeconds * 1000).rounded(.down))
     }
 
     /// Encodes a `Date` for the app's decoder.

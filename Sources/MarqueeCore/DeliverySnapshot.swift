@@ -19,17 +19,17 @@ public struct DeliverySnapshot: Sendable, Equatable {
     }
 
     /// The content of the push for `event`. A stale date that has passed by `now` is not sent; a dismissal date is
-    /// sent with an end only.
+    /// sent with an end only. `dateFields` are the activity type's, for profiles that re-encode dates per platform.
     public func content(
         event: LiveActivityEvent, instanceID: String, activityType: String, attributesType: String,
-        profile: PayloadProfile, now: Date
+        profile: PayloadProfile, dateFields: [String: DateEncoding] = [:], now: Date
     ) -> ActivityContent {
         ActivityContent(
             event: event, instanceID: instanceID, activityType: activityType, attributesType: attributesType,
             profile: profile, attributes: attributes, contentState: contentState, alert: options.alert,
             deepLink: options.deepLink, staleDate: options.staleDate.flatMap { $0 > now ? $0 : nil },
             dismissalDate: event == .end ? options.dismissalDate : nil, relevanceScore: options.relevanceScore,
-            timestamp: timestamp)
+            timestamp: timestamp, dateFields: dateFields)
     }
 }
 

@@ -8,14 +8,23 @@
 ///   seconds), `content_state` and `attributes` (JSON texts), `delivery_id`, `delivery_token`; when present
 ///   `deep_link`, `stale_date` and `dismissal_date` (end only; epoch seconds), `alert_title` and `alert_body` (an
 ///   alert re-notifies on Android instead of updating silently).
-/// - `customerio`: `cioInstanceId`, `event`, `notification_type`, `timestamp`, `payload` — one JSON object holding
-///   the attributes and the content state together (state wins on a shared key), because the Android side has no
-///   attributes/content-state split —, `CIO-Delivery-ID`, `CIO-Delivery-Token`, and `link` for the deep link (the key
-///   Customer.io's push SDKs read).
+/// - `customerio`: what Customer.io's Android SDK routes to its live-notification handler (its live-notifications
+///   branches: `CustomerIOPushNotificationHandler.kt`, `LiveNotificationHandler.kt`, `LiveNotificationStore.kt`,
+///   `DeliveryTrackingTemplate.kt`). `activity_id` (the instance ID; without it the push is shown as an ordinary
+///   notification), `event`, `notification_type`, `timestamp` in epoch **milliseconds** (the SDK compares it with
+///   the last value seen for the activity, and writes `System.currentTimeMillis()` there for local starts and
+///   updates; seconds would be dropped as stale — strictly increasing per instance because Marquee's event seconds
+///   are), `payload` — one JSON object holding the attributes and the content state together (state wins on a shared
+///   key), with the activity type's date fields in epoch milliseconds as the built-in templates read them —,
+///   `CIO-Delivery-ID` and `CIO-Delivery-Token` (both required, or the SDK ignores the push), `link` for the deep
+///   link, `title` and `body` (the alert's, else the content state's `title`/`body` strings) for the app's
+///   notification callback, and on `end` with a dismissal date `dismissal_date` in epoch milliseconds (without it
+///   the SDK removes the notification at once).
 /// - `capacitor` (seed 000): `liveActivityId` plus the content state's fields flattened to strings, as the plugin's
 ///   documented data message shows (`"progress": "0.95"`), including its flat attribution fields. Marquee adds
-///   `event` and `timestamp`: the app's `onMessageReceived` needs to tell an end from an update, and FCM does not
-///   keep order. Envelope keys win over state fields of the same name.
+///   `event` and `timestamp` (epoch seconds): the app's `onMessageReceived` needs to tell an end from an update, and
+///   FCM does not keep order. Envelope keys win over state fields of the same name. The plugin has no push receiver
+///   on Android: the app maps `liveActivityId` to the plugin's own activity ID.
 public enum FCMData {
     /// Largest data map FCM accepts, counting the UTF-8 bytes of keys and values.
     public static let maximumSize = 4096
@@ -43,23 +52,42 @@ public enum FCMData {
         case .customerio:
             var merged = content.attributes.objectValue ?? [:]
             for (key, value) in content.contentState.objectValue ?? [:] { merged[key] = value }
-            data["cioInstanceId"] = content.instanceID
+            data["activity_id"] = content.instanceID
             data["notification_type"] = content.activityType
-            data["payload"] = JSONValue.object(merged).serialized()
+            data["payload"] = inMilliseconds(.object(merged), dateFields: content.dateFields).serialized()
             data["CIO-Delivery-ID"] = attribution.deliveryID
             data["CIO-Delivery-Token"] = attribution.deliveryToken
             if let deepLink = content.deepLink { data["link"] = deepLink }
+            let state = content.contentState
+            if let title = content.alert?.title ?? state["title"]?.stringValue { data["title"] = title }
+            if let body = content.alert?.body ?? state["body"]?.stringValue { data["body"] = body }
+            if content.event == .end, let dismissal = content.dismissalDate {
+                data["dismissal_date"] = String(epochMilliseconds(dismissal))
+            }
         case .capacitor:
-            let state = content.profile.deviceContentState(
+            let state = content.profile.capacitorFlatState(
                 content.contentState, deepLink: content.deepLink, attribution: attribution)
-            for (key, value) in state.objectValue ?? [:] {
+            for (key, value) in state {
                 if let text = flatString(value) { data[key] = text }
             }
             data["liveActivityId"] = content.instanceID
         }
         data["event"] = content.event.rawValue
-        data["timestamp"] = String(content.timestamp)
+        // Customer.io's Android SDK compares timestamps in milliseconds; ×1000 keeps Marquee's per-instance order.
+        data["timestamp"] = String(content.profile == .customerio ? content.timestamp * 1000 : content.timestamp)
         return data
+    }
+
+    /// `object` with every date field present re-encoded as whole epoch milliseconds (a JSON integer).
+    static func inMilliseconds(_ object: JSONValue, dateFields: [String: DateEncoding]) -> JSONValue {
+        var result = object
+        for (text, encoding) in dateFields {
+            guard let pointer = JSONPointer(text), let value = result[pointer: pointer],
+                let seconds = DateFields.decode(value, as: encoding)
+            else { continue }
+            result.replace(at: pointer, with: .int(DateFields.epochMilliseconds(seconds)))
+        }
+        return result
     }
 
     /// A JSON value as one FCM data string: strings verbatim, numbers in shortest form, `true`/`false`, objects and

@@ -1,22 +1,27 @@
-/// The key names each device library reads, in one place.
+/// The key names and shapes each device library decodes, in one place.
 ///
 /// - `marquee` (Marquee's own SDK): content state carries `marqueeMetadata {deliveryId, deliveryToken, deepLink?}`;
 ///   attributes carry `marqueeInstanceId`.
-/// - `customerio` (Customer.io's Live Activities SDK, seed 004): content state carries
+/// - `customerio` (Customer.io's Live Activities SDK, seed 004). iOS: content state carries
 ///   `cioMetadata {deliveryId, deliveryToken, deepLink?}` — the SDK's `CIOLiveActivityMetadata`, whose three
 ///   members are all optional strings, so `deepLink` is omitted when there is none; attributes carry
-///   `cioInstanceId` (the `CIOActivityAttribute` property Customer.io fills in for push-to-start).
-/// - `capacitor` (the Capacitor plugin, seed 000): its `LiveActivityState` is flat and passes unknown fields through
-///   in an extras dictionary, so attribution travels as flat string fields `marqueeDeliveryId`,
-///   `marqueeDeliveryToken` and `marqueeDeepLink`; its `LiveActivityAttributes` has a single field, `activityType`,
-///   documented as the identifier you assign to correlate updates, which is where the instance ID goes.
+///   `cioInstanceId` (the `CIOActivityAttribute` property Customer.io fills in for push-to-start). Its dates are
+///   `EpochSecondsDate` (an `Int64`), which is why `epoch_seconds` date fields are always whole numbers. Android: see
+///   ``FCMData``.
+/// - `capacitor` (the Capacitor plugin, seed 000): its `LiveActivityAttributes` and `ContentState` use the
+///   compiler-generated `Codable`, so every non-optional property must be present. Attributes are
+///   `{activityType, staticData: {…}}`: the instance ID goes in `activityType` (documented as the identifier you
+///   assign to correlate updates), every field of the team's attributes (its own `activityType` too) under `staticData`. Content state is
+///   `{title, subtitle?, progress?, icon?, timerStart?, timerEnd?, <colours>?, extras: {…}}`: the plugin's own
+///   fields stay at the top level (``capacitorStateKeys``), everything else — Marquee's `marqueeDeliveryId`,
+///   `marqueeDeliveryToken` and `marqueeDeepLink` included — goes under `extras`.
 extension PayloadProfile {
     /// Content-state keys Marquee writes for this profile; a team's own field of the same name is overwritten.
     public var reservedContentStateKeys: Set<String> {
         switch self {
         case .marquee: ["marqueeMetadata"]
         case .customerio: ["cioMetadata"]
-        case .capacitor: ["marqueeDeliveryId", "marqueeDeliveryToken", "marqueeDeepLink"]
+        case .capacitor: ["extras", "marqueeDeliveryId", "marqueeDeliveryToken", "marqueeDeepLink"]
         }
     }
 
@@ -27,6 +32,22 @@ extension PayloadProfile {
         case .customerio: "cioInstanceId"
         case .capacitor: "activityType"
         }
+    }
+
+    /// The Capacitor plugin's own `ContentState` properties and the JSON type each decodes from: `title` (required),
+    /// `progress` a Double, `timerStart`/`timerEnd` a `Date` (Apple reference-date seconds with the default decoder,
+    /// so declare them as `apple_reference` date fields), the rest optional strings. Any other field goes in `extras`.
+    public static let capacitorStateKeys: [String: CapacitorFieldType] = [
+        "title": .string, "subtitle": .string, "progress": .number, "icon": .string,
+        "timerStart": .number, "timerEnd": .number,
+        "backgroundColor": .string, "progressColor": .string, "textColor": .string, "iconColor": .string,
+        "keylineTint": .string,
+    ]
+
+    /// What a top-level Capacitor content-state property decodes from.
+    public enum CapacitorFieldType: Sendable {
+        case string
+        case number
     }
 
     /// Whether an alert without an explicit sound gets `"sound": "default"` on APNs.
@@ -42,7 +63,37 @@ extension PayloadProfile {
         }
     }
 
-    /// The content state as sent to the device: the team's fields plus this profile's attribution fields.
+    /// Refuses a content state the profile's device code could not decode. Only `capacitor` has typed top-level
+    /// fields: `title` must be a string, and each plugin field present must have the type its `ContentState` declares
+    /// (a wrong type makes the whole state undecodable, so the push would arrive and do nothing).
+    ///
+    /// - Parameter field: prefix for error fields (`content_state` → `content_state/title`).
+    public func checkContentState(_ state: JSONValue, field: String = "content_state") throws(ValidationError) {
+        guard self == .capacitor else { return }
+        let fields = state.objectValue ?? [:]
+        guard fields["title"]?.stringValue != nil else {
+            throw ValidationError(
+                .missingField, field: field + "/title",
+                reason: "must be a string: the Capacitor plugin's ContentState requires a title")
+        }
+        for key in Self.capacitorStateKeys.keys.sorted() {
+            guard let value = fields[key], value != .null else { continue }
+            let ok =
+                switch Self.capacitorStateKeys[key]! {
+                case .string: value.stringValue != nil
+                case .number: value.doubleValue != nil
+                }
+            if !ok {
+                let type = Self.capacitorStateKeys[key]! == .string ? "a string" : "a number"
+                throw ValidationError(
+                    field: field + JSONPointer(tokens: [key]).description,
+                    reason: "must be \(type): the Capacitor plugin's ContentState declares it so")
+            }
+        }
+    }
+
+    /// The content state as sent to the device in an APNs payload: the team's fields plus this profile's
+    /// attribution fields, shaped as the profile's `ContentState` decodes.
     func deviceContentState(_ state: JSONValue, deepLink: String?, attribution: DeliveryAttribution) -> JSONValue {
         var fields = state.objectValue ?? [:]
         switch self {
@@ -53,18 +104,46 @@ extension PayloadProfile {
             ]
             if let deepLink { metadata["deepLink"] = .string(deepLink) }
             fields[self == .marquee ? "marqueeMetadata" : "cioMetadata"] = .object(metadata)
+            return .object(fields)
         case .capacitor:
-            fields["marqueeDeliveryId"] = .string(attribution.deliveryID)
-            fields["marqueeDeliveryToken"] = .string(attribution.deliveryToken)
-            if let deepLink { fields["marqueeDeepLink"] = .string(deepLink) } else { fields["marqueeDeepLink"] = nil }
+            fields = capacitorFlatState(state, deepLink: deepLink, attribution: attribution)
+            var top: [String: JSONValue] = [:]
+            var extras: [String: JSONValue] = [:]
+            for (key, value) in fields {
+                if Self.capacitorStateKeys[key] != nil {
+                    // An optional property sent as null decodes as absent; leave it out.
+                    if value != .null { top[key] = value }
+                } else {
+                    extras[key] = value
+                }
+            }
+            top["extras"] = .object(extras)
+            return .object(top)
         }
-        return .object(fields)
     }
 
-    /// The attributes as sent to the device: the team's fields plus the instance ID under this profile's key.
+    /// The Capacitor content state before nesting: the team's fields with the flat attribution fields, as its
+    /// Android side (FCM data) carries them.
+    func capacitorFlatState(_ state: JSONValue, deepLink: String?, attribution: DeliveryAttribution) -> [String:
+        JSONValue]
+    {
+        var fields = state.objectValue ?? [:]
+        fields["extras"] = nil
+        fields["marqueeDeliveryId"] = .string(attribution.deliveryID)
+        fields["marqueeDeliveryToken"] = .string(attribution.deliveryToken)
+        fields["marqueeDeepLink"] = deepLink.map(JSONValue.string)
+        return fields
+    }
+
+    /// The attributes as sent to the device in an APNs start: the team's fields plus the instance ID under this
+    /// profile's key (`capacitor`: the team's fields under `staticData`).
     func deviceAttributes(_ attributes: JSONValue, instanceID: String) -> JSONValue {
-        var fields = attributes.objectValue ?? [:]
-        fields[instanceIDAttributeKey] = .string(instanceID)
-        return .object(fields)
+        let fields = attributes.objectValue ?? [:]
+        if self == .capacitor {
+            return .object([instanceIDAttributeKey: .string(instanceID), "staticData": .object(fields)])
+        }
+        var result = fields
+        result[instanceIDAttributeKey] = .string(instanceID)
+        return .object(result)
     }
 }

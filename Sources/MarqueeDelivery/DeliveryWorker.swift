@@ -265,7 +265,8 @@ public final class DeliveryWorker: Sendable {
             attributes: d.attributes, contentState: d.contentState, options: options, timestamp: d.contentTimestamp
         ).content(
             event: d.operation, instanceID: d.instanceID, activityType: d.instance.activityType,
-            attributesType: d.activityType.attributesType, profile: d.activityType.payloadProfile, now: Date())
+            attributesType: d.activityType.attributesType, profile: d.activityType.payloadProfile,
+            dateFields: d.activityType.dateFields, now: Date())
         let attribution = DeliveryAttribution(
             deliveryID: deliveryID, deliveryToken: DeliveryTokens.make(deliveryID: deliveryID, secret: secret))
 

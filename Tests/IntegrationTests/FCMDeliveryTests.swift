@@ -1,3 +1,4 @@
+import ClientMirrors
 import Crypto
 import Foundation
 import HTTP2
@@ -171,10 +172,12 @@ struct FCMDeliveryTests {
             return token
         }
 
-        func start(_ instance: String, person: String? = nil) async throws -> [String: Any] {
+        func start(
+            _ instance: String, person: String? = nil, state: [String: Any] = ["status": "preparing", "eta": 15]
+        ) async throws -> [String: Any] {
             let body: [String: Any] = [
                 "identifiers": ["id": person ?? self.person], "notification_type": type, "instance_id": instance,
-                "attributes": ["order": "42", "items": 3], "content_state": ["status": "preparing", "eta": 15],
+                "attributes": ["order": "42", "items": 3], "content_state": state,
                 "push_payload": ["alert": ["title": "Order 42", "body": "Preparing"]],
             ]
             let r = try await api.call("POST", "/v1/live_notifications/start", key: tenant.app, json: body)
@@ -318,17 +321,70 @@ struct FCMDeliveryTests {
         try #require(pushes.count == 1)
         #expect(pushes[0]["payload"]?["aps"]?["event"]?.stringValue == "start")
         #expect(pushes[0]["payload"]?["aps"]?["attributes"]?["cioInstanceId"]?.stringValue == instance)
+        // The recorded push decodes as Customer.io's iOS SDK decodes it.
+        let apnsDelivery = try #require(settled.first { $0.string("provider") == "apns" })
+        let metadata = try decodeLikeActivityKit(
+            CustomerIO.CIOLiveActivityMetadata.self,
+            from: try #require(pushes[0]["payload"]?["aps"]?["content-state"]?["cioMetadata"]).bytes)
+        #expect(metadata.deliveryId == apnsDelivery.string("id"))
+        #expect(metadata.deliveryToken?.isEmpty == false)
 
+        // What Customer.io's Android SDK routes to its live handler: activity_id, milliseconds, title and body.
         let messages = t.fcm.messages(token: fcmToken)
         try #require(messages.count == 1)
         let data = Self.data(messages[0])
-        #expect(data["cioInstanceId"]?.stringValue == instance)
+        #expect(data["activity_id"]?.stringValue == instance)
+        #expect(data["cioInstanceId"] == nil)
         #expect(data["event"]?.stringValue == "start")
+        #expect((data["timestamp"]?.stringValue.flatMap(Int64.init) ?? 0) > 1_000_000_000_000, "milliseconds")
+        #expect(data["title"]?.stringValue == "Order 42")
+        #expect(data["body"]?.stringValue == "Preparing")
+        #expect(data["CIO-Delivery-Token"]?.stringValue?.isEmpty == false)
         let payload = try JSONValue.parse(Array((data["payload"]?.stringValue ?? "").utf8))
         #expect(payload["status"]?.stringValue == "preparing")
         #expect(payload["order"]?.stringValue == "42", "customerio merges attributes into the payload")
         let fcmDelivery = try #require(settled.first { $0.string("provider") == "fcm" })
         #expect(data["CIO-Delivery-ID"]?.stringValue == fcmDelivery.string("id"))
+    }
+
+    @Test("capacitor: the recorded APNs start decodes as the plugin's LiveActivityAttributes and ContentState")
+    func capacitorProfile() async throws {
+        let t = try await Self.tenant(profile: "capacitor", apns: true)
+        let worker = try t.fixture.worker()
+        defer { worker.signal(SIGKILL) }
+        let pushToStart = try await t.iphone()
+        let fcmToken = try await t.android()
+        let instance = Fake.id("cap")
+        _ = try await t.start(instance, state: ["title": "Order 42", "progress": 0.25, "status": "preparing"])
+        let settled = try await t.settled(instance, count: 2)
+        #expect(settled.allSatisfy { $0.string("status") == "sent" }, "\(settled)")
+        let push = try #require(t.fixture.apns.pushes(token: pushToStart).first)
+        let aps = try #require(push["payload"]?["aps"])
+        let attributes = try decodeLikeActivityKit(
+            Capacitor.LiveActivityAttributes.self, from: try #require(aps["attributes"]).bytes)
+        #expect(attributes.activityType == instance)
+        #expect(attributes.staticData["order"]?.string == "42")
+        let state = try decodeLikeActivityKit(
+            Capacitor.LiveActivityAttributes.ContentState.self, from: try #require(aps["content-state"]).bytes)
+        #expect(state.title == "Order 42")
+        #expect(state.progress == 0.25)
+        #expect(state.extras["status"]?.string == "preparing")
+        let apnsDelivery = try #require(settled.first { $0.string("provider") == "apns" })
+        #expect(state.extras["marqueeDeliveryId"]?.string == apnsDelivery.string("id"))
+        // Android: the data message the app's onMessageReceived maps to the plugin's activity.
+        let data = Self.data(try #require(t.fcm.messages(token: fcmToken).first))
+        #expect(data["liveActivityId"]?.stringValue == instance)
+        #expect(data["title"]?.stringValue == "Order 42")
+        #expect(data["progress"]?.stringValue == "0.25")
+        // A start whose content state lacks the plugin's required title is refused: the device could not decode it.
+        let refused = try await t.api.call(
+            "POST", "/v1/live_notifications/start", key: t.tenant.app,
+            json: [
+                "identifiers": ["id": t.person], "notification_type": t.type, "instance_id": Fake.id("cap"),
+                "attributes": ["order": "1"], "content_state": ["status": "x"],
+                "push_payload": ["alert": ["title": "T", "body": "B"]],
+            ])
+        expectProblem(refused, 422, "missing-field", field: "content_state/title")
     }
 
     @Test("UNREGISTERED: undeliverable, the Android device is removed, and a later start no longer targets it")

@@ -17,8 +17,10 @@ struct DateFieldsTests {
         // A whole number written as a fraction stays an integer on output.
         let whole = try normalize(.double(1_740_000_000.0), .epochSeconds)
         #expect(whole?.serialized() == "1740000000")
-        // Fractions are kept for numbers, truncated for ISO output (JSONDecoder's .iso8601 refuses fractions).
-        #expect(try normalize(.double(1_740_000_000.5), .epochSeconds) == .double(1_740_000_000.5))
+        // Fractions are kept for Apple reference dates (a Double), rounded down for epoch seconds (Customer.io's
+        // EpochSecondsDate reads an Int64) and truncated for ISO output (JSONDecoder's .iso8601 refuses fractions).
+        #expect(try normalize(.double(1_740_000_000.5), .epochSeconds) == .int(1_740_000_000))
+        #expect(try normalize(.double(1_740_000_000.999), .epochSeconds)?.serialized() == "1740000000")
         #expect(try normalize(.double(1_740_000_000.5), .appleReference) == .double(761_692_800.5))
         #expect(try normalize(.double(1_740_000_000.5), .iso8601) == .string("2025-02-19T21:20:00Z"))
     }
@@ -34,7 +36,7 @@ struct DateFieldsTests {
             #expect(try normalize(.string(text), .appleReference) == .int(761_692_800), "\(text)")
             #expect(try normalize(.string(text), .iso8601) == .string("2025-02-19T21:20:00Z"), "\(text)")
         }
-        #expect(try normalize(.string("2025-02-19T22:20:00.250+01:00"), .epochSeconds) == .double(1_740_000_000.25))
+        #expect(try normalize(.string("2025-02-19T22:20:00.250+01:00"), .epochSeconds) == .int(1_740_000_000))
         #expect(try normalize(.string("2025-02-19T21:20:00.5Z"), .appleReference) == .double(761_692_800.5))
         #expect(try normalize(.string("2025-02-19T21:20:00.999Z"), .iso8601) == .string("2025-02-19T21:20:00Z"))
     }

@@ -32,7 +32,9 @@ enum PayloadFixtures {
             // The Capacitor plugin's attributes type is always its own `LiveActivityAttributes`.
             attributesType: profile == .capacitor ? "LiveActivityAttributes" : "DeliveryAttributes", profile: profile,
             attributes: attributes,
-            contentState: state(event), timestamp: timestamp + Int64(LiveActivityEvent.allCases.firstIndex(of: event)!))
+            contentState: state(event), timestamp: timestamp + Int64(LiveActivityEvent.allCases.firstIndex(of: event)!),
+            // Customer.io's iOS SDK reads dates as EpochSecondsDate; its Android SDK gets them in milliseconds.
+            dateFields: profile == .customerio ? ["/eta": .epochSeconds] : [:])
         switch event {
         case .start:
             content.alert = LiveActivityAlert(title: "Order received", body: "We're preparing your food")
@@ -64,10 +66,47 @@ enum PayloadFixtures {
     /// Set `MARQUEE_UPDATE_GOLDEN=1` to rewrite the files from the current code (then review the diff).
     static let updating = ProcessInfo.processInfo.environment["MARQUEE_UPDATE_GOLDEN"] == "1"
 
-    static func golden(_ name: String, actual: String) throws -> String {
-        let url = goldenDirectory.appendingPathComponent(name)
-        if updating { try Data((actual + "\n").utf8).write(to: url) }
-        return String(decoding: try Data(contentsOf: url), as: UTF8.self)
+    /// The client code whose decoding each golden file satisfies, written as the file's first line.
+    static func client(_ provider: String, _ profile: PayloadProfile) -> String {
+        switch (provider, profile) {
+        case ("apns", .marquee), ("fcm", .marquee):
+            "Marquee's own SDK contract (marqueeMetadata, marqueeInstanceId; README, Payload profiles)"
+        case ("apns", .customerio):
+            "customerio/customerio-ios Sources/LiveActivities_Attributes/CIOActivityAttribute.swift, "
+                + "CIOLiveActivityMetadata.swift, EpochSecondsDate.swift"
+        case ("fcm", .customerio):
+            "customerio/customerio-android (live-notifications-ios-parity) messagingpush/src/main/java/io/customer/"
+                + "messagingpush/CustomerIOPushNotificationHandler.kt, LiveNotificationHandler.kt, "
+                + "livenotification/LiveNotificationStore.kt, livenotification/template/DeliveryTrackingTemplate.kt"
+        case ("apns", .capacitor):
+            "ciabosoftwaresolutions/capacitor-live-activities ios/Plugin/LiveActivityManager.swift "
+                + "(LiveActivityAttributes, LiveActivityAttributes.ContentState)"
+        default:
+            "ciabosoftwaresolutions/capacitor-live-activities README, Android FCM data message "
+                + "(the app's onMessageReceived reads liveActivityId; the plugin has no push receiver)"
+        }
+    }
+
+    /// A golden file: `// client: …` on its first line, then the payload on one line.
+    static func golden(_ provider: String, _ profile: PayloadProfile, _ event: LiveActivityEvent, actual: String)
+        throws -> (client: String, payload: String)
+    {
+        let url = goldenDirectory.appendingPathComponent("\(provider)-\(profile.rawValue)-\(event.rawValue).json")
+        if updating {
+            try Data(("// client: \(client(provider, profile))\n" + actual + "\n").utf8).write(to: url)
+        }
+        let lines = String(decoding: try Data(contentsOf: url), as: UTF8.self).split(separator: "\n")
+        let header = lines.first.map(String.init) ?? ""
+        return (header, lines.dropFirst().joined(separator: "\n"))
+    }
+
+    /// The payload of a golden file, parsed.
+    static func goldenJSON(_ provider: String, _ profile: PayloadProfile, _ event: LiveActivityEvent) throws
+        -> JSONValue
+    {
+        let url = goldenDirectory.appendingPathComponent("\(provider)-\(profile.rawValue)-\(event.rawValue).json")
+        let lines = String(decoding: try Data(contentsOf: url), as: UTF8.self).split(separator: "\n")
+        return try JSONValue.parse(Array(lines.dropFirst().joined(separator: "\n").utf8))
     }
 }
 
@@ -78,8 +117,9 @@ struct PayloadGoldenTests {
         let content = PayloadFixtures.content(profile, event)
         let bytes = APNsPayload.bytes(content, attribution: PayloadFixtures.attribution)
         let actual = String(decoding: bytes, as: UTF8.self)
-        let expected = try PayloadFixtures.golden("apns-\(profile.rawValue)-\(event.rawValue).json", actual: actual)
-        #expect(actual + "\n" == expected)
+        let golden = try PayloadFixtures.golden("apns", profile, event, actual: actual)
+        #expect(golden.client == "// client: " + PayloadFixtures.client("apns", profile))
+        #expect(actual == golden.payload)
         #expect(APNsPayload.size(content, attribution: PayloadFixtures.attribution) == bytes.count)
     }
 
@@ -87,15 +127,14 @@ struct PayloadGoldenTests {
     func fcm(_ profile: PayloadProfile, _ event: LiveActivityEvent) throws {
         let data = FCMData.compose(PayloadFixtures.content(profile, event), attribution: PayloadFixtures.attribution)
         let actual = FCMData.serialized(data)
-        let expected = try PayloadFixtures.golden("fcm-\(profile.rawValue)-\(event.rawValue).json", actual: actual)
-        #expect(actual + "\n" == expected)
+        let golden = try PayloadFixtures.golden("fcm", profile, event, actual: actual)
+        #expect(golden.client == "// client: " + PayloadFixtures.client("fcm", profile))
+        #expect(actual == golden.payload)
     }
 
     @Test("every value of every FCM golden is a string", arguments: PayloadFixtures.cases)
     func fcmValuesAreStrings(_ profile: PayloadProfile, _ event: LiveActivityEvent) throws {
-        let url = PayloadFixtures.goldenDirectory.appendingPathComponent(
-            "fcm-\(profile.rawValue)-\(event.rawValue).json")
-        let object = try #require(try JSONValue.parse(Data(contentsOf: url)).objectValue)
+        let object = try #require(try PayloadFixtures.goldenJSON("fcm", profile, event).objectValue)
         #expect(!object.isEmpty)
         for (key, value) in object {
             #expect(value.stringValue != nil, "\(key) is \(value.typeName)")
@@ -114,6 +153,8 @@ struct PayloadGoldenTests {
                 #expect((aps["dismissal-date"] != nil) == (event == .end))
                 if event == .start {
                     #expect(aps["attributes"]?[profile.instanceIDAttributeKey] == .string("order-1234"))
+                    let teamFields = profile == .capacitor ? aps["attributes"]?["staticData"] : aps["attributes"]
+                    #expect(teamFields?["orderNumber"] == .string("CIO-1234"), "\(profile)")
                 }
             }
         }
@@ -133,9 +174,9 @@ struct PayloadGoldenTests {
         let cio = try state(.customerio)["cioMetadata"]
         #expect(cio?["deliveryId"] == .string(attribution.deliveryID))
         #expect(cio?["deliveryToken"] == .string(attribution.deliveryToken))
-        let capacitor = try state(.capacitor)
-        #expect(capacitor["marqueeDeliveryId"] == .string(attribution.deliveryID))
-        #expect(capacitor["marqueeDeepLink"] == .string("example://orders/1234/track"))
+        let capacitor = try state(.capacitor)["extras"]
+        #expect(capacitor?["marqueeDeliveryId"] == .string(attribution.deliveryID))
+        #expect(capacitor?["marqueeDeepLink"] == .string("example://orders/1234/track"))
         // Without a deep link, the metadata simply has none.
         var content = PayloadFixtures.content(.customerio, .end)
         content.deepLink = nil
