@@ -18,7 +18,9 @@ struct ActivityTypeRoutes: Sendable {
         let principal = try await authenticator.require(request, kinds: [.app])
         let identifier = try Identifiers.activityType(request.pathParameters["identifier"] ?? "")
         let body = try JSONBody.parse(request)
-        try body.rejectUnknown(["attributes_type", "content_state_schema", "date_fields", "payload_profile"])
+        try body.rejectUnknown([
+            "attributes_type", "content_state_schema", "date_fields", "payload_profile", "frequent_updates",
+        ])
         let attributesType = try Identifiers.attributesType(body.requiredString("attributes_type"))
         var schema: JSONValue?
         if let value = body.value("content_state_schema") {
@@ -41,11 +43,12 @@ struct ActivityTypeRoutes: Sendable {
             }
         }
         let profile = try body.enumValue("payload_profile", PayloadProfile.self) ?? .marquee
+        let frequentUpdates = try body.bool("frequent_updates") ?? false
         let (type, created) = try await registry.putActivityType(
             tenant: principal.tenantID,
             ActivityType(
                 identifier: identifier, attributesType: attributesType, contentStateSchema: schema,
-                dateFields: dateFields, payloadProfile: profile))
+                dateFields: dateFields, payloadProfile: profile, frequentUpdates: frequentUpdates))
         return .json(Render.activityType(type), status: created ? 201 : 200)
     }
 

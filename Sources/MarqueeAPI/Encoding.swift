@@ -56,7 +56,8 @@ public enum Render {
             "identifier": .string(t.identifier), "attributes_type": .string(t.attributesType),
             "content_state_schema": t.contentStateSchema ?? .null,
             "date_fields": .object(t.dateFields.mapValues { .string($0.rawValue) }),
-            "payload_profile": .string(t.payloadProfile.rawValue), "auto_created": .bool(t.autoCreated),
+            "payload_profile": .string(t.payloadProfile.rawValue), "frequent_updates": .bool(t.frequentUpdates),
+            "auto_created": .bool(t.autoCreated),
             "created_at": .from(t.createdAt), "updated_at": .from(t.updatedAt),
         ])
     }

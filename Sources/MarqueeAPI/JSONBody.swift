@@ -121,6 +121,12 @@ struct JSONBody: Sendable {
         return JSONBody(object: v.objectValue!, path: name(key))
     }
 
+    func bool(_ key: String) throws(ValidationError) -> Bool? {
+        guard let v = value(key) else { return nil }
+        guard let b = v.boolValue else { throw ValidationError(field: name(key), reason: "must be true or false") }
+        return b
+    }
+
     func integer(_ key: String, range: ClosedRange<Int64>) throws(ValidationError) -> Int64? {
         guard let v = value(key) else { return nil }
         guard let i = v.intValue, range.contains(i) else {

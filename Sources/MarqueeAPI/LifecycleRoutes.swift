@@ -315,7 +315,7 @@ struct LifecycleRoutes: Sendable {
         guard let id = try? Identifiers.instanceID(request.pathParameters["instance_id"] ?? ""),
             let found = try await store.instance(tenant: principal.tenantID, id: id)
         else { throw Problems.notFound("live_notification") }
-        let (instance, targets, last) = found
+        let (instance, targets, last, highPriority) = found
         guard case .object(var o) = Self.render(instance, now: now()) else { return .json(.null) }
         o["targets"] = .array(
             targets.map { t in
@@ -333,6 +333,7 @@ struct LifecycleRoutes: Sendable {
                     "status": .string(d.status), "created_at": .from(d.createdAt),
                 ])
             } ?? .null
+        o["high_priority_pushes_last_hour"] = .int(Int64(highPriority))
         return .json(.object(o))
     }
 

@@ -31,8 +31,14 @@ public struct StoredOptions: Sendable, Equatable {
             priority: priority.map { $0 == 10 ? .high : .normal }, deepLink: deepLink)
     }
 
-    /// The APNs priority to send with: explicit, else 10 when there is an alert, else 5.
-    public var apnsPriority: Int { priority ?? (alert == nil ? 5 : 10) }
+    /// The APNs priority to send with: explicit, else 10 when there is an alert, else 5 — except that a push without
+    /// an alert goes at 5 unless the activity type declares `frequent_updates` (the app sets
+    /// `NSSupportsLiveActivitiesFrequentUpdates`). Apple silently drops frequent high-priority updates beyond a
+    /// per-user budget; without that key the budget is small, and "updates stopped arriving" is the symptom.
+    public func apnsPriority(frequentUpdates: Bool) -> Int {
+        let requested = priority ?? (alert == nil ? 5 : 10)
+        return alert == nil && !frequentUpdates ? 5 : requested
+    }
 
     public var json: JSONValue {
         var o: [String: JSONValue] = [:]

@@ -273,6 +273,7 @@ public final class DeliveryWorker: Sendable {
         let clock = ContinuousClock()
         let started = clock.now
         let decision: DeliveryDecision
+        let priority = options.apnsPriority(frequentUpdates: d.activityType.frequentUpdates)
         switch d.provider {
         case .apns:
             let target: CredentialCache.APNs
@@ -286,7 +287,7 @@ public final class DeliveryWorker: Sendable {
                 return (retry(d, reason: "credential_load", retryAfter: nil), nil, nil)
             }
             let push = APNsPush(
-                token: d.token, topic: target.bundleID + ".push-type.liveactivity", priority: options.apnsPriority,
+                token: d.token, topic: target.bundleID + ".push-type.liveactivity", priority: priority,
                 expiration: Int64(d.instance.expiresAt.timeIntervalSince1970), apnsID: d.id,
                 payload: APNsPayload.bytes(content, attribution: attribution))
             decision = await apns.send(push, to: target.target)
@@ -311,7 +312,12 @@ public final class DeliveryWorker: Sendable {
         switch decision {
         case .sent(let providerID):
             log.debug("sent", metadata: ["provider.id": .string(providerID ?? "")])
-            return (result(d, .sent, providerID: providerID ?? d.id.uuidString.lowercased(), http: 200), nil, nil)
+            var sent = result(d, .sent, providerID: providerID ?? d.id.uuidString.lowercased(), http: 200)
+            if d.provider == .apns {
+                sent.apnsPriority = priority
+                metrics.apnsPushes.inc(1, [d.tenantID.uuidString.lowercased(), String(priority)])
+            }
+            return (sent, nil, nil)
         case .retireToken(let reason, let at):
             log.info("token retired", metadata: ["provider.reason": .string(reason)])
             return (
@@ -392,6 +398,7 @@ struct WorkerMetrics: Sendable {
     let oldestDue: Gauge
     let leased: Gauge
     let acceptToSent: Histogram
+    let apnsPushes: Counter
     let retries: Counter
     let retired: Counter
     let claimed: Counter
@@ -413,6 +420,10 @@ struct WorkerMetrics: Sendable {
             labels: ["provider"])
         leased = registry.gauge(
             "marquee_queue_leased", help: "Deliveries leased by workers right now, by provider.", labels: ["provider"])
+        apnsPushes = registry.counter(
+            "marquee_apns_pushes_total",
+            help: "APNs pushes sent, by tenant and apns-priority (Apple budgets high-priority updates per user).",
+            labels: ["tenant_id", "priority"])
         acceptToSent = registry.histogram(
             "marquee_delivery_latency_seconds",
             help: "Time from the change accepted by the API to the provider's 2xx for its delivery (retries included).",

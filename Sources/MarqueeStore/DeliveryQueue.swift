@@ -38,11 +38,14 @@ public struct DeliveryResult: Sendable {
     public var reason: String?
     /// For `queued` (a retry): when to try again.
     public var nextAttemptAt: Date?
+    /// For an APNs push that was sent: the `apns-priority` it went out with.
+    public var apnsPriority: Int?
 
     public init(
         tenantID: UUID, id: UUID, status: Status, providerID: String? = nil, httpStatus: Int? = nil,
-        reason: String? = nil, nextAttemptAt: Date? = nil
+        reason: String? = nil, nextAttemptAt: Date? = nil, apnsPriority: Int? = nil
     ) {
+        self.apnsPriority = apnsPriority
         self.tenantID = tenantID
         self.id = id
         self.status = status
@@ -206,6 +209,7 @@ public struct DeliveryQueue: Sendable {
         let httpStatuses = results.map { $0.httpStatus.map(String.init) }
         let reasons = results.map(\.reason)
         let nextAt = results.map { r in r.nextAttemptAt.map { String(format: "%.6f", $0.timeIntervalSince1970) } }
+        let priorities = results.map { $0.apnsPriority.map(String.init) }
         try await pool.transaction { connection in
             if !ids.isEmpty {
                 try connection.execute(
@@ -223,10 +227,11 @@ public struct DeliveryQueue: Sendable {
                         provider_id = COALESCE(v.provider_id, d.provider_id),
                         http_status = v.http_status::int, reason = v.reason, locked_until = NULL,
                         next_attempt_at = COALESCE(to_timestamp(v.next_at::double precision), d.next_attempt_at),
-                        sent_at = CASE WHEN v.status = 'sent' THEN now() ELSE d.sent_at END, updated_at = now()
+                        sent_at = CASE WHEN v.status = 'sent' THEN now() ELSE d.sent_at END, updated_at = now(),
+                        apns_priority = COALESCE(v.apns_priority::smallint, d.apns_priority)
                     FROM unnest(\(tenants)::uuid[], \(ids)::uuid[], \(statuses)::text[], \(providerIDs)::text[],
-                                \(httpStatuses)::text[], \(reasons)::text[], \(nextAt)::text[])
-                         AS v(tenant_id, id, status, provider_id, http_status, reason, next_at)
+                                \(httpStatuses)::text[], \(reasons)::text[], \(nextAt)::text[], \(priorities)::text[])
+                         AS v(tenant_id, id, status, provider_id, http_status, reason, next_at, apns_priority)
                     WHERE d.tenant_id = v.tenant_id AND d.id = v.id AND d.locked_by = \(worker)
                     """)
                 try connection.execute(

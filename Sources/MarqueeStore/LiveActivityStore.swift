@@ -319,7 +319,8 @@ public struct LiveActivityStore: Sendable {
 
     /// Activity-type columns for a join with `instances i` (`t.identifier` keeps its name; `i.id` is `id`).
     static let typeColumnsJoined = """
-        t.identifier, t.attributes_type, t.content_state_schema, t.date_fields, t.payload_profile, t.auto_created, \
+        t.identifier, t.attributes_type, t.content_state_schema, t.date_fields, t.payload_profile, t.frequent_updates, \
+        t.auto_created, \
         t.created_at AS type_created_at, t.updated_at AS type_updated_at
         """
 
@@ -505,8 +506,11 @@ public struct LiveActivityStore: Sendable {
     // MARK: Reads for the API
 
     /// An instance with its targets and last delivery.
-    public func instance(tenant: UUID, id: String) async throws -> (InstanceRecord, [ActivityTarget], DeliveryRecord?)?
-    {
+    /// An instance, its active targets, its latest delivery, and how many APNs pushes of it went out at priority 10
+    /// in the last hour (what Apple's per-user budget counts).
+    public func instance(tenant: UUID, id: String) async throws -> (
+        InstanceRecord, [ActivityTarget], DeliveryRecord?, highPriorityLastHour: Int
+    )? {
         let rows = try await database.tenantRead(
             tenant,
             [
@@ -516,10 +520,16 @@ public struct LiveActivityStore: Sendable {
                 SELECT \(unsafeRaw: Self.deliveryColumns) FROM deliveries
                 WHERE tenant_id = \(tenant) AND instance_id = \(id) ORDER BY id DESC LIMIT 1
                 """,
+                """
+                SELECT count(*)::int AS n FROM deliveries
+                WHERE tenant_id = \(tenant) AND instance_id = \(id) AND apns_priority = 10
+                  AND sent_at > now() - interval '1 hour'
+                """,
             ])
         guard let row = rows[0].first else { return nil }
         return (
-            try Self.instance(row), try rows[1].map(RegistryStore.activityTarget), try rows[2].first.map(Self.delivery)
+            try Self.instance(row), try rows[1].map(RegistryStore.activityTarget), try rows[2].first.map(Self.delivery),
+            try rows[3][0].decode(Int.self, "n")
         )
     }
 

@@ -10,15 +10,19 @@ public struct ActivityType: Sendable, Equatable {
     /// JSON pointers into the content state, each with its encoding.
     public var dateFields: [String: DateEncoding]
     public var payloadProfile: PayloadProfile
+    /// The app declares `NSSupportsLiveActivitiesFrequentUpdates`: updates without an alert may go at priority 10.
+    public var frequentUpdates: Bool
     public var autoCreated: Bool
     public var createdAt: Date
     public var updatedAt: Date
 
     public init(
         identifier: String, attributesType: String, contentStateSchema: JSONValue? = nil,
-        dateFields: [String: DateEncoding] = [:], payloadProfile: PayloadProfile = .marquee, autoCreated: Bool = false,
-        createdAt: Date = Date(), updatedAt: Date = Date()
+        dateFields: [String: DateEncoding] = [:], payloadProfile: PayloadProfile = .marquee,
+        frequentUpdates: Bool = false,
+        autoCreated: Bool = false, createdAt: Date = Date(), updatedAt: Date = Date()
     ) {
+        self.frequentUpdates = frequentUpdates
         self.identifier = identifier
         self.attributesType = attributesType
         self.contentStateSchema = contentStateSchema
@@ -137,13 +141,13 @@ public struct RegistryStore: Sendable {
             let rows = try connection.query(
                 """
                 INSERT INTO activity_types (tenant_id, identifier, attributes_type, content_state_schema, date_fields,
-                                            payload_profile, auto_created)
+                                            payload_profile, frequent_updates, auto_created)
                 VALUES (\(tenant), \(type.identifier), \(type.attributesType), \(type.contentStateSchema),
-                        \(dateFields), \(type.payloadProfile.rawValue), false)
+                        \(dateFields), \(type.payloadProfile.rawValue), \(type.frequentUpdates), false)
                 ON CONFLICT (tenant_id, identifier) DO UPDATE SET
                     attributes_type = EXCLUDED.attributes_type, content_state_schema = EXCLUDED.content_state_schema,
                     date_fields = EXCLUDED.date_fields, payload_profile = EXCLUDED.payload_profile,
-                    auto_created = false
+                    frequent_updates = EXCLUDED.frequent_updates, auto_created = false
                 RETURNING \(unsafeRaw: Self.typeColumns), (xmax = 0) AS inserted
                 """)
             return (try Self.activityType(rows[0]), try rows[0].decode(Bool.self, "inserted"))
@@ -419,7 +423,8 @@ public struct RegistryStore: Sendable {
     // MARK: Rows
 
     static let typeColumns =
-        "identifier, attributes_type, content_state_schema, date_fields, payload_profile, auto_created, created_at, updated_at"
+        "identifier, attributes_type, content_state_schema, date_fields, payload_profile, frequent_updates, auto_created, "
+        + "created_at, updated_at"
     static let deviceColumns =
         "token, person_id, platform, app_id, os_version, app_version, attributes, created_at, updated_at"
 
@@ -435,6 +440,9 @@ public struct RegistryStore: Sendable {
             attributesType: try row.decode(String.self, "attributes_type"),
             contentStateSchema: try row.decode(JSONValue?.self, "content_state_schema"), dateFields: dateFields,
             payloadProfile: PayloadProfile(rawValue: try row.decode(String.self, "payload_profile")) ?? .marquee,
+            // Absent from the change context (migration 0005), which does not need it.
+            frequentUpdates: row.columns.contains("frequent_updates")
+                ? try row.decode(Bool.self, "frequent_updates") : false,
             autoCreated: try row.decode(Bool.self, "auto_created"),
             createdAt: try row.decode(Date.self, joined ? "type_created_at" : "created_at"),
             updatedAt: try row.decode(Date.self, joined ? "type_updated_at" : "updated_at"))

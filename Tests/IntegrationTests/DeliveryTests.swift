@@ -229,6 +229,49 @@ struct DeliveryTests {
         #expect(metrics.contains(#"marquee_delivery_latency_seconds_bucket{provider="apns",le="900"}"#))
     }
 
+    @Test(
+        "Apple budgets: no alert means priority 5 unless the type declares frequent_updates; priority-10 pushes counted"
+    )
+    func priorities() async throws {
+        let t = try await Self.tenant()
+        let worker = try t.fixture.worker()
+        defer { worker.signal(SIGKILL) }
+        let (device, _) = try await t.iphone()
+        let instance = Fake.id("prio")
+        #expect(try await t.start(instance).status == 200)
+        _ = try await t.settled(instance, count: 1)
+        let activityToken = Fake.hex()
+        _ = try await t.api.call(
+            "PUT", "/v1/live_notifications/\(instance)/tokens/\(device)", key: t.tenant.sdk,
+            json: ["token": activityToken])
+        func update(_ step: Int, priority: Int?) async throws {
+            var body: [String: Any] = ["instance_id": instance, "content_state_patch": ["step": step]]
+            if let priority { body["priority"] = priority }
+            let r = try await t.api.call("POST", "/v1/live_notifications/update", key: t.tenant.app, json: body)
+            #expect(r.status == 200, "\(r.text)")
+            _ = try await t.settled(instance, count: step + 1)
+        }
+        // Asked for 10 without an alert, on a type without frequent_updates: sent at 5.
+        try await update(1, priority: 10)
+        let declared = try await t.api.call(
+            "PUT", "/v1/activity_types/\(t.type)", key: t.tenant.app,
+            json: ["attributes_type": "DeliveryAttributes", "payload_profile": "customerio", "frequent_updates": true])
+        #expect(declared.status == 200, "\(declared.text)")
+        #expect(try declared.json()["frequent_updates"] as? Bool == true)
+        // Now allowed (and sticky, like the other options, until a change asks for 5).
+        try await update(2, priority: 10)
+        try await update(3, priority: 5)
+        let priorities = t.fixture.simulator.pushes(token: activityToken).compactMap { $0["priority"]?.intValue }
+        #expect(priorities == [5, 10, 5])
+        let detail = try await t.api.call("GET", "/v1/live_notifications/\(instance)", key: t.tenant.app).json()
+        #expect(detail["high_priority_pushes_last_hour"] as? Int == 2, "the start (with its alert) and one update")
+        expectProblem(
+            try await t.api.call(
+                "PUT", "/v1/activity_types/\(t.type)", key: t.tenant.app,
+                json: ["attributes_type": "DeliveryAttributes", "frequent_updates": "yes"]),
+            422, "invalid-field", field: "frequent_updates")
+    }
+
     @Test("a slow tenant endpoint holds back only its own deliveries: no lease runs out on another's, nothing re-sent")
     func slowTenantDoesNotStallLeases() async throws {
         let slow = try await Self.tenant()

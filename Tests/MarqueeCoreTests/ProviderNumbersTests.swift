@@ -181,3 +181,22 @@ struct ProviderHostsTests {
         }
     }
 }
+
+@Suite("APNs priority")
+struct APNsPriorityTests {
+    @Test("an alert allows 10 (the default); without one, 5 unless the type declares frequent_updates")
+    func rule() {
+        let alert = LiveActivityAlert(title: "T", body: "B")
+        let cases: [(LiveActivityAlert?, Int?, Bool, Int)] = [
+            (alert, nil, false, 10), (alert, 5, false, 5), (alert, 10, false, 10),
+            (nil, nil, false, 5), (nil, 10, false, 5), (nil, 5, false, 5),
+            (nil, nil, true, 5), (nil, 10, true, 10), (alert, nil, true, 10),
+        ]
+        for (a, requested, frequent, expected) in cases {
+            let options = StoredOptions(alert: a, priority: requested)
+            #expect(
+                options.apnsPriority(frequentUpdates: frequent) == expected,
+                "\(a != nil) \(String(describing: requested)) \(frequent)")
+        }
+    }
+}
