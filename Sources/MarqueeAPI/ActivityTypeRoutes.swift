@@ -20,6 +20,7 @@ struct ActivityTypeRoutes: Sendable {
         let body = try JSONBody.parse(request)
         try body.rejectUnknown([
             "attributes_type", "content_state_schema", "date_fields", "payload_profile", "frequent_updates",
+            "min_update_interval_ms",
         ])
         let attributesType = try Identifiers.attributesType(body.requiredString("attributes_type"))
         var schema: JSONValue?
@@ -44,11 +45,13 @@ struct ActivityTypeRoutes: Sendable {
         }
         let profile = try body.enumValue("payload_profile", PayloadProfile.self) ?? .marquee
         let frequentUpdates = try body.bool("frequent_updates") ?? false
+        let interval = try body.integer("min_update_interval_ms", range: 0...3_600_000) ?? 0
         let (type, created) = try await registry.putActivityType(
             tenant: principal.tenantID,
             ActivityType(
                 identifier: identifier, attributesType: attributesType, contentStateSchema: schema,
-                dateFields: dateFields, payloadProfile: profile, frequentUpdates: frequentUpdates))
+                dateFields: dateFields, payloadProfile: profile, frequentUpdates: frequentUpdates,
+                minUpdateIntervalMilliseconds: Int(interval)))
         return .json(Render.activityType(type), status: created ? 201 : 200)
     }
 

@@ -57,6 +57,7 @@ public enum Render {
             "content_state_schema": t.contentStateSchema ?? .null,
             "date_fields": .object(t.dateFields.mapValues { .string($0.rawValue) }),
             "payload_profile": .string(t.payloadProfile.rawValue), "frequent_updates": .bool(t.frequentUpdates),
+            "min_update_interval_ms": .int(Int64(t.minUpdateIntervalMilliseconds)),
             "auto_created": .bool(t.autoCreated),
             "created_at": .from(t.createdAt), "updated_at": .from(t.updatedAt),
         ])

@@ -287,7 +287,8 @@ struct LifecycleRoutes: Sendable {
             var response: [String: JSONValue] = [
                 "instance_id": .string(instanceID), "state": .string(state.rawValue),
                 "version": .int(Int64(instance.version + 1)), "targets": .int(Int64(deliveries.count)),
-                "suppressed": .bool(false), "warnings": .array(stale.warnings.map { .string($0) }),
+                "suppressed": .bool(false), "coalesced": .bool(false),
+                "warnings": .array(stale.warnings.map { .string($0) }),
             ]
             if let failureReason { response["failure_reason"] = .string(failureReason) }
             let responseBody = JSONValue.object(response)
@@ -301,7 +302,10 @@ struct LifecycleRoutes: Sendable {
                         IdempotencyRecord(key: $0, requestHash: requestHash, status: 200, response: responseBody)
                     }))
             switch outcome {
-            case .written: return .json(responseBody)
+            case .written(_, _, let coalesced):
+                // Paced (the activity type's min_update_interval_ms): queued for later, replaced by a newer update.
+                if coalesced { response["coalesced"] = .bool(true) }
+                return .json(.object(response))
             case .versionConflict, .alreadyExists: continue  // read again: another change (or this key) won
             }
         }

@@ -196,8 +196,9 @@ public struct ChangeWrite: Sendable {
 
 /// The outcome of a write.
 public enum WriteOutcome: Sendable, Equatable {
-    /// Written: the new version and the number of deliveries queued.
-    case written(version: Int, deliveries: Int)
+    /// Written: the new version and the number of deliveries queued; `coalesced` when pacing queued them for later
+    /// (a newer update before then replaces them).
+    case written(version: Int, deliveries: Int, coalesced: Bool = false)
     /// Another request changed the instance first (update/end) — read again and recompute.
     case versionConflict
     /// The instance ID or idempotency key was taken by a concurrent request — replay its stored response.
@@ -413,10 +414,26 @@ public struct LiveActivityStore: Sendable {
         let rows = try await committer.submit(
             tenant: tenant,
             """
-            WITH idem AS (
+            WITH pace AS (
+                -- Pacing: an update of an instance whose activity type has min_update_interval_ms is due that long
+                -- after the instance's last update that went out (or is going out now); until then a newer update
+                -- supersedes it (sup below). The one home of the rule.
+                SELECT CASE WHEN \(write.operation.rawValue) = 'update' AND a.min_update_interval_ms > 0 THEN
+                           GREATEST(now(), COALESCE((
+                               SELECT max(CASE WHEN p.status = 'sent' THEN p.sent_at ELSE now() END)
+                               FROM deliveries p
+                               WHERE p.tenant_id = \(tenant) AND p.instance_id = \(write.instanceID)
+                                 AND p.operation = 'update'
+                                 AND (p.status = 'sent' OR (p.status = 'queued' AND p.locked_until >= now()))
+                           ), '-infinity') + make_interval(secs => a.min_update_interval_ms / 1000.0))
+                       ELSE now() END AS due
+                FROM instances i JOIN activity_types a ON a.tenant_id = i.tenant_id AND a.identifier = i.activity_type
+                WHERE i.tenant_id = \(tenant) AND i.id = \(write.instanceID)
+            ), idem AS (
                 INSERT INTO idempotency_keys (tenant_id, key, request_hash, status, response)
                 SELECT \(tenant), \(idem?.key), \(idem?.requestHash ?? []), \(idem?.status ?? 200),
-                       \(idem?.response ?? .null)
+                       \(idem?.response ?? .null)::jsonb
+                           || jsonb_build_object('coalesced', COALESCE((SELECT due > now() FROM pace), false))
                 WHERE \(idem?.key)::text IS NOT NULL
                 ON CONFLICT (tenant_id, key) DO UPDATE SET
                     request_hash = EXCLUDED.request_hash, status = EXCLUDED.status, response = EXCLUDED.response,
@@ -458,23 +475,27 @@ public struct LiveActivityStore: Sendable {
             ), dels AS (
                 INSERT INTO deliveries (tenant_id, id, instance_id, device_token, provider, token_kind, token,
                                         operation, instance_version, attributes, content_state, options,
-                                        content_timestamp)
+                                        content_timestamp, next_attempt_at)
                 SELECT \(tenant), d.id, \(write.instanceID), d.device_token, d.provider, d.token_kind, d.token,
                        \(write.operation.rawValue), (SELECT version FROM upd), \(write.attributes),
-                       \(write.contentState), \(write.options), \(write.contentTimestamp)
+                       \(write.contentState), \(write.options), \(write.contentTimestamp),
+                       COALESCE((SELECT due FROM pace), now())
                 FROM unnest(\(d.ids)::uuid[], \(d.devices)::text[], \(d.providers)::text[], \(d.kinds)::text[],
                             \(d.tokens)::text[]) AS d(id, device_token, provider, token_kind, token)
                 WHERE EXISTS (SELECT 1 FROM upd)
                 RETURNING 1
             )
             SELECT (SELECT version FROM upd) AS version, (SELECT count(*)::int FROM dels) AS deliveries,
-                   EXISTS (SELECT 1 FROM idem) AS idem_written
+                   EXISTS (SELECT 1 FROM idem) AS idem_written,
+                   COALESCE((SELECT due > now() FROM pace), false) AND EXISTS (SELECT 1 FROM dels) AS coalesced
             """)
         guard let version = try rows[0].decode(Int?.self, "version") else {
             if idem != nil, try !rows[0].decode(Bool.self, "idem_written") { return .alreadyExists }
             return .versionConflict
         }
-        return .written(version: version, deliveries: try rows[0].decode(Int.self, "deliveries"))
+        return .written(
+            version: version, deliveries: try rows[0].decode(Int.self, "deliveries"),
+            coalesced: try rows[0].decode(Bool.self, "coalesced"))
     }
 
     /// Records an idempotent response for a request that wrote nothing else (a suppressed no-op).
@@ -505,7 +526,6 @@ public struct LiveActivityStore: Sendable {
 
     // MARK: Reads for the API
 
-    /// An instance with its targets and last delivery.
     /// An instance, its active targets, its latest delivery, and how many APNs pushes of it went out at priority 10
     /// in the last hour (what Apple's per-user budget counts).
     public func instance(tenant: UUID, id: String) async throws -> (

@@ -12,6 +12,8 @@ public struct ActivityType: Sendable, Equatable {
     public var payloadProfile: PayloadProfile
     /// The app declares `NSSupportsLiveActivitiesFrequentUpdates`: updates without an alert may go at priority 10.
     public var frequentUpdates: Bool
+    /// Updates of one instance are sent at most once per this many milliseconds (latest wins); 0 is off.
+    public var minUpdateIntervalMilliseconds: Int
     public var autoCreated: Bool
     public var createdAt: Date
     public var updatedAt: Date
@@ -19,10 +21,11 @@ public struct ActivityType: Sendable, Equatable {
     public init(
         identifier: String, attributesType: String, contentStateSchema: JSONValue? = nil,
         dateFields: [String: DateEncoding] = [:], payloadProfile: PayloadProfile = .marquee,
-        frequentUpdates: Bool = false,
+        frequentUpdates: Bool = false, minUpdateIntervalMilliseconds: Int = 0,
         autoCreated: Bool = false, createdAt: Date = Date(), updatedAt: Date = Date()
     ) {
         self.frequentUpdates = frequentUpdates
+        self.minUpdateIntervalMilliseconds = minUpdateIntervalMilliseconds
         self.identifier = identifier
         self.attributesType = attributesType
         self.contentStateSchema = contentStateSchema
@@ -141,13 +144,15 @@ public struct RegistryStore: Sendable {
             let rows = try connection.query(
                 """
                 INSERT INTO activity_types (tenant_id, identifier, attributes_type, content_state_schema, date_fields,
-                                            payload_profile, frequent_updates, auto_created)
+                                            payload_profile, frequent_updates, min_update_interval_ms, auto_created)
                 VALUES (\(tenant), \(type.identifier), \(type.attributesType), \(type.contentStateSchema),
-                        \(dateFields), \(type.payloadProfile.rawValue), \(type.frequentUpdates), false)
+                        \(dateFields), \(type.payloadProfile.rawValue), \(type.frequentUpdates),
+                        \(type.minUpdateIntervalMilliseconds), false)
                 ON CONFLICT (tenant_id, identifier) DO UPDATE SET
                     attributes_type = EXCLUDED.attributes_type, content_state_schema = EXCLUDED.content_state_schema,
                     date_fields = EXCLUDED.date_fields, payload_profile = EXCLUDED.payload_profile,
-                    frequent_updates = EXCLUDED.frequent_updates, auto_created = false
+                    frequent_updates = EXCLUDED.frequent_updates,
+                    min_update_interval_ms = EXCLUDED.min_update_interval_ms, auto_created = false
                 RETURNING \(unsafeRaw: Self.typeColumns), (xmax = 0) AS inserted
                 """)
             return (try Self.activityType(rows[0]), try rows[0].decode(Bool.self, "inserted"))
@@ -423,7 +428,8 @@ public struct RegistryStore: Sendable {
     // MARK: Rows
 
     static let typeColumns =
-        "identifier, attributes_type, content_state_schema, date_fields, payload_profile, frequent_updates, auto_created, "
+        "identifier, attributes_type, content_state_schema, date_fields, payload_profile, frequent_updates, "
+        + "min_update_interval_ms, auto_created, "
         + "created_at, updated_at"
     static let deviceColumns =
         "token, person_id, platform, app_id, os_version, app_version, attributes, created_at, updated_at"
@@ -443,6 +449,8 @@ public struct RegistryStore: Sendable {
             // Absent from the change context (migration 0005), which does not need it.
             frequentUpdates: row.columns.contains("frequent_updates")
                 ? try row.decode(Bool.self, "frequent_updates") : false,
+            minUpdateIntervalMilliseconds: row.columns.contains("min_update_interval_ms")
+                ? try row.decode(Int.self, "min_update_interval_ms") : 0,
             autoCreated: try row.decode(Bool.self, "auto_created"),
             createdAt: try row.decode(Date.self, joined ? "type_created_at" : "created_at"),
             updatedAt: try row.decode(Date.self, joined ? "type_updated_at" : "updated_at"))

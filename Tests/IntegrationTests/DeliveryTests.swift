@@ -272,6 +272,54 @@ struct DeliveryTests {
             422, "invalid-field", field: "frequent_updates")
     }
 
+    @Test("pacing: 50 updates within the interval go out as at most 2 pushes, the last one carrying the last update")
+    func pacing() async throws {
+        let t = try await Self.tenant()
+        // A generous interval, so that 50 updates fit in it even on a loaded machine.
+        let paced = try await t.api.call(
+            "PUT", "/v1/activity_types/\(t.type)", key: t.tenant.app,
+            json: [
+                "attributes_type": "DeliveryAttributes", "payload_profile": "customerio",
+                "min_update_interval_ms": 8000,
+            ])
+        #expect(try paced.json()["min_update_interval_ms"] as? Int == 8000, "\(paced.text)")
+        let worker = try t.fixture.worker()
+        defer { worker.signal(SIGKILL) }
+        let (device, _) = try await t.iphone()
+        let instance = Fake.id("paced")
+        #expect(try await t.start(instance).status == 200)
+        _ = try await t.settled(instance, count: 1)
+        let activityToken = Fake.hex()
+        _ = try await t.api.call(
+            "PUT", "/v1/live_notifications/\(instance)/tokens/\(device)", key: t.tenant.sdk,
+            json: ["token": activityToken])
+        let clock = ContinuousClock()
+        let began = clock.now
+        var coalesced = 0
+        for step in 1...50 {
+            let r = try await t.api.call(
+                "POST", "/v1/live_notifications/update", key: t.tenant.app,
+                json: ["instance_id": instance, "content_state_patch": ["step": step]])
+            #expect(r.status == 200, "\(r.text)")
+            if try r.json()["coalesced"] as? Bool == true { coalesced += 1 }
+        }
+        let elapsed = clock.now - began
+        try #require(elapsed < .seconds(8), "the 50 updates took \(elapsed): longer than the interval")
+        #expect(coalesced >= 48, "all but the first (and perhaps one in flight) are paced: \(coalesced)")
+        // Wait for the last update to be sent (the interval after the first), then count what went out.
+        let deadline = clock.now + .seconds(30)
+        var pushes: [JSONValue] = []
+        repeat {
+            pushes = t.fixture.simulator.pushes(token: activityToken)
+            if pushes.last?["payload"]?["aps"]?["content-state"]?["step"]?.intValue == 50 { break }
+            try await Task.sleep(for: .milliseconds(200))
+        } while clock.now < deadline
+        let steps = pushes.compactMap { $0["payload"]?["aps"]?["content-state"]?["step"]?.intValue }
+        #expect(steps.count <= 2 && steps.last == 50, "sent: \(steps)")
+        let deliveries = try await t.deliveries(instance)
+        #expect(deliveries.filter { $0.string("status") == "superseded" }.count >= 47, "latest wins")
+    }
+
     @Test("a slow tenant endpoint holds back only its own deliveries: no lease runs out on another's, nothing re-sent")
     func slowTenantDoesNotStallLeases() async throws {
         let slow = try await Self.tenant()
