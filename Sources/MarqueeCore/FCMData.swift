@@ -1,3 +1,5 @@
+import Foundation
+
 /// The FCM data map for one event: every value a string, as FCM requires.
 ///
 /// Android has no system-rendered live activity: FCM wakes the app, and its code (or the SDK) posts the Live Update.
@@ -42,6 +44,10 @@ public enum FCMData {
             data["delivery_token"] = attribution.deliveryToken
             if let deepLink = content.deepLink { data["deep_link"] = deepLink }
             if let stale = content.staleDate { data["stale_date"] = String(epochSeconds(stale)) }
+            // Android 16 ProgressStyle, one to one (checked at the API; a broken one is simply not mapped).
+            if let progress = try? ProgressConvention.parse(content.contentState) {
+                data.merge(progress.dataFields) { _, new in new }
+            }
             if content.event == .end, let dismissal = content.dismissalDate {
                 data["dismissal_date"] = String(epochSeconds(dismissal))
             }
@@ -131,6 +137,24 @@ public enum FCMData {
 
 /// The FCM HTTP v1 `messages:send` request body around a data map.
 public enum FCMMessage {
+    /// FCM's longest `ttl`: 28 days.
+    public static let maximumTTLSeconds = 2_419_200
+
+    /// How long FCM keeps a message for an offline device: until the instance's stale date or its expiry, whichever
+    /// comes first (a Live Update shown after either is wrong), never negative, at most 28 days. An end is kept until
+    /// the expiry even past the stale date: the notification must still go away.
+    public static func ttlSeconds(event: LiveActivityEvent, staleDate: Date?, expiresAt: Date, now: Date) -> Int {
+        var horizon = expiresAt
+        if event != .end, let staleDate, staleDate < horizon { horizon = staleDate }
+        let seconds = horizon.timeIntervalSince(now)
+        guard seconds.isFinite, seconds > 0 else { return 0 }
+        return Int(min(seconds.rounded(.down), Double(maximumTTLSeconds)))
+    }
+
+    /// The collapse key of an instance's messages: one per instance, so that a device that was offline gets only
+    /// the latest state, not every update in between.
+    public static func collapseKey(instanceID: String) -> String { instanceID }
+
     /// `{"message": {"token", "data", "android": {"priority": "high", "ttl": "<n>s", "collapse_key"?}}}`.
     ///
     /// High priority because a data message is what wakes the app to redraw the Live Update; normal-priority data

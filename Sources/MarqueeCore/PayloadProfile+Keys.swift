@@ -69,6 +69,10 @@ extension PayloadProfile {
     ///
     /// - Parameter field: prefix for error fields (`content_state` → `content_state/title`).
     public func checkContentState(_ state: JSONValue, field: String = "content_state") throws(ValidationError) {
+        if self == .marquee {
+            _ = try ProgressConvention.parse(state, field: field)
+            return
+        }
         guard self == .capacitor else { return }
         let fields = state.objectValue ?? [:]
         guard fields["title"]?.stringValue != nil else {

@@ -302,10 +302,11 @@ public final class DeliveryWorker: Sendable {
                 log.warning("credential load failed", metadata: ["error": .string("\(error)")])
                 return (retry(d, reason: "credential_load", retryAfter: nil), nil, nil)
             }
-            let ttl = max(0, Int(d.instance.expiresAt.timeIntervalSinceNow))
+            let ttl = FCMMessage.ttlSeconds(
+                event: content.event, staleDate: options.staleDate, expiresAt: d.instance.expiresAt, now: Date())
             decision = await fcm.send(
                 token: d.token, data: FCMData.compose(content, attribution: attribution), ttlSeconds: ttl,
-                collapseKey: nil, via: tokens)
+                collapseKey: FCMMessage.collapseKey(instanceID: d.instanceID), via: tokens)
         }
         metrics.sendLatency.observe(clock.now - started, [d.provider.rawValue])
 

@@ -199,6 +199,9 @@ enum FCMValidator {
                 guard let ttl = value.stringValue, isDuration(ttl) else {
                     throw .invalidArgument("message.android.ttl must be a duration like \"3600s\"")
                 }
+                guard let seconds = Double(ttl.dropLast()), seconds <= 2_419_200 else {
+                    throw .invalidArgument("message.android.ttl must be at most 28 days (2419200s)")
+                }
                 accepted.ttl = ttl
             }
             if let value = android["collapse_key"] {

@@ -270,6 +270,11 @@ struct FCMDeliveryTests {
             #expect(record["client_email"]?.stringValue == FCMDeliveryFixture.clientEmail)
             #expect(record["message"]?["android"]?["priority"]?.stringValue?.lowercased() == "high")
             #expect(record["message"]?["android"]?["ttl"]?.stringValue?.hasSuffix("s") == true)
+            // One collapse key per instance: a device back online gets the latest state only.
+            #expect(record["message"]?["android"]?["collapse_key"]?.stringValue == instance)
+            // No stale date here: kept until the instance expires (8 hours by default), never more.
+            let ttl = record["message"]?["android"]?["ttl"]?.stringValue.flatMap { Int($0.dropLast()) } ?? -1
+            #expect((28_000...28_800).contains(ttl), "ttl \(ttl)")
             let nonStrings = map.filter { $0.value.stringValue == nil }.keys.sorted()
             #expect(nonStrings.isEmpty, "every data value is a string: \(nonStrings)")
             #expect(map["instance_id"]?.stringValue == instance)

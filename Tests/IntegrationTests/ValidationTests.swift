@@ -96,7 +96,34 @@ struct ValidationTests {
             field: "payload_profile")
         expectProblem(
             try await put(good, ["attributes_type": "A", "attributes": "x"]), 422, "invalid-field", field: "attributes")
+        expectProblem(
+            try await put(good, ["attributes_type": "A", "min_update_interval_ms": -1]), 422, "invalid-field",
+            field: "min_update_interval_ms")
+        expectProblem(
+            try await put(good, ["attributes_type": "A", "min_update_interval_ms": 3_600_001]), 422, "invalid-field",
+            field: "min_update_interval_ms")
         expectProblem(try await api.call("GET", "/v1/activity_types/\(good)", key: tenant.app), 404, "not-found")
+
+        // The marquee profile's progress convention (Android 16 ProgressStyle) is checked on start.
+        #expect(try await put(good, ["attributes_type": "A"]).status == 201)
+        func start(_ progress: Any) async throws -> HTTP.Response {
+            try await api.call(
+                "POST", "/v1/live_notifications/start", key: tenant.app,
+                json: [
+                    "identifiers": ["id": Fake.id("p")], "notification_type": good, "attributes": ["a": 1],
+                    "content_state": ["progress": progress], "push_payload": ["alert": ["title": "T", "body": "B"]],
+                ])
+        }
+        expectProblem(
+            try await start(["current": 11, "max": 10]), 422, "invalid-field", field: "content_state/progress/current")
+        expectProblem(
+            try await start(["current": 1, "max": 10, "segments": [["length": 4]]]), 422, "invalid-field",
+            field: "content_state/progress/segments")
+        expectProblem(
+            try await start(["current": 1, "max": 10, "points": [["position": 3, "color": "red"]]]), 422,
+            "invalid-field", field: "content_state/progress/points/0/color")
+        #expect(try await start(["current": 1, "max": 10, "segments": [["length": 10]]]).status == 200)
+        #expect(try await start(0.5).status == 200, "a plain number is not the convention")
     }
 
     @Test("credentials: malformed .p8, a non-P-256 key, malformed service-account key, bad IDs")

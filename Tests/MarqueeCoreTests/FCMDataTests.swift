@@ -58,3 +58,83 @@ struct FCMDataTests {
             plain.serialized() == #"{"message":{"android":{"priority":"high","ttl":"0s"},"data":{},"token":"tok"}}"#)
     }
 }
+
+@Suite("FCM message lifetime")
+struct FCMTTLTests {
+    @Test(
+        "ttl runs to the stale date or the expiry, whichever is sooner; an end to the expiry; never negative or > 28 days"
+    )
+    func ttl() {
+        let now = Date(timeIntervalSince1970: 1_800_000_000)
+        let hour = now.addingTimeInterval(3600)
+        let day = now.addingTimeInterval(86_400)
+        #expect(FCMMessage.ttlSeconds(event: .update, staleDate: nil, expiresAt: day, now: now) == 86_400)
+        #expect(FCMMessage.ttlSeconds(event: .update, staleDate: hour, expiresAt: day, now: now) == 3600)
+        #expect(FCMMessage.ttlSeconds(event: .start, staleDate: day, expiresAt: hour, now: now) == 3600)
+        #expect(FCMMessage.ttlSeconds(event: .end, staleDate: hour, expiresAt: day, now: now) == 86_400)
+        #expect(
+            FCMMessage.ttlSeconds(event: .update, staleDate: now.addingTimeInterval(-5), expiresAt: day, now: now) == 0)
+        #expect(
+            FCMMessage.ttlSeconds(event: .update, staleDate: nil, expiresAt: now.addingTimeInterval(-1), now: now) == 0)
+        #expect(
+            FCMMessage.ttlSeconds(event: .update, staleDate: nil, expiresAt: now.addingTimeInterval(1e9), now: now)
+                == FCMMessage.maximumTTLSeconds)
+        #expect(
+            FCMMessage.ttlSeconds(event: .update, staleDate: nil, expiresAt: now.addingTimeInterval(90.9), now: now)
+                == 90)
+        #expect(FCMMessage.collapseKey(instanceID: "order-42") == "order-42")
+    }
+}
+
+@Suite("Progress convention (Android 16 ProgressStyle)")
+struct ProgressConventionTests {
+    @Test("parsed one to one and carried as progress_* data keys by the marquee profile")
+    func mapping() throws {
+        let state = try JSONValue.parse(
+            ##"{"status":"cooking","progress":{"current":3,"max":10,"segments":[{"length":4,"color":"#3366ff"},{"length":6}],"points":[{"position":4,"color":"#FF0000"}]}}"##
+        )
+        let progress = try #require(try ProgressConvention.parse(state))
+        #expect(progress.current == 3 && progress.max == 10)
+        #expect(progress.segments.map { $0.length } == [4, 6])
+        #expect(progress.points.first?.position == 4)
+        let content = ActivityContent(
+            event: .update, instanceID: "i", activityType: "com.example.t", attributesType: "A", profile: .marquee,
+            contentState: state, timestamp: 1)
+        let data = FCMData.compose(content, attribution: .worstCase)
+        #expect(data["progress_current"] == "3")
+        #expect(data["progress_max"] == "10")
+        #expect(data["progress_segments"] == ##"[{"color":"#3366ff","length":4},{"length":6}]"##)
+        #expect(data["progress_points"] == ##"[{"color":"#FF0000","position":4}]"##)
+        // Other profiles, and a plain number, are left alone.
+        var capacitor = content
+        capacitor.profile = PayloadProfile.customerio
+        #expect(FCMData.compose(capacitor, attribution: .worstCase)["progress_current"] == nil)
+        #expect(try ProgressConvention.parse(.object(["progress": .double(0.5)])) == nil)
+    }
+
+    @Test("a broken convention names the field")
+    func errors() {
+        func field(_ json: String) -> String? {
+            do {
+                _ = try ProgressConvention.parse(JSONValue.parse(json))
+                return nil
+            } catch let error as ValidationError {
+                return error.field
+            } catch {
+                return "not a ValidationError"
+            }
+        }
+        #expect(field(#"{"progress":{"current":1}}"#) == "content_state/progress/max")
+        #expect(field(#"{"progress":{"current":-1,"max":3}}"#) == "content_state/progress/current")
+        #expect(
+            field(#"{"progress":{"current":1,"max":3,"segments":[{"length":0}]}}"#)
+                == "content_state/progress/segments/0/length")
+        #expect(
+            field(#"{"progress":{"current":1,"max":3,"segments":[{"length":2}]}}"#) == "content_state/progress/segments"
+        )
+        #expect(
+            field(#"{"progress":{"current":1,"max":3,"points":[{"position":4}]}}"#)
+                == "content_state/progress/points/0/position")
+        #expect(field(#"{"progress":{"current":1,"max":3,"extra":1}}"#) == "content_state/progress/extra")
+    }
+}
