@@ -1,3 +1,4 @@
+import Crypto
 import Foundation
 import MarqueeCore
 import PostgresClient
@@ -115,22 +116,75 @@ public struct DeliveryQueue: Sendable {
         let providerNames = providers.map(\.rawValue)
         let leaseSeconds = Double(lease.components.seconds)
         return try await pool.transaction { connection in
+            // Fairness: the tenants with due deliveries (a skip scan over deliveries_due_by_tenant, starting at a
+            // random tenant and wrapping around, at most `limit` of them), then the oldest due deliveries of each,
+            // an equal share, interleaved below, so one tenant's backlog never holds back another's update.
             // Leased rows carry next_attempt_at = lease end, so they are not due: no scan wades through them.
+            let pivot = SecureRandom.uuid()
+            let tenantRows = try connection.query(
+                """
+                WITH RECURSIVE hi AS (
+                    SELECT (SELECT d.tenant_id FROM deliveries d
+                            WHERE d.status = 'queued' AND d.next_attempt_at <= now() AND d.tenant_id >= \(pivot)
+                              AND d.provider = ANY(\(providerNames)::text[])
+                            ORDER BY d.tenant_id LIMIT 1) AS tenant_id, 1 AS n
+                    UNION ALL
+                    SELECT (SELECT d.tenant_id FROM deliveries d
+                            WHERE d.status = 'queued' AND d.next_attempt_at <= now() AND d.tenant_id > hi.tenant_id
+                              AND d.provider = ANY(\(providerNames)::text[])
+                            ORDER BY d.tenant_id LIMIT 1), hi.n + 1
+                    FROM hi WHERE hi.tenant_id IS NOT NULL AND hi.n < \(limit)
+                ), lo AS (
+                    SELECT (SELECT d.tenant_id FROM deliveries d
+                            WHERE d.status = 'queued' AND d.next_attempt_at <= now() AND d.tenant_id < \(pivot)
+                              AND d.provider = ANY(\(providerNames)::text[])
+                            ORDER BY d.tenant_id LIMIT 1) AS tenant_id, 1 AS n
+                    UNION ALL
+                    SELECT (SELECT d.tenant_id FROM deliveries d
+                            WHERE d.status = 'queued' AND d.next_attempt_at <= now() AND d.tenant_id > lo.tenant_id
+                              AND d.tenant_id < \(pivot) AND d.provider = ANY(\(providerNames)::text[])
+                            ORDER BY d.tenant_id LIMIT 1), lo.n + 1
+                    FROM lo WHERE lo.tenant_id IS NOT NULL AND lo.n < \(limit)
+                )
+                SELECT tenant_id FROM (
+                    SELECT tenant_id, n FROM hi WHERE tenant_id IS NOT NULL
+                    UNION ALL SELECT tenant_id, n + \(limit) FROM lo WHERE tenant_id IS NOT NULL
+                ) t ORDER BY n LIMIT \(limit)
+                """)
+            let dueTenants = try tenantRows.map { try $0.decode(UUID.self, "tenant_id") }
+            guard !dueTenants.isEmpty else { return [] }
+            let share = max(1, (limit * 2 + dueTenants.count - 1) / dueTenants.count)
             let candidates = try connection.query(
                 """
-                SELECT d.tenant_id, d.id, d.instance_id, d.token, d.instance_version
-                FROM deliveries d
-                WHERE d.status = 'queued' AND d.next_attempt_at <= now()
-                  AND d.provider = ANY(\(providerNames)::text[])
-                ORDER BY d.next_attempt_at
-                LIMIT \(limit * 2)
-                FOR UPDATE OF d SKIP LOCKED
+                SELECT c.tenant_id, c.id, c.instance_id, c.token, c.instance_version
+                FROM unnest(\(dueTenants)::uuid[]) WITH ORDINALITY AS t(tenant_id, position)
+                CROSS JOIN LATERAL (
+                    SELECT d.tenant_id, d.id, d.instance_id, d.token, d.instance_version, d.next_attempt_at
+                    FROM deliveries d
+                    WHERE d.tenant_id = t.tenant_id AND d.status = 'queued' AND d.next_attempt_at <= now()
+                      AND d.provider = ANY(\(providerNames)::text[])
+                    ORDER BY d.next_attempt_at
+                    LIMIT \(share)
+                    FOR UPDATE OF d SKIP LOCKED
+                ) c
+                ORDER BY t.position, c.next_attempt_at
                 """)
+            // Round robin: each tenant's first candidate, then each tenant's second, and so on.
+            var rank: [UUID: Int] = [:]
+            var ranked: [(rank: Int, tenantPosition: Int, row: PostgresRow)] = []
+            let position = Dictionary(uniqueKeysWithValues: dueTenants.enumerated().map { ($1, $0) })
+            for row in candidates {
+                let tenant = try row.decode(UUID.self, "tenant_id")
+                let r = rank[tenant, default: 0]
+                rank[tenant] = r + 1
+                ranked.append((r, position[tenant] ?? 0, row))
+            }
+            ranked.sort { ($0.rank, $0.tenantPosition) < ($1.rank, $1.tenantPosition) }
             // Per (instance, token) the oldest version among the candidates: a newer one is not claimed while an
             // older one is queued, so picking it would claim nothing for that token.
             var slot: [String: Int] = [:]
             var picked: [(tenant: UUID, id: UUID, version: Int)] = []
-            for row in candidates {
+            for row in ranked.map(\.row) {
                 let tenant = try row.decode(UUID.self, "tenant_id")
                 let key =
                     "\(tenant)|\(try row.decode(String.self, "instance_id"))|\(try row.decode(String.self, "token"))"

@@ -320,6 +320,46 @@ struct DeliveryTests {
         #expect(deliveries.filter { $0.string("status") == "superseded" }.count >= 47, "latest wins")
     }
 
+    @Test("fair claims: tenant A's backlog of 3,000 does not hold back tenant B's single start")
+    func fairness() async throws {
+        let a = try await Self.tenant()
+        let b = try await Self.tenant()
+        let (_, _) = try await a.iphone()
+        let backlogInstance = Fake.id("backlog")
+        #expect(try await a.start(backlogInstance).status == 200)
+        // A's backlog, older than anything B will queue: with first-in-first-out claims B would wait for all of it.
+        try await a.fixture.pool.execute(
+            """
+            INSERT INTO deliveries (tenant_id, id, instance_id, device_token, provider, token_kind, token, operation,
+                                    instance_version, next_attempt_at)
+            SELECT \(a.tenant.uuid), gen_random_uuid(), \(backlogInstance), 'dev' || i, 'apns', 'activity',
+                   md5(i::text) || md5((i + 1)::text), 'update', 1, now() - interval '1 minute'
+            FROM generate_series(1, 3000) i
+            """)
+        let (_, bToken) = try await b.iphone()
+        let worker = try a.fixture.worker()
+        defer { worker.signal(SIGKILL) }
+        let instance = Fake.id("fair")
+        #expect(try await b.start(instance).status == 200)
+        let clock = ContinuousClock()
+        let deadline = clock.now + .seconds(60)
+        while simulatorPushes(b, bToken).isEmpty && clock.now < deadline {
+            try await Task.sleep(for: .milliseconds(20))
+        }
+        let backlogLeft = try await a.fixture.pool.count(
+            """
+            SELECT count(*)::int AS n FROM deliveries
+            WHERE tenant_id = \(a.tenant.uuid) AND instance_id = \(backlogInstance) AND status = 'queued'
+            """)
+        try #require(!simulatorPushes(b, bToken).isEmpty, "B's start was never sent")
+        #expect(backlogLeft >= 1_000, "B was served while A's backlog was still there: \(backlogLeft) left")
+        _ = try await a.settled(backlogInstance, count: nil, timeout: .seconds(120))
+    }
+
+    private func simulatorPushes(_ t: Tenant, _ token: String) -> [JSONValue] {
+        t.fixture.simulator.pushes(token: token)
+    }
+
     @Test("a slow tenant endpoint holds back only its own deliveries: no lease runs out on another's, nothing re-sent")
     func slowTenantDoesNotStallLeases() async throws {
         let slow = try await Self.tenant()
