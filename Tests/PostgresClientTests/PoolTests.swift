@@ -38,34 +38,50 @@ struct PoolTests {
 
     @Test("callers beyond the bound time out with poolTimeout")
     func acquireTimeout() async throws {
-        let pool = try TestDatabase.pool(options: .init(maxConnections: 1, acquireTimeout: .milliseconds(200)))
+        let application = TestDatabase.uniqueName("timeout")
+        let pool = try TestDatabase.pool(
+            application: application, options: .init(maxConnections: 1, acquireTimeout: .milliseconds(200)))
         defer { pool.close() }
-        let holder = Task { try await pool.execute("SELECT pg_sleep(5)") }
+        // Held until the test releases it below, so the bound on the wait can be generous.
+        let holder = Task { try await pool.execute("SELECT pg_sleep(60)") }
         #expect(await eventually { pool.statistics.idle == 0 && pool.statistics.open == 1 })
         try await Task.sleep(for: .milliseconds(50))
         let start = ContinuousClock.now
         let error = await #expect(throws: PostgresError.self) { try await pool.query("SELECT 1") }
         #expect(error?.code == .poolTimeout)
         let waited = ContinuousClock.now - start
-        // It gave up on its own timeout, long before the holder released the connection (a loaded CI machine can
-        // be slow to wake it, hence the generous upper bound).
-        #expect(waited >= .milliseconds(150) && waited < .seconds(4))
-        _ = try await holder.value
-        #expect(try await pool.query("SELECT 1 AS one")[0].decode(Int.self, "one") == 1)
+        // It gave up on its own timeout, long before the holder would release the connection (60 s; a loaded CI
+        // machine can be slow to wake it, hence the generous upper bound).
+        #expect(waited >= .milliseconds(150) && waited < .seconds(20))
+        let admin = try TestDatabase.pool()
+        defer { admin.close() }
+        #expect(try await TestDatabase.terminateBackends(admin, application: application) == 1)
+        _ = try? await holder.value
+        #expect(
+            try await eventually(timeout: .seconds(20)) {
+                (try? await pool.query("SELECT 1 AS one")[0].decode(Int.self, "one")) == 1
+            })
     }
 
     @Test("a cancelled waiter stops waiting")
     func cancelledWaiter() async throws {
-        let pool = try TestDatabase.pool(options: .init(maxConnections: 1, acquireTimeout: .seconds(10)))
+        let application = TestDatabase.uniqueName("waiter")
+        let pool = try TestDatabase.pool(
+            application: application, options: .init(maxConnections: 1, acquireTimeout: .seconds(30)))
         defer { pool.close() }
-        let holder = Task { try await pool.execute("SELECT pg_sleep(1)") }
+        // The holder keeps the only connection until the test releases it (a 1 s sleep ran out before the waiter
+        // queued on a loaded machine, and the waiter then simply got the connection).
+        let holder = Task { try await pool.execute("SELECT pg_sleep(60)") }
         #expect(await eventually { pool.statistics.idle == 0 && pool.statistics.open == 1 })
         let waiter = Task { try await pool.query("SELECT 1") }
-        #expect(await eventually { pool.statistics.waiting == 1 })
+        #expect(await eventually(timeout: .seconds(20)) { pool.statistics.waiting == 1 })
         waiter.cancel()
         await #expect(throws: CancellationError.self) { try await waiter.value }
         #expect(pool.statistics.waiting == 0)
-        _ = try await holder.value
+        let admin = try TestDatabase.pool()
+        defer { admin.close() }
+        #expect(try await TestDatabase.terminateBackends(admin, application: application) == 1)
+        _ = try? await holder.value
     }
 
     @Test("the pool recovers by itself after all its backends are terminated")
