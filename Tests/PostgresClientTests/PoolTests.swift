@@ -9,7 +9,10 @@ struct PoolTests {
     @Test("N+k concurrent callers never open more than N connections")
     func bounded() async throws {
         let application = TestDatabase.uniqueName("bound")
-        let pool = try TestDatabase.pool(application: application, options: .init(maxConnections: 3))
+        // The bound is what is under test, not the wait: a loaded machine may take longer than the default 5 s to
+        // serve twelve callers three at a time.
+        let pool = try TestDatabase.pool(
+            application: application, options: .init(maxConnections: 3, acquireTimeout: .seconds(60)))
         defer { pool.close() }
         let observed = Locked<[Int]>([])
         try await withThrowingTaskGroup(of: Void.self) { group in
