@@ -13,7 +13,9 @@ struct PeopleImportTests {
     {
         try await api.call(
             "POST", "/v1/people/import", key: key, body: body, contentType: "application/x-ndjson", headers: headers,
-            timeout: 300)
+            // 13–40 s on a 2-core machine; once, under load with the whole suite, a run took over 300 s (not
+            // reproduced since). The bound is the client's patience, not the assertion.
+            timeout: 900)
     }
 
     static func json(_ object: [String: Any]) throws -> String {
