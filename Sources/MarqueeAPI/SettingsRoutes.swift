@@ -4,7 +4,7 @@ import HTTPServer
 import MarqueeCore
 import MarqueeStore
 
-/// `/v1/settings` (app key): the tenant's identity verification mode and identity secret.
+/// `/v1/settings` (app key): the tenant's identity verification mode and identity secret, and its send rate limit.
 struct SettingsRoutes: Sendable {
     let authenticator: Authenticator
     let settings: TenantSettingsStore
@@ -24,9 +24,21 @@ struct SettingsRoutes: Sendable {
     func patchSettings(_ request: HTTPRequest) async throws -> HTTPResponse {
         let principal = try await authenticator.require(request, kinds: [.app])
         let body = try JSONBody.parse(request)
-        try body.rejectUnknown(["identity_verification"])
-        let mode = try body.requiredEnum("identity_verification", IdentityVerification.self)
-        let updated = try await settings.setIdentityVerification(tenant: principal.tenantID, mode)
+        try body.rejectUnknown(["identity_verification", "send_rate_per_second"])
+        var change = TenantSettingsStore.Change()
+        if body.object["identity_verification"] != nil {
+            change.identityVerification = try body.requiredEnum("identity_verification", IdentityVerification.self)
+        }
+        if body.object["send_rate_per_second"] != nil {
+            // null removes the limit.
+            change.sendRatePerSecond = .some(
+                try body.integer("send_rate_per_second", range: 1...1_000_000).map { Int($0) })
+        }
+        guard change.identityVerification != nil || change.sendRatePerSecond != nil else {
+            throw ValidationError(
+                field: "body", reason: "must set at least one of identity_verification, send_rate_per_second")
+        }
+        let updated = try await settings.update(tenant: principal.tenantID, change)
         identity.invalidate(principal.tenantID)
         return .json(Self.render(updated))
     }
@@ -44,6 +56,7 @@ struct SettingsRoutes: Sendable {
             "identity_verification": .string(s.identityVerification.rawValue),
             "identity_secret_set": .bool(s.identitySecretSet),
             "previous_secret_valid_until": .from(s.previousSecretValidUntil),
+            "send_rate_per_second": s.sendRatePerSecond.map { .int(Int64($0)) } ?? .null,
         ])
     }
 }

@@ -151,20 +151,43 @@ public struct DeliveryQueue: Sendable {
                     UNION ALL SELECT tenant_id, n + \(limit) FROM lo WHERE tenant_id IS NOT NULL
                 ) t ORDER BY n LIMIT \(limit)
                 """)
-            let dueTenants = try tenantRows.map { try $0.decode(UUID.self, "tenant_id") }
+            var dueTenants = try tenantRows.map { try $0.decode(UUID.self, "tenant_id") }
             guard !dueTenants.isEmpty else { return [] }
             let share = max(1, (limit * 2 + dueTenants.count - 1) / dueTenants.count)
+            // Send rate limits: the buckets of the limited tenants among them, locked in tenant order (two claims
+            // never deadlock) until this claim commits, and refilled to now. A tenant gets at most its whole tokens.
+            let buckets = try connection.query(
+                """
+                WITH locked AS (
+                    SELECT tenant_id FROM send_limits WHERE tenant_id = ANY(\(dueTenants)::uuid[])
+                    ORDER BY tenant_id FOR UPDATE
+                )
+                UPDATE send_limits l
+                SET tokens = LEAST(l.rate_per_second::float8,
+                                   l.tokens + l.rate_per_second
+                                       * GREATEST(0, EXTRACT(epoch FROM clock_timestamp() - l.refilled_at))::float8),
+                    refilled_at = GREATEST(l.refilled_at, clock_timestamp())
+                FROM locked WHERE l.tenant_id = locked.tenant_id
+                RETURNING l.tenant_id, floor(l.tokens)::int AS allowance
+                """)
+            var allowance: [UUID: Int] = [:]
+            for row in buckets {
+                allowance[try row.decode(UUID.self, "tenant_id")] = try row.decode(Int.self, "allowance")
+            }
+            dueTenants.removeAll { allowance[$0] == 0 }
+            guard !dueTenants.isEmpty else { return [] }
+            let shares = dueTenants.map { min(share, allowance[$0] ?? share) }
             let candidates = try connection.query(
                 """
                 SELECT c.tenant_id, c.id, c.instance_id, c.token, c.instance_version
-                FROM unnest(\(dueTenants)::uuid[]) WITH ORDINALITY AS t(tenant_id, position)
+                FROM unnest(\(dueTenants)::uuid[], \(shares)::int[]) WITH ORDINALITY AS t(tenant_id, share, position)
                 CROSS JOIN LATERAL (
                     SELECT d.tenant_id, d.id, d.instance_id, d.token, d.instance_version, d.next_attempt_at
                     FROM deliveries d
                     WHERE d.tenant_id = t.tenant_id AND d.status = 'queued' AND d.next_attempt_at <= now()
                       AND d.provider = ANY(\(providerNames)::text[])
                     ORDER BY d.next_attempt_at
-                    LIMIT \(share)
+                    LIMIT t.share
                     FOR UPDATE OF d SKIP LOCKED
                 ) c
                 ORDER BY t.position, c.next_attempt_at
@@ -228,6 +251,22 @@ public struct DeliveryQueue: Sendable {
                 JOIN instances i ON i.tenant_id = c.tenant_id AND i.id = c.instance_id
                 JOIN activity_types t ON t.tenant_id = i.tenant_id AND t.identifier = i.activity_type
                 """)
+            if !allowance.isEmpty {
+                // Spend what was claimed, under the locks taken above.
+                var used: [UUID: Int] = [:]
+                for row in rows {
+                    let tenant = try row.decode(UUID.self, "tenant_id")
+                    if allowance[tenant] != nil { used[tenant, default: 0] += 1 }
+                }
+                if !used.isEmpty {
+                    try connection.execute(
+                        """
+                        UPDATE send_limits l SET tokens = GREATEST(0, l.tokens - u.used)
+                        FROM unnest(\(Array(used.keys))::uuid[], \(Array(used.values))::int[]) AS u(tenant_id, used)
+                        WHERE l.tenant_id = u.tenant_id
+                        """)
+                }
+            }
             return try rows.map { row in
                 ClaimedDelivery(
                     tenantID: try row.decode(UUID.self, "tenant_id"), id: try row.decode(UUID.self, "delivery_id"),

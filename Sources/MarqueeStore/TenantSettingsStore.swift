@@ -9,11 +9,21 @@ public enum IdentityVerification: String, Sendable, CaseIterable {
     case required
 }
 
+/// A stored value this version does not know (written by a newer version, or a constraint gone missing): an
+/// error, never a silent default.
+public struct UnknownStoredValue: Error, Sendable, CustomStringConvertible {
+    public var column: String
+    public var value: String
+    public var description: String { "unknown value \(value) in \(column)" }
+}
+
 /// A tenant's settings as the API shows them (never a secret).
 public struct TenantSettings: Sendable, Equatable {
     public var identityVerification: IdentityVerification
     public var identitySecretSet: Bool
     public var previousSecretValidUntil: Date?
+    /// At most this many pushes a second for the tenant, across all workers; nil: no limit.
+    public var sendRatePerSecond: Int?
 }
 
 /// What the identity check needs: the mode and the opened secrets (current first; the previous one with its end).
@@ -52,42 +62,82 @@ public struct TenantSettingsStore: Sendable {
 
     /// The settings, defaults when the tenant has no row.
     public func settings(tenant: UUID) async throws -> TenantSettings {
-        let rows = try await database.tenantStatement(
-            tenant,
-            """
-            SELECT identity_verification, sealed_identity_secret IS NOT NULL AS secret_set,
-                   CASE WHEN previous_secret_valid_until > now() THEN previous_secret_valid_until END AS previous_until
-            FROM tenant_settings WHERE tenant_id = \(tenant)
-            """)
-        guard let row = rows.first else {
-            return TenantSettings(identityVerification: .off, identitySecretSet: false, previousSecretValidUntil: nil)
-        }
-        return try Self.settings(row)
+        try await database.tenantTransaction(tenant) { try Self.read($0, tenant) }
     }
 
-    /// Sets the verification mode. `required` needs an identity secret (422 otherwise).
-    public func setIdentityVerification(tenant: UUID, _ mode: IdentityVerification) async throws -> TenantSettings {
+    /// The settings as stored in this transaction: defaults where the tenant has no row.
+    static func read(_ connection: PostgresConnection, _ tenant: UUID) throws -> TenantSettings {
+        let rows = try connection.query(
+            """
+            SELECT COALESCE(s.identity_verification, 'off') AS identity_verification,
+                   COALESCE(s.sealed_identity_secret IS NOT NULL, false) AS secret_set,
+                   CASE WHEN s.previous_secret_valid_until > now() THEN s.previous_secret_valid_until END
+                       AS previous_until,
+                   l.rate_per_second
+            FROM (SELECT \(tenant)::uuid AS tenant_id) t
+            LEFT JOIN tenant_settings s ON s.tenant_id = t.tenant_id
+            LEFT JOIN send_limits l ON l.tenant_id = t.tenant_id
+            """)
+        let row = rows[0]
+        let mode = try row.decode(String.self, "identity_verification")
+        guard let verification = IdentityVerification(rawValue: mode) else {
+            throw UnknownStoredValue(column: "tenant_settings.identity_verification", value: mode)
+        }
+        return TenantSettings(
+            identityVerification: verification, identitySecretSet: try row.decode(Bool.self, "secret_set"),
+            previousSecretValidUntil: try row.decode(Date?.self, "previous_until"),
+            sendRatePerSecond: try row.decode(Int?.self, "rate_per_second"))
+    }
+
+    /// What a settings change sets: nil leaves a setting as it is.
+    public struct Change: Sendable {
+        public var identityVerification: IdentityVerification?
+        /// `.some(nil)` removes the limit.
+        public var sendRatePerSecond: Int??
+
+        public init(identityVerification: IdentityVerification? = nil, sendRatePerSecond: Int?? = nil) {
+            self.identityVerification = identityVerification
+            self.sendRatePerSecond = sendRatePerSecond
+        }
+    }
+
+    /// Applies `change` in one transaction. `required` verification needs an identity secret (422 otherwise). A
+    /// new or changed send rate starts with at most one second's worth in the bucket.
+    public func update(tenant: UUID, _ change: Change) async throws -> TenantSettings {
         try await database.tenantTransaction(tenant) { connection in
-            let rows = try connection.query(
-                """
-                INSERT INTO tenant_settings (tenant_id, identity_verification) VALUES (\(tenant), 'off')
-                ON CONFLICT (tenant_id) DO UPDATE SET tenant_id = EXCLUDED.tenant_id
-                RETURNING sealed_identity_secret IS NOT NULL AS secret_set
-                """)
-            if mode == .required, try !rows[0].decode(Bool.self, "secret_set") {
-                throw ValidationError(
-                    field: "identity_verification",
-                    reason: "cannot be required before an identity secret exists: create it first with "
-                        + "POST /v1/settings/identity_secret")
+            if let mode = change.identityVerification {
+                let rows = try connection.query(
+                    """
+                    INSERT INTO tenant_settings (tenant_id, identity_verification) VALUES (\(tenant), 'off')
+                    ON CONFLICT (tenant_id) DO UPDATE SET tenant_id = EXCLUDED.tenant_id
+                    RETURNING sealed_identity_secret IS NOT NULL AS secret_set
+                    """)
+                if mode == .required, try !rows[0].decode(Bool.self, "secret_set") {
+                    throw ValidationError(
+                        field: "identity_verification",
+                        reason: "cannot be required before an identity secret exists: create it first with "
+                            + "POST /v1/settings/identity_secret")
+                }
+                try connection.execute(
+                    """
+                    UPDATE tenant_settings SET identity_verification = \(mode.rawValue), updated_at = now()
+                    WHERE tenant_id = \(tenant)
+                    """)
             }
-            let updated = try connection.query(
-                """
-                UPDATE tenant_settings SET identity_verification = \(mode.rawValue), updated_at = now()
-                WHERE tenant_id = \(tenant)
-                RETURNING identity_verification, sealed_identity_secret IS NOT NULL AS secret_set,
-                    CASE WHEN previous_secret_valid_until > now() THEN previous_secret_valid_until END AS previous_until
-                """)
-            return try Self.settings(updated[0])
+            switch change.sendRatePerSecond {
+            case .none: break
+            case .some(.some(let rate)):
+                try connection.execute(
+                    """
+                    INSERT INTO send_limits (tenant_id, rate_per_second, tokens) VALUES (\(tenant), \(rate), \(rate))
+                    ON CONFLICT (tenant_id) DO UPDATE SET
+                        rate_per_second = EXCLUDED.rate_per_second,
+                        tokens = LEAST(send_limits.tokens, EXCLUDED.rate_per_second), updated_at = now()
+                    """)
+            case .some(.none):
+                try connection.execute("DELETE FROM send_limits WHERE tenant_id = \(tenant)")
+            }
+            return try Self.read(connection, tenant)
         }
     }
 
@@ -133,14 +183,6 @@ public struct TenantSettingsStore: Sendable {
                 try keyRing.open($0, associatedData: context)
             },
             previousValidUntil: try row.decode(Date?.self, "previous_secret_valid_until"))
-    }
-
-    static func settings(_ row: PostgresRow) throws -> TenantSettings {
-        TenantSettings(
-            identityVerification: IdentityVerification(
-                rawValue: try row.decode(String.self, "identity_verification")) ?? .off,
-            identitySecretSet: try row.decode(Bool.self, "secret_set"),
-            previousSecretValidUntil: try row.decode(Date?.self, "previous_until"))
     }
 }
 

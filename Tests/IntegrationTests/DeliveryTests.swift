@@ -358,6 +358,74 @@ struct DeliveryTests {
         _ = try await a.settled(backlogInstance, count: nil, timeout: .seconds(120))
     }
 
+    @Test("send rate limit: 300 queued for a tenant limited to 50/s leave over ≥ 4 s across 2 workers, ≲100 a second")
+    func sendRateLimit() async throws {
+        let a = try await Self.tenant()
+        let b = try await Self.tenant()
+        let limited = try await a.api.call(
+            "PATCH", "/v1/settings", key: a.tenant.app, json: ["send_rate_per_second": 50])
+        #expect(limited.status == 200, "\(limited.text)")
+        #expect(try limited.json()["send_rate_per_second"] as? Int == 50)
+        _ = try await a.iphone()
+        let backlogInstance = Fake.id("limited")
+        #expect(try await a.start(backlogInstance).status == 200)
+        let prefix = Fake.hex(8)
+        try await a.fixture.pool.execute(
+            """
+            INSERT INTO deliveries (tenant_id, id, instance_id, device_token, provider, token_kind, token, operation,
+                                    instance_version, next_attempt_at)
+            SELECT \(a.tenant.uuid), gen_random_uuid(), \(backlogInstance), 'dev' || i, 'apns', 'activity',
+                   \(prefix) || substr(md5(i::text) || md5((i + 1)::text), 1, 56), 'update', 1, now()
+            FROM generate_series(1, 300) i
+            """)
+        let workers = [try a.fixture.worker(), try a.fixture.worker()]
+        defer { for w in workers { w.signal(SIGKILL) } }
+        // Another tenant is not held back by A's limit: its start goes out while most of A's backlog waits.
+        let (_, bToken) = try await b.iphone()
+        #expect(try await b.start(Fake.id("unlimited")).status == 200)
+        let clock = ContinuousClock()
+        let deadline = clock.now + .seconds(60)
+        while simulatorPushes(b, bToken).isEmpty && clock.now < deadline {
+            try await Task.sleep(for: .milliseconds(20))
+        }
+        try #require(!simulatorPushes(b, bToken).isEmpty, "B's start was never sent")
+        let leftWhenBWasSent = try await a.fixture.pool.count(
+            """
+            SELECT count(*)::int AS n FROM deliveries
+            WHERE tenant_id = \(a.tenant.uuid) AND instance_id = \(backlogInstance) AND status = 'queued'
+            """)
+        #expect(leftWhenBWasSent >= 100, "A's limited backlog held B back: \(leftWhenBWasSent) left")
+        _ = try await a.settled(backlogInstance, count: nil, timeout: .seconds(120))
+        let formatter = ISO8601DateFormatter()
+        formatter.formatOptions = [.withInternetDateTime, .withFractionalSeconds]
+        let times = a.fixture.simulator.pushes().compactMap { push -> Date? in
+            guard push["token"]?.stringValue?.hasPrefix(prefix) == true, let time = push["time"]?.stringValue else {
+                return nil
+            }
+            return formatter.date(from: time)
+        }.sorted()
+        try #require(times.count == 300, "\(times.count) of A's 300 reached the simulator")
+        // A token bucket of 50/s holding one second's worth: 250 after the first burst take ≥ 5 s.
+        let span = times[times.count - 1].timeIntervalSince(times[0])
+        #expect(span >= 4.0, "300 pushes at 50/s went out in \(span) s")
+        // In any second, at most the rate plus the bucket's one second's worth (100), as claimed; receipt times add
+        // the send's jitter, which can squeeze two claims a little over a second apart into one second.
+        var start = 0
+        var busiest = 0
+        for end in times.indices {
+            while times[end].timeIntervalSince(times[start]) >= 1.0 { start += 1 }
+            busiest = max(busiest, end - start + 1)
+        }
+        #expect(busiest <= 125, "\(busiest) pushes within one second")
+        // Removing the limit.
+        let removed = try await a.api.call(
+            "PATCH", "/v1/settings", key: a.tenant.app, json: ["send_rate_per_second": NSNull()])
+        #expect(try removed.json()["send_rate_per_second"] is NSNull)
+        expectProblem(
+            try await a.api.call("PATCH", "/v1/settings", key: a.tenant.app, json: ["send_rate_per_second": 0]),
+            422, "invalid-field", field: "send_rate_per_second")
+    }
+
     private func simulatorPushes(_ t: Tenant, _ token: String) -> [JSONValue] {
         t.fixture.simulator.pushes(token: token)
     }
