@@ -9,14 +9,6 @@ public enum IdentityVerification: String, Sendable, CaseIterable {
     case required
 }
 
-/// A stored value this version does not know (written by a newer version, or a constraint gone missing): an
-/// error, never a silent default.
-public struct UnknownStoredValue: Error, Sendable, CustomStringConvertible {
-    public var column: String
-    public var value: String
-    public var description: String { "unknown value \(value) in \(column)" }
-}
-
 /// A tenant's settings as the API shows them (never a secret).
 public struct TenantSettings: Sendable, Equatable {
     public var identityVerification: IdentityVerification
@@ -81,7 +73,7 @@ public struct TenantSettingsStore: Sendable {
         let row = rows[0]
         let mode = try row.decode(String.self, "identity_verification")
         guard let verification = IdentityVerification(rawValue: mode) else {
-            throw UnknownStoredValue(column: "tenant_settings.identity_verification", value: mode)
+            throw PostgresError(code: .decoding, context: "unknown identity_verification \(mode)")
         }
         return TenantSettings(
             identityVerification: verification, identitySecretSet: try row.decode(Bool.self, "secret_set"),
