@@ -32,7 +32,7 @@ struct LifecycleRoutes: Sendable {
         let body = try JSONBody.parse(request)
         try body.rejectUnknown([
             "identifiers", "notification_type", "attributes", "content_state", "instance_id", "platform", "device_id",
-            "push_payload", "deep_link", "expiration", "stale_date", "relevance_score", "priority",
+            "push_payload", "deep_link", "expiration", "stale_date", "relevance_score", "priority", "channel_id",
         ])
         guard let identifiers = try body.nested("identifiers") else { throw ValidationError.missing("identifiers") }
         try identifiers.rejectUnknown(["id", "email"])
@@ -56,6 +56,13 @@ struct LifecycleRoutes: Sendable {
             try Identifiers.anyDeviceToken(s, field: "device_id")
         }
         let alert = try Self.alert(body)
+        let channelID = try body.string("channel_id", maxLength: 64).map { text throws(ValidationError) in
+            guard let ulid = ULID(string: text) else {
+                throw ValidationError(
+                    field: "channel_id", reason: "is not a channel ID (a ULID from POST /v1/channels)")
+            }
+            return ulid.uuid
+        }
         let now = self.now()
         let expiration = try Lifetime.expiration(requested: body.timestamp("expiration"), now: now, field: "expiration")
         var options = try Self.options(body, base: StoredOptions())
@@ -65,7 +72,7 @@ struct LifecycleRoutes: Sendable {
 
         let context = try await store.startContext(
             tenant: tenant, activityType: activityType, personID: personID, email: email, instanceID: instanceID,
-            idempotencyKey: idempotencyKey)
+            idempotencyKey: idempotencyKey, channelID: channelID)
         if let stored = context.idempotent { return try Self.replay(stored, hash: requestHash) }
         if let existing = context.existingStart { return .json(existing.body, status: existing.status) }
         if context.existingInstance {
@@ -75,6 +82,20 @@ struct LifecycleRoutes: Sendable {
             throw ValidationError(
                 field: "notification_type",
                 reason: "is not a known activity type: define it with PUT /v1/activity_types/{identifier}")
+        }
+        if channelID != nil {
+            guard let channel = context.channel else {
+                throw ValidationError(field: "channel_id", reason: "is not a channel of this tenant")
+            }
+            guard channel.status == "active" else {
+                throw ValidationError(
+                    field: "channel_id", reason: "is gone at Apple (\(channel.statusReason ?? "gone")): create another")
+            }
+            guard channel.activityType == activityType else {
+                throw ValidationError(
+                    field: "channel_id", reason: "belongs to activity type \(channel.activityType), not \(activityType)"
+                )
+            }
         }
         let contentState = try Self.checkedState(requestedState, type: type)
         let stale = StaleDateRule.apply(options.staleDate, now: now)
@@ -109,21 +130,25 @@ struct LifecycleRoutes: Sendable {
         }
         let timestamp = Int64(now.timeIntervalSince1970.rounded(.down))
         // Exactly what each delivery will send (its snapshot), with the worst-case attribution.
-        let content = DeliverySnapshot(
+        var content = DeliverySnapshot(
             attributes: attributes, contentState: contentState, options: options, timestamp: timestamp
         ).content(
             event: .start, instanceID: instanceID, activityType: activityType, attributesType: type.attributesType,
             profile: type.payloadProfile, dateFields: type.dateFields, now: now)
-        let targeted = Set(deliveries.map { $0.provider == .apns ? Platform.ios : Platform.android })
+        content.inputPushChannel = context.channel?.apnsChannelID
+        var targeted = Set(deliveries.map { $0.provider == .apns ? Platform.ios : Platform.android })
+        if context.channel != nil { targeted.insert(.ios) }
         try Self.checkSize(
             content, platforms: targeted.isEmpty ? (platform.map { [$0] } ?? [.ios, .android]) : Array(targeted))
 
-        let state: InstanceState = deliveries.isEmpty ? .failed : .pending
-        let failureReason = deliveries.isEmpty ? "no_push_to_start_token" : nil
+        // A channel-backed instance lives without push-to-start targets: apps subscribe to its channel themselves.
+        let state: InstanceState = deliveries.isEmpty ? (context.channel != nil ? .active : .failed) : .pending
+        let failureReason = state == .failed ? "no_push_to_start_token" : nil
         var response: [String: JSONValue] = [
             "instance_id": .string(instanceID), "state": .string(state.rawValue),
             "targets": .int(Int64(deliveries.count)), "warnings": .array(stale.warnings.map { .string($0) }),
         ]
+        if let channelID { response["channel_id"] = .string(ULID(uuid: channelID).description) }
         if let failureReason { response["failure_reason"] = .string(failureReason) }
         let responseBody = JSONValue.object(response)
         let outcome = try await store.start(
@@ -136,7 +161,7 @@ struct LifecycleRoutes: Sendable {
                 deliveries: deliveries, androidDevices: androidDevices,
                 idempotency: idempotencyKey.map {
                     IdempotencyRecord(key: $0, requestHash: requestHash, status: 200, response: responseBody)
-                }))
+                }, channelID: channelID))
         if case .alreadyExists = outcome {
             // A concurrent request with the same instance ID or key won: answer with what it stored.
             let again = try await store.startContext(
@@ -264,14 +289,25 @@ struct LifecycleRoutes: Sendable {
                 event: operation == .end ? .end : .update, instanceID: instanceID, activityType: instance.activityType,
                 attributesType: type.attributesType, profile: type.payloadProfile, dateFields: type.dateFields,
                 now: now)
-            let platforms = Set(context.targets.map(\.platform))
+            var platforms = Set(context.targets.map(\.platform))
+            let channel = context.channel.flatMap { $0.active ? $0 : nil }
+            if channel != nil { platforms.insert(.ios) }
             try Self.checkSize(content, platforms: platforms.isEmpty ? [.ios, .android] : Array(platforms))
 
-            let deliveries = context.targets.map { target in
+            var deliveries = context.targets.map { target in
                 PlannedDelivery(
                     id: ULIDGenerator.shared.next().uuid, deviceToken: target.deviceToken,
                     provider: target.platform == .ios ? .apns : .fcm,
                     tokenKind: target.platform == .ios ? .activity : .fcm, token: target.token)
+            }
+            // A channel-backed instance: one broadcast for every device subscribed to the channel, beside the
+            // per-token pushes of devices that could not subscribe (they registered an activity token instead).
+            if let channel {
+                deliveries.append(
+                    PlannedDelivery(
+                        id: ULIDGenerator.shared.next().uuid,
+                        deviceToken: "channel:" + ULID(uuid: channel.id).description, provider: .apns,
+                        tokenKind: .channel, token: channel.apnsChannelID))
             }
             let state: InstanceState
             var failureReason: String?
@@ -280,7 +316,7 @@ struct LifecycleRoutes: Sendable {
                 state = .ended
             } else if deliveries.isEmpty {
                 state = .failed
-                failureReason = "no_activity_token"
+                failureReason = context.channel != nil ? "channel_gone" : "no_activity_token"
             } else {
                 state = instance.state == .failed ? .pending : instance.state
             }
@@ -409,6 +445,7 @@ struct LifecycleRoutes: Sendable {
             "attributes": i.attributes, "content_state": i.contentState, "version": .int(Int64(i.version)),
             "started_at": .from(i.startedAt), "ended_at": .from(i.endedAt), "expires_at": .from(i.expiresAt),
             "updated_at": .from(i.updatedAt),
+            "channel_id": i.channelID.map { .string(ULID(uuid: $0).description) } ?? .null,
         ])
     }
 

@@ -6,7 +6,8 @@
 ///          "stale-date": 1740003600, "relevance-score": 0.5}}
 /// ```
 /// - `start` adds `attributes-type`, `attributes` (with the instance ID, see ``PayloadProfile``) and
-///   `"input-push-token": 1`, so the new activity reports its update token.
+///   `"input-push-token": 1`, so the new activity reports its update token, or, on a broadcast channel,
+///   `"input-push-channel": "<channel ID>"`, so it subscribes to the channel.
 /// - `end` adds `dismissal-date` when one is given.
 /// - Dates are whole epoch seconds. Attribution rides inside `content-state`, because iOS never hands the raw push
 ///   to the app: the widget and SDK only ever see the decoded state.
@@ -25,7 +26,11 @@ public enum APNsPayload {
         if content.event == .start {
             aps["attributes-type"] = .string(content.attributesType)
             aps["attributes"] = content.profile.deviceAttributes(content.attributes, instanceID: content.instanceID)
-            aps["input-push-token"] = .int(1)
+            if let channel = content.inputPushChannel {
+                aps["input-push-channel"] = .string(channel)
+            } else {
+                aps["input-push-token"] = .int(1)
+            }
         }
         if let alert = content.alert {
             var fields: [String: JSONValue] = ["title": .string(alert.title), "body": .string(alert.body)]

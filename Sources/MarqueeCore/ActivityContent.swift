@@ -57,13 +57,18 @@ public struct ActivityContent: Sendable, Equatable {
     /// The activity type's date fields (JSON pointer → encoding), already applied to ``contentState``. A profile whose
     /// other platform reads dates in another unit re-encodes them from this (Customer.io Android: milliseconds).
     public var dateFields: [String: DateEncoding]
+    /// For a start on a broadcast channel: Apple's channel ID, so the started activity subscribes to it instead of
+    /// reporting an update token (APNs only; see ``BroadcastSupport``).
+    public var inputPushChannel: String?
 
     public init(
         event: LiveActivityEvent, instanceID: String, activityType: String, attributesType: String,
         profile: PayloadProfile, attributes: JSONValue = .object([:]), contentState: JSONValue,
         alert: LiveActivityAlert? = nil, deepLink: String? = nil, staleDate: Date? = nil, dismissalDate: Date? = nil,
-        relevanceScore: Double? = nil, timestamp: Int64, dateFields: [String: DateEncoding] = [:]
+        relevanceScore: Double? = nil, timestamp: Int64, dateFields: [String: DateEncoding] = [:],
+        inputPushChannel: String? = nil
     ) {
+        self.inputPushChannel = inputPushChannel
         self.event = event
         self.instanceID = instanceID
         self.activityType = activityType

@@ -41,6 +41,19 @@ public enum ChannelLimits {
     }
 }
 
+/// Which devices a broadcast channel reaches.
+public enum BroadcastSupport {
+    /// Whether an iPhone on `osVersion` (as its SDK reported it) can subscribe to a channel: iOS 18 and later. An
+    /// unknown version counts as able (the SDK did not say; current iPhones are). One that cannot is started with
+    /// `input-push-token` instead, reports an activity token, and gets the instance's updates one push per token.
+    public static func supportsChannels(osVersion: String?) -> Bool {
+        guard let osVersion, !osVersion.isEmpty else { return true }
+        let major = osVersion.drop { !$0.isNumber }.prefix { $0.isNumber }
+        guard let number = Int(major.prefix(4)) else { return true }
+        return number >= 18
+    }
+}
+
 /// Why a channel management request did not succeed. Reasons are safe to show (Apple's reason text, sanitized, or a
 /// fixed transport code): never an address, a token or an OpenSSL message.
 public struct ChannelManagementError: Error, Sendable, Equatable, CustomStringConvertible {

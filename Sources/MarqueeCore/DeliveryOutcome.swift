@@ -45,6 +45,10 @@ public enum APNsReason: Sendable, Equatable, CustomStringConvertible {
     case methodNotAllowed
     case invalidPushType
     case payloadEmpty
+    /// Broadcasts: Apple does not know the channel.
+    case channelNotRegistered
+    /// Broadcasts: the `apns-channel-id` is not a channel ID.
+    case badChannelID
     case unknown(String)
 
     public init(_ text: String) {
@@ -75,6 +79,8 @@ public enum APNsReason: Sendable, Equatable, CustomStringConvertible {
         case "MethodNotAllowed": self = .methodNotAllowed
         case "InvalidPushType": self = .invalidPushType
         case "PayloadEmpty": self = .payloadEmpty
+        case "ChannelNotRegistered": self = .channelNotRegistered
+        case "BadChannelId": self = .badChannelID
         default: self = .unknown(text)
         }
     }
@@ -107,6 +113,8 @@ public enum APNsReason: Sendable, Equatable, CustomStringConvertible {
         case .methodNotAllowed: "MethodNotAllowed"
         case .invalidPushType: "InvalidPushType"
         case .payloadEmpty: "PayloadEmpty"
+        case .channelNotRegistered: "ChannelNotRegistered"
+        case .badChannelID: "BadChannelId"
         case .unknown(let s): s
         }
     }
@@ -151,6 +159,9 @@ public enum APNsReason: Sendable, Equatable, CustomStringConvertible {
         if status == 200 { return .sent(providerID: apnsID) }
         let text = reason?.description ?? "HTTP \(status)"
         switch (status, reason) {
+        case (400..<500, .channelNotRegistered?), (400..<500, .badChannelID?):
+            // A broadcast's channel is gone: like a dead token, never retried; the channel is marked gone.
+            return .retireToken(reason: text, unregisteredAt: nil)
         case (400, .badDeviceToken?), (400, .deviceTokenNotForTopic?):
             return .retireToken(reason: text, unregisteredAt: nil)
         case (410, _):

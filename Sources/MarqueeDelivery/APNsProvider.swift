@@ -15,8 +15,26 @@ public struct APNsPush: Sendable {
     /// The delivery ID in UUID form.
     public var apnsID: UUID
     public var payload: [UInt8]
+    /// Set for a broadcast: one request on a channel (`POST /4/broadcasts/apps/<bundle>`), not to a device; `token`
+    /// and `topic` are then unused.
+    public var broadcast: Broadcast?
 
-    public init(token: String, topic: String, priority: Int, expiration: Int64, apnsID: UUID, payload: [UInt8]) {
+    /// Where a broadcast goes: the app and Apple's channel ID.
+    public struct Broadcast: Sendable, Equatable {
+        public var bundleID: String
+        public var channelID: String
+
+        public init(bundleID: String, channelID: String) {
+            self.bundleID = bundleID
+            self.channelID = channelID
+        }
+    }
+
+    public init(
+        token: String, topic: String, priority: Int, expiration: Int64, apnsID: UUID, payload: [UInt8],
+        broadcast: Broadcast? = nil
+    ) {
+        self.broadcast = broadcast
         self.token = token
         self.topic = topic
         self.priority = priority
@@ -74,7 +92,7 @@ public final class APNsProvider: Sendable {
             for attempt in 0..<2 {
                 let response = try await connections.send(
                     request(push, providerToken: token), host: target.host, port: target.port)
-                let decision = Self.decide(response)
+                let decision = Self.decide(response, broadcast: push.broadcast != nil)
                 if case .refreshProviderToken = decision, attempt == 0 {
                     token = try target.tokens.refresh(rejected: token)
                     continue
@@ -92,7 +110,19 @@ public final class APNsProvider: Sendable {
     }
 
     func request(_ push: APNsPush, providerToken: String) -> HTTP2Request {
-        HTTP2Request(
+        if let broadcast = push.broadcast {
+            // Apple's broadcast request: the channel in a header, the app in the path, no topic; the request ID is
+            // the delivery ID, so Apple's logs and ours meet.
+            return HTTP2Request(
+                method: "POST", path: "/4/broadcasts/apps/" + broadcast.bundleID,
+                headers: [
+                    ("authorization", "bearer " + providerToken), ("apns-channel-id", broadcast.channelID),
+                    ("apns-push-type", "liveactivity"), ("apns-priority", String(push.priority)),
+                    ("apns-expiration", String(push.expiration)),
+                    ("apns-request-id", push.apnsID.uuidString.lowercased()), ("content-type", "application/json"),
+                ], body: push.payload, timeout: configuration.requestTimeout)
+        }
+        return HTTP2Request(
             method: "POST", path: "/3/device/" + push.token,
             headers: [
                 ("authorization", "bearer " + providerToken), ("apns-push-type", "liveactivity"),
@@ -103,9 +133,11 @@ public final class APNsProvider: Sendable {
     }
 
     /// Maps an APNs response to a decision (every provider number clamped in `MarqueeCore`).
-    static func decide(_ response: HTTP2Response) -> DeliveryDecision {
+    /// A broadcast's answer names it by `apns-unique-id` (the ID Apple's delivery log knows); a push's by `apns-id`.
+    static func decide(_ response: HTTP2Response, broadcast: Bool = false) -> DeliveryDecision {
         APNsReason.decide(
-            status: response.status, body: response.body, apnsID: response.header("apns-id"),
+            status: response.status, body: response.body,
+            apnsID: response.header(broadcast ? "apns-unique-id" : "apns-id"),
             retryAfter: response.header("retry-after"))
     }
 

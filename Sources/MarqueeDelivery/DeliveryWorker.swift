@@ -261,12 +261,18 @@ public final class DeliveryWorker: Sendable {
         }
         // Composed from the delivery's own snapshot: a queued start keeps its alert even if an update came since.
         let options = StoredOptions(json: d.options)
-        let content = DeliverySnapshot(
+        var content = DeliverySnapshot(
             attributes: d.attributes, contentState: d.contentState, options: options, timestamp: d.contentTimestamp
         ).content(
             event: d.operation, instanceID: d.instanceID, activityType: d.instance.activityType,
             attributesType: d.activityType.attributesType, profile: d.activityType.payloadProfile,
             dateFields: d.activityType.dateFields, now: Date())
+        // A start of a channel-backed instance subscribes the new activity to the channel, on iPhones that can.
+        if d.tokenKind == .pushToStart, let channel = d.channel, channel.active,
+            BroadcastSupport.supportsChannels(osVersion: d.deviceOSVersion)
+        {
+            content.inputPushChannel = channel.apnsChannelID
+        }
         let attribution = DeliveryAttribution(
             deliveryID: deliveryID, deliveryToken: DeliveryTokens.make(deliveryID: deliveryID, secret: secret))
 
@@ -286,10 +292,19 @@ public final class DeliveryWorker: Sendable {
                 log.warning("credential load failed", metadata: ["error": .string("\(error)")])
                 return (retry(d, reason: "credential_load", retryAfter: nil), nil, nil)
             }
-            let push = APNsPush(
+            var push = APNsPush(
                 token: d.token, topic: target.bundleID + ".push-type.liveactivity", priority: priority,
                 expiration: Int64(d.instance.expiresAt.timeIntervalSince1970), apnsID: d.id,
                 payload: APNsPayload.bytes(content, attribution: attribution))
+            if d.tokenKind == .channel {
+                // One request for every device on the channel. Apple requires expiration 0 on a channel that
+                // stores nothing.
+                guard let channel = d.channel, channel.active, channel.apnsChannelID == d.token else {
+                    return (result(d, .failed, reason: "channel_gone"), nil, nil)
+                }
+                push.broadcast = .init(bundleID: channel.bundleID, channelID: channel.apnsChannelID)
+                if channel.storagePolicy == .none { push.expiration = 0 }
+            }
             decision = await apns.send(push, to: target.target)
         case .fcm:
             let tokens: FCMAccessTokens
@@ -320,9 +335,11 @@ public final class DeliveryWorker: Sendable {
             }
             return (sent, nil, nil)
         case .retireToken(let reason, let at):
-            log.info("token retired", metadata: ["provider.reason": .string(reason)])
+            log.info(
+                d.tokenKind == .channel ? "channel gone" : "token retired",
+                metadata: ["provider.reason": .string(reason)])
             return (
-                result(d, .undeliverable, reason: reason),
+                result(d, d.tokenKind == .channel ? .failed : .undeliverable, reason: reason),
                 TokenRetirement(
                     tenantID: d.tenantID, kind: d.tokenKind, deviceToken: d.deviceToken, token: d.token,
                     reason: reason, unregisteredAt: at), nil

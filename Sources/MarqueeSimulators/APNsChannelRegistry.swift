@@ -18,10 +18,17 @@ import Synchronization
 /// `apns-request-id` (or a new one). A bundle holds at most `limit` channels (Apple: 10,000) —
 /// `CannotCreateChannelConfig` beyond.
 ///
+/// Broadcasts ("Sending broadcast push notification requests to APNs"): `POST /4/broadcasts/apps/<bundle>` with
+/// `apns-channel-id`, `apns-push-type: liveactivity`, `apns-priority`, `apns-expiration` (0 on a channel that stores
+/// nothing, or 400 BadExpirationDate) and an update or end payload → 200 with `apns-request-id` and
+/// `apns-unique-id`; an unknown channel → 404 ChannelNotRegistered. Accepted broadcasts are recorded under their
+/// channel ID (`/_sim/pushes?token=<channel ID>`), with `"broadcast": true`.
+///
 /// Inspection: `GET /_sim/channels` → `{"limit": N, "limits": {...}, "channels": {"<bundle>": N}}`;
 /// `POST /_sim/channels` `{"limit": N, "bundle_id"?: "…"}` sets the limit (for one bundle when named).
 final class APNsChannelRegistry: Sendable {
     static let managementPrefix = "/1/apps/"
+    static let broadcastPrefix = "/4/broadcasts/apps/"
 
     private struct Channel {
         var storagePolicy: Int
@@ -37,13 +44,36 @@ final class APNsChannelRegistry: Sendable {
     private let state = Mutex(State())
 
     /// The answer for a channel management or `/_sim/channels` request; nil for any other path.
-    func answer(_ request: HTTP2ServerRequest, validator: APNsValidator, now: Date) -> HTTP2ServerResponse? {
+    func answer(_ request: HTTP2ServerRequest, validator: APNsValidator, recorder: Recorder, now: Date)
+        -> HTTP2ServerResponse?
+    {
         // Cheap on the push path (`/3/device/…`), which this is called for too.
-        guard request.path.hasPrefix(Self.managementPrefix) || request.path.hasPrefix("/_sim/channels") else {
+        guard
+            request.path.hasPrefix(Self.managementPrefix) || request.path.hasPrefix(Self.broadcastPrefix)
+                || request.path.hasPrefix("/_sim/channels")
+        else {
             return nil
         }
         let path = HTTPText.splitTarget(request.path).path
         if path == "/_sim/channels" { return control(request) }
+        if path.hasPrefix(Self.broadcastPrefix) {
+            let requestID = request.header("apns-request-id")
+            do throws(APNsRejection) {
+                let bundleID = String(path.dropFirst(Self.broadcastPrefix.count))
+                guard !bundleID.isEmpty, !bundleID.contains("/") else {
+                    throw APNsRejection(404, "BadPath", "the path must be /4/broadcasts/apps/<bundle ID>")
+                }
+                let uniqueID = try broadcast(
+                    request, bundleID: bundleID, validator: validator, recorder: recorder, now: now)
+                return HTTP2ServerResponse(
+                    status: 200, headers: [("apns-request-id", Self.echo(requestID)), ("apns-unique-id", uniqueID)])
+            } catch {
+                recorder.reject(reason: error.reason)
+                return HTTPText.json(
+                    error.status, .object(["reason": .string(error.reason)]),
+                    headers: [("apns-request-id", Self.echo(requestID)), ("x-sim-detail", error.detail)])
+            }
+        }
         guard let (bundleID, resource) = Self.route(path) else { return nil }
         let requestID = request.header("apns-request-id")
         do {
@@ -81,13 +111,7 @@ final class APNsChannelRegistry: Sendable {
         guard allowed.contains(request.method) else {
             throw APNsRejection(405, "MethodNotAllowed", "\(request.method) is not allowed on \(resource)")
         }
-        let key = try validator.verifyProviderToken(authorization: request.header("authorization"), now: now)
-        if let bundles = validator.bundlesByTeam[key.teamID], !bundles.contains(bundleID) {
-            throw APNsRejection(400, "TopicDisallowed", "the bundle is not configured for the key's team")
-        }
-        if let id = request.header("apns-request-id"), id.utf8.count != 36 || UUID(uuidString: id) == nil {
-            throw APNsRejection(400, "BadMessageId", "apns-request-id must be a UUID")
-        }
+        let key = try Self.authorize(request, bundleID: bundleID, validator: validator, now: now)
         switch (request.method, resource) {
         case ("POST", _): return try create(request.body, bundleID: bundleID, now: now)
         case ("GET", "all-channels"): return list(bundleID: bundleID)
@@ -135,6 +159,66 @@ final class APNsChannelRegistry: Sendable {
             state.channels[bundleID, default: [:]][id] = Channel(storagePolicy: Int(policy), createdAt: now)
         }
         return Answer(status: 201, headers: [("apns-channel-id", id)])
+    }
+
+    /// The checks every channel request passes first: the provider token, the bundle of the key's team, the
+    /// request ID's form. Returns the verified key.
+    static func authorize(_ request: HTTP2ServerRequest, bundleID: String, validator: APNsValidator, now: Date)
+        throws(APNsRejection) -> APNsSimulator.SigningKey
+    {
+        let key = try validator.verifyProviderToken(authorization: request.header("authorization"), now: now)
+        if let bundles = validator.bundlesByTeam[key.teamID], !bundles.contains(bundleID) {
+            throw APNsRejection(400, "TopicDisallowed", "the bundle is not configured for the key's team")
+        }
+        if let id = request.header("apns-request-id"), id.utf8.count != 36 || UUID(uuidString: id) == nil {
+            throw APNsRejection(400, "BadMessageId", "apns-request-id must be a UUID")
+        }
+        return key
+    }
+
+    /// Checks a broadcast in Apple's order and records it; returns its `apns-unique-id`.
+    private func broadcast(
+        _ request: HTTP2ServerRequest, bundleID: String, validator: APNsValidator, recorder: Recorder, now: Date
+    ) throws(APNsRejection) -> String {
+        guard request.method == "POST" else {
+            throw APNsRejection(405, "MethodNotAllowed", "the method must be POST")
+        }
+        let key = try Self.authorize(request, bundleID: bundleID, validator: validator, now: now)
+        guard request.header("apns-push-type") == "liveactivity" else {
+            throw APNsRejection(400, "InvalidPushType", "apns-push-type must be liveactivity")
+        }
+        let channelID = try Self.channelID(request.header("apns-channel-id"))
+        guard let channel = state.withLock({ $0.channels[bundleID]?[channelID] }) else {
+            throw APNsRejection(404, "ChannelNotRegistered", "no such channel for this bundle")
+        }
+        let priority = try APNsValidator.priority(request.header("apns-priority"))
+        let expiration = try APNsValidator.expiration(request.header("apns-expiration"))
+        if channel.storagePolicy == 0, let expiration, expiration != 0 {
+            throw APNsRejection(
+                400, "BadExpirationDate", "a channel that stores no messages takes apns-expiration 0")
+        }
+        let payload = try APNsValidator.payload(request.body)
+        guard let event = payload["aps"]?["event"]?.stringValue, event != "start" else {
+            throw APNsRejection(400, "BadPayload", "a broadcast updates or ends activities: aps.event start")
+        }
+        let uniqueID = SecureRandom.uuid().uuidString.lowercased()
+        let requestID = request.header("apns-request-id")
+        recorder.accept(token: channelID) {
+            var record: [String: JSONValue] = [
+                "time": .string(HTTPText.timestamp(now)), "broadcast": .bool(true), "channel_id": .string(channelID),
+                "bundle_id": .string(bundleID), "priority": .int(Int64(priority)), "unique_id": .string(uniqueID),
+                "key_id": .string(key.keyID), "team_id": .string(key.teamID), "payload": payload,
+            ]
+            if let expiration { record["expiration"] = .int(expiration) }
+            if let requestID { record["request_id"] = .string(requestID) }
+            return .object(record)
+        }
+        return uniqueID
+    }
+
+    /// Makes Apple forget a channel (as if deleted elsewhere): the next broadcast on it is ChannelNotRegistered.
+    func forget(bundleID: String, channelID: String) -> Bool {
+        state.withLock { $0.channels[bundleID]?.removeValue(forKey: channelID) != nil }
     }
 
     private func list(bundleID: String) -> Answer {

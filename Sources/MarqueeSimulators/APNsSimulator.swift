@@ -163,6 +163,12 @@ public final class APNsSimulator: Sendable {
     /// Kept records for `token` (or all), as in `/_sim/pushes`.
     public func pushes(token: String? = nil) -> [JSONValue] { core.recorder.records(token: token) }
 
+    /// Makes the simulated Apple forget a broadcast channel, as if it were deleted behind Marquee's back.
+    @discardableResult
+    public func forgetChannel(bundleID: String, channelID: String) -> Bool {
+        core.channels.forget(bundleID: bundleID, channelID: channelID)
+    }
+
     /// Counters, as in `/_sim/stats`.
     public var statistics: JSONValue { .object(core.recorder.statistics) }
 
@@ -196,7 +202,9 @@ final class APNsCore: Sendable {
     }
 
     func handle(_ request: HTTP2ServerRequest) async -> HTTP2ServerResponse {
-        if let answer = channels.answer(request, validator: validator, now: self.now()) { return answer }
+        if let answer = channels.answer(request, validator: validator, recorder: recorder, now: self.now()) {
+            return answer
+        }
         if request.path.hasPrefix("/_sim/") { return control(request) }
         let now = self.now()
         let push: APNsAcceptedPush

@@ -244,6 +244,16 @@ final class APNsValidator: Sendable {
             guard let alert = aps["alert"], alert.objectValue != nil || alert.stringValue != nil else {
                 throw bad("a start needs an aps.alert")
             }
+            // The started activity either reports an update token or subscribes to a channel (the simulator's
+            // reading of ActivityKit's push types: one or the other).
+            if let channel = aps["input-push-channel"] {
+                guard let id = channel.stringValue, ChannelLimits.channelID(id) != nil else {
+                    throw bad("aps.input-push-channel must be a channel ID")
+                }
+                guard aps["input-push-token"] == nil else {
+                    throw bad("a start carries input-push-token or input-push-channel, not both")
+                }
+            }
         }
     }
 }

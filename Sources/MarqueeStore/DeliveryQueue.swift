@@ -24,6 +24,10 @@ public struct ClaimedDelivery: Sendable {
     public var contentState: JSONValue
     public var options: JSONValue
     public var contentTimestamp: Int64
+    /// The instance's broadcast channel: a `channel` delivery broadcasts on it; a start carries it.
+    public var channel: ChannelBinding?
+    /// For a push-to-start of a channel-backed instance: the device's OS version, as its SDK reported it.
+    public var deviceOSVersion: String?
 }
 
 /// How one attempt ended, to record.
@@ -246,10 +250,17 @@ public struct DeliveryQueue: Sendable {
                        COALESCE(c.content_state, i.content_state) AS snap_content_state,
                        COALESCE(c.options, i.options) AS snap_options,
                        COALESCE(c.content_timestamp, i.content_timestamp) AS snap_content_timestamp,
-                       \(unsafeRaw: LiveActivityStore.instanceColumns("i")), \(unsafeRaw: LiveActivityStore.typeColumnsJoined)
+                       \(unsafeRaw: LiveActivityStore.instanceColumns("i")), \(unsafeRaw: LiveActivityStore.typeColumnsJoined),
+                       ch.status AS channel_status, ch.apns_channel_id, ch.storage_policy AS channel_storage_policy,
+                       ch.bundle_id AS channel_bundle_id,
+                       CASE WHEN i.channel_id IS NOT NULL AND c.token_kind = 'push_to_start' THEN
+                           (SELECT dv.os_version FROM devices dv
+                            WHERE dv.tenant_id = c.tenant_id AND dv.token = c.device_token)
+                       END AS device_os_version
                 FROM claimed c
                 JOIN instances i ON i.tenant_id = c.tenant_id AND i.id = c.instance_id
                 JOIN activity_types t ON t.tenant_id = i.tenant_id AND t.identifier = i.activity_type
+                LEFT JOIN channels ch ON ch.tenant_id = i.tenant_id AND ch.id = i.channel_id
                 """)
             if !allowance.isEmpty {
                 // Spend what was claimed, under the locks taken above.
@@ -283,7 +294,9 @@ public struct DeliveryQueue: Sendable {
                     attributes: try row.decode(JSONValue.self, "snap_attributes"),
                     contentState: try row.decode(JSONValue.self, "snap_content_state"),
                     options: try row.decode(JSONValue.self, "snap_options"),
-                    contentTimestamp: try row.decode(Int64.self, "snap_content_timestamp"))
+                    contentTimestamp: try row.decode(Int64.self, "snap_content_timestamp"),
+                    channel: try ChannelBinding.decode(row),
+                    deviceOSVersion: try row.decode(String?.self, "device_os_version"))
             }
         }
     }
@@ -353,6 +366,20 @@ public struct DeliveryQueue: Sendable {
                         UPDATE activity_tokens SET status = 'retired', retired_reason = \(r.reason), retired_at = now()
                         WHERE tenant_id = \(r.tenantID) AND device_token = \(r.deviceToken) AND token = \(r.token)
                           AND status = 'active' AND updated_at <= \(before)
+                        """)
+                case .channel:
+                    // Apple no longer knows the channel (ChannelNotRegistered / BadChannelId): it is gone, and the
+                    // broadcasts still waiting on it fail with the same reason. Later changes plan none on it.
+                    try connection.execute(
+                        """
+                        UPDATE channels SET status = 'gone', status_reason = \(r.reason)
+                        WHERE tenant_id = \(r.tenantID) AND apns_channel_id = \(r.token) AND status = 'active'
+                        """)
+                    try connection.execute(
+                        """
+                        UPDATE deliveries SET status = 'failed', reason = \(r.reason), updated_at = now()
+                        WHERE tenant_id = \(r.tenantID) AND token_kind = 'channel' AND token = \(r.token)
+                          AND status IN ('queued', 'parked') AND (locked_until IS NULL OR locked_until < now())
                         """)
                 case .fcm:
                     // An FCM registration token is the Android device's token: the device is gone.

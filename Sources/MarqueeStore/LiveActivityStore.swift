@@ -33,11 +33,49 @@ public struct InstanceRecord: Sendable, Equatable {
     public var startedAt: Date
     public var endedAt: Date?
     public var updatedAt: Date
+    /// The broadcast channel of a channel-backed instance (nil once the channel is deleted).
+    public var channelID: UUID?
 
     /// The state as clients see it: an open instance past its expiration is `expired` even before a write says so.
     public func effectiveState(now: Date) -> InstanceState {
         if !state.isClosed && expiresAt <= now { return .expired }
         return state
+    }
+}
+
+/// The broadcast channel of a channel-backed instance, as the API plans a change and the worker sends one.
+public struct ChannelBinding: Sendable, Equatable {
+    public var id: UUID
+    /// Apple's channel ID: what start pushes carry as `input-push-channel` and broadcasts as `apns-channel-id`.
+    public var apnsChannelID: String
+    public var storagePolicy: ChannelStoragePolicy
+    /// The app the channel belongs to (the broadcast path names it).
+    public var bundleID: String
+    /// False once Apple no longer knows the channel: nothing more is broadcast on it.
+    public var active: Bool
+
+    public init(id: UUID, apnsChannelID: String, storagePolicy: ChannelStoragePolicy, bundleID: String, active: Bool) {
+        self.id = id
+        self.apnsChannelID = apnsChannelID
+        self.storagePolicy = storagePolicy
+        self.bundleID = bundleID
+        self.active = active
+    }
+
+    /// The channel joined to an instance row (`channel_id`, `channel_status`, `apns_channel_id`,
+    /// `channel_storage_policy`, `channel_bundle_id`); nil for an instance without one.
+    static func decode(_ row: PostgresRow) throws -> ChannelBinding? {
+        guard let id = try row.decode(UUID?.self, "channel_id"),
+            let apnsID = try row.decode(String?.self, "apns_channel_id")
+        else { return nil }
+        let policyText = try row.decode(String.self, "channel_storage_policy")
+        guard let policy = ChannelStoragePolicy(rawValue: policyText) else {
+            throw PostgresError(code: .decoding, context: "unknown channel storage policy")
+        }
+        return ChannelBinding(
+            id: id, apnsChannelID: apnsID, storagePolicy: policy,
+            bundleID: try row.decode(String.self, "channel_bundle_id"),
+            active: try row.decode(String.self, "channel_status") == "active")
     }
 }
 
@@ -66,6 +104,8 @@ public struct StartContext: Sendable {
     /// The start response of an existing instance with the requested ID.
     public var existingStart: StoredResponse?
     public var existingInstance: Bool
+    /// The channel the start names, when it names one that exists.
+    public var channel: ChannelRecord?
 }
 
 /// What an update or end needs to know before it writes.
@@ -74,6 +114,8 @@ public struct ChangeContext: Sendable {
     public var activityType: ActivityType?
     public var targets: [ActivityTarget]
     public var idempotent: StoredResponse?
+    /// The instance's broadcast channel, if it is channel-backed.
+    public var channel: ChannelBinding?
 }
 
 /// One delivery row to queue.
@@ -82,6 +124,8 @@ public struct PlannedDelivery: Sendable, Equatable {
     public enum TokenKind: String, Sendable {
         case pushToStart = "push_to_start"
         case activity, fcm
+        /// One broadcast on the instance's channel; the token is Apple's channel ID.
+        case channel
     }
     public var id: UUID
     public var deviceToken: String
@@ -133,13 +177,17 @@ public struct StartWrite: Sendable {
     /// Android devices of the instance (they get its updates and end through their FCM token).
     public var androidDevices: [String]
     public var idempotency: IdempotencyRecord?
+    /// The broadcast channel of a channel-backed instance.
+    public var channelID: UUID?
 
     public init(
         instanceID: String, activityType: String, personID: String?, personEmail: String?, state: InstanceState,
         failureReason: String?, attributes: JSONValue, contentState: JSONValue, options: JSONValue,
         contentTimestamp: Int64, targetPlatform: Platform?, targetDevice: String?, expiresAt: Date,
-        response: JSONValue, deliveries: [PlannedDelivery], androidDevices: [String], idempotency: IdempotencyRecord?
+        response: JSONValue, deliveries: [PlannedDelivery], androidDevices: [String], idempotency: IdempotencyRecord?,
+        channelID: UUID? = nil
     ) {
+        self.channelID = channelID
         self.instanceID = instanceID
         self.activityType = activityType
         self.personID = personID
@@ -239,7 +287,7 @@ public struct LiveActivityStore: Sendable {
 
     public func startContext(
         tenant: UUID, activityType: String, personID: String?, email: String?, instanceID: String,
-        idempotencyKey: String?
+        idempotencyKey: String?, channelID: UUID? = nil
     ) async throws -> StartContext {
         let rows = try await database.tenantRead(
             tenant,
@@ -269,6 +317,10 @@ public struct LiveActivityStore: Sendable {
                 """,
                 Self.idempotencyQuery(tenant, idempotencyKey),
                 "SELECT start_response FROM instances WHERE tenant_id = \(tenant) AND id = \(instanceID)",
+                """
+                SELECT \(unsafeRaw: ChannelStore.columns) FROM channels
+                WHERE tenant_id = \(tenant) AND id = \(channelID)
+                """,
             ])
         let candidates = try rows[2].map { row in
             StartCandidate(
@@ -283,7 +335,8 @@ public struct LiveActivityStore: Sendable {
         return StartContext(
             activityType: try rows[0].first.map(RegistryStore.activityType),
             personID: try rows[1].first?.decode(String.self, "id"), candidates: candidates,
-            idempotent: try Self.storedResponse(rows[3]), existingStart: existing, existingInstance: !rows[4].isEmpty)
+            idempotent: try Self.storedResponse(rows[3]), existingStart: existing, existingInstance: !rows[4].isEmpty,
+            channel: try rows[5].first.map(ChannelStore.channel))
     }
 
     /// Everything an update or end needs, in one statement (`marquee_change_context`, migration 0005).
@@ -315,7 +368,7 @@ public struct LiveActivityStore: Sendable {
         }
         return ChangeContext(
             instance: try Self.instance(row), activityType: try RegistryStore.activityType(row), targets: targets,
-            idempotent: idempotent)
+            idempotent: idempotent, channel: try ChannelBinding.decode(row))
     }
 
     /// Activity-type columns for a join with `instances i` (`t.identifier` keeps its name; `i.id` is `id`).
@@ -372,11 +425,11 @@ public struct LiveActivityStore: Sendable {
             ), ins AS (
                 INSERT INTO instances (tenant_id, id, activity_type, person_id, person_email, state, failure_reason,
                                        attributes, content_state, options, version, content_timestamp,
-                                       target_platform, target_device, start_response, expires_at)
+                                       target_platform, target_device, start_response, expires_at, channel_id)
                 SELECT \(tenant), \(write.instanceID), \(write.activityType), \(write.personID), \(write.personEmail),
                        \(write.state.rawValue), \(write.failureReason), \(write.attributes), \(write.contentState),
                        \(write.options), 1, \(write.contentTimestamp), \(write.targetPlatform?.rawValue),
-                       \(write.targetDevice), \(write.response), \(write.expiresAt)
+                       \(write.targetDevice), \(write.response), \(write.expiresAt), \(write.channelID)
                 WHERE \(idem?.key)::text IS NULL OR EXISTS (SELECT 1 FROM idem)
                 ON CONFLICT (tenant_id, id) DO NOTHING
                 RETURNING id
@@ -426,7 +479,9 @@ public struct LiveActivityStore: Sendable {
                                  AND p.operation = 'update'
                                  AND (p.status = 'sent' OR (p.status = 'queued' AND p.locked_until >= now()))
                            ), '-infinity') + make_interval(secs => a.min_update_interval_ms / 1000.0))
-                       ELSE now() END AS due
+                       ELSE now() END AS due,
+                       CASE WHEN \(write.operation.rawValue) = 'update' THEN a.min_update_interval_ms ELSE 0 END
+                           AS interval_ms
                 FROM instances i JOIN activity_types a ON a.tenant_id = i.tenant_id AND a.identifier = i.activity_type
                 WHERE i.tenant_id = \(tenant) AND i.id = \(write.instanceID)
             ), idem AS (
@@ -461,17 +516,29 @@ public struct LiveActivityStore: Sendable {
                 WHERE tenant_id = \(tenant) AND id = \(write.instanceID) AND version = \(write.expectedVersion)
                   AND (\(idem?.key)::text IS NULL OR EXISTS (SELECT 1 FROM idem))
                 RETURNING version
-            ), sup AS (
+            ), cand AS (
                 -- An end cancels every unsent delivery of the instance; an update supersedes older ones to its
                 -- tokens (rows waiting for a retry included). Rows a worker holds are left to finish (the worker
                 -- supersedes an interrupted one of an ended instance, and a retry of an older version).
-                UPDATE deliveries SET status = 'superseded', updated_at = now()
+                SELECT id FROM deliveries
                 WHERE tenant_id = \(tenant) AND instance_id = \(write.instanceID) AND status IN ('queued', 'parked')
                   AND (\(write.operation.rawValue) = 'end'
                        OR (operation <> 'start' AND token = ANY(\(d.tokens)::text[])))
                   AND (locked_until IS NULL OR locked_until < now())
+            ), sup AS (
+                -- Rechecked on the row as it is when locked: one a worker claimed meanwhile is left to finish.
+                UPDATE deliveries SET status = 'superseded', updated_at = now()
+                WHERE tenant_id = \(tenant) AND id IN (SELECT id FROM cand) AND status IN ('queued', 'parked')
+                  AND (locked_until IS NULL OR locked_until < now())
                   AND EXISTS (SELECT 1 FROM upd)
                 RETURNING 1
+            ), paced AS (
+                -- Pacing, second half: an older update a worker claimed after this statement's snapshot (so `pace`
+                -- did not see it in flight) is going out now; this one waits a whole interval from now.
+                SELECT CASE WHEN p.interval_ms > 0 AND (SELECT count(*) FROM cand) > (SELECT count(*) FROM sup)
+                            THEN GREATEST(p.due, now() + make_interval(secs => p.interval_ms / 1000.0))
+                            ELSE p.due END AS due
+                FROM pace p
             ), dels AS (
                 INSERT INTO deliveries (tenant_id, id, instance_id, device_token, provider, token_kind, token,
                                         operation, instance_version, attributes, content_state, options,
@@ -479,7 +546,7 @@ public struct LiveActivityStore: Sendable {
                 SELECT \(tenant), d.id, \(write.instanceID), d.device_token, d.provider, d.token_kind, d.token,
                        \(write.operation.rawValue), (SELECT version FROM upd), \(write.attributes),
                        \(write.contentState), \(write.options), \(write.contentTimestamp),
-                       COALESCE((SELECT due FROM pace), now())
+                       COALESCE((SELECT due FROM paced), now())
                 FROM unnest(\(d.ids)::uuid[], \(d.devices)::text[], \(d.providers)::text[], \(d.kinds)::text[],
                             \(d.tokens)::text[]) AS d(id, device_token, provider, token_kind, token)
                 WHERE EXISTS (SELECT 1 FROM upd)
@@ -487,7 +554,7 @@ public struct LiveActivityStore: Sendable {
             )
             SELECT (SELECT version FROM upd) AS version, (SELECT count(*)::int FROM dels) AS deliveries,
                    EXISTS (SELECT 1 FROM idem) AS idem_written,
-                   COALESCE((SELECT due > now() FROM pace), false) AND EXISTS (SELECT 1 FROM dels) AS coalesced
+                   COALESCE((SELECT due > now() FROM paced), false) AND EXISTS (SELECT 1 FROM dels) AS coalesced
             """)
         guard let version = try rows[0].decode(Int?.self, "version") else {
             if idem != nil, try !rows[0].decode(Bool.self, "idem_written") { return .alreadyExists }
@@ -602,7 +669,8 @@ public struct LiveActivityStore: Sendable {
 
     static let instanceColumns = """
         id, activity_type, person_id, person_email, state, failure_reason, attributes, content_state, options, \
-        version, content_timestamp, target_platform, target_device, expires_at, started_at, ended_at, updated_at
+        version, content_timestamp, target_platform, target_device, expires_at, started_at, ended_at, updated_at, \
+        channel_id
         """
     static let deliveryColumns = """
         id, instance_id, device_token, provider, token_kind, operation, instance_version, status, attempts, \
@@ -623,7 +691,8 @@ public struct LiveActivityStore: Sendable {
             targetPlatform: try row.decode(String?.self, "target_platform").flatMap(Platform.init(rawValue:)),
             targetDevice: try row.decode(String?.self, "target_device"),
             expiresAt: try row.decode(Date.self, "expires_at"), startedAt: try row.decode(Date.self, "started_at"),
-            endedAt: try row.decode(Date?.self, "ended_at"), updatedAt: try row.decode(Date.self, "updated_at"))
+            endedAt: try row.decode(Date?.self, "ended_at"), updatedAt: try row.decode(Date.self, "updated_at"),
+            channelID: try row.decode(UUID?.self, "channel_id"))
     }
 
     static func delivery(_ row: PostgresRow) throws -> DeliveryRecord {

@@ -24,6 +24,17 @@ actor ChannelFixture {
         var api: API { API(baseURL: serve.baseURL) }
         var managementEndpoint: String { "https://127.0.0.1:\(simulator.port)" }
 
+        /// Starts a worker process against this fixture (broadcasts go to the same simulator).
+        func worker() throws -> MarqueeProcess {
+            let port = TestEnvironment.freePort()
+            return try MarqueeProcess(
+                ["worker"],
+                environment: [
+                    "DATABASE_URL": databaseURL, "MARQUEE_CA_FILE": caFile, "MARQUEE_RETRY_INITIAL_MS": "200",
+                    "MARQUEE_LOG_LEVEL": "info", "MARQUEE_METRICS_LISTEN": "127.0.0.1:\(port)",
+                ], port: port)
+        }
+
         /// A client of the simulator itself (its `/_sim/` inspection API and channel management).
         func simulatorClient() throws -> HTTP2Client {
             try HTTP2Client(
@@ -117,7 +128,7 @@ struct ChannelTests {
             json: [
                 "team_id": fixture.teamID, "key_id": fixture.keyID,
                 "private_key": (signer ?? fixture.key).pkcs8PEM, "bundle_id": bundleID, "environment": "sandbox",
-                "management_endpoint": fixture.managementEndpoint,
+                "management_endpoint": fixture.managementEndpoint, "endpoint": fixture.managementEndpoint,
             ])
         guard creds.status == 200 else { throw TestFailure("credentials: \(creds.text)") }
         let type = Fake.activityType()

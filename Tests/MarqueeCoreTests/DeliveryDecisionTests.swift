@@ -30,6 +30,29 @@ struct DeliveryDecisionTests {
         #expect(decide(410, "ExpiredToken") == .retireToken(reason: "ExpiredToken", unregisteredAt: nil))
     }
 
+    @Test("a broadcast's gone channel (ChannelNotRegistered, BadChannelId) is never retried; its 429/5xx are")
+    func broadcastChannel() {
+        for status in [400, 404, 410] {
+            #expect(
+                decide(status, "ChannelNotRegistered")
+                    == .retireToken(reason: "ChannelNotRegistered", unregisteredAt: nil))
+        }
+        #expect(decide(400, "BadChannelId") == .retireToken(reason: "BadChannelId", unregisteredAt: nil))
+        #expect(decide(429, "TooManyRequests") == .retry(reason: "TooManyRequests", retryAfter: nil))
+        #expect(decide(400, "BadExpirationDate") == .fail(reason: "BadExpirationDate"))
+    }
+
+    @Test("the broadcast rule: iOS 18 and later subscribe to channels; an unknown version counts as able")
+    func broadcastSupport() {
+        for version in ["18.0", "18.1.1", "26.0", "iOS 18.2", "", "unknown"] {
+            #expect(BroadcastSupport.supportsChannels(osVersion: version), "\(version)")
+        }
+        #expect(BroadcastSupport.supportsChannels(osVersion: nil))
+        for version in ["17.5", "17.2.1", "iOS 17.4", "16"] {
+            #expect(!BroadcastSupport.supportsChannels(osVersion: version), "\(version)")
+        }
+    }
+
     @Test("429 and 5xx retry, honouring Retry-After")
     func retry() {
         #expect(

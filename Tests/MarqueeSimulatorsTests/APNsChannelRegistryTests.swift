@@ -131,4 +131,59 @@ struct APNsChannelRegistryTests {
             #expect(stats["limit"] == .int(Int64(ChannelLimits.perAppAndEnvironment)))
         }
     }
+
+    @Test("broadcasts: recorded under the channel with apns-unique-id; Apple's checks and errors")
+    func broadcasts() async throws {
+        try await withAPNs { apns in
+            func channel(_ policy: Int64) async throws -> String {
+                let created = try await send(
+                    apns, "POST", Self.base + "/channels", body: Self.createBody(policy: .int(policy)))
+                return try #require(created.header("apns-channel-id"))
+            }
+            let stored = try await channel(1)
+            let unstored = try await channel(0)
+            let path = "/4/broadcasts/apps/\(APNsHarness.bundleID)"
+            func broadcast(
+                _ id: String?, expiration: String = "0", pushType: String = "liveactivity",
+                payload: String = APNsHarness.updatePayload, requestID: String? = nil, to target: String? = nil
+            ) async throws -> HTTP2Response {
+                var extra = [("apns-push-type", pushType), ("apns-priority", "10"), ("apns-expiration", expiration)]
+                if let id { extra.append(("apns-channel-id", id)) }
+                if let requestID { extra.append(("apns-request-id", requestID)) }
+                return try await send(
+                    apns, "POST", target ?? path, headers: Self.headers(extra), body: Array(payload.utf8))
+            }
+            let requestID = UUID().uuidString.lowercased()
+            let accepted = try await broadcast(stored, expiration: "1900000000", requestID: requestID)
+            #expect(accepted.status == 200)
+            #expect(accepted.header("apns-request-id") == requestID)
+            let uniqueID = try #require(accepted.header("apns-unique-id"))
+            let records = apns.simulator.pushes(token: stored)
+            try #require(records.count == 1)
+            #expect(records[0]["broadcast"] == .bool(true))
+            #expect(records[0]["unique_id"]?.stringValue == uniqueID)
+            #expect(records[0]["expiration"] == .int(1_900_000_000))
+            // A channel that stores nothing takes expiration 0 only.
+            #expect(try await broadcast(unstored).status == 200)
+            let late = try await broadcast(unstored, expiration: "1900000000")
+            #expect((late.status, reason(late)) == (400, "BadExpirationDate"))
+            let unknown = try await broadcast(Data("nope".utf8).base64EncodedString())
+            #expect((unknown.status, reason(unknown)) == (404, "ChannelNotRegistered"))
+            let malformed = try await broadcast("not base64!")
+            #expect((malformed.status, reason(malformed)) == (400, "BadChannelId"))
+            let missing = try await broadcast(nil)
+            #expect((missing.status, reason(missing)) == (400, "MissingChannelId"))
+            let alert = try await broadcast(stored, pushType: "alert")
+            #expect((alert.status, reason(alert)) == (400, "InvalidPushType"))
+            let started = try await broadcast(stored, payload: APNsHarness.startPayload)
+            #expect((started.status, reason(started)) == (400, "BadPayload"))
+            let otherApp = try await broadcast(stored, to: "/4/broadcasts/apps/com.example.other")
+            #expect(otherApp.status == 404 || otherApp.status == 400)
+            // Forgotten by Apple: the next broadcast is ChannelNotRegistered.
+            #expect(apns.simulator.forgetChannel(bundleID: APNsHarness.bundleID, channelID: stored))
+            let gone = try await broadcast(stored)
+            #expect((gone.status, reason(gone)) == (404, "ChannelNotRegistered"))
+            #expect(apns.simulator.pushes(token: stored).count == 1)
+        }
+    }
 }

@@ -1,0 +1,199 @@
+import Crypto
+import Foundation
+import MarqueeCore
+import MarqueeSimulators
+import Testing
+
+/// Channel-backed instances: a start names a channel; its push-to-start pushes subscribe the new activities to it;
+/// each update and end is one broadcast request on it, beside the per-token pushes of iPhones that cannot subscribe.
+@Suite("Broadcast instances (iOS 18 channels)", .serialized)
+struct BroadcastInstanceTests {
+    typealias Tenant = ChannelTests.Tenant
+
+    /// The instance's deliveries, oldest first.
+    static func deliveries(_ t: Tenant, _ instance: String) async throws -> [[String: Any]] {
+        let r = try await t.api.call(
+            "GET", "/v1/live_notifications/\(instance)/deliveries?limit=200", key: t.tenant.app)
+        return try r.json().array("data").reversed()
+    }
+
+    /// Waits until `instance` has `count` deliveries, none of them queued.
+    static func settled(_ t: Tenant, _ instance: String, count: Int) async throws -> [[String: Any]] {
+        let clock = ContinuousClock()
+        let deadline = clock.now + .seconds(30)
+        var last: [[String: Any]] = []
+        while clock.now < deadline {
+            last = try await deliveries(t, instance)
+            if last.count == count, last.allSatisfy({ $0.string("status") != "queued" }) { return last }
+            try await Task.sleep(for: .milliseconds(100))
+        }
+        throw TestFailure("deliveries of \(instance) did not settle: \(last)")
+    }
+
+    /// An iPhone of `person` on `osVersion` with a push-to-start token for `type`; returns (device, token).
+    static func iphone(_ t: Tenant, person: String, osVersion: String) async throws -> (String, String) {
+        let device = Fake.hex()
+        let token = Fake.hex()
+        // An empty version: the SDK did not say.
+        let registered = try await t.api.call(
+            "PUT", "/v1/people/\(person)/devices/\(device)", key: t.tenant.sdk,
+            json: osVersion.isEmpty ? ["platform": "ios"] : ["platform": "ios", "os_version": osVersion])
+        guard registered.status == 200 || registered.status == 201 else {
+            throw TestFailure("device: \(registered.text)")
+        }
+        let r = try await t.api.call(
+            "PUT", "/v1/people/\(person)/devices/\(device)/push_to_start/\(t.type)", key: t.tenant.sdk,
+            json: ["token": token])
+        guard r.status == 200 else { throw TestFailure("push-to-start: \(r.text)") }
+        return (device, token)
+    }
+
+    static func start(_ t: Tenant, person: String, instance: String, channel: String?) async throws -> HTTP.Response {
+        var body: [String: Any] = [
+            "identifiers": ["id": person], "notification_type": t.type, "instance_id": instance,
+            "attributes": ["match": "A-B"], "content_state": ["home": 0, "away": 0],
+            "push_payload": ["alert": ["title": "Kick-off", "body": "A v B"]],
+        ]
+        if let channel { body["channel_id"] = channel }
+        return try await t.api.call("POST", "/v1/live_notifications/start", key: t.tenant.app, json: body)
+    }
+
+    static func change(_ t: Tenant, _ operation: String, _ instance: String, home: Int) async throws -> HTTP.Response {
+        try await t.api.call(
+            "POST", "/v1/live_notifications/\(operation)", key: t.tenant.app,
+            json: ["instance_id": instance, "content_state_patch": ["home": home]])
+    }
+
+    @Test("a channel start carries input-push-channel; each update and end is one broadcast, whatever the devices")
+    func oneBroadcastPerChange() async throws {
+        let t = try await ChannelTests.tenant()
+        let created = try await t.create("none")
+        #expect(created.status == 201, "\(created.text)")
+        let channel = try #require(try created.json().string("channel_id"))
+        let apnsChannel = try #require(try created.json().string("apns_channel_id"))
+        let person = Fake.id("fan")
+        var subscribers: [String] = []
+        for version in ["18.1", "26.0", ""] {
+            subscribers.append(try await Self.iphone(t, person: person, osVersion: version).1)
+        }
+        // An iOS 17 iPhone cannot subscribe to a channel: it is started with input-push-token and reports a token.
+        let (oldDevice, oldPushToStart) = try await Self.iphone(t, person: person, osVersion: "17.5")
+        let worker = try t.fixture.worker()
+        defer { worker.signal(SIGKILL) }
+
+        let instance = Fake.id("match")
+        let started = try await Self.start(t, person: person, instance: instance, channel: channel)
+        #expect(started.status == 200, "\(started.text)")
+        #expect(try started.json().string("channel_id") == channel)
+        #expect(try started.json()["targets"] as? Int == 4)
+        _ = try await Self.settled(t, instance, count: 4)
+        for token in subscribers {
+            let aps = try #require(t.fixture.simulator.pushes(token: token).first?["payload"]?["aps"])
+            #expect(aps["input-push-channel"]?.stringValue == apnsChannel)
+            #expect(aps["input-push-token"] == nil)
+        }
+        let oldAPS = try #require(t.fixture.simulator.pushes(token: oldPushToStart).first?["payload"]?["aps"])
+        #expect(oldAPS["input-push-token"] == .int(1) && oldAPS["input-push-channel"] == nil)
+        let read = try await t.api.call("GET", "/v1/live_notifications/\(instance)", key: t.tenant.app).json()
+        #expect(read.string("channel_id") == channel)
+
+        let oldActivityToken = Fake.hex()
+        let registered = try await t.api.call(
+            "PUT", "/v1/live_notifications/\(instance)/tokens/\(oldDevice)", key: t.tenant.sdk,
+            json: ["token": oldActivityToken])
+        #expect(registered.status == 200 || registered.status == 201, "\(registered.text)")
+        let update = try await Self.change(t, "update", instance, home: 1)
+        #expect(update.status == 200, "\(update.text)")
+        #expect(try update.json()["targets"] as? Int == 2, "one broadcast and one iOS 17 token")
+        _ = try await Self.settled(t, instance, count: 6)
+        let end = try await Self.change(t, "end", instance, home: 2)
+        #expect(end.status == 200, "\(end.text)")
+        let all = try await Self.settled(t, instance, count: 8)
+
+        let broadcasts = t.fixture.simulator.pushes(token: apnsChannel)
+        #expect(broadcasts.map { $0["payload"]?["aps"]?["event"]?.stringValue } == ["update", "end"])
+        #expect(broadcasts.map { $0["payload"]?["aps"]?["content-state"]?["home"]?.intValue } == [1, 2])
+        #expect(broadcasts.allSatisfy { $0["broadcast"] == .bool(true) && $0["bundle_id"]?.stringValue == t.bundleID })
+        // A channel that stores nothing: apns-expiration 0, as Apple requires.
+        #expect(broadcasts.allSatisfy { $0["expiration"] == .int(0) })
+        #expect(broadcasts.allSatisfy { $0["priority"]?.intValue == 5 }, "no alert: priority 5")
+        let sent = all.filter { $0.string("token_kind") == "channel" }
+        #expect(sent.count == 2 && sent.allSatisfy { $0.string("status") == "sent" }, "\(sent)")
+        // The broadcast's apns-unique-id is recorded on its delivery.
+        #expect(
+            Set(sent.compactMap { $0.string("provider_id") })
+                == Set(broadcasts.compactMap { $0["unique_id"]?.stringValue }))
+        #expect(
+            t.fixture.simulator.pushes(token: oldActivityToken).map { $0["payload"]?["aps"]?["event"]?.stringValue }
+                == ["update", "end"])
+        // Every subscribed device got its start and nothing else, one request per change in all.
+        for token in subscribers { #expect(t.fixture.simulator.pushes(token: token).count == 1) }
+    }
+
+    @Test(
+        "a channel Apple forgot: the broadcast fails with ChannelNotRegistered, the channel is gone, later updates plan none"
+    )
+    func goneChannel() async throws {
+        let t = try await ChannelTests.tenant()
+        let created = try await t.create("most_recent")
+        let channel = try #require(try created.json().string("channel_id"))
+        let apnsChannel = try #require(try created.json().string("apns_channel_id"))
+        let worker = try t.fixture.worker()
+        defer { worker.signal(SIGKILL) }
+        let instance = Fake.id("audience")
+        // No device of its own: apps subscribe to the channel themselves. The instance is live at once.
+        let started = try await Self.start(t, person: Fake.id("nobody"), instance: instance, channel: channel)
+        #expect(started.status == 200, "\(started.text)")
+        #expect(try started.json().string("state") == "active")
+        #expect(try await Self.change(t, "update", instance, home: 1).status == 200)
+        _ = try await Self.settled(t, instance, count: 1)
+        // A channel that keeps the latest message: the broadcast expires with the instance, not at once.
+        let first = try #require(t.fixture.simulator.pushes(token: apnsChannel).first)
+        #expect((first["expiration"]?.intValue ?? 0) > Int64(Date().timeIntervalSince1970))
+
+        #expect(t.fixture.simulator.forgetChannel(bundleID: t.bundleID, channelID: apnsChannel))
+        #expect(try await Self.change(t, "update", instance, home: 2).status == 200)
+        let failed = try await Self.settled(t, instance, count: 2)
+        #expect(failed.last?.string("status") == "failed")
+        #expect(failed.last?.string("reason") == "ChannelNotRegistered")
+        let read = try await t.api.call("GET", "/v1/channels/\(channel)", key: t.tenant.app).json()
+        #expect(read.string("status") == "gone")
+        let after = try await Self.change(t, "update", instance, home: 3)
+        #expect(try after.json()["targets"] as? Int == 0)
+        #expect(try after.json().string("failure_reason") == "channel_gone")
+        // A gone channel cannot back a new start.
+        expectProblem(
+            try await Self.start(t, person: Fake.id("p"), instance: Fake.id("x"), channel: channel), 422,
+            "invalid-field", field: "channel_id")
+    }
+
+    @Test(
+        "a start names a channel of this tenant and of its activity type; a broadcast larger than Apple's limit is 413")
+    func startValidation() async throws {
+        let t = try await ChannelTests.tenant()
+        let other = try await ChannelTests.tenant()
+        let foreign = try #require(try await other.create().json().string("channel_id"))
+        let otherType = Fake.activityType()
+        _ = try await t.api.call(
+            "PUT", "/v1/activity_types/\(otherType)", key: t.tenant.app, json: ["attributes_type": "OtherAttributes"])
+        let mismatched = try #require(try await t.create(type: otherType).json().string("channel_id"))
+        let person = Fake.id("p")
+        for (channel, reason) in [
+            ("not-a-ulid", "is not a channel ID"), (foreign, "is not a channel of this tenant"),
+            (ULIDGenerator.shared.next().description, "is not a channel of this tenant"),
+            (mismatched, "belongs to activity type"),
+        ] {
+            let r = try await Self.start(t, person: person, instance: Fake.id("v"), channel: channel)
+            expectProblem(r, 422, "invalid-field", field: "channel_id")
+            #expect(r.text.contains(reason), "\(r.text)")
+        }
+        let channel = try #require(try await t.create().json().string("channel_id"))
+        let instance = Fake.id("big")
+        #expect(try await Self.start(t, person: person, instance: instance, channel: channel).status == 200)
+        let big = try await t.api.call(
+            "POST", "/v1/live_notifications/update", key: t.tenant.app,
+            json: ["instance_id": instance, "content_state_patch": ["blob": String(repeating: "x", count: 5000)]])
+        expectProblem(big, 413, "push-too-large")
+        #expect(try big.json()["over_by"] != nil, "\(big.text)")
+    }
+}
