@@ -129,23 +129,27 @@ public struct DeliveryQueue: Sendable {
                 """
                 WITH RECURSIVE hi AS (
                     SELECT (SELECT d.tenant_id FROM deliveries d
-                            WHERE d.status = 'queued' AND d.next_attempt_at <= now() AND d.tenant_id >= \(pivot)
+                            WHERE d.status = 'queued' AND d.next_attempt_at <= now()
+                              AND d.next_attempt_at > '-infinity' AND d.tenant_id >= \(pivot)
                               AND d.provider = ANY(\(providerNames)::text[])
                             ORDER BY d.tenant_id LIMIT 1) AS tenant_id, 1 AS n
                     UNION ALL
                     SELECT (SELECT d.tenant_id FROM deliveries d
-                            WHERE d.status = 'queued' AND d.next_attempt_at <= now() AND d.tenant_id > hi.tenant_id
+                            WHERE d.status = 'queued' AND d.next_attempt_at <= now()
+                              AND d.next_attempt_at > '-infinity' AND d.tenant_id > hi.tenant_id
                               AND d.provider = ANY(\(providerNames)::text[])
                             ORDER BY d.tenant_id LIMIT 1), hi.n + 1
                     FROM hi WHERE hi.tenant_id IS NOT NULL AND hi.n < \(limit)
                 ), lo AS (
                     SELECT (SELECT d.tenant_id FROM deliveries d
-                            WHERE d.status = 'queued' AND d.next_attempt_at <= now() AND d.tenant_id < \(pivot)
+                            WHERE d.status = 'queued' AND d.next_attempt_at <= now()
+                              AND d.next_attempt_at > '-infinity' AND d.tenant_id < \(pivot)
                               AND d.provider = ANY(\(providerNames)::text[])
                             ORDER BY d.tenant_id LIMIT 1) AS tenant_id, 1 AS n
                     UNION ALL
                     SELECT (SELECT d.tenant_id FROM deliveries d
-                            WHERE d.status = 'queued' AND d.next_attempt_at <= now() AND d.tenant_id > lo.tenant_id
+                            WHERE d.status = 'queued' AND d.next_attempt_at <= now()
+                              AND d.next_attempt_at > '-infinity' AND d.tenant_id > lo.tenant_id
                               AND d.tenant_id < \(pivot) AND d.provider = ANY(\(providerNames)::text[])
                             ORDER BY d.tenant_id LIMIT 1), lo.n + 1
                     FROM lo WHERE lo.tenant_id IS NOT NULL AND lo.n < \(limit)
@@ -189,6 +193,7 @@ public struct DeliveryQueue: Sendable {
                     SELECT d.tenant_id, d.id, d.instance_id, d.token, d.instance_version, d.next_attempt_at
                     FROM deliveries d
                     WHERE d.tenant_id = t.tenant_id AND d.status = 'queued' AND d.next_attempt_at <= now()
+                      AND d.next_attempt_at > '-infinity'
                       AND d.provider = ANY(\(providerNames)::text[])
                     ORDER BY d.next_attempt_at
                     LIMIT t.share
