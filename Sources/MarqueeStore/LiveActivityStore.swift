@@ -325,7 +325,7 @@ public struct LiveActivityStore: Sendable {
         let candidates = try rows[2].map { row in
             StartCandidate(
                 deviceToken: try row.decode(String.self, "device_token"),
-                platform: Platform(rawValue: try row.decode(String.self, "platform")) ?? .ios,
+                platform: try row.decodeRaw(Platform.self, "platform"),
                 pushToStartToken: try row.decode(String?.self, "push_to_start_token"))
         }
         var existing: StoredResponse?
@@ -350,14 +350,13 @@ public struct LiveActivityStore: Sendable {
         }
         var targets: [ActivityTarget] = []
         for target in try row.decode(JSONValue.self, "targets").arrayValue ?? [] {
-            guard let device = target["device_token"]?.stringValue, let token = target["token"]?.stringValue else {
-                continue
+            guard let device = target["device_token"]?.stringValue, let token = target["token"]?.stringValue,
+                let platform = target["platform"]?.stringValue.flatMap(Platform.init(rawValue:))
+            else {
+                throw PostgresError(
+                    code: .decoding, context: "a change-context target without device, token or platform")
             }
-            targets.append(
-                ActivityTarget(
-                    deviceToken: device,
-                    platform: target["platform"]?.stringValue.flatMap(Platform.init(rawValue:)) ?? .ios,
-                    token: token))
+            targets.append(ActivityTarget(deviceToken: device, platform: platform, token: token))
         }
         var idempotent: StoredResponse?
         if let status = try row.decode(Int?.self, "idem_status"),
@@ -682,7 +681,7 @@ public struct LiveActivityStore: Sendable {
             id: try row.decode(String.self, "id"), activityType: try row.decode(String.self, "activity_type"),
             personID: try row.decode(String?.self, "person_id"),
             personEmail: try row.decode(String?.self, "person_email"),
-            state: InstanceState(rawValue: try row.decode(String.self, "state")) ?? .failed,
+            state: try row.decodeRaw(InstanceState.self, "state"),
             failureReason: try row.decode(String?.self, "failure_reason"),
             attributes: try row.decode(JSONValue.self, "attributes"),
             contentState: try row.decode(JSONValue.self, "content_state"),

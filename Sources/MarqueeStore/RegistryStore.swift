@@ -221,7 +221,7 @@ public struct RegistryStore: Sendable {
             var tokens: [String: [TokenInfo]] = [:]
             for row in tokenRows {
                 let info = TokenInfo(
-                    kind: TokenInfo.Kind(rawValue: try row.decode(String.self, "kind")) ?? .activity,
+                    kind: try row.decodeRaw(TokenInfo.Kind.self, "kind"),
                     scope: try row.decode(String.self, "scope"),
                     masked: maskToken(try row.decode(String.self, "token")),
                     status: try row.decode(String.self, "status"), updatedAt: try row.decode(Date.self, "updated_at"))
@@ -382,7 +382,7 @@ public struct RegistryStore: Sendable {
     static func activityTarget(_ row: PostgresRow) throws -> ActivityTarget {
         ActivityTarget(
             deviceToken: try row.decode(String.self, "device_token"),
-            platform: Platform(rawValue: try row.decode(String.self, "platform")) ?? .ios,
+            platform: try row.decodeRaw(Platform.self, "platform"),
             token: try row.decode(String.self, "token"))
     }
 
@@ -445,7 +445,7 @@ public struct RegistryStore: Sendable {
             identifier: try row.decode(String.self, "identifier"),
             attributesType: try row.decode(String.self, "attributes_type"),
             contentStateSchema: try row.decode(JSONValue?.self, "content_state_schema"), dateFields: dateFields,
-            payloadProfile: PayloadProfile(rawValue: try row.decode(String.self, "payload_profile")) ?? .marquee,
+            payloadProfile: try row.decodeRaw(PayloadProfile.self, "payload_profile"),
             // Absent from the change context (migration 0005), which does not need it.
             frequentUpdates: row.columns.contains("frequent_updates")
                 ? try row.decode(Bool.self, "frequent_updates") : false,
@@ -467,7 +467,7 @@ public struct RegistryStore: Sendable {
     static func device(_ row: PostgresRow) throws -> Device {
         Device(
             token: try row.decode(String.self, "token"), personID: try row.decode(String.self, "person_id"),
-            platform: Platform(rawValue: try row.decode(String.self, "platform")) ?? .ios,
+            platform: try row.decodeRaw(Platform.self, "platform"),
             appID: try row.decode(String?.self, "app_id"), osVersion: try row.decode(String?.self, "os_version"),
             appVersion: try row.decode(String?.self, "app_version"),
             attributes: try row.decode(JSONValue.self, "attributes"),

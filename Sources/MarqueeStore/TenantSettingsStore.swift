@@ -167,7 +167,7 @@ public struct TenantSettingsStore: Sendable {
         guard let row = rows.first else { return IdentityKeys(verification: .off) }
         let context = Self.identitySecretContext(tenant)
         return IdentityKeys(
-            verification: IdentityVerification(rawValue: try row.decode(String.self, "identity_verification")) ?? .off,
+            verification: try row.decodeRaw(IdentityVerification.self, "identity_verification"),
             current: try row.decode([UInt8]?.self, "sealed_identity_secret").map {
                 try keyRing.open($0, associatedData: context)
             },

@@ -217,7 +217,7 @@ public struct TenantStore: Sendable {
     static func keyRecord(_ row: PostgresRow) throws -> APIKeyRecord {
         APIKeyRecord(
             id: try row.decode(UUID.self, "id"), tenantID: try row.decode(UUID.self, "tenant_id"),
-            kind: APIKeyKind(rawValue: try row.decode(String.self, "kind")) ?? .sdk,
+            kind: try row.decodeRaw(APIKeyKind.self, "kind"),
             hint: try row.decode(String.self, "hint"), createdAt: try row.decode(Date.self, "created_at"),
             revokedAt: try row.decode(Date?.self, "revoked_at"), lastUsedAt: try row.decode(Date?.self, "last_used_at"))
     }
