@@ -112,6 +112,9 @@ public final class DeliveryWorker: Sendable {
                     worker: configuration.workerID, limit: configuration.batchSize, lease: configuration.lease)
             } catch {
                 logger.warning("claim failed", metadata: ["error": .string(String(describing: error))])
+                // A claim stopped by its statement timeout was planned on stale statistics (a burst just queued):
+                // refresh them now rather than at the next tick, so the next claim is planned on the burst.
+                if (try? await queue.refreshStatistics()) == true { logger.info("queue statistics refreshed") }
                 try? await Task.sleep(for: .milliseconds(500))
                 continue
             }
@@ -390,18 +393,22 @@ public final class DeliveryWorker: Sendable {
     func sampleQueue() async {
         var ticks = 0
         while !Task.isCancelled {
-            if let byProvider = try? await queue.statistics() {
+            // Every second: the queue's statistics, fresh after a burst of enqueued deliveries.
+            if (try? await queue.refreshStatistics()) == true {
+                logger.info("queue statistics refreshed")
+            }
+            if ticks % 5 == 0, let byProvider = try? await queue.statistics() {
                 for (provider, stats) in byProvider {
                     metrics.queueDue.set(Double(stats.due), [provider.rawValue])
                     metrics.oldestDue.set(stats.oldestDueAge, [provider.rawValue])
                     metrics.leased.set(Double(stats.inFlight), [provider.rawValue])
                 }
             }
-            if ticks % 60 == 0, let removed = try? await queue.expireIdempotencyKeys(), removed > 0 {
+            if ticks % 300 == 0, let removed = try? await queue.expireIdempotencyKeys(), removed > 0 {
                 logger.info("expired idempotency records removed", metadata: ["removed": .int(removed)])
             }
             ticks += 1
-            try? await Task.sleep(for: .seconds(5))
+            try? await Task.sleep(for: .seconds(1))
         }
     }
 }

@@ -114,12 +114,19 @@ public struct DeliveryQueue: Sendable {
     /// version N+1 while N is in flight or waiting for a retry. Deliveries of a broken credential are `parked`, outside
     /// the due index, so no claim walks past them. (Deliveries of ended or expired instances are claimed and settled
     /// by the worker without a send, from the joined instance row.)
+    /// The statement timeout of a claim's statements, in milliseconds (as text, for `set_config`).
+    static let claimTimeoutMilliseconds = "2000"
+
     public func claim(
         worker: String, limit: Int, lease: Duration, providers: [PlannedDelivery.Provider] = [.apns, .fcm]
     ) async throws -> [ClaimedDelivery] {
         let providerNames = providers.map(\.rawValue)
         let leaseSeconds = Double(lease.components.seconds)
         return try await pool.transaction { connection in
+            // A claim takes milliseconds. One planned on statistics from before a burst of queued rows can scan the
+            // whole burst per claimed row (seconds to minutes): it is stopped, and the worker refreshes the
+            // statistics (marquee_refresh_queue_statistics) and claims again.
+            try connection.query("SELECT set_config('statement_timeout', \(Self.claimTimeoutMilliseconds), true)")
             // Fairness: the tenants with due deliveries (a skip scan over deliveries_due_by_tenant, starting at a
             // random tenant and wrapping around, at most `limit` of them), then the oldest due deliveries of each,
             // an equal share, interleaved below, so one tenant's backlog never holds back another's update.
@@ -416,6 +423,14 @@ public struct DeliveryQueue: Sendable {
             FROM unnest(\(ids.map(\.0))::uuid[], \(ids.map(\.1))::uuid[]) AS v(tenant_id, id)
             WHERE d.tenant_id = v.tenant_id AND d.id = v.id AND d.locked_by = \(worker) AND d.status = 'queued'
             """)
+    }
+
+    /// Analyses the queue table once a fifth of it changed since the last analysis (migration 0047), so a burst of
+    /// enqueued deliveries does not leave the claim planned for an empty table. Returns whether it analysed.
+    @discardableResult
+    public func refreshStatistics() async throws -> Bool {
+        let rows = try await pool.query("SELECT marquee_refresh_queue_statistics() AS analysed")
+        return try rows.first?.decode(Bool.self, "analysed") ?? false
     }
 
     /// Deletes idempotency records past their 24 hours, a bounded number at a time; returns how many went.

@@ -249,6 +249,8 @@ SQL
 tx=$(((instances + batch * clients - 1) / (batch * clients) * 5 / 4 + 2))
 echo "== pgbench -M prepared -c $clients -j 2 -t $tx -f fanout-claim-record.sql (claim + record, batch $batch, no provider)"
 p0=$(enqueue)
+# What the workers' statistics refresh (marquee_refresh_queue_statistics, every second) would do after this burst.
+psql -q "$DATABASE_URL" -c "ANALYZE deliveries"
 s0=$(date +%s.%N)
 pgbench -n -M prepared -h 127.0.0.1 -p "$PGPORT" -U postgres -c "$clients" -j 2 -t "$tx" \
   -f "$out/fanout-claim-record.sql" marquee 2>&1 | grep -E "^(tps|latency average|number of failed)" || true

@@ -6,8 +6,11 @@
 # wrk2 is not in Debian 12), update i patching {"seq": i} into instance bench-<i mod INSTANCES>; the simulator's
 # record of the push carrying that seq gives its receipt time. Reports p50/p99/max of receipt - accept (the API's
 # 200 arriving), receipt - send, the API latency and the pacer's lateness.
+# With BACKLOG=N (issue 10's fairness figure), another tenant gets N queued pushes (one SQL transaction, on the
+# same simulator) just before the paced run starts, so the measured tenant's updates compete with that backlog
+# draining; the script reports how much of the backlog was still queued when the paced run ended.
 # Env: RATE (1000), DURATION (10), INSTANCES (10000), WORKERS (2), BATCH (256), LOOPS (2), CONNECTIONS (64), PORT,
-#      SIM_PORT.
+#      SIM_PORT, BACKLOG (0).
 source "$(dirname "$0")/../lib.sh"
 MARQUEE_EXTRA_PACKAGES="" "$root/Deploy/local/deps.sh"
 bench_build
@@ -88,10 +91,37 @@ for w in $(seq 1 "$workers"); do
 done
 sleep 1
 
+backlog=${BACKLOG:-0}
+if [ "$backlog" -gt 0 ]; then
+  created_b=$("$bin/marquee" tenant create --name "backlog-$(date +%s)" --json)
+  app_b=$(echo "$created_b" | sed -n 's/.*"app":"\([^"]*\)".*/\1/p')
+  tenant_b=$(echo "$created_b" | sed -n 's/^{"created_at":"[^"]*","id":"\([^"]*\)".*/\1/p')
+  curl -sf -o /dev/null -X PUT "http://$MARQUEE_LISTEN/v1/credentials/apns" -H "Authorization: Bearer $app_b" \
+    -H "Content-Type: application/json" \
+    -d "{\"team_id\":\"BENCHTEAM1\",\"key_id\":\"BENCHKEY01\",\"private_key\":$(json_file "$work/key.pem"),\"bundle_id\":\"com.example.bench\",\"environment\":\"production\",\"endpoint\":\"https://127.0.0.1:$sim_port\"}" \
+    || { echo "PUT /v1/credentials/apns (backlog tenant) failed" >&2; exit 1; }
+  psql -q -v ON_ERROR_STOP=1 "$DATABASE_URL" <<SQL
+INSERT INTO activity_types (tenant_id, identifier, attributes_type) VALUES ('$tenant_b', 'com.example.delivery', 'DeliveryAttributes');
+INSERT INTO instances (tenant_id, id, activity_type, state, attributes, content_state, content_timestamp, expires_at)
+  VALUES ('$tenant_b', 'backlog', 'com.example.delivery', 'active', '{"order":"b"}', '{"status":"new"}',
+          extract(epoch from now())::bigint, now() + interval '8 hours');
+SQL
+  echo "== backlog: $backlog pushes queued for another tenant, committed just before the paced run"
+  psql -q -v ON_ERROR_STOP=1 "$DATABASE_URL" -c "
+    INSERT INTO deliveries (tenant_id, id, instance_id, device_token, provider, token_kind, token, operation,
+                            instance_version)
+    SELECT '$tenant_b', gen_random_uuid(), 'backlog', 'dev' || i, 'apns', 'activity',
+           md5('b' || i) || md5('c' || i), 'update', 1
+    FROM generate_series(1, $backlog) i" -c "NOTIFY marquee_deliveries"
+fi
+
 machine
 echo "== marquee-bench latency: $rate updates/s for $duration s over $instances instances, $workers workers"
 "$bin/marquee-bench" latency --host 127.0.0.1 --port "$port" --rate "$rate" --duration "$duration" \
   --instances "$instances" --records "$work/records.jsonl" --connections "${CONNECTIONS:-64}" --wait 30
+if [ "$backlog" -gt 0 ]; then
+  echo "backlog at the end of the paced run (+ its 30 s wait for receipts): $(psql -qtA -F'=' -R' ' "$DATABASE_URL" -c "SELECT status, count(*) FROM deliveries WHERE tenant_id = '$tenant_b' GROUP BY 1 ORDER BY 1")"
+fi
 echo "deliveries: $(psql -qtA -F'=' -R' ' "$DATABASE_URL" -c "SELECT status, count(*) FROM deliveries WHERE tenant_id = '$tenant' GROUP BY 1 ORDER BY 1")"
 echo "simulator: $(sim_stats "$sim_port" "$work/ca.pem")"
 for i in "${!worker_pids[@]}"; do echo "worker $((i + 1)) RSS: $(rss "${worker_pids[$i]}")"; done

@@ -1,0 +1,57 @@
+import Foundation
+import MarqueeStore
+import PostgresClient
+import Testing
+
+/// The queue's statistics refresh (migration 0047): after a burst of queued deliveries the workers analyse the table,
+/// so the claim is not planned for the empty table autovacuum last saw.
+@Suite("Queue statistics refresh")
+struct QueueStatisticsTests {
+    @Test("a burst of 5,000 queued deliveries is analysed once, as the worker's role; a quiet table is left alone")
+    func refreshAfterBurst() async throws {
+        let url = try await TestEnvironment.makeDatabase()
+        let migrate = try await runCommand(
+            TestEnvironment.marqueeBinary, ["migrate"],
+            environment: ["DATABASE_URL": url, "MARQUEE_MIGRATIONS_DIR": TestEnvironment.migrationsDirectory])
+        try #require(migrate.status == 0, "\(migrate.output)")
+        let owner = PostgresPool(try PostgresConfiguration(url: url), options: .init(maxConnections: 1))
+        defer { owner.close() }
+        // Autovacuum must not analyse behind the test's back.
+        try await owner.execute("ALTER TABLE deliveries SET (autovacuum_enabled = false)")
+        var workerConfiguration = try PostgresConfiguration(
+            url: url.replacingOccurrences(of: "postgres@", with: "marquee_app@"))
+        workerConfiguration.startupSettings["role"] = "marquee_system"
+        let workerPool = PostgresPool(workerConfiguration, options: .init(maxConnections: 1))
+        defer { workerPool.close() }
+        let queue = DeliveryQueue(pool: workerPool)
+        #expect(try await queue.refreshStatistics() == false, "nothing changed yet")
+
+        let tenant = UUID()
+        try await owner.withConnection { connection in
+            try connection.execute(
+                "INSERT INTO tenants (id, name, sealed_delivery_secret) VALUES (\(tenant), 'stats', '\\x00')")
+            try connection.execute(
+                "INSERT INTO activity_types (tenant_id, identifier, attributes_type) VALUES (\(tenant), 'a', 'A')")
+            try connection.execute(
+                """
+                INSERT INTO instances (tenant_id, id, activity_type, state, attributes, content_state,
+                                       content_timestamp, expires_at)
+                VALUES (\(tenant), 'i', 'a', 'active', '{}', '{}', 1, now() + interval '1 hour')
+                """)
+            try connection.execute(
+                """
+                INSERT INTO deliveries (tenant_id, id, instance_id, device_token, provider, token_kind, token,
+                                        operation, instance_version)
+                SELECT \(tenant), gen_random_uuid(), 'i', 'd' || i, 'apns', 'activity', md5(i::text), 'update', 1
+                FROM generate_series(1, 5000) i
+                """)
+            // The counters the function reads are published by the inserting session.
+            _ = try connection.query("SELECT pg_stat_force_next_flush()")
+        }
+        #expect(try await queue.refreshStatistics() == true, "5,000 new rows: analysed")
+        let analysed = try await owner.query(
+            "SELECT last_analyze IS NOT NULL AS done FROM pg_stat_user_tables WHERE relid = 'deliveries'::regclass")
+        #expect(try analysed[0].decode(Bool.self, "done"))
+        #expect(try await queue.refreshStatistics() == false, "just analysed: nothing to do")
+    }
+}
