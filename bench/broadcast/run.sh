@@ -1,0 +1,137 @@
+#!/usr/bin/env bash
+# broadcast: one update of a channel-backed instance is ONE request to Apple, whatever the audience. A private
+# PostgreSQL (fsync on), `marquee serve`, the APNs simulator (records every accepted request to a JSONL file) and
+# WORKERS `marquee worker`s; a channel created through the API (the simulator is also Apple's management host) and
+# an instance started on it through the API. Then UPDATES sequential updates (POST /v1/live_notifications/update,
+# {"seq": i}); each one's broadcast is found in the simulator's records by its seq. Reports p50/p99/max of
+# "broadcast recorded − API accepted" (the API's 200 arriving) and "− request sent". Beside it, with FANOUT=1
+# (default), the per-token way of reaching the same audience size: `bench/fanout/run.sh` (AUDIENCE instances, one
+# update each, WORKERS workers) in the same run, as the time for that one update to reach all of them.
+# Env: UPDATES (200), WORKERS (2), AUDIENCE (100000), FANOUT (1), PORT, SIM_PORT.
+source "$(dirname "$0")/../lib.sh"
+MARQUEE_EXTRA_PACKAGES="" "$root/Deploy/local/deps.sh"
+bench_build
+bench_pg
+updates=${UPDATES:-200}
+workers=${WORKERS:-2}
+audience=${AUDIENCE:-100000}
+port=${PORT:-18087}
+sim_port=${SIM_PORT:-12299}
+metrics_port=${METRICS_PORT:-19490}
+work="$out/broadcast"
+mkdir -p "$work"
+
+export MARQUEE_LISTEN=127.0.0.1:$port
+MARQUEE_MASTER_KEY=$(head -c 32 /dev/urandom | base64)
+export MARQUEE_PROVIDER_HOSTS=api.push.apple.com,api.sandbox.push.apple.com,fcm.googleapis.com,oauth2.googleapis.com,127.0.0.1
+export MARQUEE_MASTER_KEY MARQUEE_MIGRATIONS_DIR="$root/Migrations" MARQUEE_LOG_LEVEL=${MARQUEE_LOG_LEVEL:-warning}
+"$bin/marquee" migrate >/dev/null 2>&1
+bench_reset_tenants
+created=$("$bin/marquee" tenant create --name "broadcast-$(date +%s)" --json)
+APP_KEY=$(echo "$created" | sed -n 's/.*"app":"\([^"]*\)".*/\1/p')
+
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+  bench_pg_stop
+}
+trap cleanup EXIT
+
+rm -f "$work/ca.pem" "$work/records.jsonl"
+"$bin/marquee-bench" keygen es256 "$work/key.pem" "$work/key.pub"
+echo "{\"BENCHKEY01\": {\"team_id\": \"BENCHTEAM1\", \"public_key\": $(json_file "$work/key.pub")}}" >"$work/keys.json"
+MARQUEE_SIM_LISTEN=127.0.0.1:$sim_port MARQUEE_SIM_CA_OUT="$work/ca.pem" MARQUEE_SIM_KEYS="$work/keys.json" \
+  MARQUEE_SIM_RECORDS="$work/records.jsonl" "$bin/marquee" simulate apns 2>"$work/sim.log" &
+pids+=($!)
+wait_sim "$sim_port" "$work/ca.pem"
+
+# serve creates the channel at the simulator (Apple's management host here), so it trusts the simulator's CA.
+MARQUEE_CA_FILE="$work/ca.pem" DATABASE_URL=$APP_DATABASE_URL "$bin/marquee" serve >"$work/serve.log" 2>&1 &
+pids+=($!)
+for _ in $(seq 1 100); do curl -sf "http://$MARQUEE_LISTEN/healthz" >/dev/null && break; sleep 0.1; done
+api() { curl -sf -X "$1" "http://$MARQUEE_LISTEN$2" -H "Authorization: Bearer $APP_KEY" -H "Content-Type: application/json" -d "$3"; }
+api PUT /v1/credentials/apns "{\"team_id\":\"BENCHTEAM1\",\"key_id\":\"BENCHKEY01\",\"private_key\":$(json_file "$work/key.pem"),\"bundle_id\":\"com.example.bench\",\"environment\":\"production\",\"endpoint\":\"https://127.0.0.1:$sim_port\",\"management_endpoint\":\"https://127.0.0.1:$sim_port\"}" >/dev/null \
+  || { echo "PUT /v1/credentials/apns failed" >&2; exit 1; }
+api PUT /v1/activity_types/com.example.match '{"attributes_type":"MatchAttributes"}' >/dev/null \
+  || { echo "PUT /v1/activity_types failed" >&2; exit 1; }
+channel=$(api POST /v1/channels '{"activity_type":"com.example.match","storage_policy":"none"}') \
+  || { echo "POST /v1/channels failed" >&2; exit 1; }
+channel_id=$(echo "$channel" | sed -n 's/.*"channel_id":"\([^"]*\)".*/\1/p')
+api POST /v1/live_notifications/start "{\"identifiers\":{\"id\":\"fans\"},\"notification_type\":\"com.example.match\",\"instance_id\":\"match-1\",\"channel_id\":\"$channel_id\",\"attributes\":{\"match\":\"A-B\"},\"content_state\":{\"seq\":0},\"push_payload\":{\"alert\":{\"title\":\"Kick-off\",\"body\":\"A v B\"}}}" >/dev/null \
+  || { echo "start on the channel failed" >&2; exit 1; }
+
+for w in $(seq 1 "$workers"); do
+  MARQUEE_CA_FILE="$work/ca.pem" MARQUEE_METRICS_LISTEN=127.0.0.1:$((metrics_port + w)) \
+    DATABASE_URL=$APP_DATABASE_URL "$bin/marquee" worker >"$work/worker-$w.log" 2>&1 &
+  pids+=($!)
+done
+for w in $(seq 1 "$workers"); do
+  for _ in $(seq 1 100); do curl -sf "http://127.0.0.1:$((metrics_port + w))/healthz" >/dev/null && break; sleep 0.1; done
+done
+
+machine
+echo "== broadcast: $updates sequential updates of one channel-backed instance, $workers workers"
+python3 - "$MARQUEE_LISTEN" "$APP_KEY" "$updates" "$work/records.jsonl" <<'PY'
+import json, sys, time, urllib.request
+from datetime import datetime
+listen, key, n, records = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+def post(i):
+    body = json.dumps({"instance_id": "match-1", "content_state_patch": {"seq": i}}).encode()
+    req = urllib.request.Request(f"http://{listen}/v1/live_notifications/update", data=body, method="POST",
+                                 headers={"Authorization": "Bearer " + key, "Content-Type": "application/json"})
+    with urllib.request.urlopen(req) as r:
+        answer = json.loads(r.read())
+    return answer
+seen, offset = {}, 0
+def scan():
+    global offset
+    with open(records, "rb") as f:
+        f.seek(offset)
+        for line in f:
+            if not line.endswith(b"\n"):
+                break
+            offset += len(line)
+            r = json.loads(line)
+            if r.get("broadcast"):
+                seq = r["payload"]["aps"]["content-state"].get("seq")
+                t = datetime.fromisoformat(r["time"].replace("Z", "+00:00")).timestamp()
+                seen[seq] = (t, r.get("channel_id"))
+accept, sent, channels, missing = [], [], set(), 0
+for i in range(1, n + 1):
+    t0 = time.time()
+    answer = post(i)
+    t1 = time.time()
+    assert answer.get("targets") == 1, answer
+    deadline = t1 + 10
+    while i not in seen and time.time() < deadline:
+        scan()
+        if i not in seen:
+            time.sleep(0.0005)
+    if i not in seen:
+        missing += 1
+        continue
+    t, ch = seen[i]
+    channels.add(ch)
+    accept.append((t - t1) * 1000)
+    sent.append((t - t0) * 1000)
+def pct(xs, p):
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))] if xs else float("nan")
+print(json.dumps({"bench": "broadcast", "updates": n, "recorded": len(accept), "missing": missing,
+                  "channels": len(channels),
+                  "recorded_minus_accept_ms": {"p50": round(pct(accept, 50), 2), "p99": round(pct(accept, 99), 2),
+                                               "max": round(max(accept), 2) if accept else None},
+                  "recorded_minus_send_ms": {"p50": round(pct(sent, 50), 2), "p99": round(pct(sent, 99), 2),
+                                             "max": round(max(sent), 2) if sent else None}}))
+PY
+echo "simulator: $(sim_stats "$sim_port" "$work/ca.pem")"
+echo "deliveries: $(psql -qtA -F'=' -R' ' "$DATABASE_URL" -c "SELECT token_kind || ':' || status, count(*) FROM deliveries GROUP BY 1 ORDER BY 1")"
+for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+pids=()
+
+if [ "${FANOUT:-1}" = 1 ]; then
+  echo "== the same audience per token: bench/fanout/run.sh with INSTANCES=$audience WORKERS=$workers"
+  INSTANCES=$audience WORKERS=$workers bash "$root/bench/fanout/run.sh" 2>&1 | grep -E "^(marquee:|sent |== apns)"
+fi
