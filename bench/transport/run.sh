@@ -6,9 +6,14 @@
 #   2. h2load -c C -m K/C: the same POST with a fixed bearer JWT, the ceiling for this simulator on this machine
 #   3. aioapns (PyPI, in a venv under bench/out/venv): APNs(key=…).send_notification, AIOAPNS_N pushes
 # Each run's count of accepted pushes is checked against the simulator's /_sim/stats.
-# Env: N (200000), CONNECTIONS (2), CONCURRENCY (CONNECTIONS*100), AIOAPNS_N (20000), TOKENS (10000), SIM_PORT.
+# Then, with NGHTTPD=1 (default), the same two HTTP/2 clients against a fast peer that is not ours: nghttpd (one
+# thread, TLS, a self-signed certificate) answering 200 to every POST /3/device/<token> (an empty file per token in
+# its document root), so the client's own ceiling shows without our simulator's cost. aioapns is compared against
+# the simulator only: against nghttpd it gives up with MaxAttemptsExceeded (not investigated).
+# Env: N (200000), CONNECTIONS (2), CONCURRENCY (CONNECTIONS*100), AIOAPNS_N (20000), TOKENS (10000), SIM_PORT,
+#      NGHTTPD (1), NGHTTPD_PORT.
 source "$(dirname "$0")/../lib.sh"
-MARQUEE_EXTRA_PACKAGES="nghttp2-client" "$root/Deploy/local/deps.sh"
+MARQUEE_EXTRA_PACKAGES="nghttp2-client nghttp2-server" "$root/Deploy/local/deps.sh"
 bench_build
 n=${N:-200000}
 c=${CONNECTIONS:-2}
@@ -94,3 +99,36 @@ echo "== pushes/s: APNsProvider $r_ours, h2load ${h2:-?}, aioapns $r_aio"
 awk -v o="$r_ours" -v h="${h2:-0}" -v a="$r_aio" 'BEGIN {
   printf "ours/h2load = %.2fx (target >= 0.5x), ours/aioapns = %.1fx (target >= 10x)\n", (h ? o / h : 0), (a ? o / a : 0) }'
 echo "simulator RSS: $(rss $sim)"
+
+if [ "${NGHTTPD:-1}" = 1 ]; then
+  ng_port=${NGHTTPD_PORT:-12198}
+  rm -rf "$work/nghttpd" && mkdir -p "$work/nghttpd/root/3/device"
+  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 -subj "/CN=127.0.0.1" \
+    -addext "subjectAltName=IP:127.0.0.1" -keyout "$work/nghttpd/key.pem" -out "$work/nghttpd/cert.pem" 2>/dev/null
+  sed 's#.*/3/device/##' "$work/uris.txt" | (cd "$work/nghttpd/root/3/device" && xargs touch)
+  nghttpd -d "$work/nghttpd/root" "$ng_port" "$work/nghttpd/key.pem" "$work/nghttpd/cert.pem" >/dev/null 2>&1 &
+  ng=$!
+  trap 'kill -TERM $sim $ng 2>/dev/null; wait $sim $ng 2>/dev/null' EXIT
+  for _ in $(seq 1 100); do
+    curl -sf -o /dev/null --http2 --cacert "$work/nghttpd/cert.pem" -X POST -d '{}' \
+      "https://127.0.0.1:$ng_port/3/device/$(head -1 "$work/uris.txt" | sed 's#.*/3/device/##')" && break
+    sleep 0.1
+  done
+  echo "== against nghttpd (one thread, TLS): marquee-bench transport (APNsProvider)"
+  ours_ng=$("$bin/marquee-bench" transport --host 127.0.0.1 --port "$ng_port" --ca "$work/nghttpd/cert.pem" \
+    --key "$work/key.p8" --kid "$kid" --team "$team" --topic "$topic" --payload "$work/payload.json" --n "$n" \
+    --connections "$c" --concurrency "$k" --tokens "$tokens" --warmup 1000)
+  echo "$ours_ng"
+  echo "== against nghttpd: h2load -n $n -c $c -m $((k / c)) -t 1 (same requests)"
+  sed "s#:$port/#:$ng_port/#" "$work/uris.txt" >"$work/uris-nghttpd.txt"
+  h2load -n "$n" -c "$c" -m $((k / c)) -t 1 -i "$work/uris-nghttpd.txt" -d "$work/payload.json" \
+    -H "authorization: bearer $jwt" -H "apns-push-type: liveactivity" -H "apns-topic: $topic" \
+    -H "apns-priority: 10" -H "apns-expiration: $(($(date +%s) + 3600))" -H "content-type: application/json" \
+    >"$work/h2load-nghttpd.out" 2>&1 || true
+  grep -E "^finished in|^requests:|^status codes:" "$work/h2load-nghttpd.out"
+  h2_ng=$(sed -n 's/^finished in [^,]*, \([0-9.]*\) req\/s.*/\1/p' "$work/h2load-nghttpd.out" | cut -d. -f1)
+  r_ours_ng=$(echo "$ours_ng" | rate)
+  echo "== against nghttpd, pushes/s: APNsProvider $r_ours_ng, h2load ${h2_ng:-?}; aioapns (against the simulator) $r_aio"
+  awk -v o="$r_ours_ng" -v h="${h2_ng:-0}" -v a="$r_aio" 'BEGIN {
+    printf "ours/h2load = %.2fx (target >= 0.5x), ours/aioapns = %.1fx (target >= 10x)\n", (h ? o / h : 0), (a ? o / a : 0) }'
+fi
