@@ -111,7 +111,7 @@ final class APNsChannelRegistry: Sendable {
         guard allowed.contains(request.method) else {
             throw APNsRejection(405, "MethodNotAllowed", "\(request.method) is not allowed on \(resource)")
         }
-        let key = try Self.authorize(request, bundleID: bundleID, validator: validator, now: now)
+        _ = try Self.authorize(request, bundleID: bundleID, validator: validator, now: now)
         switch (request.method, resource) {
         case ("POST", _): return try create(request.body, bundleID: bundleID, now: now)
         case ("GET", "all-channels"): return list(bundleID: bundleID)
