@@ -138,27 +138,12 @@ public struct ChannelStore: Sendable {
         """
 
     static func channel(_ row: PostgresRow) throws -> ChannelRecord {
-        let policyText = try row.decode(String.self, "storage_policy")
-        guard let policy = ChannelStoragePolicy(rawValue: policyText) else {
-            throw PostgresError(code: .decoding, context: "unknown channel storage policy")
-        }
-        return ChannelRecord(
+        ChannelRecord(
             id: try row.decode(UUID.self, "id"), activityType: try row.decode(String.self, "activity_type"),
-            storagePolicy: policy, apnsChannelID: try row.decode(String.self, "apns_channel_id"),
+            storagePolicy: try row.decodeRaw(ChannelStoragePolicy.self, "storage_policy"),
+            apnsChannelID: try row.decode(String.self, "apns_channel_id"),
             bundleID: try row.decode(String.self, "bundle_id"), environment: try row.decode(String.self, "environment"),
             status: try row.decode(String.self, "status"), statusReason: try row.decode(String?.self, "status_reason"),
             createdAt: try row.decode(Date.self, "created_at"), updatedAt: try row.decode(Date.self, "updated_at"))
-    }
-}
-
-extension PostgresRow {
-    /// A text column holding one of `T`'s raw values. Any other value (a row written by a newer version, a
-    /// constraint gone missing) is a decoding error, never a silent default.
-    func decodeRaw<T: RawRepresentable>(_ type: T.Type, _ column: String) throws -> T where T.RawValue == String {
-        let text = try decode(String.self, column)
-        guard let value = T(rawValue: text) else {
-            throw PostgresError(code: .decoding, context: "unknown value of \(column): \(text)")
-        }
-        return value
     }
 }

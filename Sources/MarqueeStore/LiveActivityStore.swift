@@ -68,12 +68,9 @@ public struct ChannelBinding: Sendable, Equatable {
         guard let id = try row.decode(UUID?.self, "channel_id"),
             let apnsID = try row.decode(String?.self, "apns_channel_id")
         else { return nil }
-        let policyText = try row.decode(String.self, "channel_storage_policy")
-        guard let policy = ChannelStoragePolicy(rawValue: policyText) else {
-            throw PostgresError(code: .decoding, context: "unknown channel storage policy")
-        }
         return ChannelBinding(
-            id: id, apnsChannelID: apnsID, storagePolicy: policy,
+            id: id, apnsChannelID: apnsID,
+            storagePolicy: try row.decodeRaw(ChannelStoragePolicy.self, "channel_storage_policy"),
             bundleID: try row.decode(String.self, "channel_bundle_id"),
             active: try row.decode(String.self, "channel_status") == "active")
     }
