@@ -58,10 +58,14 @@ DATABASE_URL=$APP_DATABASE_URL "$bin/marquee" serve >"$work/serve.log" 2>&1 &
 api=$!
 pids+=("$api")
 for _ in $(seq 1 100); do curl -sf "http://$MARQUEE_LISTEN/healthz" >/dev/null && break; sleep 0.1; done
-curl -sf -o /dev/null -X PUT "http://$MARQUEE_LISTEN/v1/credentials/apns" -H "Authorization: Bearer $APP_KEY" \
-  -H "Content-Type: application/json" \
-  -d "{\"team_id\":\"BENCHTEAM1\",\"key_id\":\"BENCHKEY01\",\"private_key\":$(json_file "$work/key.pem"),\"bundle_id\":\"com.example.bench\",\"environment\":\"production\",\"endpoint\":\"https://127.0.0.1:$sim_port\"}" \
-  || { echo "PUT /v1/credentials/apns failed" >&2; exit 1; }
+# The bench's APNs key and the simulator as the endpoint, for the tenant of app key $1.
+put_credential() {
+  curl -sf -o /dev/null -X PUT "http://$MARQUEE_LISTEN/v1/credentials/apns" -H "Authorization: Bearer $1" \
+    -H "Content-Type: application/json" \
+    -d "{\"team_id\":\"BENCHTEAM1\",\"key_id\":\"BENCHKEY01\",\"private_key\":$(json_file "$work/key.pem"),\"bundle_id\":\"com.example.bench\",\"environment\":\"production\",\"endpoint\":\"https://127.0.0.1:$sim_port\"}" \
+    || { echo "PUT /v1/credentials/apns failed" >&2; exit 1; }
+}
+put_credential "$APP_KEY"
 
 echo "setup: $instances instances with one activity token each" >&2
 psql -q -v ON_ERROR_STOP=1 "$DATABASE_URL" <<SQL
@@ -96,10 +100,7 @@ if [ "$backlog" -gt 0 ]; then
   created_b=$("$bin/marquee" tenant create --name "backlog-$(date +%s)" --json)
   app_b=$(echo "$created_b" | sed -n 's/.*"app":"\([^"]*\)".*/\1/p')
   tenant_b=$(echo "$created_b" | sed -n 's/^{"created_at":"[^"]*","id":"\([^"]*\)".*/\1/p')
-  curl -sf -o /dev/null -X PUT "http://$MARQUEE_LISTEN/v1/credentials/apns" -H "Authorization: Bearer $app_b" \
-    -H "Content-Type: application/json" \
-    -d "{\"team_id\":\"BENCHTEAM1\",\"key_id\":\"BENCHKEY01\",\"private_key\":$(json_file "$work/key.pem"),\"bundle_id\":\"com.example.bench\",\"environment\":\"production\",\"endpoint\":\"https://127.0.0.1:$sim_port\"}" \
-    || { echo "PUT /v1/credentials/apns (backlog tenant) failed" >&2; exit 1; }
+  put_credential "$app_b"
   psql -q -v ON_ERROR_STOP=1 "$DATABASE_URL" <<SQL
 INSERT INTO activity_types (tenant_id, identifier, attributes_type) VALUES ('$tenant_b', 'com.example.delivery', 'DeliveryAttributes');
 INSERT INTO instances (tenant_id, id, activity_type, state, attributes, content_state, content_timestamp, expires_at)
