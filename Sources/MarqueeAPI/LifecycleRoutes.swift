@@ -484,18 +484,12 @@ struct LifecycleRoutes: Sendable {
     /// Date fields encoded as the activity type declares, then the schema check. The schema describes the state
     /// as devices receive it, so it sees dates in their declared encoding.
     static func checkedState(_ state: JSONValue, type: ActivityType) throws(ValidationError) -> JSONValue {
-        try validated(DateFields.normalize(state, fields: type.dateFields, field: "content_state"), type: type)
+        try ContentStateRules.checked(
+            state, schema: type.contentStateSchema, dateFields: type.dateFields, profile: type.payloadProfile)
     }
 
     static func validated(_ state: JSONValue, type: ActivityType) throws(ValidationError) -> JSONValue {
-        if let schemaJSON = type.contentStateSchema, let schema = try? ContentSchema(schemaJSON),
-            let violation = schema.firstViolation(in: state)
-        {
-            throw ValidationError(
-                .schemaViolation, field: "content_state" + violation.pointer.description, reason: violation.reason)
-        }
-        try type.payloadProfile.checkContentState(state)
-        return state
+        try ContentStateRules.validated(state, schema: type.contentStateSchema, profile: type.payloadProfile)
     }
 
     static func alert(_ body: JSONBody) throws(ValidationError) -> LiveActivityAlert? {

@@ -19,6 +19,7 @@ public struct MarqueeAPI: Sendable {
     let channels: ChannelRoutes
     let segments: SegmentRoutes
     let peopleImport: PeopleImportRoutes
+    let campaigns: CampaignRoutes
     /// The group committer of lifecycle writes (exposed for metrics).
     public let committer: GroupCommitter
 
@@ -51,6 +52,10 @@ public struct MarqueeAPI: Sendable {
             now: { Date() })
         segments = SegmentRoutes(authenticator: authenticator, store: SegmentStore(database: database))
         peopleImport = PeopleImportRoutes(authenticator: authenticator, store: PeopleImportStore(database: database))
+        campaigns = CampaignRoutes(
+            authenticator: authenticator,
+            store: CampaignStore(database: database, notifyChannel: groupCommit.notifyChannel ?? "marquee_deliveries"),
+            registry: registryStore, segments: SegmentStore(database: database), now: { Date() })
         let batchSizes = metrics.histogram(
             "marquee_group_commit_batch_size", help: "Requests per transaction of the lifecycle group committer.",
             buckets: [1, 2, 4, 8, 16, 32, 64, 128, 256])
@@ -83,5 +88,6 @@ public struct MarqueeAPI: Sendable {
         channels.register(in: &router)
         segments.register(in: &router)
         peopleImport.register(in: &router)
+        campaigns.register(in: &router)
     }
 }

@@ -54,6 +54,9 @@ public final class DeliveryWorker: Sendable {
     let metrics: WorkerMetrics
     let wakeup = Wakeup()
     let credentials: CredentialCache
+    /// Campaign starts and campaign-wide changes, run when due (woken by the same notifications).
+    let campaigns: CampaignRunner
+    let campaignWakeup = Wakeup()
 
     public init(
         pool: PostgresPool, listenerConfiguration: PostgresConfiguration, apns: APNsProvider, fcm: FCMProvider,
@@ -62,6 +65,7 @@ public final class DeliveryWorker: Sendable {
         self.fcm = fcm
         self.configuration = configuration
         self.queue = DeliveryQueue(pool: pool)
+        self.campaigns = CampaignRunner(database: TenantDatabase(pool: pool), notifyChannel: configuration.channel)
         self.listener = PostgresListener(listenerConfiguration, channels: [configuration.channel])
         self.apns = apns
         self.keyRing = keyRing
@@ -85,9 +89,13 @@ public final class DeliveryWorker: Sendable {
         try await withThrowingTaskGroup(of: Void.self) { group in
             group.addTask { try await self.listener.run() }
             group.addTask {
-                for await _ in self.listener.notifications { self.wakeup.signal() }
+                for await _ in self.listener.notifications {
+                    self.wakeup.signal()
+                    self.campaignWakeup.signal()
+                }
             }
             group.addTask { await self.sampleQueue() }
+            group.addTask { await self.runCampaignSchedules() }
             for index in 0..<configuration.loops {
                 group.addTask { await self.loop(index) }
             }
@@ -130,6 +138,39 @@ public final class DeliveryWorker: Sendable {
     }
 
     typealias Outcome = (DeliveryResult, TokenRetirement?, BrokenCredential?)
+
+    /// Runs due campaign schedules one at a time until none is due, then waits for a notification or the poll
+    /// interval. Returns when cancelled (a run in progress finishes: it is one transaction).
+    func runCampaignSchedules() async {
+        while !Task.isCancelled {
+            do {
+                let started = ContinuousClock.now
+                if let run = try await campaigns.runDue() {
+                    let elapsed = ContinuousClock.now - started
+                    metrics.campaignRuns.inc(labels: run.operation, run.state)
+                    logger.info(
+                        "campaign schedule ran",
+                        metadata: [
+                            "tenant.id": .string(run.tenantID.uuidString.lowercased()),
+                            "campaign.id": .string(run.campaignID),
+                            "schedule.id": .string(run.scheduleID.uuidString.lowercased()),
+                            "schedule.operation": .string(run.operation), "schedule.state": .string(run.state),
+                            "duration.ms": .double(
+                                Double(elapsed.components.attoseconds) / 1e15
+                                    + Double(elapsed.components.seconds) * 1000),
+                            "result": .string(run.result.serialized()),
+                        ])
+                    wakeup.signal()  // its deliveries are due
+                    continue
+                }
+            } catch {
+                metrics.campaignRuns.inc(labels: "unknown", "error")
+                logger.warning("campaign schedule run failed", metadata: ["error": .string(String(describing: error))])
+                try? await Task.sleep(for: .seconds(1))
+            }
+            await campaignWakeup.wait(timeout: configuration.pollInterval)
+        }
+    }
 
     /// How long one delivery may take, everything included (credential and token fetch, send, refresh, resend):
     /// three quarters of the lease, so that its result is recorded while the lease still holds.
@@ -428,8 +469,13 @@ struct WorkerMetrics: Sendable {
     let retired: Counter
     let claimed: Counter
     let credentialsBroken: Counter
+    let campaignRuns: Counter
 
     init(registry: MetricsRegistry) {
+        campaignRuns = registry.counter(
+            "marquee_campaign_runs_total",
+            help: "Campaign schedules run by this worker, by operation (start, update, end) and outcome (done, failed, "
+                + "error: the run rolled back and will be retried).", labels: ["operation", "outcome"])
         deliveries = registry.counter(
             "marquee_deliveries_total", help: "Delivery attempts by provider, operation, outcome and reason.",
             labels: ["provider", "operation", "status", "reason"])

@@ -499,15 +499,8 @@ public struct LiveActivityStore: Sendable {
                     ended_at = CASE WHEN \(write.operation.rawValue) = 'end' THEN now() ELSE ended_at END,
                     -- An end that reaches no activity token while a start went (or may go) out by push-to-start is
                     -- kept: it is queued when the activity token registers (marquee_register_activity_token).
-                    pending_end = \(write.operation.rawValue) = 'end' AND EXISTS (
-                        SELECT 1 FROM deliveries s
-                        WHERE s.tenant_id = \(tenant) AND s.instance_id = \(write.instanceID)
-                          AND s.operation = 'start' AND s.token_kind = 'push_to_start'
-                          AND (s.status = 'sent' OR (s.status = 'queued' AND s.locked_until >= now()))
-                          AND NOT EXISTS (
-                              SELECT 1 FROM activity_tokens a
-                              WHERE a.tenant_id = s.tenant_id AND a.instance_id = s.instance_id
-                                AND a.device_token = s.device_token AND a.status = 'active')),
+                    pending_end = \(write.operation.rawValue) = 'end'
+                        AND marquee_end_waits_for_token(\(tenant), \(write.instanceID)),
                     updated_at = now()
                 WHERE tenant_id = \(tenant) AND id = \(write.instanceID) AND version = \(write.expectedVersion)
                   AND (\(idem?.key)::text IS NULL OR EXISTS (SELECT 1 FROM idem))

@@ -353,30 +353,11 @@ public struct RegistryStore: Sendable {
         }
     }
 
-    /// Driven from the instance's own rows (its activity tokens and its devices), never from the tenant's whole
-    /// device table, so it costs the same with ten devices or ten million.
+    /// The rule is `marquee_instance_targets` (migration 0049), shared with the set-based campaign writes. It is driven
+    /// from the instance's own rows (its activity tokens and its devices), never from the tenant's whole device table,
+    /// so it costs the same with ten devices or ten million.
     static func activityTargetsQuery(tenant: UUID, instanceID: String) -> PostgresQuery {
-        """
-        SELECT a.device_token, d.platform, a.token
-        FROM activity_tokens a
-        JOIN devices d ON d.tenant_id = a.tenant_id AND d.token = a.device_token
-        WHERE a.tenant_id = \(tenant) AND a.instance_id = \(instanceID) AND a.status = 'active'
-          AND NOT EXISTS (
-              SELECT 1 FROM instance_devices s
-              WHERE s.tenant_id = a.tenant_id AND s.instance_id = a.instance_id AND s.device_token = a.device_token
-                AND s.state IN ('ended', 'dismissed'))
-        UNION ALL
-        SELECT s.device_token, d.platform, d.token
-        FROM instance_devices s
-        JOIN devices d ON d.tenant_id = s.tenant_id AND d.token = s.device_token
-        WHERE s.tenant_id = \(tenant) AND s.instance_id = \(instanceID) AND d.platform = 'android'
-          AND s.state NOT IN ('ended', 'dismissed')
-          AND NOT EXISTS (
-              SELECT 1 FROM activity_tokens a
-              WHERE a.tenant_id = s.tenant_id AND a.instance_id = s.instance_id AND a.device_token = s.device_token
-                AND a.status = 'active')
-        ORDER BY 1
-        """
+        "SELECT device_token, platform, token FROM marquee_instance_targets(\(tenant), \(instanceID)) ORDER BY 1"
     }
 
     static func activityTarget(_ row: PostgresRow) throws -> ActivityTarget {

@@ -223,7 +223,7 @@ public struct RegistryTransaction {
         let rows = try connection.query(
             """
             SELECT marquee_record_delivery_metric(\(tenant), \(deliveryID), \(metric.rawValue), \(recipient ?? ""),
-                                                  \(at)) AS recorded
+                                                  \(at), \(ULID(string: deliveryID)?.uuid)) AS recorded
             """)
         return try rows[0].decode(Bool.self, "recorded")
     }

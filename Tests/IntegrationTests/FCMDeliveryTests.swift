@@ -13,6 +13,8 @@ import Testing
 /// hit its pushes.
 actor FCMDeliveryFixture {
     static let shared = FCMDeliveryFixture()
+    /// The campaign suite's own: its three workers never claim this suite's deliveries.
+    static let campaigns = FCMDeliveryFixture()
 
     static let projectID = "marquee-sim"
     static let clientEmail = "live-updates@marquee-sim.iam.gserviceaccount.com"

@@ -52,13 +52,15 @@ struct IsolationTests {
         var apnsChannel: String
         /// A's segment (its ID and name both A's).
         var segment: String
+        /// A's campaign (scheduled an hour ahead: this fixture runs no worker).
+        var campaign: String
 
         /// Strings of A's that must never appear in an answer to B.
         var secrets: [String] {
             [
                 tenant.id, tenant.name, person, email, iphone, pixel, activityType, instance, teamID, projectID,
                 tenant.app,
-                tenant.sdk, channel, apnsChannel, segment,
+                tenant.sdk, channel, apnsChannel, segment, campaign,
             ] + keyIDs
         }
     }
@@ -142,11 +144,21 @@ struct IsolationTests {
             await api.call(
                 "PUT", "/v1/segments/\(segment)", key: tenant.app,
                 json: ["name": segment, "filter": ["email_domain": "a.example.com"]]))
+        let campaign = Fake.id("camp")
+        try ok(
+            await api.call(
+                "POST", "/v1/campaigns", key: tenant.app,
+                json: [
+                    "campaign_id": campaign, "name": campaign, "notification_type": type, "audience": ["all": true],
+                    "attributes": ["order": ["$person": "/order", "default": "?"]], "content_state": ["step": 0],
+                    "push_payload": ["alert": ["title": "A", "body": "campaign"]],
+                    "start_at": Date().timeIntervalSince1970 + 3600,
+                ]))
         return Seeded(
             tenant: tenant, person: person, email: email, iphone: iphone, pixel: pixel, activityType: type,
             instance: instance, delivery: delivery, recipient: iphone, teamID: teamID, projectID: projectID,
             keyIDs: try keys.json().array("keys").compactMap { $0.string("id") }, channel: channel.description,
-            apnsChannel: apnsChannel, segment: segment)
+            apnsChannel: apnsChannel, segment: segment, campaign: campaign)
     }
 
     /// A's data as A sees it (timestamps included, so any write would show).
@@ -157,7 +169,8 @@ struct IsolationTests {
             "/v1/people/\(a.person)", "/v1/credentials/apns", "/v1/credentials/fcm", "/v1/activity_types",
             "/v1/activity_types/\(a.activityType)", "/v1/live_notifications/\(a.instance)",
             "/v1/live_notifications/\(a.instance)/deliveries", "/v1/live_notifications", "/v1/channels",
-            "/v1/channels/\(a.channel)", "/v1/segments", "/v1/segments/\(a.segment)",
+            "/v1/channels/\(a.channel)", "/v1/segments", "/v1/segments/\(a.segment)", "/v1/campaigns",
+            "/v1/campaigns/\(a.campaign)", "/v1/campaigns/\(a.campaign)/people",
         ] {
             let response = try await api.call("GET", path, key: a.tenant.app)
             views.append("\(path) \(response.status) \(response.text)")
@@ -336,6 +349,32 @@ struct IsolationTests {
             Probe(
                 method: "DELETE", path: "/v1/segments/\(a.segment)", key: b.app,
                 expect: .notFound(control: "/v1/segments/\(Fake.id("none"))")),
+            // Campaigns: A's is invisible to B, and B can neither change, end nor cancel it; B's create under its ID
+            // names A's activity type, which B does not have.
+            Probe(method: "GET", path: "/v1/campaigns", key: b.app, expect: .noLeak),
+            Probe(
+                method: "GET", path: "/v1/campaigns/\(a.campaign)", key: b.app,
+                expect: .notFound(control: "/v1/campaigns/\(Fake.id("none"))")),
+            Probe(
+                method: "GET", path: "/v1/campaigns/\(a.campaign)/people", key: b.app,
+                expect: .notFound(control: "/v1/campaigns/\(Fake.id("none"))/people")),
+            Probe(
+                method: "POST", path: "/v1/campaigns/\(a.campaign)/update", key: b.app,
+                body: ["content_state_patch": ["step": 9]],
+                expect: .notFound(control: "/v1/campaigns/\(Fake.id("none"))/update")),
+            Probe(
+                method: "POST", path: "/v1/campaigns/\(a.campaign)/end", key: b.app, body: [:],
+                expect: .notFound(control: "/v1/campaigns/\(Fake.id("none"))/end")),
+            Probe(
+                method: "POST", path: "/v1/campaigns/\(a.campaign)/cancel", key: b.app,
+                expect: .notFound(control: "/v1/campaigns/\(Fake.id("none"))/cancel")),
+            Probe(
+                method: "POST", path: "/v1/campaigns", key: b.app,
+                body: [
+                    "campaign_id": a.campaign, "name": "b", "notification_type": a.activityType,
+                    "audience": ["all": true], "attributes": ["o": "b"], "content_state": ["step": 1],
+                    "push_payload": ["alert": ["title": "B", "body": "b"]],
+                ], expect: .invalid(field: "notification_type")),
             // Metrics: B's report is B's own (not a duplicate of A's), and A's delivery token is not B's.
             Probe(
                 method: "POST", path: "/v1/deliveries/\(a.delivery)/metrics", key: b.sdk,

@@ -142,7 +142,7 @@ struct RetentionTests {
                     try await db.system.transaction { connection in
                         try connection.query(
                             """
-                            SELECT marquee_record_delivery_metric(\(db.tenant), 'dlv', 'delivered', 'phone', NULL)
+                            SELECT marquee_record_delivery_metric(\(db.tenant), 'dlv', 'delivered', 'phone', NULL, NULL)
                                 AS recorded
                             """)[0].decode(Bool.self, "recorded")
                     }
@@ -154,7 +154,7 @@ struct RetentionTests {
         // `opened` counts every time; another recipient is another `delivered`.
         for (metric, recipient) in [("opened", "phone"), ("opened", "phone"), ("delivered", "watch")] {
             let recorded = try await db.system.query(
-                "SELECT marquee_record_delivery_metric(\(db.tenant), 'dlv', \(metric), \(recipient), NULL) AS r")
+                "SELECT marquee_record_delivery_metric(\(db.tenant), 'dlv', \(metric), \(recipient), NULL, NULL) AS r")
             #expect(try recorded[0].decode(Bool.self, "r"))
         }
         #expect(try await db.count("delivery_metrics") == 4)

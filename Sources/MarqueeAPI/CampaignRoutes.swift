@@ -1,0 +1,370 @@
+import Crypto
+import Foundation
+import HTTPServer
+import MarqueeCore
+import MarqueeStore
+
+/// `/v1/campaigns` (app key): one start for a whole audience, campaign-wide updates and ends, schedules, funnels.
+///
+/// The API validates and records; the worker pool's scheduler runs starts and changes at their due time (at once when
+/// none is given), each exactly once, in set-based statements. Hence 202: the answer names what will run and when;
+/// `GET /v1/campaigns/{id}` shows what it did.
+struct CampaignRoutes: Sendable {
+    let authenticator: Authenticator
+    let store: CampaignStore
+    let registry: RegistryStore
+    let segments: SegmentStore
+    let now: @Sendable () -> Date
+
+    static let maximumPeople = 10_000
+
+    func register(in router: inout Router) {
+        router.add(.POST, "/v1/campaigns", guarded(create))
+        router.add(.GET, "/v1/campaigns", guarded(list))
+        router.add(.GET, "/v1/campaigns/{campaign_id}", guarded(get))
+        router.add(.GET, "/v1/campaigns/{campaign_id}/people", guarded(people))
+        router.add(.POST, "/v1/campaigns/{campaign_id}/update", guarded(update))
+        router.add(.POST, "/v1/campaigns/{campaign_id}/end", guarded(end))
+        router.add(.POST, "/v1/campaigns/{campaign_id}/cancel", guarded(cancel))
+    }
+
+    // MARK: Create
+
+    func create(_ request: HTTPRequest) async throws -> HTTPResponse {
+        let principal = try await authenticator.require(request, kinds: [.app])
+        let tenant = principal.tenantID
+        let body = try JSONBody.parse(request)
+        try body.rejectUnknown([
+            "campaign_id", "name", "notification_type", "audience", "attributes", "content_state", "push_payload",
+            "expiration", "start_at", "platform", "rate_limit_per_second", "deep_link", "stale_date",
+            "relevance_score", "priority",
+        ])
+        let id =
+            try body.string("campaign_id", maxLength: 64).map { text throws(ValidationError) in
+                try Self.campaignID(text, field: "campaign_id")
+            } ?? ULIDGenerator.shared.next().description
+        let name = try body.requiredString("name", maxLength: 200)
+        guard !name.isEmpty else { throw ValidationError(field: "name", reason: "must not be empty") }
+        let activityType = try Identifiers.activityType(
+            body.requiredString("notification_type", maxLength: 255), field: "notification_type")
+        let audience = try Self.audience(body)
+        let attributes = try LifecycleRoutes.nonEmptyObject(body, "attributes")
+        let template = try PersonTemplate(attributes)
+        let requestedState = try LifecycleRoutes.nonEmptyObject(body, "content_state")
+        let platform = try body.enumValue("platform", Platform.self)
+        let rate = try body.integer("rate_limit_per_second", range: 1...1_000_000).map(Int.init)
+        let now = self.now()
+        let startAt = try body.timestamp("start_at")
+        if let startAt, startAt < now {
+            throw ValidationError(field: "start_at", reason: "is in the past: omit it to start now")
+        }
+        let start = startAt ?? now
+        let expiration = try body.timestamp("expiration")
+        if let expiration {
+            try Lifetime.validateExpiration(expiration, now: start, field: "expiration")
+        }
+        var options = try LifecycleRoutes.options(body, base: StoredOptions())
+        options.alert = try LifecycleRoutes.alert(body)
+        // Apple shows an alert when a live activity starts on iOS.
+        if options.alert == nil && platform != .android {
+            throw ValidationError(
+                .missingField, field: "push_payload.alert",
+                reason: "is required unless platform is android: Apple shows an alert when a live activity starts")
+        }
+        let stale = StaleDateRule.apply(options.staleDate, now: start)
+        options.staleDate = stale.staleDate
+        let idempotency = try LifecycleRoutes.idempotencyKey(request).map {
+            (key: $0, hash: LifecycleRoutes.requestHash(request))
+        }
+
+        let type: ActivityType
+        do {
+            type = try await registry.activityType(tenant: tenant, identifier: activityType)
+        } catch is NotFound {
+            throw ValidationError(
+                field: "notification_type",
+                reason: "is not a known activity type: define it with PUT /v1/activity_types/{identifier}")
+        }
+        if case .segment(let segmentID) = audience {
+            do {
+                _ = try await segments.get(tenant: tenant, id: segmentID)
+            } catch is NotFound {
+                throw ValidationError(field: "audience.segment", reason: "is not a segment of this tenant")
+            }
+        }
+        let contentState = try LifecycleRoutes.checkedState(requestedState, type: type)
+        // The size check measures the template with each $person node at its default (or ""); what a person's values
+        // add beyond that may use the headroom left, and a person who would exceed it is skipped at start.
+        let content = DeliverySnapshot(
+            attributes: template.sample, contentState: contentState, options: options,
+            timestamp: Int64(start.timeIntervalSince1970)
+        ).content(
+            event: .start, instanceID: id + "." + String(repeating: "x", count: 127 - id.utf8.count),
+            activityType: activityType, attributesType: type.attributesType, profile: type.payloadProfile,
+            dateFields: type.dateFields, now: start)
+        let platforms: [Platform] = platform.map { [$0] } ?? [.ios, .android]
+        try LifecycleRoutes.checkSize(content, platforms: platforms)
+
+        let warnings = JSONValue.array(stale.warnings.map { .string($0) })
+        let outcome = try await store.create(
+            tenant: tenant,
+            CampaignCreate(
+                id: id, name: name, activityType: activityType, audience: audience, template: template,
+                contentState: contentState, options: options.json, platform: platform, expiresAt: expiration,
+                rateLimitPerSecond: rate, startAt: start,
+                headroom: PayloadLimits.headroom(content, platforms: platforms)),
+            response: { state in
+                .object([
+                    "campaign_id": .string(id), "state": .string(state.rawValue), "start_at": .from(start),
+                    "warnings": warnings,
+                ])
+            }, idempotency: idempotency)
+        switch outcome {
+        case .created(let state):
+            return .json(
+                .object([
+                    "campaign_id": .string(id), "state": .string(state.rawValue), "start_at": .from(start),
+                    "warnings": warnings,
+                ]), status: 202)
+        case .replay(let stored):
+            return try LifecycleRoutes.replay(stored, hash: idempotency?.hash ?? [])
+        case .idTaken:
+            throw Problems.conflict(field: "campaign_id", reason: "is already used by another campaign")
+        }
+    }
+
+    static func audience(_ body: JSONBody) throws(ValidationError) -> CampaignAudience {
+        guard let audience = try body.nested("audience") else { throw ValidationError.missing("audience") }
+        try audience.rejectUnknown(["segment", "people", "all"])
+        let given = ["segment", "people", "all"].filter { audience.has($0) }
+        guard given.count == 1 else {
+            throw ValidationError(field: "audience", reason: "must hold exactly one of segment, people or all")
+        }
+        switch given[0] {
+        case "segment":
+            let id = try audience.requiredString("segment", maxLength: 128)
+            return .segment(try Identifiers.instanceID(id, field: "audience.segment"))
+        case "people":
+            guard let items = audience.value("people")?.arrayValue else {
+                throw ValidationError(field: "audience.people", reason: "must be an array of person IDs")
+            }
+            guard (1...maximumPeople).contains(items.count) else {
+                throw ValidationError(
+                    field: "audience.people", reason: "must list 1 to \(maximumPeople) people: use a segment for more")
+            }
+            var ids: [String] = []
+            var seen = Set<String>()
+            for (index, item) in items.enumerated() {
+                guard let text = item.stringValue else {
+                    throw ValidationError(field: "audience.people[\(index)]", reason: "must be a person ID string")
+                }
+                let id = try Identifiers.personID(text, field: "audience.people[\(index)]")
+                if seen.insert(id).inserted { ids.append(id) }
+            }
+            return .people(ids)
+        default:
+            guard try audience.bool("all") == true else {
+                throw ValidationError(field: "audience.all", reason: "must be true")
+            }
+            return .all
+        }
+    }
+
+    // MARK: Campaign-wide changes
+
+    func update(_ request: HTTPRequest) async throws -> HTTPResponse {
+        try await change(request, operation: .update)
+    }
+
+    func end(_ request: HTTPRequest) async throws -> HTTPResponse {
+        try await change(request, operation: .end)
+    }
+
+    func change(_ request: HTTPRequest, operation: CampaignChange.Operation) async throws -> HTTPResponse {
+        let principal = try await authenticator.require(request, kinds: [.app])
+        let tenant = principal.tenantID
+        let campaignID = try Self.pathID(request)
+        let body = try JSONBody.parse(request)
+        var allowed: Set<String> = [
+            "content_state", "content_state_patch", "push_payload", "deep_link", "stale_date", "relevance_score",
+            "priority", "at",
+        ]
+        if operation == .end { allowed.insert("dismissal_date") }
+        try body.rejectUnknown(allowed)
+        let full = try LifecycleRoutes.nonEmptyObject(body, "content_state", required: false)
+        let patch = try body.objectValue("content_state_patch")
+        if full != nil && patch != nil {
+            throw ValidationError(
+                field: "content_state_patch", reason: "cannot be combined with content_state: send one or the other")
+        }
+        if operation == .update && full == nil && patch == nil {
+            throw ValidationError(
+                .missingField, field: "content_state", reason: "or content_state_patch is required for an update")
+        }
+        let now = self.now()
+        let at = try body.timestamp("at")
+        if let at, at < now {
+            throw ValidationError(field: "at", reason: "is in the past: omit it to apply the change now")
+        }
+        var stored = try LifecycleRoutes.options(body, base: StoredOptions())
+        stored.alert = try LifecycleRoutes.alert(body)
+        if operation == .end { stored.dismissalDate = try body.timestamp("dismissal_date") }
+        var options = stored.json.objectValue ?? [:]
+        // A sticky option sent as null is cleared on every instance.
+        for key in ["deep_link", "stale_date", "relevance_score", "priority"] where body.object[key]?.isNull == true {
+            options[key] = .null
+        }
+        if let full {
+            // A whole new state is checked now against the activity type (a patch is checked per instance at run
+            // time, against each one's own state).
+            let rows = try await store.activityType(tenant: tenant, campaignID: campaignID)
+            guard let type = rows else { throw NotFound("campaign") }
+            _ = try LifecycleRoutes.checkedState(full, type: type)
+        }
+        let content: ContentChange = full.map { .replace($0) } ?? patch.map { .patch($0) } ?? .none
+        let idempotency = try LifecycleRoutes.idempotencyKey(request).map {
+            (key: $0, hash: LifecycleRoutes.requestHash(request))
+        }
+        let outcome: CampaignStore.ScheduleOutcome
+        do {
+            outcome = try await store.schedule(
+                tenant: tenant, campaignID: campaignID,
+                CampaignChange(operation: operation, content: content, options: options), at: at,
+                response: { id, due in Self.scheduled(campaignID, operation, id, due, later: at != nil) },
+                idempotency: idempotency)
+        } catch CampaignScheduleRefusal.closed(let state) {
+            throw Problems.conflict(
+                field: "campaign_id", reason: "is \(state.rawValue): it takes no more campaign-wide changes")
+        }
+        switch outcome {
+        case .scheduled(let id, let due):
+            return .json(Self.scheduled(campaignID, operation, id, due, later: at != nil), status: 202)
+        case .replay(let stored):
+            return try LifecycleRoutes.replay(stored, hash: idempotency?.hash ?? [])
+        }
+    }
+
+    static func scheduled(
+        _ campaignID: String, _ operation: CampaignChange.Operation, _ id: UUID, _ due: Date, later: Bool
+    ) -> JSONValue {
+        .object([
+            "campaign_id": .string(campaignID), "change_id": .string(ULID(uuid: id).description),
+            "operation": .string(operation.rawValue), "due_at": .from(due),
+            "state": .string(later ? "scheduled" : "pending"),
+        ])
+    }
+
+    func cancel(_ request: HTTPRequest) async throws -> HTTPResponse {
+        let principal = try await authenticator.require(request, kinds: [.app])
+        let campaignID = try Self.pathID(request)
+        _ = try LifecycleRoutes.idempotencyKey(request)
+        let (campaign, schedules) = try await store.cancel(tenant: principal.tenantID, campaignID: campaignID)
+        return .json(
+            .object([
+                "campaign_id": .string(campaignID), "campaign_cancelled": .bool(campaign),
+                "schedules_cancelled": .int(Int64(schedules)),
+            ]))
+    }
+
+    // MARK: Reads
+
+    func get(_ request: HTTPRequest) async throws -> HTTPResponse {
+        let principal = try await authenticator.require(request, kinds: [.app])
+        let detail = try await store.get(tenant: principal.tenantID, id: try Self.pathID(request))
+        var body = Self.render(detail.campaign).objectValue ?? [:]
+        body["instances"] = .object(detail.instances.mapValues { .int(Int64($0)) })
+        body["skipped"] = .object(detail.skipped.mapValues { .int(Int64($0)) })
+        body["funnel"] = .array(
+            detail.funnel.map { row in
+                .object([
+                    "platform": .string(row.platform.rawValue), "operation": .string(row.operation),
+                    "targeted": .int(Int64(row.targeted)), "queued": .int(Int64(row.queued)),
+                    "sent": .int(Int64(row.sent)), "failed": .int(Int64(row.failed)),
+                    "undeliverable": .int(Int64(row.undeliverable)), "superseded": .int(Int64(row.superseded)),
+                    "delivered": .int(Int64(row.delivered)), "opened": .int(Int64(row.opened)),
+                ])
+            })
+        body["schedules"] = .array(
+            detail.schedules.map { s in
+                .object([
+                    "change_id": .string(ULID(uuid: s.id).description), "operation": .string(s.operation),
+                    "due_at": .from(s.dueAt), "state": .string(s.state), "result": s.result ?? .null,
+                    "created_at": .from(s.createdAt), "executed_at": .from(s.executedAt),
+                ])
+            })
+        return .json(.object(body))
+    }
+
+    func list(_ request: HTTPRequest) async throws -> HTTPResponse {
+        let principal = try await authenticator.require(request, kinds: [.app])
+        let limit = try LifecycleRoutes.limit(request)
+        var after: (Date, String)?
+        if let cursor = request.query["cursor"] {
+            let parts = cursor.split(separator: "|", maxSplits: 1).map(String.init)
+            guard parts.count == 2, let millis = Int64(parts[0]),
+                (try? Self.campaignID(parts[1], field: "cursor")) != nil
+            else { throw ValidationError(field: "cursor", reason: "is not a cursor from a previous page") }
+            after = (Date(timeIntervalSince1970: Double(millis) / 1_000_000), parts[1])
+        }
+        let page = try await store.list(tenant: principal.tenantID, after: after, limit: limit + 1)
+        let items = page.prefix(limit)
+        var next = JSONValue.null
+        if page.count > limit, let last = items.last {
+            next = .string("\(Int64((last.createdAt.timeIntervalSince1970 * 1_000_000).rounded()))|\(last.id)")
+        }
+        return .json(.object(["data": .array(items.map(Self.render)), "next_cursor": next]))
+    }
+
+    func people(_ request: HTTPRequest) async throws -> HTTPResponse {
+        let principal = try await authenticator.require(request, kinds: [.app])
+        let limit = try LifecycleRoutes.limit(request)
+        let after = try request.query["cursor"].map { text throws(ValidationError) in
+            try Identifiers.personID(text, field: "cursor")
+        }
+        guard
+            let page = try await store.members(
+                tenant: principal.tenantID, campaignID: try Self.pathID(request), after: after, limit: limit + 1)
+        else { throw NotFound("campaign") }
+        let items = page.prefix(limit)
+        let next: JSONValue = page.count > limit ? items.last.map { .string($0.personID) } ?? .null : .null
+        return .json(
+            .object([
+                "data": .array(
+                    items.map { m in
+                        .object([
+                            "person_id": .string(m.personID), "instance_id": .string(m.instanceID),
+                            "skipped_reason": .from(m.skippedReason),
+                        ])
+                    }), "next_cursor": next,
+            ]))
+    }
+
+    static func render(_ c: CampaignRecord) -> JSONValue {
+        .object([
+            "campaign_id": .string(c.id), "name": .string(c.name), "notification_type": .string(c.activityType),
+            "audience": c.audience, "attributes": c.attributes, "content_state": c.contentState,
+            "platform": .from(c.platform?.rawValue), "expiration": .from(c.expiresAt),
+            "rate_limit_per_second": c.rateLimitPerSecond.map { .int(Int64($0)) } ?? .null,
+            "state": .string(c.state.rawValue), "failure_reason": .from(c.failureReason), "start_at": .from(c.startAt),
+            "audience_size": c.audienceSize.map { .int(Int64($0)) } ?? .null, "started_at": .from(c.startedAt),
+            "ended_at": .from(c.endedAt), "cancelled_at": .from(c.cancelledAt), "created_at": .from(c.createdAt),
+            "updated_at": .from(c.updatedAt),
+        ])
+    }
+
+    /// A campaign ID: 1–64 characters of `[A-Za-z0-9._:-]` (so that `<campaign_id>.<person_id>` makes an instance ID).
+    static func campaignID(_ text: String, field: String) throws(ValidationError) -> String {
+        guard text.utf8.count <= 64, (try? Identifiers.instanceID(text, field: field)) != nil else {
+            throw ValidationError(field: field, reason: "must be 1 to 64 characters of A-Z a-z 0-9 . _ : -")
+        }
+        return text
+    }
+
+    /// The `{campaign_id}` path parameter; one that could never have been created is a campaign that does not exist.
+    static func pathID(_ request: HTTPRequest) throws(HTTPProblem) -> String {
+        guard let id = try? campaignID(request.pathParameters["campaign_id"] ?? "", field: "campaign_id") else {
+            throw Problems.notFound("campaign")
+        }
+        return id
+    }
+}

@@ -1,0 +1,378 @@
+import Crypto
+import Foundation
+import MarqueeCore
+import PostgresClient
+
+/// Runs due campaign schedules: starts and campaign-wide changes. Each run happens in the transaction that marks its
+/// schedule done, on a row claimed with `FOR UPDATE SKIP LOCKED`: whatever the number of workers, a schedule runs
+/// exactly once, and a worker that dies mid-run leaves it to another (its work rolls back with it).
+public struct CampaignRunner: Sendable {
+    let database: TenantDatabase
+    let notifyChannel: String
+    /// The lifetime of an instance whose campaign named no expiration.
+    let lifetime: TimeInterval
+
+    public init(
+        database: TenantDatabase, notifyChannel: String = "marquee_deliveries",
+        lifetime: TimeInterval = Lifetime.maximum
+    ) {
+        self.database = database
+        self.notifyChannel = notifyChannel
+        self.lifetime = lifetime
+    }
+
+    /// A run's failure that is the campaign's, not the database's: recorded on the schedule, never retried.
+    struct Refusal: Error {
+        var reason: String
+        var detail: String
+    }
+
+    /// Runs the oldest due schedule, if any; nil when none is due (or all due ones are being run by others).
+    public func runDue() async throws -> CampaignRun? {
+        let lifetime = self.lifetime
+        let channel = notifyChannel
+        return try await database.pool.transaction { c in
+            try c.enterSystem()
+            let due = try c.query(
+                """
+                SELECT tenant_id, campaign_id, id, operation, change FROM campaign_schedules
+                WHERE state = 'pending' AND due_at <= now()
+                ORDER BY due_at, id LIMIT 1 FOR UPDATE SKIP LOCKED
+                """)
+            guard let row = due.first else { return nil }
+            let tenant = try row.decode(UUID.self, "tenant_id")
+            let campaignID = try row.decode(String.self, "campaign_id")
+            let scheduleID = try row.decode(UUID.self, "id")
+            let operation = try row.decode(String.self, "operation")
+            let change = try row.decode(JSONValue.self, "change")
+            try c.enterTenant(tenant)
+            try c.execute("SAVEPOINT campaign_run")
+            var state = "done"
+            var result: JSONValue
+            do {
+                result =
+                    switch operation {
+                    case "start":
+                        try Self.start(c, tenant, campaignID, change, lifetime: lifetime)
+                    case "update":
+                        try Self.change(c, tenant, campaignID, CampaignChange(operation: .update, json: change))
+                    default:
+                        try Self.change(c, tenant, campaignID, CampaignChange(operation: .end, json: change))
+                    }
+            } catch let refusal as Refusal {
+                try c.execute("ROLLBACK TO SAVEPOINT campaign_run")
+                state = "failed"
+                result = .object(["reason": .string(refusal.reason), "detail": .string(refusal.detail)])
+                if operation == "start" {
+                    try c.execute(
+                        """
+                        UPDATE campaigns SET state = 'failed', failure_reason = \(refusal.reason)
+                        WHERE tenant_id = \(tenant) AND id = \(campaignID) AND state = 'scheduled'
+                        """)
+                }
+            }
+            try c.execute(
+                """
+                UPDATE campaign_schedules SET state = \(state), result = \(result), executed_at = now()
+                WHERE tenant_id = \(tenant) AND id = \(scheduleID)
+                """)
+            try c.query("SELECT pg_notify(\(channel), '')")
+            return CampaignRun(
+                tenantID: tenant, campaignID: campaignID, scheduleID: scheduleID, operation: operation, state: state,
+                result: result)
+        }
+    }
+
+    // MARK: Start
+
+    /// Resolves the audience into `campaign_members`, then writes one instance per member with its start deliveries
+    /// (push-to-start tokens of their iPhones, FCM tokens of their Android devices) in one statement.
+    static func start(
+        _ c: PostgresConnection, _ tenant: UUID, _ campaignID: String, _ plan: JSONValue, lifetime: TimeInterval
+    ) throws -> JSONValue {
+        let rows = try c.query(
+            """
+            SELECT \(unsafeRaw: CampaignStore.columns), c.state AS stored_state FROM campaigns c
+            WHERE c.tenant_id = \(tenant) AND c.id = \(campaignID) FOR UPDATE
+            """)
+        guard let row = rows.first else { throw Refusal(reason: "campaign_gone", detail: "the campaign was deleted") }
+        guard try row.decode(String.self, "stored_state") == "scheduled" else {
+            throw Refusal(reason: "not_scheduled", detail: "the campaign is no longer waiting to start")
+        }
+        let activityType = try row.decode(String.self, "activity_type")
+        let platform = try row.decode(String?.self, "platform")
+        let expiresAt =
+            try row.decode(Date?.self, "expires_at") ?? Lifetime.defaultExpiration(now: Date(), maximum: lifetime)
+        guard expiresAt > Date() else {
+            throw Refusal(reason: "expired", detail: "the campaign's expiration passed before it could start")
+        }
+        guard let audience = CampaignAudience(json: try row.decode(JSONValue.self, "audience")) else {
+            throw Refusal(reason: "bad_audience", detail: "the stored audience is not one Marquee knows")
+        }
+
+        // 1. The audience, resolved now and kept.
+        var q = SegmentSQL.Builder()
+        let t = q.parameter(tenant)
+        let cid = q.parameter(campaignID)
+        q.append(
+            """
+            INSERT INTO campaign_members (tenant_id, campaign_id, person_id, instance_id)
+            SELECT p.tenant_id, \(cid)::text, p.id,
+                   CASE WHEN p.id ~ '^[A-Za-z0-9._:-]+$' AND length(p.id) <= 127 - length(\(cid)::text)
+                        THEN \(cid)::text || '.' || p.id ELSE \(cid)::text || '.' || md5(p.id) END
+            FROM people p WHERE p.tenant_id = \(t)::uuid
+            """)
+        switch audience {
+        case .all:
+            break
+        case .people(let ids):
+            q.append(" AND p.id = ANY(")
+            q.append(bind: ids)
+            q.append("::text[])")
+        case .segment(let segmentID):
+            let found = try c.query(
+                "SELECT filter FROM segments WHERE tenant_id = \(tenant) AND id = \(segmentID)")
+            guard let filterJSON = try found.first?.decode(JSONValue.self, "filter"),
+                let filter = try? SegmentFilter(filterJSON)
+            else {
+                throw Refusal(
+                    reason: "segment_gone", detail: "segment \(segmentID) was deleted before the campaign started")
+            }
+            q.append(" AND ")
+            SegmentSQL.condition(filter, into: &q)
+        }
+        try c.execute(q.query)
+
+        // 2. Instances and deliveries for every member, in one statement.
+        let fills = plan["fills"] ?? .array([])
+        let sample = plan["sample"] ?? .object([:])
+        let headroom = plan["headroom"]?.intValue.map(Int.init) ?? 0
+        let contentState = try row.decode(JSONValue.self, "content_state")
+        let options = try row.decode(JSONValue.self, "options")
+        let template = try row.decode(JSONValue.self, "attributes")
+        let rate = try row.decode(Int?.self, "rate_limit_per_second")
+        let timestamp = Int64(Date().timeIntervalSince1970.rounded(.down))
+        let written = try c.query(
+            """
+            WITH m AS (
+                SELECT m.person_id, m.instance_id, p.email,
+                       marquee_fill_person(\(template)::jsonb, \(fills)::jsonb, p.attributes) AS attrs
+                FROM campaign_members m JOIN people p ON p.tenant_id = m.tenant_id AND p.id = m.person_id
+                WHERE m.tenant_id = \(tenant) AND m.campaign_id = \(campaignID)
+            ), ok AS (
+                SELECT * FROM m
+                WHERE attrs IS NOT NULL
+                  AND octet_length(attrs::text) - octet_length(\(sample)::jsonb::text) <= \(headroom)
+            ), t AS MATERIALIZED (
+                SELECT ok.instance_id, d.token AS device_token, d.platform, s.token AS pts
+                FROM ok JOIN devices d ON d.tenant_id = \(tenant) AND d.person_id = ok.person_id
+                LEFT JOIN push_to_start_tokens s
+                  ON s.tenant_id = d.tenant_id AND s.device_token = d.token AND s.activity_type = \(activityType)
+                 AND s.status = 'active'
+                WHERE (\(platform)::text IS NULL OR d.platform = \(platform)::text)
+                  AND (d.platform = 'android' OR s.token IS NOT NULL)
+            ), ins AS (
+                INSERT INTO instances (tenant_id, id, activity_type, person_id, person_email, state, failure_reason,
+                                       attributes, content_state, options, version, content_timestamp,
+                                       target_platform, expires_at, campaign_id)
+                SELECT \(tenant), ok.instance_id, \(activityType), ok.person_id, ok.email,
+                       CASE WHEN EXISTS (SELECT 1 FROM t WHERE t.instance_id = ok.instance_id)
+                            THEN 'pending' ELSE 'failed' END,
+                       CASE WHEN EXISTS (SELECT 1 FROM t WHERE t.instance_id = ok.instance_id)
+                            THEN NULL ELSE 'no_push_to_start_token' END,
+                       ok.attrs, \(contentState), \(options), 1, \(timestamp), \(platform), \(expiresAt),
+                       \(campaignID)
+                FROM ok
+                ON CONFLICT (tenant_id, id) DO NOTHING
+                RETURNING id, attributes
+            ), dels AS (
+                INSERT INTO deliveries (tenant_id, id, instance_id, device_token, provider, token_kind, token,
+                                        operation, instance_version, attributes, content_state, options,
+                                        content_timestamp, next_attempt_at)
+                SELECT \(tenant), marquee_new_ulid(), t.instance_id, t.device_token,
+                       CASE t.platform WHEN 'ios' THEN 'apns' ELSE 'fcm' END,
+                       CASE t.platform WHEN 'ios' THEN 'push_to_start' ELSE 'fcm' END,
+                       CASE t.platform WHEN 'ios' THEN t.pts ELSE t.device_token END,
+                       'start', 1, ins.attributes, \(contentState), \(options), \(timestamp),
+                       \(unsafeRaw: Self.paced(rate, order: "t.instance_id, t.device_token"))
+                FROM t JOIN ins ON ins.id = t.instance_id
+                RETURNING provider
+            ), devs AS (
+                INSERT INTO instance_devices (tenant_id, instance_id, device_token, state, state_at)
+                SELECT \(tenant), t.instance_id, t.device_token, 'started', '-infinity'
+                FROM t JOIN ins ON ins.id = t.instance_id WHERE t.platform = 'android'
+                ON CONFLICT DO NOTHING
+                RETURNING 1
+            ), skip AS (
+                UPDATE campaign_members cm
+                SET skipped_reason = CASE WHEN m.attrs IS NULL THEN 'missing_attribute'
+                                          WHEN NOT EXISTS (SELECT 1 FROM ok WHERE ok.person_id = m.person_id)
+                                              THEN 'payload_too_large'
+                                          ELSE 'instance_id_taken' END
+                FROM m
+                WHERE cm.tenant_id = \(tenant) AND cm.campaign_id = \(campaignID) AND cm.person_id = m.person_id
+                  AND NOT EXISTS (SELECT 1 FROM ins WHERE ins.id = m.instance_id)
+                RETURNING cm.skipped_reason
+            )
+            SELECT (SELECT count(*) FROM m)::int AS audience, (SELECT count(*) FROM ins)::int AS instances,
+                   (SELECT count(*) FROM dels WHERE provider = 'apns')::int AS apns,
+                   (SELECT count(*) FROM dels WHERE provider = 'fcm')::int AS fcm,
+                   (SELECT COALESCE(jsonb_object_agg(reason, n), '{}') FROM (
+                       SELECT skipped_reason AS reason, count(*) AS n FROM skip GROUP BY 1) s) AS skipped
+            """)[0]
+        let audienceSize = try written.decode(Int.self, "audience")
+        try c.execute(
+            """
+            UPDATE campaigns SET state = 'active', started_at = now(), audience_size = \(audienceSize)
+            WHERE tenant_id = \(tenant) AND id = \(campaignID)
+            """)
+        return .object([
+            "audience": .int(Int64(audienceSize)), "instances": .int(Int64(try written.decode(Int.self, "instances"))),
+            "deliveries": .object([
+                "apns": .int(Int64(try written.decode(Int.self, "apns"))),
+                "fcm": .int(Int64(try written.decode(Int.self, "fcm"))),
+            ]),
+            "skipped": try written.decode(JSONValue.self, "skipped"),
+        ])
+    }
+
+    /// `next_attempt_at` for a campaign's rows: now, or spread at `rate` a second in `order` (the tenant's own send
+    /// limit applies on top, at the claim).
+    static func paced(_ rate: Int?, order: String) -> String {
+        guard let rate else { return "now()" }
+        return "now() + make_interval(secs => (row_number() OVER (ORDER BY \(order)) - 1) / \(rate)::float8)"
+    }
+
+    // MARK: Campaign-wide update and end
+
+    /// Applies `change` to every open instance of the campaign: one new content state per distinct current one
+    /// (computed and checked here, by the same rules as a single update), then one statement writes the instances,
+    /// supersedes their older queued pushes and queues one push per active target.
+    static func change(_ c: PostgresConnection, _ tenant: UUID, _ campaignID: String, _ change: CampaignChange) throws
+        -> JSONValue
+    {
+        let rows = try c.query(
+            """
+            SELECT c.state, c.rate_limit_per_second, \(unsafeRaw: Self.typeColumns)
+            FROM campaigns c JOIN activity_types a ON a.tenant_id = c.tenant_id AND a.identifier = c.activity_type
+            WHERE c.tenant_id = \(tenant) AND c.id = \(campaignID) FOR UPDATE OF c
+            """)
+        guard let row = rows.first else {
+            throw Refusal(reason: "campaign_gone", detail: "the campaign or its activity type was deleted")
+        }
+        guard try row.decode(String.self, "state") == "active" else {
+            throw Refusal(reason: "not_started", detail: "the campaign did not start (cancelled or failed)")
+        }
+        let type = try RegistryStore.activityType(row)
+        let rate = try row.decode(Int?.self, "rate_limit_per_second")
+        // The open instances, locked: a single update racing this one waits, then finds a new version and retries.
+        try c.query(
+            """
+            SELECT count(*) FROM (
+                SELECT 1 FROM instances i
+                WHERE i.tenant_id = \(tenant) AND i.campaign_id = \(campaignID) AND i.state IN ('pending', 'active')
+                  AND i.expires_at > now()
+                FOR UPDATE) x
+            """)
+        let states = try c.query(
+            """
+            SELECT DISTINCT i.content_state FROM instances i
+            WHERE i.tenant_id = \(tenant) AND i.campaign_id = \(campaignID) AND i.state IN ('pending', 'active')
+              AND i.expires_at > now()
+            """)
+
+        var mapping: [JSONValue] = []
+        var rejected: [String: Int] = [:]
+        var suppressed = 0
+        let hasAlert = change.options["alert"].map { $0 != .null } ?? false
+        for state in states {
+            let current = try state.decode(JSONValue.self, "content_state")
+            do {
+                let next = try change.content.apply(
+                    to: current, schema: type.contentStateSchema, dateFields: type.dateFields,
+                    profile: type.payloadProfile)
+                // An update that changes nothing a device shows is suppressed, as a single one would be.
+                if change.operation == .update && next == current && !hasAlert
+                    && change.options.keys.allSatisfy({ $0 == "alert" })
+                {
+                    suppressed += 1
+                    continue
+                }
+                mapping.append(.object(["old": current, "new": next]))
+            } catch {
+                rejected[error.field, default: 0] += 1
+            }
+        }
+        let isEnd = change.operation == .end
+        let timestamp = Int64(Date().timeIntervalSince1970.rounded(.down))
+        let written = try c.query(
+            """
+            WITH map AS (
+                SELECT e -> 'old' AS old, e -> 'new' AS new FROM jsonb_array_elements(\(JSONValue.array(mapping))) e
+            ), upd AS (
+                UPDATE instances i SET
+                    content_state = map.new,
+                    options = jsonb_strip_nulls((i.options - 'alert' - 'dismissal_date') || \(JSONValue.object(change.options))),
+                    version = i.version + 1,
+                    content_timestamp = GREATEST(\(timestamp)::bigint, i.content_timestamp + 1),
+                    state = CASE WHEN \(isEnd) THEN 'ended' ELSE i.state END,
+                    ended_at = CASE WHEN \(isEnd) THEN now() ELSE i.ended_at END,
+                    pending_end = \(isEnd) AND marquee_end_waits_for_token(i.tenant_id, i.id),
+                    updated_at = now()
+                FROM map
+                WHERE i.tenant_id = \(tenant) AND i.campaign_id = \(campaignID) AND i.state IN ('pending', 'active')
+                  AND i.expires_at > now() AND i.content_state = map.old
+                RETURNING i.id, i.attributes, i.content_state, i.options, i.version, i.content_timestamp
+            ), tg AS MATERIALIZED (
+                SELECT u.*, x.device_token, x.platform, x.token
+                FROM upd u CROSS JOIN LATERAL marquee_instance_targets(\(tenant), u.id) x
+            ), sup AS (
+                -- An end cancels every unsent push of the instance; an update supersedes older ones to its tokens.
+                -- Rows a worker holds are left to finish.
+                UPDATE deliveries d SET status = 'superseded', updated_at = now()
+                FROM upd u
+                WHERE d.tenant_id = \(tenant) AND d.instance_id = u.id AND d.status IN ('queued', 'parked')
+                  AND (d.locked_until IS NULL OR d.locked_until < now())
+                  AND (\(isEnd) OR (d.operation <> 'start'
+                                    AND d.token IN (SELECT tg.token FROM tg WHERE tg.id = u.id)))
+                RETURNING 1
+            ), dels AS (
+                INSERT INTO deliveries (tenant_id, id, instance_id, device_token, provider, token_kind, token,
+                                        operation, instance_version, attributes, content_state, options,
+                                        content_timestamp, next_attempt_at)
+                SELECT \(tenant), marquee_new_ulid(), tg.id, tg.device_token,
+                       CASE tg.platform WHEN 'ios' THEN 'apns' ELSE 'fcm' END,
+                       CASE tg.platform WHEN 'ios' THEN 'activity' ELSE 'fcm' END,
+                       tg.token, \(change.operation.rawValue), tg.version, tg.attributes, tg.content_state, tg.options,
+                       tg.content_timestamp, \(unsafeRaw: Self.paced(rate, order: "tg.id, tg.device_token"))
+                FROM tg
+                RETURNING provider
+            )
+            SELECT (SELECT count(*) FROM upd)::int AS instances,
+                   (SELECT count(*) FROM dels WHERE provider = 'apns')::int AS apns,
+                   (SELECT count(*) FROM dels WHERE provider = 'fcm')::int AS fcm,
+                   (SELECT count(*) FROM sup)::int AS superseded
+            """)[0]
+        if isEnd {
+            try c.execute(
+                "UPDATE campaigns SET ended_at = now() WHERE tenant_id = \(tenant) AND id = \(campaignID)")
+        }
+        var result: [String: JSONValue] = [
+            "instances": .int(Int64(try written.decode(Int.self, "instances"))),
+            "deliveries": .object([
+                "apns": .int(Int64(try written.decode(Int.self, "apns"))),
+                "fcm": .int(Int64(try written.decode(Int.self, "fcm"))),
+            ]),
+            "superseded": .int(Int64(try written.decode(Int.self, "superseded"))),
+        ]
+        if suppressed > 0 { result["suppressed_states"] = .int(Int64(suppressed)) }
+        if !rejected.isEmpty { result["rejected_states"] = .object(rejected.mapValues { .int(Int64($0)) }) }
+        return .object(result)
+    }
+}
+
+extension CampaignRunner {
+    /// The activity type's columns from `activity_types a`, beside the campaign's.
+    static let typeColumns = RegistryStore.typeColumns.split(separator: ",")
+        .map { "a." + $0.trimmingCharacters(in: .whitespaces) }.joined(separator: ", ")
+}

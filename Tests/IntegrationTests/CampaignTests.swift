@@ -1,0 +1,429 @@
+import Crypto
+import Foundation
+import MarqueeCore
+import MarqueeSimulators
+import Testing
+
+/// Campaigns end to end: audiences resolved at start, `$person` attributes, campaign-wide update and end, schedules
+/// run exactly once by three workers (one of them restarted in between), cancel, and the funnel against the
+/// simulators' records.
+@Suite("Campaigns", .serialized)
+struct CampaignTests {
+    struct Tenant {
+        var fixture: FCMDeliveryFixture.Running
+        var tenant: TestTenant
+        var type: String
+        var api: API { fixture.api }
+
+        /// Imports people (NDJSON lines) through the API.
+        func importPeople(_ lines: [[String: Any]]) async throws {
+            let body = try lines.map {
+                String(decoding: try JSONSerialization.data(withJSONObject: $0), as: UTF8.self)
+            }.joined(separator: "\n")
+            let r = try await api.call(
+                "POST", "/v1/people/import", key: tenant.app, body: Data(body.utf8),
+                contentType: "application/x-ndjson")
+            guard r.status == 200, try r.json().array("rejected").isEmpty else {
+                throw TestFailure("import: \(r.status) \(r.text)")
+            }
+        }
+
+        func create(_ body: [String: Any], headers: [String: String] = [:]) async throws -> HTTP.Response {
+            var full: [String: Any] = [
+                "name": "Match tracker", "notification_type": type,
+                "attributes": ["match": "A-B", "team": ["$person": "/team"]],
+                "content_state": ["home": 0, "away": 0],
+                "push_payload": ["alert": ["title": "Kick-off", "body": "A v B"]],
+            ]
+            full.merge(body) { _, new in new }
+            return try await api.call("POST", "/v1/campaigns", key: tenant.app, json: full, headers: headers)
+        }
+
+        func campaign(_ id: String) async throws -> [String: Any] {
+            let r = try await api.call("GET", "/v1/campaigns/\(id)", key: tenant.app)
+            guard r.status == 200 else { throw TestFailure("campaign: \(r.status) \(r.text)") }
+            return try r.json()
+        }
+
+        /// Waits until every schedule of the campaign ran and no delivery of it is queued; returns the campaign.
+        func settled(_ id: String, schedules: Int, timeout: Duration = .seconds(60)) async throws -> [String: Any] {
+            let clock = ContinuousClock()
+            let deadline = clock.now + timeout
+            var last: [String: Any] = [:]
+            while clock.now < deadline {
+                last = try await campaign(id)
+                let ran = last.array("schedules").filter { $0.string("state") != "pending" }
+                let queued = last.array("funnel").reduce(0) { $0 + ($1["queued"] as? Int ?? 0) }
+                if ran.count == schedules && last.array("schedules").count == schedules && queued == 0 {
+                    return last
+                }
+                try await Task.sleep(for: .milliseconds(100))
+            }
+            throw TestFailure("campaign \(id) did not settle: \(last)")
+        }
+
+        func funnel(_ campaign: [String: Any], _ platform: String, _ operation: String) -> [String: Any] {
+            campaign.array("funnel").first {
+                $0.string("platform") == platform && $0.string("operation") == operation
+            } ?? [:]
+        }
+    }
+
+    static func tenant() async throws -> Tenant {
+        let fixture = try await FCMDeliveryFixture.campaigns.running()
+        let api = fixture.api
+        let tenant = try await api.createTenant()
+        let apns = try await api.call("PUT", "/v1/credentials/apns", key: tenant.app, json: fixture.apnsCredentials)
+        guard apns.status == 200 else { throw TestFailure("APNs credentials: \(apns.text)") }
+        let fcm = try await api.call("PUT", "/v1/credentials/fcm", key: tenant.app, json: fixture.fcmCredentials)
+        guard fcm.status == 200 else { throw TestFailure("FCM credentials: \(fcm.text)") }
+        let type = Fake.activityType()
+        let defined = try await api.call(
+            "PUT", "/v1/activity_types/\(type)", key: tenant.app,
+            json: [
+                "attributes_type": "MatchAttributes",
+                "content_state_schema": [
+                    "type": "object", "required": ["home", "away"],
+                    "properties": ["home": ["type": "integer"], "away": ["type": "integer"]],
+                ],
+            ])
+        guard defined.status == 201 else { throw TestFailure("activity type: \(defined.text)") }
+        return Tenant(fixture: fixture, tenant: tenant, type: type)
+    }
+
+    /// An iOS person line for the import: an iPhone with a push-to-start token for `type`.
+    static func iosPerson(_ id: String, type: String, attributes: [String: Any]) -> ([String: Any], String) {
+        let token = Fake.hex()
+        return (
+            [
+                "id": id, "attributes": attributes,
+                "devices": [["token": Fake.hex(), "platform": "ios", "push_to_start": [type: token]]],
+            ], token
+        )
+    }
+
+    @Test("a segment campaign: $person attributes, only the segment, update and end reach all of it and nothing else")
+    func segmentCampaign() async throws {
+        let t = try await Self.tenant()
+        let workers = try (0..<2).map { _ in try t.fixture.worker() }
+        defer { for w in workers { w.signal(SIGKILL) } }
+        let red1 = Fake.id("red")
+        let red2 = Fake.id("red")
+        let blue = Fake.id("blue")
+        let lonely = Fake.id("red")
+        let (line1, pts1) = Self.iosPerson(red1, type: t.type, attributes: ["team": "Red Lions"])
+        let (line3, pts3) = Self.iosPerson(blue, type: t.type, attributes: ["team": "Blue Sharks"])
+        let android = Fake.fcm()
+        try await t.importPeople([
+            line1, line3,
+            ["id": red2, "attributes": ["team": "Red Lions"], "devices": [["token": android, "platform": "android"]]],
+            // In the segment, without a device: addressed, but nothing to start on.
+            ["id": lonely, "attributes": ["team": "Red Lions"]],
+        ])
+        let segment = Fake.id("reds")
+        let saved = try await t.api.call(
+            "PUT", "/v1/segments/\(segment)", key: t.tenant.app,
+            json: ["name": "Reds", "filter": ["attribute": "/team", "op": "eq", "value": "Red Lions"]])
+        #expect(saved.status == 201, "\(saved.text)")
+
+        let campaignID = Fake.id("cup")
+        let created = try await t.create(["campaign_id": campaignID, "audience": ["segment": segment]])
+        #expect(created.status == 202, "\(created.text)")
+        #expect(try created.json().string("state") == "starting")
+        var campaign = try await t.settled(campaignID, schedules: 1)
+        #expect(campaign.string("state") == "active", "\(campaign)")
+        #expect(campaign["audience_size"] as? Int == 3)
+        #expect((campaign["instances"] as? [String: Any])?["failed"] as? Int == 1, "\(campaign)")
+
+        // The iPhone got a push-to-start with its person's team filled in; the blue fan got nothing.
+        let start = try #require(t.fixture.apns.pushes(token: pts1).first)
+        let aps = try #require(start["payload"]?["aps"])
+        #expect(aps["event"]?.stringValue == "start")
+        #expect(aps["attributes"]?["team"]?.stringValue == "Red Lions")
+        #expect(aps["attributes"]?["match"]?.stringValue == "A-B")
+        #expect(aps["alert"]?["title"]?.stringValue == "Kick-off")
+        #expect(t.fixture.apns.pushes(token: pts3).isEmpty)
+        let fcmStart = try #require(t.fixture.fcm.messages(token: android).first)
+        #expect(fcmStart["message"]?["data"]?["event"]?.stringValue == "start")
+        #expect(t.funnel(campaign, "ios", "start")["sent"] as? Int == 1)
+        #expect(t.funnel(campaign, "android", "start")["sent"] as? Int == 1)
+
+        // Who the campaign addressed is kept, with the instance each got.
+        let people = try await t.api.call("GET", "/v1/campaigns/\(campaignID)/people", key: t.tenant.app)
+        let members = try people.json().array("data")
+        #expect(Set(members.compactMap { $0.string("person_id") }) == [red1, red2, lonely])
+        #expect(members.first { $0.string("person_id") == red1 }?.string("instance_id") == "\(campaignID).\(red1)")
+
+        // The iPhone's activity reports its token; a metric report for the start push counts in the funnel.
+        let device = try #require(
+            (line1["devices"] as? [[String: Any]])?.first?.string("token"))
+        let activityToken = Fake.hex()
+        let put = try await t.api.call(
+            "PUT", "/v1/live_notifications/\(campaignID).\(red1)/tokens/\(device)", key: t.tenant.sdk,
+            json: ["token": activityToken])
+        #expect(put.status == 200, "\(put.text)")
+        let metadata = try #require(aps["content-state"]?["marqueeMetadata"])
+        for metric in ["delivered", "opened"] {
+            let reported = try await t.api.call(
+                "POST", "/v1/deliveries/\(metadata["deliveryId"]?.stringValue ?? "")/metrics", key: t.tenant.sdk,
+                json: ["metric": metric, "delivery_token": metadata["deliveryToken"]?.stringValue ?? ""])
+            #expect(reported.status == 202, "\(reported.text)")
+        }
+        // An instance of the same person outside the campaign is not touched by campaign-wide changes.
+        let outside = Fake.id("solo")
+        let solo = try await t.api.call(
+            "POST", "/v1/live_notifications/start", key: t.tenant.app,
+            json: [
+                "identifiers": ["id": red1], "notification_type": t.type, "instance_id": outside,
+                "attributes": ["match": "C-D"], "content_state": ["home": 5, "away": 5],
+                "push_payload": ["alert": ["title": "C v D", "body": "on"]],
+            ])
+        #expect(solo.status == 200, "\(solo.text)")
+
+        let update = try await t.api.call(
+            "POST", "/v1/campaigns/\(campaignID)/update", key: t.tenant.app,
+            json: ["content_state_patch": ["home": 1]])
+        #expect(update.status == 202, "\(update.text)")
+        campaign = try await t.settled(campaignID, schedules: 2)
+        let updateRun = campaign.array("schedules").first { $0.string("operation") == "update" }
+        #expect(updateRun?.string("state") == "done", "\(campaign)")
+        let updates = t.fixture.apns.pushes(token: activityToken)
+        #expect(updates.count == 1)
+        #expect(updates.first?["payload"]?["aps"]?["content-state"]?["home"]?.intValue == 1)
+        #expect(updates.first?["payload"]?["aps"]?["content-state"]?["away"]?.intValue == 0)
+        // No alert, no frequent updates declared: Apple's budget is protected at priority 5.
+        #expect(updates.first?["priority"]?.intValue == 5)
+        #expect(t.fixture.fcm.messages(token: android).count == 2)
+        let soloState = try await t.api.call("GET", "/v1/live_notifications/\(outside)", key: t.tenant.app)
+        #expect((try soloState.json()["content_state"] as? [String: Any])?["home"] as? Int == 5)
+
+        let end = try await t.api.call(
+            "POST", "/v1/campaigns/\(campaignID)/end", key: t.tenant.app,
+            json: ["content_state_patch": ["away": 2], "dismissal_date": Date().timeIntervalSince1970 + 60])
+        #expect(end.status == 202, "\(end.text)")
+        campaign = try await t.settled(campaignID, schedules: 3)
+        #expect(campaign.string("state") == "ended", "\(campaign)")
+        let ends = t.fixture.apns.pushes(token: activityToken)
+        #expect(ends.count == 2)
+        #expect(ends.last?["payload"]?["aps"]?["event"]?.stringValue == "end")
+        #expect(ends.last?["payload"]?["aps"]?["content-state"]?["home"]?.intValue == 1)
+        #expect(ends.last?["payload"]?["aps"]?["content-state"]?["away"]?.intValue == 2)
+        #expect(t.fixture.fcm.messages(token: android).count == 3)
+        let soloAfter = try await t.api.call("GET", "/v1/live_notifications/\(outside)", key: t.tenant.app)
+        #expect(try soloAfter.json().string("state") != "ended")
+
+        // The funnel against the simulators' records: per platform and operation.
+        #expect(t.funnel(campaign, "ios", "start")["delivered"] as? Int == 1)
+        #expect(t.funnel(campaign, "ios", "start")["opened"] as? Int == 1)
+        #expect(t.funnel(campaign, "ios", "update")["sent"] as? Int == 1)
+        #expect(t.funnel(campaign, "ios", "end")["sent"] as? Int == 1)
+        #expect(t.funnel(campaign, "android", "update")["sent"] as? Int == 1)
+        #expect(t.funnel(campaign, "android", "end")["sent"] as? Int == 1)
+        #expect(t.funnel(campaign, "ios", "start")["targeted"] as? Int == 1)
+
+        // Over: no more campaign-wide changes.
+        let late = try await t.api.call(
+            "POST", "/v1/campaigns/\(campaignID)/update", key: t.tenant.app,
+            json: ["content_state_patch": ["home": 9]])
+        #expect(late.status == 409, "\(late.text)")
+    }
+
+    @Test("people and all audiences; a $person default; a person without the attribute is skipped and counted")
+    func peopleAndAll() async throws {
+        let t = try await Self.tenant()
+        let workers = try (0..<2).map { _ in try t.fixture.worker() }
+        defer { for w in workers { w.signal(SIGKILL) } }
+        let a = Fake.id("p")
+        let b = Fake.id("p")
+        let c = Fake.id("p")
+        let (la, pa) = Self.iosPerson(a, type: t.type, attributes: ["team": "X", "seat": ["row": 7]])
+        let (lb, pb) = Self.iosPerson(b, type: t.type, attributes: [:])
+        let (lc, pc) = Self.iosPerson(c, type: t.type, attributes: ["team": "Z"])
+        try await t.importPeople([la, lb, lc])
+
+        // People: a and b (and an ID nobody has). b has no team: skipped.
+        let listed = Fake.id("listed")
+        let r1 = try await t.create([
+            "campaign_id": listed, "audience": ["people": [a, b, "nobody-\(Fake.hex(6))"]],
+        ])
+        #expect(r1.status == 202, "\(r1.text)")
+        let first = try await t.settled(listed, schedules: 1)
+        #expect(first["audience_size"] as? Int == 2, "\(first)")
+        #expect((first["skipped"] as? [String: Any])?["missing_attribute"] as? Int == 1, "\(first)")
+        #expect(t.fixture.apns.pushes(token: pa).count == 1)
+        #expect(t.fixture.apns.pushes(token: pb).isEmpty)
+        #expect(t.fixture.apns.pushes(token: pc).isEmpty)
+
+        // All, with a default and a nested pointer: everyone gets an instance.
+        let everyone = Fake.id("all")
+        let r2 = try await t.create([
+            "campaign_id": everyone, "audience": ["all": true],
+            "attributes": [
+                "team": ["$person": "/team", "default": "Guests"], "row": ["$person": "/seat/row", "default": 0],
+            ],
+        ])
+        #expect(r2.status == 202, "\(r2.text)")
+        let second = try await t.settled(everyone, schedules: 1)
+        #expect(second["audience_size"] as? Int == 3, "\(second)")
+        #expect((second["skipped"] as? [String: Any])?.isEmpty == true, "\(second)")
+        let teams = [pa, pb, pc].map {
+            t.fixture.apns.pushes(token: $0).last?["payload"]?["aps"]?["attributes"]?["team"]?.stringValue
+        }
+        #expect(teams == ["X", "Guests", "Z"])
+        #expect(t.fixture.apns.pushes(token: pa).last?["payload"]?["aps"]?["attributes"]?["row"]?.intValue == 7)
+        // A campaign instance takes single updates like any other.
+        let single = try await t.api.call(
+            "POST", "/v1/live_notifications/update", key: t.tenant.app,
+            json: ["instance_id": "\(everyone).\(c)", "content_state_patch": ["home": 3]])
+        #expect(single.status == 200, "\(single.text)")
+    }
+
+    @Test("scheduled start, update and end run exactly once with three workers, one restarted in between")
+    func schedulesRunOnce() async throws {
+        let t = try await Self.tenant()
+        var workers = try (0..<3).map { _ in try t.fixture.worker() }
+        defer { for w in workers { w.signal(SIGKILL) } }
+        var tokens: [String] = []
+        var lines: [[String: Any]] = []
+        for _ in 0..<20 {
+            let (line, token) = Self.iosPerson(Fake.id("s"), type: t.type, attributes: ["team": "S"])
+            lines.append(line)
+            tokens.append(token)
+        }
+        try await t.importPeople(lines)
+        let people = lines.compactMap { $0.string("id") }
+        let now = Date().timeIntervalSince1970
+        let id = Fake.id("sched")
+        let created = try await t.create([
+            "campaign_id": id, "audience": ["people": people], "start_at": now + 2, "rate_limit_per_second": 200,
+        ])
+        #expect(created.status == 202, "\(created.text)")
+        #expect(try created.json().string("state") == "scheduled")
+        #expect(try await t.campaign(id).string("state") == "scheduled")
+        // Changes are accepted before the start and run after it, in order.
+        let update = try await t.api.call(
+            "POST", "/v1/campaigns/\(id)/update", key: t.tenant.app,
+            json: ["content_state_patch": ["home": 1], "at": now + 3])
+        #expect(update.status == 202, "\(update.text)")
+        #expect(try update.json().string("state") == "scheduled")
+        let end = try await t.api.call(
+            "POST", "/v1/campaigns/\(id)/end", key: t.tenant.app, json: ["at": now + 4])
+        #expect(end.status == 202, "\(end.text)")
+        // One worker dies and another takes its place before anything is due.
+        workers[0].signal(SIGKILL)
+        workers[0] = try t.fixture.worker()
+
+        let campaign = try await t.settled(id, schedules: 3)
+        #expect(campaign.array("schedules").allSatisfy { $0.string("state") == "done" }, "\(campaign)")
+        #expect(campaign.string("state") == "ended", "\(campaign)")
+        for token in tokens {
+            // The start exactly once; the update and end found no activity token (none registered): none sent.
+            let pushes = t.fixture.apns.pushes(token: token)
+            #expect(pushes.count == 1, "\(pushes.count) pushes to one token")
+        }
+        #expect(t.funnel(campaign, "ios", "start")["sent"] as? Int == 20)
+        let schedules = campaign.array("schedules")
+        let starts = schedules.filter { $0.string("operation") == "start" }
+        #expect(starts.count == 1)
+        #expect((starts.first?["result"] as? [String: Any])?["instances"] as? Int == 20)
+    }
+
+    @Test("cancel: a scheduled campaign never starts; a started one keeps running but loses its pending changes")
+    func cancel() async throws {
+        let t = try await Self.tenant()
+        let (line, token) = Self.iosPerson(Fake.id("c"), type: t.type, attributes: ["team": "C"])
+        try await t.importPeople([line])
+        let id = Fake.id("later")
+        let created = try await t.create([
+            "campaign_id": id, "audience": ["all": true], "start_at": Date().timeIntervalSince1970 + 3600,
+        ])
+        #expect(created.status == 202, "\(created.text)")
+        let cancelled = try await t.api.call("POST", "/v1/campaigns/\(id)/cancel", key: t.tenant.app)
+        #expect(cancelled.status == 200, "\(cancelled.text)")
+        #expect(try cancelled.json()["campaign_cancelled"] as? Bool == true)
+        #expect(try await t.campaign(id).string("state") == "cancelled")
+        let update = try await t.api.call(
+            "POST", "/v1/campaigns/\(id)/update", key: t.tenant.app, json: ["content_state_patch": ["home": 1]])
+        #expect(update.status == 409, "\(update.text)")
+
+        // Started: a pending scheduled end is cancelled, the campaign stays active.
+        let worker = try t.fixture.worker()
+        defer { worker.signal(SIGKILL) }
+        let live = Fake.id("live")
+        #expect(try await t.create(["campaign_id": live, "audience": ["all": true]]).status == 202)
+        _ = try await t.settled(live, schedules: 1)
+        #expect(t.fixture.apns.pushes(token: token).count == 1)
+        let end = try await t.api.call(
+            "POST", "/v1/campaigns/\(live)/end", key: t.tenant.app, json: ["at": Date().timeIntervalSince1970 + 3600])
+        #expect(end.status == 202)
+        let again = try await t.api.call("POST", "/v1/campaigns/\(live)/cancel", key: t.tenant.app)
+        #expect(try again.json()["campaign_cancelled"] as? Bool == false)
+        #expect(try again.json()["schedules_cancelled"] as? Int == 1)
+        let after = try await t.campaign(live)
+        #expect(after.string("state") == "active")
+        #expect(after.array("schedules").map { $0.string("state") ?? "" } == ["done", "cancelled"])
+    }
+
+    @Test("bad requests: 4xx problems naming the field, never a 500; Idempotency-Key replays")
+    func validation() async throws {
+        let t = try await Self.tenant()
+        let past = Date().timeIntervalSince1970 - 60
+        let cases: [([String: Any], Int, String)] = [
+            (["audience": ["all": true], "start_at": past], 422, "start_at"),
+            (["audience": ["all": true, "people": ["a"]]], 422, "audience"),
+            (["audience": ["segment": "nope-\(Fake.hex(4))"]], 422, "audience.segment"),
+            (["audience": ["people": []]], 422, "audience.people"),
+            (["audience": ["people": [1]]], 422, "audience.people[0]"),
+            (["audience": ["all": true], "attributes": ["team": ["$person": "team"]]], 422, "attributes/team/$person"),
+            (["audience": ["all": true], "attributes": ["team": ["$person": "/t", "x": 1]]], 422, "attributes/team"),
+            (["audience": ["all": true], "content_state": ["home": "zero", "away": 0]], 422, "content_state/home"),
+            (["audience": ["all": true], "push_payload": NSNull()], 422, "push_payload.alert"),
+            (["audience": ["all": true], "notification_type": "com.example.unknown"], 422, "notification_type"),
+            (["audience": ["all": true], "campaign_id": String(repeating: "x", count: 65)], 422, "campaign_id"),
+            (["audience": ["all": true], "rate_limit_per_second": 0], 422, "rate_limit_per_second"),
+            (["audience": ["all": true], "extra": 1], 422, "extra"),
+        ]
+        for (body, status, field) in cases {
+            let r = try await t.create(body)
+            #expect(r.status == status, "\(body): \(r.text)")
+            #expect(r.header("Content-Type")?.hasPrefix("application/problem+json") == true)
+            #expect(try r.json().string("field") == field, "\(body): \(r.text)")
+        }
+        let id = Fake.id("idem")
+        let key = ["Idempotency-Key": Fake.hex(16)]
+        let body: [String: Any] = [
+            "campaign_id": id, "audience": ["all": true], "start_at": Date().timeIntervalSince1970.rounded() + 600,
+        ]
+        let first = try await t.create(body, headers: key)
+        #expect(first.status == 202, "\(first.text)")
+        let replay = try await t.create(body, headers: key)
+        #expect(replay.status == 202, "\(replay.text)")
+        #expect(replay.text == first.text)
+        #expect(replay.header("Idempotent-Replayed") == "true")
+        let taken = try await t.create(
+            ["campaign_id": id, "audience": ["all": true], "start_at": Date().timeIntervalSince1970 + 600])
+        #expect(taken.status == 409, "\(taken.text)")
+        let pastChange = try await t.api.call(
+            "POST", "/v1/campaigns/\(id)/update", key: t.tenant.app,
+            json: ["content_state_patch": ["home": 1], "at": past])
+        #expect(pastChange.status == 422)
+        #expect(try pastChange.json().string("field") == "at")
+        let missing = try await t.api.call(
+            "POST", "/v1/campaigns/\(Fake.id("none"))/update", key: t.tenant.app,
+            json: ["content_state_patch": ["home": 1]])
+        #expect(missing.status == 404)
+        let second = try await t.create([
+            "campaign_id": Fake.id("second"), "audience": ["all": true],
+            "start_at": Date().timeIntervalSince1970 + 600,
+        ])
+        #expect(second.status == 202, "\(second.text)")
+        let list = try await t.api.call("GET", "/v1/campaigns?limit=1", key: t.tenant.app)
+        #expect(try list.json().array("data").count == 1)
+        let cursor = try #require(try list.json().string("next_cursor"))
+        let next = try await t.api.call(
+            "GET",
+            "/v1/campaigns?limit=1&cursor=\(cursor.addingPercentEncoding(withAllowedCharacters: .alphanumerics) ?? "")",
+            key: t.tenant.app)
+        #expect(next.status == 200, "\(next.text)")
+    }
+}
