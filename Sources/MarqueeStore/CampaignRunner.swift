@@ -73,7 +73,7 @@ public struct CampaignRunner: Sendable {
             }
             try c.execute(
                 """
-                UPDATE campaign_schedules SET state = \(state), result = \(result), executed_at = now()
+                UPDATE campaign_schedules SET state = \(state), result = \(result), executed_at = clock_timestamp()
                 WHERE tenant_id = \(tenant) AND id = \(scheduleID)
                 """)
             try c.query("SELECT pg_notify(\(channel), '')")
