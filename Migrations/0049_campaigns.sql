@@ -181,3 +181,45 @@ LANGUAGE sql STABLE AS $$
               WHERE a.tenant_id = s.tenant_id AND a.instance_id = s.instance_id
                 AND a.device_token = s.device_token AND a.status = 'active'))
 $$;
+
+-- The change context (migration 0045) also names the instance's campaign, and takes its targets from
+-- marquee_instance_targets: one home for the rule.
+DROP FUNCTION marquee_change_context(uuid, text, text);
+CREATE FUNCTION marquee_change_context(p_tenant uuid, p_instance text, p_key text)
+RETURNS TABLE (
+    id text, activity_type text, person_id text, person_email text, state text, failure_reason text,
+    attributes jsonb, content_state jsonb, options jsonb, version integer, content_timestamp bigint,
+    target_platform text, target_device text, expires_at timestamptz, started_at timestamptz, ended_at timestamptz,
+    updated_at timestamptz,
+    identifier text, attributes_type text, content_state_schema jsonb, date_fields jsonb, payload_profile text,
+    auto_created boolean, type_created_at timestamptz, type_updated_at timestamptz,
+    targets jsonb, idem_status integer, idem_response jsonb, idem_hash bytea,
+    channel_id uuid, channel_status text, apns_channel_id text, channel_storage_policy text, channel_bundle_id text,
+    campaign_id text
+)
+LANGUAGE plpgsql VOLATILE SECURITY INVOKER AS $$
+BEGIN
+    PERFORM marquee_enter_tenant(p_tenant);
+    RETURN QUERY
+    SELECT i.id, i.activity_type, i.person_id, i.person_email, i.state, i.failure_reason, i.attributes,
+           i.content_state, i.options, i.version, i.content_timestamp, i.target_platform, i.target_device,
+           i.expires_at, i.started_at, i.ended_at, i.updated_at,
+           t.identifier, t.attributes_type, t.content_state_schema, t.date_fields, t.payload_profile, t.auto_created,
+           t.created_at, t.updated_at,
+           COALESCE((
+               SELECT jsonb_agg(jsonb_build_object('device_token', x.device_token, 'platform', x.platform,
+                                                   'token', x.token) ORDER BY x.device_token)
+               FROM marquee_instance_targets(p_tenant, p_instance) x), '[]'::jsonb),
+           k.status, k.response, k.request_hash,
+           i.channel_id, ch.status, ch.apns_channel_id, ch.storage_policy, ch.bundle_id,
+           i.campaign_id
+    FROM instances i
+    JOIN activity_types t ON t.tenant_id = i.tenant_id AND t.identifier = i.activity_type
+    LEFT JOIN channels ch ON ch.tenant_id = i.tenant_id AND ch.id = i.channel_id
+    LEFT JOIN idempotency_keys k
+      ON p_key IS NOT NULL AND k.tenant_id = i.tenant_id AND k.key = p_key
+     AND k.created_at > now() - interval '24 hours'
+    WHERE i.tenant_id = p_tenant AND i.id = p_instance;
+END;
+$$;
+GRANT EXECUTE ON FUNCTION marquee_change_context(uuid, text, text) TO marquee_api;

@@ -300,17 +300,17 @@ struct CampaignRoutes: Sendable {
         let limit = try LifecycleRoutes.limit(request)
         var after: (Date, String)?
         if let cursor = request.query["cursor"] {
-            let parts = cursor.split(separator: "|", maxSplits: 1).map(String.init)
-            guard parts.count == 2, let millis = Int64(parts[0]),
-                (try? Self.campaignID(parts[1], field: "cursor")) != nil
-            else { throw ValidationError(field: "cursor", reason: "is not a cursor from a previous page") }
-            after = (Date(timeIntervalSince1970: Double(millis) / 1_000_000), parts[1])
+            guard let bytes = Base64URL.decode(cursor), let text = String(validating: bytes, as: UTF8.self),
+                let bar = text.firstIndex(of: "|"), let micros = Int64(text[..<bar])
+            else { throw ValidationError(field: "cursor", reason: "is not a cursor this API returned") }
+            after = (Date(timeIntervalSince1970: Double(micros) / 1e6), String(text[text.index(after: bar)...]))
         }
         let page = try await store.list(tenant: principal.tenantID, after: after, limit: limit + 1)
         let items = page.prefix(limit)
         var next = JSONValue.null
         if page.count > limit, let last = items.last {
-            next = .string("\(Int64((last.createdAt.timeIntervalSince1970 * 1_000_000).rounded()))|\(last.id)")
+            let micros = Int64((last.createdAt.timeIntervalSince1970 * 1e6).rounded())
+            next = .string(Base64URL.encode(Array("\(micros)|\(last.id)".utf8)))
         }
         return .json(.object(["data": .array(items.map(Self.render)), "next_cursor": next]))
     }

@@ -398,7 +398,8 @@ struct LifecycleRoutes: Sendable {
         }
         let page = try await store.instances(
             tenant: principal.tenantID, person: request.query["person"],
-            activityType: request.query["notification_type"], state: state, after: after, limit: limit + 1)
+            activityType: request.query["notification_type"], campaign: request.query["campaign"], state: state,
+            after: after, limit: limit + 1)
         let items = page.prefix(limit)
         var next: JSONValue = .null
         if page.count > limit, let last = items.last {
@@ -446,6 +447,7 @@ struct LifecycleRoutes: Sendable {
             "started_at": .from(i.startedAt), "ended_at": .from(i.endedAt), "expires_at": .from(i.expiresAt),
             "updated_at": .from(i.updatedAt),
             "channel_id": i.channelID.map { .string(ULID(uuid: $0).description) } ?? .null,
+            "campaign_id": .from(i.campaignID),
         ])
     }
 

@@ -171,18 +171,19 @@ public struct CampaignRunner: Sendable {
                  AND s.status = 'active'
                 WHERE (\(platform)::text IS NULL OR d.platform = \(platform)::text)
                   AND (d.platform = 'android' OR s.token IS NOT NULL)
+            ), targeted AS (
+                -- Joined, never probed per row: a CTE has no index.
+                SELECT DISTINCT instance_id FROM t
             ), ins AS (
                 INSERT INTO instances (tenant_id, id, activity_type, person_id, person_email, state, failure_reason,
                                        attributes, content_state, options, version, content_timestamp,
                                        target_platform, expires_at, campaign_id)
                 SELECT \(tenant), ok.instance_id, \(activityType), ok.person_id, ok.email,
-                       CASE WHEN EXISTS (SELECT 1 FROM t WHERE t.instance_id = ok.instance_id)
-                            THEN 'pending' ELSE 'failed' END,
-                       CASE WHEN EXISTS (SELECT 1 FROM t WHERE t.instance_id = ok.instance_id)
-                            THEN NULL ELSE 'no_push_to_start_token' END,
+                       CASE WHEN g.instance_id IS NULL THEN 'failed' ELSE 'pending' END,
+                       CASE WHEN g.instance_id IS NULL THEN 'no_push_to_start_token' END,
                        ok.attrs, \(contentState), \(options), 1, \(timestamp), \(platform), \(expiresAt),
                        \(campaignID)
-                FROM ok
+                FROM ok LEFT JOIN targeted g ON g.instance_id = ok.instance_id
                 ON CONFLICT (tenant_id, id) DO NOTHING
                 RETURNING id, attributes
             ), dels AS (
@@ -206,12 +207,11 @@ public struct CampaignRunner: Sendable {
             ), skip AS (
                 UPDATE campaign_members cm
                 SET skipped_reason = CASE WHEN m.attrs IS NULL THEN 'missing_attribute'
-                                          WHEN NOT EXISTS (SELECT 1 FROM ok WHERE ok.person_id = m.person_id)
-                                              THEN 'payload_too_large'
+                                          WHEN o.person_id IS NULL THEN 'payload_too_large'
                                           ELSE 'instance_id_taken' END
-                FROM m
+                FROM m LEFT JOIN ok o ON o.person_id = m.person_id LEFT JOIN ins ON ins.id = m.instance_id
                 WHERE cm.tenant_id = \(tenant) AND cm.campaign_id = \(campaignID) AND cm.person_id = m.person_id
-                  AND NOT EXISTS (SELECT 1 FROM ins WHERE ins.id = m.instance_id)
+                  AND ins.id IS NULL
                 RETURNING cm.skipped_reason
             )
             SELECT (SELECT count(*) FROM m)::int AS audience, (SELECT count(*) FROM ins)::int AS instances,
@@ -330,11 +330,12 @@ public struct CampaignRunner: Sendable {
                 -- An end cancels every unsent push of the instance; an update supersedes older ones to its tokens.
                 -- Rows a worker holds are left to finish.
                 UPDATE deliveries d SET status = 'superseded', updated_at = now()
-                FROM upd u
-                WHERE d.tenant_id = \(tenant) AND d.instance_id = u.id AND d.status IN ('queued', 'parked')
+                FROM (SELECT u.id, NULL::text AS token FROM upd u WHERE \(isEnd)
+                      UNION ALL
+                      SELECT tg.id, tg.token FROM tg WHERE NOT \(isEnd)) x
+                WHERE d.tenant_id = \(tenant) AND d.instance_id = x.id AND d.status IN ('queued', 'parked')
                   AND (d.locked_until IS NULL OR d.locked_until < now())
-                  AND (\(isEnd) OR (d.operation <> 'start'
-                                    AND d.token IN (SELECT tg.token FROM tg WHERE tg.id = u.id)))
+                  AND (x.token IS NULL OR (d.operation <> 'start' AND d.token = x.token))
                 RETURNING 1
             ), dels AS (
                 INSERT INTO deliveries (tenant_id, id, instance_id, device_token, provider, token_kind, token,

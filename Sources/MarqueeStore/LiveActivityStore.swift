@@ -35,6 +35,8 @@ public struct InstanceRecord: Sendable, Equatable {
     public var updatedAt: Date
     /// The broadcast channel of a channel-backed instance (nil once the channel is deleted).
     public var channelID: UUID?
+    /// The campaign that started it, if any.
+    public var campaignID: String? = nil
 
     /// The state as clients see it: an open instance past its expiration is `expired` even before a write says so.
     public func effectiveState(now: Date) -> InstanceState {
@@ -611,7 +613,8 @@ public struct LiveActivityStore: Sendable {
 
     /// A page of instances, newest first. `after` is the (started_at, id) of the last item of the previous page.
     public func instances(
-        tenant: UUID, person: String?, activityType: String?, state: InstanceState?, after: (Date, String)?, limit: Int
+        tenant: UUID, person: String?, activityType: String?, campaign: String? = nil, state: InstanceState?,
+        after: (Date, String)?, limit: Int
     ) async throws -> [InstanceRecord] {
         let stateFilter = state?.rawValue
         let rows = try await database.tenantRead(
@@ -622,6 +625,7 @@ public struct LiveActivityStore: Sendable {
                 WHERE tenant_id = \(tenant)
                   AND (\(person)::text IS NULL OR person_id = \(person))
                   AND (\(activityType)::text IS NULL OR activity_type = \(activityType))
+                  AND (\(campaign)::text IS NULL OR campaign_id = \(campaign))
                   AND (\(stateFilter)::text IS NULL
                        OR (\(stateFilter) = 'expired' AND (state = 'expired'
                             OR (state NOT IN ('ended', 'expired') AND expires_at <= now())))
@@ -659,7 +663,7 @@ public struct LiveActivityStore: Sendable {
     static let instanceColumns = """
         id, activity_type, person_id, person_email, state, failure_reason, attributes, content_state, options, \
         version, content_timestamp, target_platform, target_device, expires_at, started_at, ended_at, updated_at, \
-        channel_id
+        channel_id, campaign_id
         """
     static let deliveryColumns = """
         id, instance_id, device_token, provider, token_kind, operation, instance_version, status, attempts, \
@@ -681,7 +685,8 @@ public struct LiveActivityStore: Sendable {
             targetDevice: try row.decode(String?.self, "target_device"),
             expiresAt: try row.decode(Date.self, "expires_at"), startedAt: try row.decode(Date.self, "started_at"),
             endedAt: try row.decode(Date?.self, "ended_at"), updatedAt: try row.decode(Date.self, "updated_at"),
-            channelID: try row.decode(UUID?.self, "channel_id"))
+            channelID: try row.decode(UUID?.self, "channel_id"), campaignID: try row.decode(String?.self, "campaign_id")
+        )
     }
 
     static func delivery(_ row: PostgresRow) throws -> DeliveryRecord {

@@ -153,6 +153,11 @@ struct CampaignTests {
         let members = try people.json().array("data")
         #expect(Set(members.compactMap { $0.string("person_id") }) == [red1, red2, lonely])
         #expect(members.first { $0.string("person_id") == red1 }?.string("instance_id") == "\(campaignID).\(red1)")
+        let listed = try await t.api.call(
+            "GET", "/v1/live_notifications?campaign=\(campaignID)", key: t.tenant.app)
+        #expect(
+            Set(try listed.json().array("data").compactMap { $0.string("instance_id") }).count == 3, "\(listed.text)")
+        #expect(try listed.json().array("data").allSatisfy { $0.string("campaign_id") == campaignID })
 
         // The iPhone's activity reports its token; a metric report for the start push counts in the funnel.
         let device = try #require(
