@@ -19,6 +19,9 @@ CREATE TABLE campaigns (
     platform text CHECK (platform IN ('ios', 'android')),
     expires_at timestamptz,
     rate_limit_per_second integer CHECK (rate_limit_per_second BETWEEN 1 AND 1000000),
+    -- A broadcast channel (issue 13): its instances subscribe to it at start, and each campaign-wide change is one
+    -- broadcast on it beside per-token pushes (activity tokens of iPhones that could not subscribe, Android).
+    channel_id uuid,
     -- Stored states; `ending` and `ended` are derived from the instances when read.
     state text NOT NULL CHECK (state IN ('scheduled', 'active', 'failed', 'cancelled')),
     failure_reason text,
@@ -29,7 +32,8 @@ CREATE TABLE campaigns (
     cancelled_at timestamptz,
     created_at timestamptz NOT NULL DEFAULT now(),
     updated_at timestamptz NOT NULL DEFAULT now(),
-    PRIMARY KEY (tenant_id, id)
+    PRIMARY KEY (tenant_id, id),
+    FOREIGN KEY (tenant_id, channel_id) REFERENCES channels (tenant_id, id) ON DELETE SET NULL (channel_id)
 );
 CREATE INDEX campaigns_recent ON campaigns (tenant_id, created_at DESC, id DESC);
 CREATE TRIGGER touch BEFORE UPDATE ON campaigns FOR EACH ROW EXECUTE FUNCTION marquee_touch_updated_at();
@@ -140,25 +144,25 @@ $$;
 GRANT EXECUTE ON FUNCTION marquee_record_delivery_metric(uuid, text, text, text, timestamptz, uuid)
     TO marquee_api, marquee_system;
 
--- The active targets of an instance: its per-activity tokens (iOS) and the FCM tokens of its Android devices, minus
--- devices that reported the activity ended or dismissed. The one home of the rule for set-based writes (campaigns)
--- and the API's reads (RegistryStore).
-CREATE FUNCTION marquee_instance_targets(p_tenant uuid, p_instance text)
-RETURNS TABLE (device_token text, platform text, token text)
+-- The active targets of instances: their per-activity tokens (iOS) and the FCM tokens of their Android devices,
+-- minus devices that reported the activity ended or dismissed. The one home of the rule, for one instance (the API's
+-- reads and single changes: ARRAY[id]) or a whole campaign's in one scan (campaign-wide changes).
+CREATE FUNCTION marquee_instance_targets(p_tenant uuid, p_instances text[])
+RETURNS TABLE (instance_id text, device_token text, platform text, token text)
 LANGUAGE sql STABLE AS $$
-    SELECT a.device_token, d.platform, a.token
+    SELECT a.instance_id, a.device_token, d.platform, a.token
     FROM activity_tokens a
     JOIN devices d ON d.tenant_id = a.tenant_id AND d.token = a.device_token
-    WHERE a.tenant_id = p_tenant AND a.instance_id = p_instance AND a.status = 'active'
+    WHERE a.tenant_id = p_tenant AND a.instance_id = ANY(p_instances) AND a.status = 'active'
       AND NOT EXISTS (
           SELECT 1 FROM instance_devices s
           WHERE s.tenant_id = a.tenant_id AND s.instance_id = a.instance_id AND s.device_token = a.device_token
             AND s.state IN ('ended', 'dismissed'))
     UNION ALL
-    SELECT s.device_token, d.platform, d.token
+    SELECT s.instance_id, s.device_token, d.platform, d.token
     FROM instance_devices s
     JOIN devices d ON d.tenant_id = s.tenant_id AND d.token = s.device_token
-    WHERE s.tenant_id = p_tenant AND s.instance_id = p_instance AND d.platform = 'android'
+    WHERE s.tenant_id = p_tenant AND s.instance_id = ANY(p_instances) AND d.platform = 'android'
       AND s.state NOT IN ('ended', 'dismissed')
       AND NOT EXISTS (
           SELECT 1 FROM activity_tokens a
@@ -209,7 +213,7 @@ BEGIN
            COALESCE((
                SELECT jsonb_agg(jsonb_build_object('device_token', x.device_token, 'platform', x.platform,
                                                    'token', x.token) ORDER BY x.device_token)
-               FROM marquee_instance_targets(p_tenant, p_instance) x), '[]'::jsonb),
+               FROM marquee_instance_targets(p_tenant, ARRAY[p_instance]) x), '[]'::jsonb),
            k.status, k.response, k.request_hash,
            i.channel_id, ch.status, ch.apns_channel_id, ch.storage_policy, ch.bundle_id,
            i.campaign_id

@@ -14,6 +14,7 @@ struct CampaignRoutes: Sendable {
     let store: CampaignStore
     let registry: RegistryStore
     let segments: SegmentStore
+    let channels: ChannelStore
     let now: @Sendable () -> Date
 
     static let maximumPeople = 10_000
@@ -37,7 +38,7 @@ struct CampaignRoutes: Sendable {
         try body.rejectUnknown([
             "campaign_id", "name", "notification_type", "audience", "attributes", "content_state", "push_payload",
             "expiration", "start_at", "platform", "rate_limit_per_second", "deep_link", "stale_date",
-            "relevance_score", "priority",
+            "relevance_score", "priority", "channel_id",
         ])
         let id =
             try body.string("campaign_id", maxLength: 64).map { text throws(ValidationError) in
@@ -53,6 +54,13 @@ struct CampaignRoutes: Sendable {
         let requestedState = try LifecycleRoutes.nonEmptyObject(body, "content_state")
         let platform = try body.enumValue("platform", Platform.self)
         let rate = try body.integer("rate_limit_per_second", range: 1...1_000_000).map(Int.init)
+        let channelID = try body.string("channel_id", maxLength: 64).map { text throws(ValidationError) in
+            guard let ulid = ULID(string: text) else {
+                throw ValidationError(
+                    field: "channel_id", reason: "is not a channel ID (a ULID from POST /v1/channels)")
+            }
+            return ulid.uuid
+        }
         let now = self.now()
         let startAt = try body.timestamp("start_at")
         if let startAt, startAt < now {
@@ -92,16 +100,36 @@ struct CampaignRoutes: Sendable {
                 throw ValidationError(field: "audience.segment", reason: "is not a segment of this tenant")
             }
         }
+        var channelRecord: ChannelRecord?
+        if let channelID {
+            let channel: ChannelRecord
+            do {
+                channel = try await channels.get(tenant: tenant, id: channelID)
+            } catch is NotFound {
+                throw ValidationError(field: "channel_id", reason: "is not a channel of this tenant")
+            }
+            guard channel.status == "active" else {
+                throw ValidationError(
+                    field: "channel_id", reason: "is gone at Apple (\(channel.statusReason ?? "gone")): create another")
+            }
+            guard channel.activityType == activityType else {
+                throw ValidationError(
+                    field: "channel_id", reason: "belongs to activity type \(channel.activityType), not \(activityType)"
+                )
+            }
+            channelRecord = channel
+        }
         let contentState = try LifecycleRoutes.checkedState(requestedState, type: type)
         // The size check measures the template with each $person node at its default (or ""); what a person's values
         // add beyond that may use the headroom left, and a person who would exceed it is skipped at start.
-        let content = DeliverySnapshot(
+        var content = DeliverySnapshot(
             attributes: template.sample, contentState: contentState, options: options,
             timestamp: Int64(start.timeIntervalSince1970)
         ).content(
             event: .start, instanceID: id + "." + String(repeating: "x", count: 127 - id.utf8.count),
             activityType: activityType, attributesType: type.attributesType, profile: type.payloadProfile,
             dateFields: type.dateFields, now: start)
+        content.inputPushChannel = channelRecord?.apnsChannelID
         let platforms: [Platform] = platform.map { [$0] } ?? [.ios, .android]
         try LifecycleRoutes.checkSize(content, platforms: platforms)
 
@@ -112,7 +140,7 @@ struct CampaignRoutes: Sendable {
                 id: id, name: name, activityType: activityType, audience: audience, template: template,
                 contentState: contentState, options: options.json, platform: platform, expiresAt: expiration,
                 rateLimitPerSecond: rate, startAt: start,
-                headroom: PayloadLimits.headroom(content, platforms: platforms)),
+                headroom: PayloadLimits.headroom(content, platforms: platforms), channelID: channelID),
             response: { state in
                 .object([
                     "campaign_id": .string(id), "state": .string(state.rawValue), "start_at": .from(start),
@@ -278,6 +306,7 @@ struct CampaignRoutes: Sendable {
             detail.funnel.map { row in
                 .object([
                     "platform": .string(row.platform.rawValue), "operation": .string(row.operation),
+                    "via": .string(row.via),
                     "targeted": .int(Int64(row.targeted)), "queued": .int(Int64(row.queued)),
                     "sent": .int(Int64(row.sent)), "failed": .int(Int64(row.failed)),
                     "undeliverable": .int(Int64(row.undeliverable)), "superseded": .int(Int64(row.superseded)),
@@ -345,6 +374,7 @@ struct CampaignRoutes: Sendable {
             "audience": c.audience, "attributes": c.attributes, "content_state": c.contentState,
             "platform": .from(c.platform?.rawValue), "expiration": .from(c.expiresAt),
             "rate_limit_per_second": c.rateLimitPerSecond.map { .int(Int64($0)) } ?? .null,
+            "channel_id": c.channelID.map { .string(ULID(uuid: $0).description) } ?? .null,
             "state": .string(c.state.rawValue), "failure_reason": .from(c.failureReason), "start_at": .from(c.startAt),
             "audience_size": c.audienceSize.map { .int(Int64($0)) } ?? .null, "started_at": .from(c.startedAt),
             "ended_at": .from(c.endedAt), "cancelled_at": .from(c.cancelledAt), "created_at": .from(c.createdAt),

@@ -46,6 +46,10 @@ public struct CampaignRunner: Sendable {
             let operation = try row.decode(String.self, "operation")
             let change = try row.decode(JSONValue.self, "change")
             try c.enterTenant(tenant)
+            // A run writes a whole audience in a few statements over rows this transaction just made (no statistics
+            // yet) and CTEs (no indexes): a nested loop planned on a guess of one row is quadratic at 100,000. Hash
+            // joins are linear whatever the estimate.
+            try c.query("SELECT set_config('enable_nestloop', 'off', true)")
             try c.execute("SAVEPOINT campaign_run")
             var state = "done"
             var result: JSONValue
@@ -92,7 +96,10 @@ public struct CampaignRunner: Sendable {
     ) throws -> JSONValue {
         let rows = try c.query(
             """
-            SELECT \(unsafeRaw: CampaignStore.columns), c.state AS stored_state FROM campaigns c
+            SELECT \(unsafeRaw: CampaignStore.columns), c.state AS stored_state,
+                   (SELECT ch.status = 'active' FROM channels ch
+                    WHERE ch.tenant_id = c.tenant_id AND ch.id = c.channel_id) AS channel_active
+            FROM campaigns c
             WHERE c.tenant_id = \(tenant) AND c.id = \(campaignID) FOR UPDATE
             """)
         guard let row = rows.first else { throw Refusal(reason: "campaign_gone", detail: "the campaign was deleted") }
@@ -101,6 +108,10 @@ public struct CampaignRunner: Sendable {
         }
         let activityType = try row.decode(String.self, "activity_type")
         let platform = try row.decode(String?.self, "platform")
+        // A channel-backed campaign: its instances subscribe at start (and live without push-to-start targets, as
+        // apps may subscribe themselves); a channel gone since the campaign was created is not used.
+        let channel =
+            try row.decode(Bool?.self, "channel_active") == true ? try row.decode(UUID?.self, "channel_id") : nil
         let expiresAt =
             try row.decode(Date?.self, "expires_at") ?? Lifetime.defaultExpiration(now: Date(), maximum: lifetime)
         guard expiresAt > Date() else {
@@ -177,12 +188,13 @@ public struct CampaignRunner: Sendable {
             ), ins AS (
                 INSERT INTO instances (tenant_id, id, activity_type, person_id, person_email, state, failure_reason,
                                        attributes, content_state, options, version, content_timestamp,
-                                       target_platform, expires_at, campaign_id)
+                                       target_platform, expires_at, campaign_id, channel_id)
                 SELECT \(tenant), ok.instance_id, \(activityType), ok.person_id, ok.email,
-                       CASE WHEN g.instance_id IS NULL THEN 'failed' ELSE 'pending' END,
-                       CASE WHEN g.instance_id IS NULL THEN 'no_push_to_start_token' END,
+                       CASE WHEN g.instance_id IS NOT NULL THEN 'pending'
+                            WHEN \(channel)::uuid IS NOT NULL THEN 'active' ELSE 'failed' END,
+                       CASE WHEN g.instance_id IS NULL AND \(channel)::uuid IS NULL THEN 'no_push_to_start_token' END,
                        ok.attrs, \(contentState), \(options), 1, \(timestamp), \(platform), \(expiresAt),
-                       \(campaignID)
+                       \(campaignID), \(channel)
                 FROM ok LEFT JOIN targeted g ON g.instance_id = ok.instance_id
                 ON CONFLICT (tenant_id, id) DO NOTHING
                 RETURNING id, attributes
@@ -253,8 +265,10 @@ public struct CampaignRunner: Sendable {
     {
         let rows = try c.query(
             """
-            SELECT c.state, c.rate_limit_per_second, \(unsafeRaw: Self.typeColumns)
+            SELECT c.state, c.rate_limit_per_second, ch.id AS channel_id, ch.apns_channel_id,
+                   \(unsafeRaw: Self.typeColumns)
             FROM campaigns c JOIN activity_types a ON a.tenant_id = c.tenant_id AND a.identifier = c.activity_type
+            LEFT JOIN channels ch ON ch.tenant_id = c.tenant_id AND ch.id = c.channel_id AND ch.status = 'active'
             WHERE c.tenant_id = \(tenant) AND c.id = \(campaignID) FOR UPDATE OF c
             """)
         guard let row = rows.first else {
@@ -265,6 +279,10 @@ public struct CampaignRunner: Sendable {
         }
         let type = try RegistryStore.activityType(row)
         let rate = try row.decode(Int?.self, "rate_limit_per_second")
+        // A channel-backed campaign: the change is also ONE broadcast on its channel, for every subscribed device.
+        let channelID = try row.decode(UUID?.self, "channel_id")
+        let apnsChannelID = try row.decode(String?.self, "apns_channel_id")
+        let channelDevice = channelID.map { "channel:" + ULID(uuid: $0).description }
         // The open instances, locked: a single update racing this one waits, then finds a new version and retries.
         try c.query(
             """
@@ -324,8 +342,10 @@ public struct CampaignRunner: Sendable {
                   AND i.expires_at > now() AND i.content_state = map.old
                 RETURNING i.id, i.attributes, i.content_state, i.options, i.version, i.content_timestamp
             ), tg AS MATERIALIZED (
+                -- All the campaign's targets in one call (one scan, hash-joined): never a call per instance.
                 SELECT u.*, x.device_token, x.platform, x.token
-                FROM upd u CROSS JOIN LATERAL marquee_instance_targets(\(tenant), u.id) x
+                FROM upd u
+                JOIN marquee_instance_targets(\(tenant), (SELECT array_agg(id) FROM upd)) x ON x.instance_id = u.id
             ), sup AS (
                 -- An end cancels every unsent push of the instance; an update supersedes older ones to its tokens.
                 -- Rows a worker holds are left to finish.
@@ -336,6 +356,26 @@ public struct CampaignRunner: Sendable {
                 WHERE d.tenant_id = \(tenant) AND d.instance_id = x.id AND d.status IN ('queued', 'parked')
                   AND (d.locked_until IS NULL OR d.locked_until < now())
                   AND (x.token IS NULL OR (d.operation <> 'start' AND d.token = x.token))
+                RETURNING 1
+            ), bsup AS (
+                -- The campaign's older queued broadcasts (on whichever instance carried them): latest wins.
+                UPDATE deliveries d SET status = 'superseded', updated_at = now()
+                FROM instances i
+                WHERE \(apnsChannelID)::text IS NOT NULL AND NOT \(isEnd)
+                  AND i.tenant_id = \(tenant) AND i.campaign_id = \(campaignID)
+                  AND d.tenant_id = i.tenant_id AND d.instance_id = i.id AND d.token_kind = 'channel'
+                  AND d.status IN ('queued', 'parked') AND (d.locked_until IS NULL OR d.locked_until < now())
+                RETURNING 1
+            ), bc AS (
+                -- One broadcast, carried by one of the changed instances (its content is the change's).
+                INSERT INTO deliveries (tenant_id, id, instance_id, device_token, provider, token_kind, token,
+                                        operation, instance_version, attributes, content_state, options,
+                                        content_timestamp)
+                SELECT \(tenant), marquee_new_ulid(), u.id, \(channelDevice), 'apns', 'channel', \(apnsChannelID),
+                       \(change.operation.rawValue), u.version, u.attributes, u.content_state, u.options,
+                       u.content_timestamp
+                FROM (SELECT * FROM upd ORDER BY id LIMIT 1) u
+                WHERE \(apnsChannelID)::text IS NOT NULL
                 RETURNING 1
             ), dels AS (
                 INSERT INTO deliveries (tenant_id, id, instance_id, device_token, provider, token_kind, token,
@@ -352,7 +392,8 @@ public struct CampaignRunner: Sendable {
             SELECT (SELECT count(*) FROM upd)::int AS instances,
                    (SELECT count(*) FROM dels WHERE provider = 'apns')::int AS apns,
                    (SELECT count(*) FROM dels WHERE provider = 'fcm')::int AS fcm,
-                   (SELECT count(*) FROM sup)::int AS superseded
+                   (SELECT count(*) FROM sup)::int + (SELECT count(*) FROM bsup)::int AS superseded,
+                   (SELECT count(*) FROM bc)::int AS broadcasts
             """)[0]
         if isEnd {
             try c.execute(
@@ -365,6 +406,7 @@ public struct CampaignRunner: Sendable {
                 "fcm": .int(Int64(try written.decode(Int.self, "fcm"))),
             ]),
             "superseded": .int(Int64(try written.decode(Int.self, "superseded"))),
+            "broadcasts": .int(Int64(try written.decode(Int.self, "broadcasts"))),
         ]
         if suppressed > 0 { result["suppressed_states"] = .int(Int64(suppressed)) }
         if !rejected.isEmpty { result["rejected_states"] = .object(rejected.mapValues { .int(Int64($0)) }) }

@@ -47,12 +47,15 @@ public struct CampaignCreate: Sendable {
     public var startAt: Date
     /// How far a person's filled attributes may outgrow the template's sample before the payload is too large.
     public var headroom: Int
+    /// The broadcast channel the campaign's instances subscribe to.
+    public var channelID: UUID? = nil
 
     public init(
         id: String, name: String, activityType: String, audience: CampaignAudience, template: PersonTemplate,
         contentState: JSONValue, options: JSONValue, platform: Platform?, expiresAt: Date?, rateLimitPerSecond: Int?,
-        startAt: Date, headroom: Int
+        startAt: Date, headroom: Int, channelID: UUID? = nil
     ) {
+        self.channelID = channelID
         self.id = id
         self.name = name
         self.activityType = activityType
@@ -118,6 +121,7 @@ public struct CampaignRecord: Sendable, Equatable {
     public var platform: Platform?
     public var expiresAt: Date?
     public var rateLimitPerSecond: Int?
+    public var channelID: UUID?
     /// As clients see it (ending and ended derived from the instances).
     public var state: CampaignState
     public var failureReason: String?
@@ -141,10 +145,13 @@ public struct CampaignScheduleRecord: Sendable, Equatable {
     public var executedAt: Date?
 }
 
-/// One row of a funnel: a platform and an operation.
+/// One row of a funnel: a platform, an operation, and how the pushes went (per device token, or one broadcast on a
+/// channel for all its subscribers).
 public struct CampaignFunnelRow: Sendable, Equatable {
     public var platform: Platform
     public var operation: String
+    /// `token` or `channel`.
+    public var via: String
     public var targeted: Int
     public var queued: Int
     public var sent: Int
@@ -213,10 +220,10 @@ public struct CampaignStore: Sendable {
             let rows = try connection.query(
                 """
                 INSERT INTO campaigns (tenant_id, id, name, activity_type, audience, attributes, content_state, options,
-                                       platform, expires_at, rate_limit_per_second, state, start_at)
+                                       platform, expires_at, rate_limit_per_second, state, start_at, channel_id)
                 VALUES (\(tenant), \(c.id), \(c.name), \(c.activityType), \(c.audience.json), \(c.template.attributes),
                         \(c.contentState), \(c.options), \(c.platform?.rawValue), \(c.expiresAt),
-                        \(c.rateLimitPerSecond), 'scheduled', \(c.startAt))
+                        \(c.rateLimitPerSecond), 'scheduled', \(c.startAt), \(c.channelID))
                 ON CONFLICT (tenant_id, id) DO NOTHING
                 RETURNING start_at > now() AS later
                 """)
@@ -322,7 +329,7 @@ public struct CampaignStore: Sendable {
     static let columns = """
         c.id, c.name, c.activity_type, c.audience, c.attributes, c.content_state, c.options, c.platform, c.expires_at,
         c.rate_limit_per_second, c.failure_reason, c.start_at, c.audience_size, c.started_at, c.ended_at,
-        c.cancelled_at, c.created_at, c.updated_at
+        c.cancelled_at, c.created_at, c.updated_at, c.channel_id
         """
 
     /// A campaign with its counts, funnel and schedules; `NotFound("campaign")` when none.
@@ -345,16 +352,18 @@ public struct CampaignStore: Sendable {
                 """,
                 """
                 WITH d AS MATERIALIZED (
-                    SELECT d.id, d.provider, d.operation, d.status, d.device_token
+                    SELECT d.id, d.provider, d.operation, d.status, d.device_token,
+                           CASE WHEN d.token_kind = 'channel' THEN 'channel' ELSE 'token' END AS via
                     FROM instances i JOIN deliveries d ON d.tenant_id = i.tenant_id AND d.instance_id = i.id
-                    WHERE i.tenant_id = \(tenant) AND i.campaign_id = \(id) AND d.token_kind <> 'channel'
+                    WHERE i.tenant_id = \(tenant) AND i.campaign_id = \(id)
                 ), m AS (
                     SELECT delivery_uuid, bool_or(metric = 'delivered') AS delivered, bool_or(metric = 'opened') AS opened
                     FROM delivery_metrics
                     WHERE tenant_id = \(tenant) AND delivery_uuid IN (SELECT id FROM d)
                     GROUP BY delivery_uuid
                 )
-                SELECT CASE d.provider WHEN 'apns' THEN 'ios' ELSE 'android' END AS platform, d.operation,
+                SELECT CASE d.provider WHEN 'apns' THEN 'ios' ELSE 'android' END AS platform, d.operation, d.via,
+                       -- A broadcast targets its channel: one.
                        count(DISTINCT d.device_token)::int AS targeted,
                        count(*) FILTER (WHERE d.status IN ('queued', 'parked'))::int AS queued,
                        count(*) FILTER (WHERE d.status = 'sent')::int AS sent,
@@ -365,7 +374,7 @@ public struct CampaignStore: Sendable {
                        count(*) FILTER (WHERE m.delivered OR m.opened)::int AS delivered,
                        count(*) FILTER (WHERE m.opened)::int AS opened
                 FROM d LEFT JOIN m ON m.delivery_uuid = d.id
-                GROUP BY 1, 2 ORDER BY 1, array_position(ARRAY['start', 'update', 'end'], d.operation)
+                GROUP BY 1, 2, 3 ORDER BY 1, array_position(ARRAY['start', 'update', 'end'], d.operation), 3 DESC
                 """,
                 """
                 SELECT id, operation, due_at, state, result, created_at, executed_at FROM campaign_schedules
@@ -380,6 +389,7 @@ public struct CampaignStore: Sendable {
         let funnel = try rows[3].map { r in
             CampaignFunnelRow(
                 platform: try r.decodeRaw(Platform.self, "platform"), operation: try r.decode(String.self, "operation"),
+                via: try r.decode(String.self, "via"),
                 targeted: try r.decode(Int.self, "targeted"), queued: try r.decode(Int.self, "queued"),
                 sent: try r.decode(Int.self, "sent"), failed: try r.decode(Int.self, "failed"),
                 undeliverable: try r.decode(Int.self, "undeliverable"),
@@ -464,6 +474,7 @@ public struct CampaignStore: Sendable {
             },
             expiresAt: try row.decode(Date?.self, "expires_at"),
             rateLimitPerSecond: try row.decode(Int?.self, "rate_limit_per_second"),
+            channelID: try row.decode(UUID?.self, "channel_id"),
             state: try row.decodeRaw(CampaignState.self, "derived_state"),
             failureReason: try row.decode(String?.self, "failure_reason"),
             startAt: try row.decode(Date.self, "start_at"), audienceSize: try row.decode(Int?.self, "audience_size"),

@@ -357,7 +357,10 @@ public struct RegistryStore: Sendable {
     /// from the instance's own rows (its activity tokens and its devices), never from the tenant's whole device table,
     /// so it costs the same with ten devices or ten million.
     static func activityTargetsQuery(tenant: UUID, instanceID: String) -> PostgresQuery {
-        "SELECT device_token, platform, token FROM marquee_instance_targets(\(tenant), \(instanceID)) ORDER BY 1"
+        """
+        SELECT device_token, platform, token FROM marquee_instance_targets(\(tenant), ARRAY[\(instanceID)::text])
+        ORDER BY 1
+        """
     }
 
     static func activityTarget(_ row: PostgresRow) throws -> ActivityTarget {

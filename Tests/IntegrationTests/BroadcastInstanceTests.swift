@@ -196,4 +196,77 @@ struct BroadcastInstanceTests {
         expectProblem(big, 413, "push-too-large")
         #expect(try big.json()["over_by"] != nil, "\(big.text)")
     }
+
+    @Test("a campaign on a channel: its starts subscribe to it; each campaign-wide change is one broadcast for all")
+    func channelCampaign() async throws {
+        let t = try await ChannelTests.tenant()
+        let created = try await t.create("none")
+        let channel = try #require(try created.json().string("channel_id"))
+        let apnsChannel = try #require(try created.json().string("apns_channel_id"))
+        let fans = (0..<3).map { _ in Fake.id("fan") }
+        var subscribers: [String] = []
+        for fan in fans.prefix(2) { subscribers.append(try await Self.iphone(t, person: fan, osVersion: "18.2").1) }
+        let (oldDevice, oldPushToStart) = try await Self.iphone(t, person: fans[2], osVersion: "17.5")
+        let worker = try t.fixture.worker()
+        defer { worker.signal(SIGKILL) }
+
+        let campaign = Fake.id("final")
+        let started = try await t.api.call(
+            "POST", "/v1/campaigns", key: t.tenant.app,
+            json: [
+                "campaign_id": campaign, "name": "Final", "notification_type": t.type, "channel_id": channel,
+                "audience": ["people": fans], "attributes": ["match": "A-B"], "content_state": ["home": 0, "away": 0],
+                "push_payload": ["alert": ["title": "Kick-off", "body": "A v B"]],
+            ])
+        #expect(started.status == 202, "\(started.text)")
+        _ = try await Self.campaignSettled(t, campaign, schedules: 1)
+        for token in subscribers {
+            let aps = try #require(t.fixture.simulator.pushes(token: token).first?["payload"]?["aps"])
+            #expect(aps["input-push-channel"]?.stringValue == apnsChannel)
+        }
+        let oldAPS = try #require(t.fixture.simulator.pushes(token: oldPushToStart).first?["payload"]?["aps"])
+        #expect(oldAPS["input-push-token"] == .int(1) && oldAPS["input-push-channel"] == nil)
+        let oldActivityToken = Fake.hex()
+        let registered = try await t.api.call(
+            "PUT", "/v1/live_notifications/\(campaign).\(fans[2])/tokens/\(oldDevice)", key: t.tenant.sdk,
+            json: ["token": oldActivityToken])
+        #expect(registered.status == 200 || registered.status == 201, "\(registered.text)")
+
+        for (index, operation) in ["update", "end"].enumerated() {
+            let changed = try await t.api.call(
+                "POST", "/v1/campaigns/\(campaign)/\(operation)", key: t.tenant.app,
+                json: ["content_state_patch": ["home": index + 1]])
+            #expect(changed.status == 202, "\(changed.text)")
+            _ = try await Self.campaignSettled(t, campaign, schedules: index + 2)
+        }
+        // One broadcast per change for the whole audience, beside the iOS 17 iPhone's own token.
+        let broadcasts = t.fixture.simulator.pushes(token: apnsChannel)
+        #expect(broadcasts.map { $0["payload"]?["aps"]?["event"]?.stringValue } == ["update", "end"])
+        #expect(broadcasts.map { $0["payload"]?["aps"]?["content-state"]?["home"]?.intValue } == [1, 2])
+        #expect(
+            t.fixture.simulator.pushes(token: oldActivityToken).map { $0["payload"]?["aps"]?["event"]?.stringValue }
+                == ["update", "end"])
+        for token in subscribers { #expect(t.fixture.simulator.pushes(token: token).count == 1) }
+        // The funnel counts one send per channel for each change.
+        let read = try await t.api.call("GET", "/v1/campaigns/\(campaign)", key: t.tenant.app).json()
+        let viaChannel = read.array("funnel").filter { $0.string("via") == "channel" }
+        #expect(viaChannel.map { $0.string("operation") ?? "" } == ["update", "end"], "\(read)")
+        #expect(viaChannel.allSatisfy { $0["sent"] as? Int == 1 && $0["targeted"] as? Int == 1 })
+        #expect(read.string("channel_id") == channel)
+    }
+
+    /// Waits until the campaign's `schedules` ran and nothing of it is queued.
+    static func campaignSettled(_ t: Tenant, _ id: String, schedules: Int) async throws -> [String: Any] {
+        let clock = ContinuousClock()
+        let deadline = clock.now + .seconds(30)
+        var last: [String: Any] = [:]
+        while clock.now < deadline {
+            last = try await t.api.call("GET", "/v1/campaigns/\(id)", key: t.tenant.app).json()
+            let ran = last.array("schedules").filter { $0.string("state") != "pending" }.count
+            let queued = last.array("funnel").reduce(0) { $0 + ($1["queued"] as? Int ?? 0) }
+            if ran == schedules && last.array("schedules").count == schedules && queued == 0 { return last }
+            try await Task.sleep(for: .milliseconds(100))
+        }
+        throw TestFailure("campaign \(id) did not settle: \(last)")
+    }
 }
