@@ -28,16 +28,31 @@ public struct CampaignRunner: Sendable {
     }
 
     /// Runs the oldest due schedule, if any; nil when none is due (or all due ones are being run by others).
+    ///
+    /// A campaign-wide change of a channel-backed campaign runs in two transactions, so that its broadcast is not
+    /// held back by the bulk write: the first writes one instance and the broadcast, records that on the schedule
+    /// (still pending) and commits; the second writes every other instance and marks the schedule done. A worker that
+    /// dies between them leaves the schedule to another, which sees the first half recorded and runs the second.
     public func runDue() async throws -> CampaignRun? {
+        guard let first = try await run(nil) else { return nil }
+        guard first.state == "broadcast" else { return first }
+        // The rest at once, unless another worker took the schedule meanwhile (then it runs the rest).
+        return try await run(first.scheduleID) ?? first
+    }
+
+    /// One transaction: claims `scheduleID` (if nobody holds it and it is still pending), or else the oldest due
+    /// schedule nobody holds, and runs it.
+    func run(_ scheduleID: UUID?) async throws -> CampaignRun? {
         let lifetime = self.lifetime
         let channel = notifyChannel
         return try await database.pool.transaction { c in
             try c.enterSystem()
             let due = try c.query(
                 """
-                SELECT tenant_id, campaign_id, id, operation, change FROM campaign_schedules
-                WHERE state = 'pending' AND due_at <= now()
-                ORDER BY due_at, id LIMIT 1 FOR UPDATE SKIP LOCKED
+                SELECT tenant_id, campaign_id, id, operation, change, result FROM campaign_schedules
+                WHERE state = 'pending' AND due_at <= now() AND (\(scheduleID)::uuid IS NULL OR id = \(scheduleID))
+                ORDER BY due_at, id LIMIT 1
+                FOR UPDATE SKIP LOCKED
                 """)
             guard let row = due.first else { return nil }
             let tenant = try row.decode(UUID.self, "tenant_id")
@@ -45,6 +60,7 @@ public struct CampaignRunner: Sendable {
             let scheduleID = try row.decode(UUID.self, "id")
             let operation = try row.decode(String.self, "operation")
             let change = try row.decode(JSONValue.self, "change")
+            let recorded = try row.decode(JSONValue?.self, "result")
             try c.enterTenant(tenant)
             // A run writes a whole audience in a few statements over rows this transaction just made (no statistics
             // yet) and CTEs (no indexes): a nested loop planned on a guess of one row is quadratic at 100,000. Hash
@@ -54,15 +70,28 @@ public struct CampaignRunner: Sendable {
             var state = "done"
             var result: JSONValue
             do {
-                result =
-                    switch operation {
-                    case "start":
-                        try Self.start(c, tenant, campaignID, change, lifetime: lifetime)
-                    case "update":
-                        try Self.change(c, tenant, campaignID, CampaignChange(operation: .update, json: change))
-                    default:
-                        try Self.change(c, tenant, campaignID, CampaignChange(operation: .end, json: change))
+                if operation == "start" {
+                    result = try Self.start(c, tenant, campaignID, change, lifetime: lifetime)
+                } else {
+                    let planned = CampaignChange(operation: operation == "update" ? .update : .end, json: change)
+                    if recorded?["phase"]?.stringValue == "broadcast",
+                        let representative = recorded?["representative"]?.stringValue
+                    {
+                        // The second half of a channel-backed change.
+                        let rest = try Self.change(c, tenant, campaignID, planned, scope: .rest(representative))
+                        result = Self.merged(recorded?["broadcast"] ?? .object([:]), rest.result)
+                    } else {
+                        let first = try Self.change(c, tenant, campaignID, planned, scope: .broadcastFirst)
+                        result = first.result
+                        if let representative = first.representative {
+                            state = "broadcast"
+                            result = .object([
+                                "phase": .string("broadcast"), "representative": .string(representative),
+                                "broadcast": first.result,
+                            ])
+                        }
                     }
+                }
             } catch let refusal as Refusal {
                 try c.execute("ROLLBACK TO SAVEPOINT campaign_run")
                 state = "failed"
@@ -77,7 +106,9 @@ public struct CampaignRunner: Sendable {
             }
             try c.execute(
                 """
-                UPDATE campaign_schedules SET state = \(state), result = \(result), executed_at = clock_timestamp()
+                UPDATE campaign_schedules
+                SET state = \(state == "broadcast" ? "pending" : state), result = \(result),
+                    executed_at = CASE WHEN \(state) = 'broadcast' THEN NULL ELSE clock_timestamp() END
                 WHERE tenant_id = \(tenant) AND id = \(scheduleID)
                 """)
             try c.query("SELECT pg_notify(\(channel), '')")
@@ -85,6 +116,22 @@ public struct CampaignRunner: Sendable {
                 tenantID: tenant, campaignID: campaignID, scheduleID: scheduleID, operation: operation, state: state,
                 result: result)
         }
+    }
+
+    /// Two halves' counts added up.
+    static func merged(_ a: JSONValue, _ b: JSONValue) -> JSONValue {
+        guard case .object(let x) = a, case .object(let y) = b else { return b }
+        var out = x
+        for (key, value) in y {
+            if let l = out[key]?.intValue, let r = value.intValue {
+                out[key] = .int(l + r)
+            } else if let l = out[key], case .object = l {
+                out[key] = merged(l, value)
+            } else {
+                out[key] = value
+            }
+        }
+        return .object(out)
     }
 
     // MARK: Start
@@ -252,7 +299,10 @@ public struct CampaignRunner: Sendable {
     /// limit applies on top, at the claim).
     static func paced(_ rate: Int?, order: String) -> String {
         guard let rate else { return "now()" }
-        return "now() + make_interval(secs => (row_number() OVER (ORDER BY \(order)) - 1) / \(rate)::float8)"
+        // From the moment the row is written, not the transaction's start: a run that took a while would otherwise
+        // make its first rows due at once, all together.
+        return
+            "clock_timestamp() + make_interval(secs => (row_number() OVER (ORDER BY \(order)) - 1) / \(rate)::float8)"
     }
 
     // MARK: Campaign-wide update and end
@@ -260,9 +310,18 @@ public struct CampaignRunner: Sendable {
     /// Applies `change` to every open instance of the campaign: one new content state per distinct current one
     /// (computed and checked here, by the same rules as a single update), then one statement writes the instances,
     /// supersedes their older queued pushes and queues one push per active target.
-    static func change(_ c: PostgresConnection, _ tenant: UUID, _ campaignID: String, _ change: CampaignChange) throws
-        -> JSONValue
-    {
+    enum Scope {
+        /// Every open instance (and the broadcast, if the campaign has a channel).
+        case everything
+        /// With a channel: one open instance and the broadcast; without, everything.
+        case broadcastFirst
+        /// Every open instance but the one the first half wrote.
+        case rest(String)
+    }
+
+    static func change(
+        _ c: PostgresConnection, _ tenant: UUID, _ campaignID: String, _ change: CampaignChange, scope: Scope
+    ) throws -> (result: JSONValue, representative: String?) {
         let rows = try c.query(
             """
             SELECT c.state, c.rate_limit_per_second, ch.id AS channel_id, ch.apns_channel_id,
@@ -283,6 +342,28 @@ public struct CampaignRunner: Sendable {
         let channelID = try row.decode(UUID?.self, "channel_id")
         let apnsChannelID = try row.decode(String?.self, "apns_channel_id")
         let channelDevice = channelID.map { "channel:" + ULID(uuid: $0).description }
+        var only: String?
+        var excluded: String?
+        var broadcast = apnsChannelID != nil
+        switch scope {
+        case .everything:
+            break
+        case .broadcastFirst:
+            if broadcast {
+                only = try c.query(
+                    """
+                    SELECT i.id FROM instances i
+                    WHERE i.tenant_id = \(tenant) AND i.campaign_id = \(campaignID)
+                      AND i.state IN ('pending', 'active') AND i.expires_at > now()
+                    ORDER BY i.id LIMIT 1
+                    """
+                ).first?.decode(String.self, "id")
+                if only == nil { broadcast = false }
+            }
+        case .rest(let representative):
+            excluded = representative
+            broadcast = false
+        }
         // The open instances, locked: a single update racing this one waits, then finds a new version and retries.
         try c.query(
             """
@@ -290,6 +371,7 @@ public struct CampaignRunner: Sendable {
                 SELECT 1 FROM instances i
                 WHERE i.tenant_id = \(tenant) AND i.campaign_id = \(campaignID) AND i.state IN ('pending', 'active')
                   AND i.expires_at > now()
+                  AND (\(only)::text IS NULL OR i.id = \(only)) AND (\(excluded)::text IS NULL OR i.id <> \(excluded))
                 FOR UPDATE) x
             """)
         let states = try c.query(
@@ -297,6 +379,7 @@ public struct CampaignRunner: Sendable {
             SELECT DISTINCT i.content_state FROM instances i
             WHERE i.tenant_id = \(tenant) AND i.campaign_id = \(campaignID) AND i.state IN ('pending', 'active')
               AND i.expires_at > now()
+              AND (\(only)::text IS NULL OR i.id = \(only)) AND (\(excluded)::text IS NULL OR i.id <> \(excluded))
             """)
 
         var mapping: [JSONValue] = []
@@ -340,6 +423,7 @@ public struct CampaignRunner: Sendable {
                 FROM map
                 WHERE i.tenant_id = \(tenant) AND i.campaign_id = \(campaignID) AND i.state IN ('pending', 'active')
                   AND i.expires_at > now() AND i.content_state = map.old
+                  AND (\(only)::text IS NULL OR i.id = \(only)) AND (\(excluded)::text IS NULL OR i.id <> \(excluded))
                 RETURNING i.id, i.attributes, i.content_state, i.options, i.version, i.content_timestamp
             ), tg AS MATERIALIZED (
                 -- All the campaign's targets in one call (one scan, hash-joined): never a call per instance.
@@ -361,7 +445,7 @@ public struct CampaignRunner: Sendable {
                 -- The campaign's older queued broadcasts (on whichever instance carried them): latest wins.
                 UPDATE deliveries d SET status = 'superseded', updated_at = now()
                 FROM instances i
-                WHERE \(apnsChannelID)::text IS NOT NULL AND NOT \(isEnd)
+                WHERE \(broadcast) AND NOT \(isEnd)
                   AND i.tenant_id = \(tenant) AND i.campaign_id = \(campaignID)
                   AND d.tenant_id = i.tenant_id AND d.instance_id = i.id AND d.token_kind = 'channel'
                   AND d.status IN ('queued', 'parked') AND (d.locked_until IS NULL OR d.locked_until < now())
@@ -375,7 +459,7 @@ public struct CampaignRunner: Sendable {
                        \(change.operation.rawValue), u.version, u.attributes, u.content_state, u.options,
                        u.content_timestamp
                 FROM (SELECT * FROM upd ORDER BY id LIMIT 1) u
-                WHERE \(apnsChannelID)::text IS NOT NULL
+                WHERE \(broadcast)
                 RETURNING 1
             ), dels AS (
                 INSERT INTO deliveries (tenant_id, id, instance_id, device_token, provider, token_kind, token,
@@ -397,7 +481,10 @@ public struct CampaignRunner: Sendable {
             """)[0]
         if isEnd {
             try c.execute(
-                "UPDATE campaigns SET ended_at = now() WHERE tenant_id = \(tenant) AND id = \(campaignID)")
+                """
+                UPDATE campaigns SET ended_at = COALESCE(ended_at, now())
+                WHERE tenant_id = \(tenant) AND id = \(campaignID)
+                """)
         }
         var result: [String: JSONValue] = [
             "instances": .int(Int64(try written.decode(Int.self, "instances"))),
@@ -410,7 +497,7 @@ public struct CampaignRunner: Sendable {
         ]
         if suppressed > 0 { result["suppressed_states"] = .int(Int64(suppressed)) }
         if !rejected.isEmpty { result["rejected_states"] = .object(rejected.mapValues { .int(Int64($0)) }) }
-        return .object(result)
+        return (.object(result), broadcast ? only : nil)
     }
 }
 

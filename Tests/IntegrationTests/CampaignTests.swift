@@ -2,6 +2,7 @@ import Crypto
 import Foundation
 import MarqueeCore
 import MarqueeSimulators
+import PostgresClient
 import Testing
 
 /// Campaigns end to end: audiences resolved at start, `$person` attributes, campaign-wide update and end, schedules
@@ -300,7 +301,7 @@ struct CampaignTests {
         let now = Date().timeIntervalSince1970
         let id = Fake.id("sched")
         let created = try await t.create([
-            "campaign_id": id, "audience": ["people": people], "start_at": now + 2, "rate_limit_per_second": 200,
+            "campaign_id": id, "audience": ["people": people], "start_at": now + 2, "rate_limit_per_second": 20,
         ])
         #expect(created.status == 202, "\(created.text)")
         #expect(try created.json().string("state") == "scheduled")
@@ -327,6 +328,22 @@ struct CampaignTests {
             #expect(pushes.count == 1, "\(pushes.count) pushes to one token")
         }
         #expect(t.funnel(campaign, "ios", "start")["sent"] as? Int == 20)
+        // 20 a second: the 20 pushes were due over 950 ms from when the run wrote them (without the limit they go out
+        // in one batch, within a few milliseconds). The ones already due when the run committed go out together, so
+        // the sends span at least 950 ms less the run's own time.
+        let spread = try await t.fixture.pool.query(
+            """
+            SELECT extract(epoch FROM max(d.sent_at) - min(d.sent_at))::float8 AS sends,
+                   extract(epoch FROM (SELECT s.executed_at FROM campaign_schedules s
+                                       WHERE s.tenant_id = i.tenant_id AND s.campaign_id = i.campaign_id
+                                         AND s.operation = 'start') - min(d.created_at))::float8 AS run
+            FROM deliveries d JOIN instances i ON i.tenant_id = d.tenant_id AND i.id = d.instance_id
+            WHERE i.tenant_id = \(t.tenant.uuid) AND i.campaign_id = \(id) AND d.operation = 'start'
+            GROUP BY i.tenant_id, i.campaign_id
+            """)
+        let sends = try spread[0].decode(Double.self, "sends")
+        let run = try spread[0].decode(Double.self, "run")
+        #expect(sends >= 0.95 - run - 0.02, "sends over \(sends) s, the run took \(run) s")
         let schedules = campaign.array("schedules")
         let starts = schedules.filter { $0.string("operation") == "start" }
         #expect(starts.count == 1)
