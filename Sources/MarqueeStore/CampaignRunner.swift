@@ -92,17 +92,17 @@ public struct CampaignRunner: Sendable {
                         }
                     }
                 }
+            } catch let error as PostgresError where Self.isPermanent(error) {
+                // A statement that can never succeed (bad data, a broken constraint, a limit) would otherwise be
+                // retried forever at the head of the schedule queue: it fails this schedule, visibly, instead.
+                try c.execute("ROLLBACK TO SAVEPOINT campaign_run")
+                (state, result) = try Self.failed(
+                    c, tenant, campaignID, operation, reason: "database_error",
+                    detail: "SQLSTATE \(error.sqlState ?? "?"): \(error.serverMessage ?? "")")
             } catch let refusal as Refusal {
                 try c.execute("ROLLBACK TO SAVEPOINT campaign_run")
-                state = "failed"
-                result = .object(["reason": .string(refusal.reason), "detail": .string(refusal.detail)])
-                if operation == "start" {
-                    try c.execute(
-                        """
-                        UPDATE campaigns SET state = 'failed', failure_reason = \(refusal.reason)
-                        WHERE tenant_id = \(tenant) AND id = \(campaignID) AND state = 'scheduled'
-                        """)
-                }
+                (state, result) = try Self.failed(
+                    c, tenant, campaignID, operation, reason: refusal.reason, detail: refusal.detail)
             }
             try c.execute(
                 """
@@ -116,6 +116,28 @@ public struct CampaignRunner: Sendable {
                 tenantID: tenant, campaignID: campaignID, scheduleID: scheduleID, operation: operation, state: state,
                 result: result)
         }
+    }
+
+    /// A failed run's schedule state and result; a start that failed fails its campaign.
+    static func failed(
+        _ c: PostgresConnection, _ tenant: UUID, _ campaignID: String, _ operation: String, reason: String,
+        detail: String
+    ) throws -> (String, JSONValue) {
+        if operation == "start" {
+            try c.execute(
+                """
+                UPDATE campaigns SET state = 'failed', failure_reason = \(reason)
+                WHERE tenant_id = \(tenant) AND id = \(campaignID) AND state = 'scheduled'
+                """)
+        }
+        return ("failed", .object(["reason": .string(reason), "detail": .string(detail)]))
+    }
+
+    /// Errors of the statement itself (classes 22 data, 23 integrity, 42 syntax or access, 54 limits), not of the
+    /// connection or of concurrency: trying again cannot help.
+    static func isPermanent(_ error: PostgresError) -> Bool {
+        guard let state = error.sqlState, !error.isTransactionRetryable else { return false }
+        return ["22", "23", "42", "54"].contains(String(state.prefix(2)))
     }
 
     /// Two halves' counts added up.

@@ -386,6 +386,38 @@ struct CampaignTests {
         #expect(after.array("schedules").map { $0.string("state") ?? "" } == ["done", "cancelled"])
     }
 
+    @Test("a run that can never succeed fails its schedule and campaign, visibly, and the queue moves on")
+    func poisonedRun() async throws {
+        let t = try await Self.tenant()
+        let (line, token) = Self.iosPerson(Fake.id("x"), type: t.type, attributes: ["team": "X"])
+        try await t.importPeople([line])
+        let poisoned = Fake.id("poisoned")
+        #expect(
+            try await t.create([
+                "campaign_id": poisoned, "audience": ["all": true], "start_at": Date().timeIntervalSince1970 + 600,
+            ]).status == 202)
+        // Its stored plan is corrupted (as a bug might), and made due now.
+        try await t.fixture.pool.execute(
+            """
+            UPDATE campaign_schedules SET change = jsonb_set(change, '{fills}', '"not an array"'), due_at = now()
+            WHERE tenant_id = \(t.tenant.uuid) AND campaign_id = \(poisoned)
+            """)
+        try await t.fixture.pool.execute(
+            "UPDATE campaigns SET start_at = now() WHERE tenant_id = \(t.tenant.uuid) AND id = \(poisoned)")
+        let worker = try t.fixture.worker()
+        defer { worker.signal(SIGKILL) }
+        let healthy = Fake.id("healthy")
+        #expect(try await t.create(["campaign_id": healthy, "audience": ["all": true]]).status == 202)
+        let failed = try await t.settled(poisoned, schedules: 1)
+        #expect(failed.string("state") == "failed", "\(failed)")
+        let result = failed.array("schedules").first?["result"] as? [String: Any]
+        #expect(result?["reason"] as? String == "database_error", "\(failed)")
+        #expect(failed.string("failure_reason") == "database_error")
+        let ran = try await t.settled(healthy, schedules: 1)
+        #expect(ran.string("state") == "active", "\(ran)")
+        #expect(t.fixture.apns.pushes(token: token).count == 1)
+    }
+
     @Test("bad requests: 4xx problems naming the field, never a 500; Idempotency-Key replays")
     func validation() async throws {
         let t = try await Self.tenant()
