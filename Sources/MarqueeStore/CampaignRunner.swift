@@ -45,76 +45,115 @@ public struct CampaignRunner: Sendable {
     func run(_ scheduleID: UUID?) async throws -> CampaignRun? {
         let lifetime = self.lifetime
         let channel = notifyChannel
-        return try await database.pool.transaction { c in
-            try c.enterSystem()
-            let due = try c.query(
-                """
-                SELECT tenant_id, campaign_id, id, operation, change, result FROM campaign_schedules
-                WHERE state = 'pending' AND due_at <= now() AND (\(scheduleID)::uuid IS NULL OR id = \(scheduleID))
-                ORDER BY due_at, id LIMIT 1
-                FOR UPDATE SKIP LOCKED
-                """)
-            guard let row = due.first else { return nil }
-            let tenant = try row.decode(UUID.self, "tenant_id")
-            let campaignID = try row.decode(String.self, "campaign_id")
-            let scheduleID = try row.decode(UUID.self, "id")
-            let operation = try row.decode(String.self, "operation")
-            let change = try row.decode(JSONValue.self, "change")
-            let recorded = try row.decode(JSONValue?.self, "result")
-            try c.enterTenant(tenant)
-            // A run writes a whole audience in a few statements over rows this transaction just made (no statistics
-            // yet) and CTEs (no indexes): a nested loop planned on a guess of one row is quadratic at 100,000. Hash
-            // joins are linear whatever the estimate.
-            try c.query("SELECT set_config('enable_nestloop', 'off', true)")
-            try c.execute("SAVEPOINT campaign_run")
-            var state = "done"
-            var result: JSONValue
-            do {
-                if operation == "start" {
-                    result = try Self.start(c, tenant, campaignID, change, lifetime: lifetime)
-                } else {
-                    let planned = CampaignChange(operation: operation == "update" ? .update : .end, json: change)
-                    if recorded?["phase"]?.stringValue == "broadcast",
-                        let representative = recorded?["representative"]?.stringValue
-                    {
-                        // The second half of a channel-backed change.
-                        let rest = try Self.change(c, tenant, campaignID, planned, scope: .rest(representative))
-                        result = Self.merged(recorded?["broadcast"] ?? .object([:]), rest.result)
+        do {
+            return try await database.pool.transaction { c in
+                try c.enterSystem()
+                let due = try c.query(
+                    """
+                    SELECT tenant_id, campaign_id, id, operation, change, result FROM campaign_schedules
+                    WHERE state = 'pending' AND due_at <= now() AND (\(scheduleID)::uuid IS NULL OR id = \(scheduleID))
+                    ORDER BY due_at, id LIMIT 1
+                    FOR UPDATE SKIP LOCKED
+                    """)
+                guard let row = due.first else { return nil }
+                let tenant = try row.decode(UUID.self, "tenant_id")
+                let campaignID = try row.decode(String.self, "campaign_id")
+                let scheduleID = try row.decode(UUID.self, "id")
+                let operation = try row.decode(String.self, "operation")
+                let change = try row.decode(JSONValue.self, "change")
+                let recorded = try row.decode(JSONValue?.self, "result")
+                try c.enterTenant(tenant)
+                // A run writes a whole audience in a few statements over rows this transaction just made (no
+                // statistics yet) and CTEs (no indexes): a nested loop planned on a guess of one row is quadratic at
+                // 100,000. Hash joins are linear whatever the estimate. (And no savepoint: 100,000 foreign-key locks on
+                // one channel row from a subtransaction took minutes.)
+                try c.query("SELECT set_config('enable_nestloop', 'off', true)")
+                var state = "done"
+                var result: JSONValue
+                do {
+                    if operation == "start" {
+                        result = try Self.start(c, tenant, campaignID, change, lifetime: lifetime)
                     } else {
-                        let first = try Self.change(c, tenant, campaignID, planned, scope: .broadcastFirst)
-                        result = first.result
-                        if let representative = first.representative {
-                            state = "broadcast"
-                            result = .object([
-                                "phase": .string("broadcast"), "representative": .string(representative),
-                                "broadcast": first.result,
-                            ])
+                        let planned = CampaignChange(operation: operation == "update" ? .update : .end, json: change)
+                        if recorded?["phase"]?.stringValue == "broadcast",
+                            let representative = recorded?["representative"]?.stringValue
+                        {
+                            // The second half of a channel-backed change.
+                            let rest = try Self.change(c, tenant, campaignID, planned, scope: .rest(representative))
+                            result = Self.merged(recorded?["broadcast"] ?? .object([:]), rest.result)
+                        } else {
+                            let first = try Self.change(c, tenant, campaignID, planned, scope: .broadcastFirst)
+                            result = first.result
+                            if let representative = first.representative {
+                                state = "broadcast"
+                                result = .object([
+                                    "phase": .string("broadcast"), "representative": .string(representative),
+                                    "broadcast": first.result,
+                                ])
+                            }
                         }
                     }
+                } catch let error as PostgresError where Self.isPermanent(error) {
+                    // A statement that can never succeed (bad data, a broken constraint, a limit) would otherwise be
+                    // retried forever at the head of the schedule queue: it fails this schedule, visibly, instead
+                    // (after this transaction rolls back).
+                    throw Failure(
+                        tenant: tenant, campaignID: campaignID, scheduleID: scheduleID, operation: operation,
+                        reason: "database_error",
+                        detail: "SQLSTATE \(error.sqlState ?? "?"): \(error.serverMessage ?? "")")
+                } catch let refusal as Refusal {
+                    throw Failure(
+                        tenant: tenant, campaignID: campaignID, scheduleID: scheduleID, operation: operation,
+                        reason: refusal.reason, detail: refusal.detail)
                 }
-            } catch let error as PostgresError where Self.isPermanent(error) {
-                // A statement that can never succeed (bad data, a broken constraint, a limit) would otherwise be
-                // retried forever at the head of the schedule queue: it fails this schedule, visibly, instead.
-                try c.execute("ROLLBACK TO SAVEPOINT campaign_run")
-                (state, result) = try Self.failed(
-                    c, tenant, campaignID, operation, reason: "database_error",
-                    detail: "SQLSTATE \(error.sqlState ?? "?"): \(error.serverMessage ?? "")")
-            } catch let refusal as Refusal {
-                try c.execute("ROLLBACK TO SAVEPOINT campaign_run")
-                (state, result) = try Self.failed(
-                    c, tenant, campaignID, operation, reason: refusal.reason, detail: refusal.detail)
+                try c.execute(
+                    """
+                    UPDATE campaign_schedules
+                    SET state = \(state == "broadcast" ? "pending" : state), result = \(result),
+                        executed_at = CASE WHEN \(state) = 'broadcast' THEN NULL ELSE clock_timestamp() END
+                    WHERE tenant_id = \(tenant) AND id = \(scheduleID)
+                    """)
+                try c.query("SELECT pg_notify(\(channel), '')")
+                return CampaignRun(
+                    tenantID: tenant, campaignID: campaignID, scheduleID: scheduleID, operation: operation,
+                    state: state, result: result)
             }
+        } catch let failure as Failure {
+            return try await record(failure)
+        }
+    }
+
+    /// A run that failed for a reason of its own, rolled back; recorded by ``record(_:)``.
+    struct Failure: Error {
+        var tenant: UUID
+        var campaignID: String
+        var scheduleID: UUID
+        var operation: String
+        var reason: String
+        var detail: String
+    }
+
+    /// Marks a failed run's schedule failed (and a start's campaign), if it is still pending.
+    func record(_ f: Failure) async throws -> CampaignRun? {
+        let channel = notifyChannel
+        return try await database.tenantTransaction(f.tenant) { c in
+            let pending = try c.query(
+                """
+                SELECT 1 FROM campaign_schedules
+                WHERE tenant_id = \(f.tenant) AND id = \(f.scheduleID) AND state = 'pending' FOR UPDATE
+                """)
+            guard !pending.isEmpty else { return nil }
+            let (state, result) = try Self.failed(
+                c, f.tenant, f.campaignID, f.operation, reason: f.reason, detail: f.detail)
             try c.execute(
                 """
-                UPDATE campaign_schedules
-                SET state = \(state == "broadcast" ? "pending" : state), result = \(result),
-                    executed_at = CASE WHEN \(state) = 'broadcast' THEN NULL ELSE clock_timestamp() END
-                WHERE tenant_id = \(tenant) AND id = \(scheduleID)
+                UPDATE campaign_schedules SET state = \(state), result = \(result), executed_at = clock_timestamp()
+                WHERE tenant_id = \(f.tenant) AND id = \(f.scheduleID)
                 """)
             try c.query("SELECT pg_notify(\(channel), '')")
             return CampaignRun(
-                tenantID: tenant, campaignID: campaignID, scheduleID: scheduleID, operation: operation, state: state,
-                result: result)
+                tenantID: f.tenant, campaignID: f.campaignID, scheduleID: f.scheduleID, operation: f.operation,
+                state: state, result: result)
         }
     }
 
