@@ -51,6 +51,10 @@ CREATE TABLE campaign_members (
     FOREIGN KEY (tenant_id, campaign_id) REFERENCES campaigns (tenant_id, id) ON DELETE CASCADE
 );
 
+-- A campaign-wide change supersedes the campaign's queued broadcast (latest wins) without walking its instances.
+CREATE INDEX deliveries_queued_channel ON deliveries (tenant_id, token)
+    WHERE token_kind = 'channel' AND status IN ('queued', 'parked');
+
 ALTER TABLE instances ADD COLUMN campaign_id text;
 ALTER TABLE instances ADD FOREIGN KEY (tenant_id, campaign_id) REFERENCES campaigns (tenant_id, id);
 CREATE INDEX instances_campaign ON instances (tenant_id, campaign_id) WHERE campaign_id IS NOT NULL;

@@ -63,11 +63,8 @@ public struct CampaignRunner: Sendable {
                 let change = try row.decode(JSONValue.self, "change")
                 let recorded = try row.decode(JSONValue?.self, "result")
                 try c.enterTenant(tenant)
-                // A run writes a whole audience in a few statements over rows this transaction just made (no
-                // statistics yet) and CTEs (no indexes): a nested loop planned on a guess of one row is quadratic at
-                // 100,000. Hash joins are linear whatever the estimate. (And no savepoint: 100,000 foreign-key locks on
-                // one channel row from a subtransaction took minutes.)
-                try c.query("SELECT set_config('enable_nestloop', 'off', true)")
+                // No savepoint in here: 100,000 foreign-key locks on one channel row from a subtransaction took
+                // minutes.
                 var state = "done"
                 var result: JSONValue
                 do {
@@ -229,6 +226,7 @@ public struct CampaignRunner: Sendable {
             throw Refusal(reason: "bad_audience", detail: "the stored audience is not one Marquee knows")
         }
 
+        try planForBulk(c)
         // 1. The audience, resolved now and kept.
         var q = SegmentSQL.Builder()
         let t = q.parameter(tenant)
@@ -356,6 +354,14 @@ public struct CampaignRunner: Sendable {
         ])
     }
 
+    /// For the statements that write a whole audience: they read rows this transaction just made (no statistics yet)
+    /// and CTEs (no indexes), where a nested loop planned on a guess of one row is quadratic at 100,000; hash joins
+    /// are linear whatever the estimate. (Not for the one-instance half of a channel change: there, index lookups are
+    /// what makes it fast.)
+    static func planForBulk(_ c: PostgresConnection) throws {
+        try c.query("SELECT set_config('enable_nestloop', 'off', true)")
+    }
+
     /// `next_attempt_at` for a campaign's rows: now, or spread at `rate` a second in `order` (the tenant's own send
     /// limit applies on top, at the claim).
     static func paced(_ rate: Int?, order: String) -> String {
@@ -416,7 +422,7 @@ public struct CampaignRunner: Sendable {
                     SELECT i.id FROM instances i
                     WHERE i.tenant_id = \(tenant) AND i.campaign_id = \(campaignID)
                       AND i.state IN ('pending', 'active') AND i.expires_at > now()
-                    ORDER BY i.id LIMIT 1
+                    LIMIT 1
                     """
                 ).first?.decode(String.self, "id")
                 if only == nil { broadcast = false }
@@ -425,6 +431,7 @@ public struct CampaignRunner: Sendable {
             excluded = representative
             broadcast = false
         }
+        if only == nil { try planForBulk(c) }
         // The open instances, locked: a single update racing this one waits, then finds a new version and retries.
         try c.query(
             """
@@ -507,9 +514,9 @@ public struct CampaignRunner: Sendable {
                 UPDATE deliveries d SET status = 'superseded', updated_at = now()
                 FROM instances i
                 WHERE \(broadcast) AND NOT \(isEnd)
-                  AND i.tenant_id = \(tenant) AND i.campaign_id = \(campaignID)
-                  AND d.tenant_id = i.tenant_id AND d.instance_id = i.id AND d.token_kind = 'channel'
+                  AND d.tenant_id = \(tenant) AND d.token_kind = 'channel' AND d.token = \(apnsChannelID)
                   AND d.status IN ('queued', 'parked') AND (d.locked_until IS NULL OR d.locked_until < now())
+                  AND i.tenant_id = d.tenant_id AND i.id = d.instance_id AND i.campaign_id = \(campaignID)
                 RETURNING 1
             ), bc AS (
                 -- One broadcast, carried by one of the changed instances (its content is the change's).
