@@ -395,7 +395,7 @@ public struct CampaignRunner: Sendable {
                    \(unsafeRaw: Self.typeColumns)
             FROM campaigns c JOIN activity_types a ON a.tenant_id = c.tenant_id AND a.identifier = c.activity_type
             LEFT JOIN channels ch ON ch.tenant_id = c.tenant_id AND ch.id = c.channel_id AND ch.status = 'active'
-            WHERE c.tenant_id = \(tenant) AND c.id = \(campaignID) FOR UPDATE OF c
+            WHERE c.tenant_id = \(tenant) AND c.id = \(campaignID)
             """)
         guard let row = rows.first else {
             throw Refusal(reason: "campaign_gone", detail: "the campaign or its activity type was deleted")
@@ -416,22 +416,31 @@ public struct CampaignRunner: Sendable {
         case .everything:
             break
         case .broadcastFirst:
+            // One open instance nobody holds (a bulk write of an earlier change holds all the others): the broadcast
+            // does not wait for that write. When there is none, the change runs whole, the broadcast with it.
             if broadcast {
                 only = try c.query(
                     """
                     SELECT i.id FROM instances i
                     WHERE i.tenant_id = \(tenant) AND i.campaign_id = \(campaignID)
                       AND i.state IN ('pending', 'active') AND i.expires_at > now()
-                    LIMIT 1
+                    LIMIT 1 FOR UPDATE SKIP LOCKED
                     """
                 ).first?.decode(String.self, "id")
-                if only == nil { broadcast = false }
             }
         case .rest(let representative):
             excluded = representative
             broadcast = false
         }
-        if only == nil { try planForBulk(c) }
+        if only == nil {
+            // Bulk writes of one campaign run one at a time, in the order their schedules were claimed.
+            let locked = try c.query(
+                "SELECT state FROM campaigns WHERE tenant_id = \(tenant) AND id = \(campaignID) FOR UPDATE")
+            guard try locked.first?.decode(String.self, "state") == "active" else {
+                throw Refusal(reason: "not_started", detail: "the campaign did not start (cancelled or failed)")
+            }
+            try planForBulk(c)
+        }
         // The open instances, locked: a single update racing this one waits, then finds a new version and retries.
         try c.query(
             """
