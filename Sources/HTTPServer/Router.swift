@@ -103,6 +103,16 @@ public struct Router: Sendable {
             Route(method: method, pattern: pattern, segments: segments, handler: handler, bodyPolicy: body))
     }
 
+    /// Every registered route as `(method, pattern)`, in registration order: for listings, docs and tests.
+    public var registered: [(method: HTTPMethod, pattern: String)] {
+        routes.map { ($0.method, $0.pattern) }
+    }
+
+    /// Wraps every handler registered so far in `middleware` (e.g. error rendering that no route may forget).
+    public mutating func wrapHandlers(_ middleware: (@escaping HTTPHandler) -> HTTPHandler) {
+        for index in routes.indices { routes[index].handler = middleware(routes[index].handler) }
+    }
+
     /// Registers a `GET` route.
     public mutating func get(_ pattern: String, _ handler: @escaping HTTPHandler) {
         add(.GET, pattern, handler)

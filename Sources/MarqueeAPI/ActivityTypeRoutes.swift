@@ -9,9 +9,9 @@ struct ActivityTypeRoutes: Sendable {
     let registry: RegistryStore
 
     func register(in router: inout Router) {
-        router.add(.PUT, "/v1/activity_types/{identifier}", guarded(put))
-        router.add(.GET, "/v1/activity_types", guarded(list))
-        router.add(.GET, "/v1/activity_types/{identifier}", guarded(get))
+        router.add(.PUT, "/v1/activity_types/{identifier}", put)
+        router.add(.GET, "/v1/activity_types", list)
+        router.add(.GET, "/v1/activity_types/{identifier}", get)
     }
 
     func put(_ request: HTTPRequest) async throws -> HTTPResponse {

@@ -9,13 +9,13 @@ struct AdminRoutes: Sendable {
     let tenants: TenantStore
 
     func register(in router: inout Router) {
-        router.add(.POST, "/admin/v1/tenants", guarded(createTenant))
-        router.add(.GET, "/admin/v1/tenants", guarded(listTenants))
-        router.add(.GET, "/admin/v1/tenants/{tenant_id}", guarded(getTenant))
-        router.add(.GET, "/admin/v1/tenants/{tenant_id}/keys", guarded(listKeys))
-        router.add(.POST, "/admin/v1/tenants/{tenant_id}/keys", guarded(createKey))
-        router.add(.POST, "/admin/v1/tenants/{tenant_id}/keys/{key_id}/rotate", guarded(rotateKey))
-        router.add(.DELETE, "/admin/v1/tenants/{tenant_id}/keys/{key_id}", guarded(revokeKey))
+        router.add(.POST, "/admin/v1/tenants", createTenant)
+        router.add(.GET, "/admin/v1/tenants", listTenants)
+        router.add(.GET, "/admin/v1/tenants/{tenant_id}", getTenant)
+        router.add(.GET, "/admin/v1/tenants/{tenant_id}/keys", listKeys)
+        router.add(.POST, "/admin/v1/tenants/{tenant_id}/keys", createKey)
+        router.add(.POST, "/admin/v1/tenants/{tenant_id}/keys/{key_id}/rotate", rotateKey)
+        router.add(.DELETE, "/admin/v1/tenants/{tenant_id}/keys/{key_id}", revokeKey)
     }
 
     func createTenant(_ request: HTTPRequest) async throws -> HTTPResponse {

@@ -20,13 +20,13 @@ struct CampaignRoutes: Sendable {
     static let maximumPeople = 10_000
 
     func register(in router: inout Router) {
-        router.add(.POST, "/v1/campaigns", guarded(create))
-        router.add(.GET, "/v1/campaigns", guarded(list))
-        router.add(.GET, "/v1/campaigns/{campaign_id}", guarded(get))
-        router.add(.GET, "/v1/campaigns/{campaign_id}/people", guarded(people))
-        router.add(.POST, "/v1/campaigns/{campaign_id}/update", guarded(update))
-        router.add(.POST, "/v1/campaigns/{campaign_id}/end", guarded(end))
-        router.add(.POST, "/v1/campaigns/{campaign_id}/cancel", guarded(cancel))
+        router.add(.POST, "/v1/campaigns", create)
+        router.add(.GET, "/v1/campaigns", list)
+        router.add(.GET, "/v1/campaigns/{campaign_id}", get)
+        router.add(.GET, "/v1/campaigns/{campaign_id}/people", people)
+        router.add(.POST, "/v1/campaigns/{campaign_id}/update", update)
+        router.add(.POST, "/v1/campaigns/{campaign_id}/end", end)
+        router.add(.POST, "/v1/campaigns/{campaign_id}/cancel", cancel)
     }
 
     // MARK: Create

@@ -17,10 +17,10 @@ struct ChannelRoutes: Sendable {
     let now: @Sendable () -> Date
 
     func register(in router: inout Router) {
-        router.add(.POST, "/v1/channels", guarded(create))
-        router.add(.GET, "/v1/channels", guarded(list))
-        router.add(.GET, "/v1/channels/{channel_id}", guarded(get))
-        router.add(.DELETE, "/v1/channels/{channel_id}", guarded(delete))
+        router.add(.POST, "/v1/channels", create)
+        router.add(.GET, "/v1/channels", list)
+        router.add(.GET, "/v1/channels/{channel_id}", get)
+        router.add(.DELETE, "/v1/channels/{channel_id}", delete)
     }
 
     func create(_ request: HTTPRequest) async throws -> HTTPResponse {

@@ -12,12 +12,12 @@ struct CredentialRoutes: Sendable {
     let providerHosts: ProviderHosts
 
     func register(in router: inout Router) {
-        router.add(.PUT, "/v1/credentials/apns", guarded(putAPNs))
-        router.add(.GET, "/v1/credentials/apns", guarded(getAPNs))
-        router.add(.DELETE, "/v1/credentials/apns", guarded(deleteAPNs))
-        router.add(.PUT, "/v1/credentials/fcm", guarded(putFCM))
-        router.add(.GET, "/v1/credentials/fcm", guarded(getFCM))
-        router.add(.DELETE, "/v1/credentials/fcm", guarded(deleteFCM))
+        router.add(.PUT, "/v1/credentials/apns", putAPNs)
+        router.add(.GET, "/v1/credentials/apns", getAPNs)
+        router.add(.DELETE, "/v1/credentials/apns", deleteAPNs)
+        router.add(.PUT, "/v1/credentials/fcm", putFCM)
+        router.add(.GET, "/v1/credentials/fcm", getFCM)
+        router.add(.DELETE, "/v1/credentials/fcm", deleteFCM)
     }
 
     func putAPNs(_ request: HTTPRequest) async throws -> HTTPResponse {

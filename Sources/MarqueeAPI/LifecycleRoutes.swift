@@ -16,12 +16,12 @@ struct LifecycleRoutes: Sendable {
     let now: @Sendable () -> Date
 
     func register(in router: inout Router) {
-        router.add(.POST, "/v1/live_notifications/start", guarded(start))
-        router.add(.POST, "/v1/live_notifications/update", guarded(update))
-        router.add(.POST, "/v1/live_notifications/end", guarded(end))
-        router.add(.GET, "/v1/live_notifications", guarded(list))
-        router.add(.GET, "/v1/live_notifications/{instance_id}", guarded(get))
-        router.add(.GET, "/v1/live_notifications/{instance_id}/deliveries", guarded(deliveries))
+        router.add(.POST, "/v1/live_notifications/start", start)
+        router.add(.POST, "/v1/live_notifications/update", update)
+        router.add(.POST, "/v1/live_notifications/end", end)
+        router.add(.GET, "/v1/live_notifications", list)
+        router.add(.GET, "/v1/live_notifications/{instance_id}", get)
+        router.add(.GET, "/v1/live_notifications/{instance_id}/deliveries", deliveries)
     }
 
     // MARK: Start

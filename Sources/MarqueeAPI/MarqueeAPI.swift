@@ -77,7 +77,8 @@ public struct MarqueeAPI: Sendable {
         }
     }
 
-    /// Adds every route to `router`.
+    /// Adds every route to `router`, each behind the problem renderer: a domain error (validation, not found,
+    /// conflict, a database outage) becomes its problem document whatever the handler, so no route can forget it.
     public func register(in router: inout Router) {
         system.register(in: &router)
         admin.register(in: &router)
@@ -91,5 +92,6 @@ public struct MarqueeAPI: Sendable {
         segments.register(in: &router)
         peopleImport.register(in: &router)
         campaigns.register(in: &router)
+        router.wrapHandlers(guarded)
     }
 }

@@ -20,7 +20,7 @@ struct PeopleImportRoutes: Sendable {
     static let maxBodyBytes = 64 << 20
 
     func register(in router: inout Router) {
-        router.add(.POST, "/v1/people/import", body: .ndjson(maxSize: Self.maxBodyBytes), guarded(importPeople))
+        router.add(.POST, "/v1/people/import", body: .ndjson(maxSize: Self.maxBodyBytes), importPeople)
     }
 
     func importPeople(_ request: HTTPRequest) async throws -> HTTPResponse {

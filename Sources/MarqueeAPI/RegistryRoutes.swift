@@ -15,16 +15,16 @@ struct RegistryRoutes: Sendable {
     static let anyKey: Set<APIKeyKind> = [.app, .sdk]
 
     func register(in router: inout Router) {
-        router.add(.PUT, "/v1/people/{id}", guarded(putPerson))
-        router.add(.GET, "/v1/people/{id}", guarded(getPerson))
-        router.add(.DELETE, "/v1/people/{id}", guarded(deletePerson))
-        router.add(.PUT, "/v1/people/{id}/devices/{device_token}", guarded(putDevice))
-        router.add(.DELETE, "/v1/people/{id}/devices/{device_token}", guarded(deleteDevice))
+        router.add(.PUT, "/v1/people/{id}", putPerson)
+        router.add(.GET, "/v1/people/{id}", getPerson)
+        router.add(.DELETE, "/v1/people/{id}", deletePerson)
+        router.add(.PUT, "/v1/people/{id}/devices/{device_token}", putDevice)
+        router.add(.DELETE, "/v1/people/{id}/devices/{device_token}", deleteDevice)
         router.add(
-            .PUT, "/v1/people/{id}/devices/{device_token}/push_to_start/{activity_type}", guarded(putPushToStart))
-        router.add(.PUT, "/v1/live_notifications/{instance_id}/tokens/{device_token}", guarded(putActivityToken))
-        router.add(.POST, "/v1/live_notifications/{instance_id}/events", guarded(postEvent))
-        router.add(.POST, "/v1/deliveries/{delivery_id}/metrics", guarded(postMetric))
+            .PUT, "/v1/people/{id}/devices/{device_token}/push_to_start/{activity_type}", putPushToStart)
+        router.add(.PUT, "/v1/live_notifications/{instance_id}/tokens/{device_token}", putActivityToken)
+        router.add(.POST, "/v1/live_notifications/{instance_id}/events", postEvent)
+        router.add(.POST, "/v1/deliveries/{delivery_id}/metrics", postMetric)
     }
 
     // MARK: People

@@ -9,11 +9,11 @@ struct SegmentRoutes: Sendable {
     let store: SegmentStore
 
     func register(in router: inout Router) {
-        router.add(.PUT, "/v1/segments/{segment_id}", guarded(put))
-        router.add(.GET, "/v1/segments", guarded(list))
-        router.add(.GET, "/v1/segments/{segment_id}", guarded(get))
-        router.add(.DELETE, "/v1/segments/{segment_id}", guarded(delete))
-        router.add(.POST, "/v1/segments/{segment_id}/preview", guarded(preview))
+        router.add(.PUT, "/v1/segments/{segment_id}", put)
+        router.add(.GET, "/v1/segments", list)
+        router.add(.GET, "/v1/segments/{segment_id}", get)
+        router.add(.DELETE, "/v1/segments/{segment_id}", delete)
+        router.add(.POST, "/v1/segments/{segment_id}/preview", preview)
     }
 
     func put(_ request: HTTPRequest) async throws -> HTTPResponse {

@@ -11,9 +11,9 @@ struct SettingsRoutes: Sendable {
     let identity: IdentityGuard
 
     func register(in router: inout Router) {
-        router.add(.GET, "/v1/settings", guarded(getSettings))
-        router.add(.PATCH, "/v1/settings", guarded(patchSettings))
-        router.add(.POST, "/v1/settings/identity_secret", guarded(postIdentitySecret))
+        router.add(.GET, "/v1/settings", getSettings)
+        router.add(.PATCH, "/v1/settings", patchSettings)
+        router.add(.POST, "/v1/settings/identity_secret", postIdentitySecret)
     }
 
     func getSettings(_ request: HTTPRequest) async throws -> HTTPResponse {

@@ -32,6 +32,24 @@ struct RouterTests {
         #expect(request.rawPath == "/v1/people/a%20b%C3%A9/devices/x%2Fy")
     }
 
+    @Test func middlewareWrapsEveryRouteRegisteredSoFarAndRoutesAreListed() async throws {
+        var router = Router()
+        router.get("/a", Self.ok("a"))
+        router.post("/b/{id}", Self.ok("b"))
+        router.wrapHandlers { inner in
+            { request in
+                let response = try await inner(request)
+                return .text("wrapped " + String(decoding: response.body, as: UTF8.self))
+            }
+        }
+        router.get("/c", Self.ok("c"))
+        #expect(try await Self.tag(of: router.route(HTTPRequest(method: .GET, target: "/a"))) == "wrapped a")
+        #expect(try await Self.tag(of: router.route(HTTPRequest(method: .POST, target: "/b/1"))) == "wrapped b")
+        #expect(try await Self.tag(of: router.route(HTTPRequest(method: .GET, target: "/c"))) == "c")
+        #expect(
+            router.registered.map { "\($0.method.rawValue) \($0.pattern)" } == ["GET /a", "POST /b/{id}", "GET /c"])
+    }
+
     @Test func literalSegmentsBeatParameters() async throws {
         var router = Router()
         router.get("/v1/people/{id}", Self.ok("param"))

@@ -194,8 +194,8 @@ extension PostgresPool {
 
 /// The routes `MarqueeAPI.register` adds, read from an in-process router.
 ///
-/// `Router` keeps its table private, so this reads it with `Mirror`; if the layout changes the lookup finds no routes
-/// and the caller's `#require` fails loudly. Every route read is routed back through the router to prove it is real.
+/// Read from the router's own listing (`Router.registered`). Every route read is routed back through the router to
+/// prove it is real.
 struct RegisteredRoutes {
     let router: Router
     /// `METHOD pattern`, e.g. `GET /v1/people/{id}`.
@@ -213,16 +213,7 @@ struct RegisteredRoutes {
         ).register(in: &router)
         self.router = router
         var all: Set<String> = []
-        let table = Mirror(reflecting: router).children.first { $0.label == "routes" }?.value
-        for route in table.map({ Mirror(reflecting: $0).children.map(\.value) }) ?? [] {
-            let fields = Dictionary(
-                Mirror(reflecting: route).children.compactMap { child in child.label.map { ($0, child.value) } },
-                uniquingKeysWith: { a, _ in a })
-            guard let method = fields["method"] as? HTTPMethod, let pattern = fields["pattern"] as? String else {
-                throw TestFailure("Router's route layout changed: cannot read method and pattern")
-            }
-            all.insert(method.rawValue + " " + pattern)
-        }
+        for route in router.registered { all.insert(route.method.rawValue + " " + route.pattern) }
         self.all = all
     }
 
