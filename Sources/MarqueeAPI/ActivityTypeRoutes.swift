@@ -9,13 +9,12 @@ struct ActivityTypeRoutes: Sendable {
     let registry: RegistryStore
 
     func register(in router: inout Router) {
-        router.add(.PUT, "/v1/activity_types/{identifier}", put)
-        router.add(.GET, "/v1/activity_types", list)
-        router.add(.GET, "/v1/activity_types/{identifier}", get)
+        router.add(.PUT, "/v1/activity_types/{identifier}", authenticator.app(put))
+        router.add(.GET, "/v1/activity_types", authenticator.app(list))
+        router.add(.GET, "/v1/activity_types/{identifier}", authenticator.app(get))
     }
 
-    func put(_ request: HTTPRequest) async throws -> HTTPResponse {
-        let principal = try await authenticator.require(request, kinds: [.app])
+    func put(_ request: HTTPRequest, _ principal: Principal) async throws -> HTTPResponse {
         let identifier = try Identifiers.activityType(request.pathParameters["identifier"] ?? "")
         let body = try JSONBody.parse(request)
         try body.rejectUnknown([
@@ -55,14 +54,12 @@ struct ActivityTypeRoutes: Sendable {
         return .json(Render.activityType(type), status: created ? 201 : 200)
     }
 
-    func list(_ request: HTTPRequest) async throws -> HTTPResponse {
-        let principal = try await authenticator.require(request, kinds: [.app])
+    func list(_ request: HTTPRequest, _ principal: Principal) async throws -> HTTPResponse {
         let types = try await registry.activityTypes(tenant: principal.tenantID)
         return .json(.object(["activity_types": .array(types.map(Render.activityType))]))
     }
 
-    func get(_ request: HTTPRequest) async throws -> HTTPResponse {
-        let principal = try await authenticator.require(request, kinds: [.app])
+    func get(_ request: HTTPRequest, _ principal: Principal) async throws -> HTTPResponse {
         guard let identifier = try? Identifiers.activityType(request.pathParameters["identifier"] ?? "") else {
             throw Problems.notFound("activity_type")
         }

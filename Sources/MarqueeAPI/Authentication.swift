@@ -55,6 +55,12 @@ struct Authenticator: Sendable {
     }
 
     /// Checks `Authorization: Bearer $MARQUEE_ADMIN_TOKEN`, comparing in constant time.
+    /// Route middleware: the app key is required (401 without a valid key, 403 with another kind) before `handler`
+    /// runs, and the handler gets its principal. Routes declare who may call them where they are registered.
+    func app(_ handler: @escaping @Sendable (HTTPRequest, Principal) async throws -> HTTPResponse) -> HTTPHandler {
+        { request in try await handler(request, try await self.require(request, kinds: [.app])) }
+    }
+
     func requireAdmin(_ request: HTTPRequest) throws {
         guard let expected = adminTokenHash else {
             throw Problems.forbidden("The admin API is disabled: set MARQUEE_ADMIN_TOKEN to enable it.")

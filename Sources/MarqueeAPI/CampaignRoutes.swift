@@ -20,19 +20,18 @@ struct CampaignRoutes: Sendable {
     static let maximumPeople = 10_000
 
     func register(in router: inout Router) {
-        router.add(.POST, "/v1/campaigns", create)
-        router.add(.GET, "/v1/campaigns", list)
-        router.add(.GET, "/v1/campaigns/{campaign_id}", get)
-        router.add(.GET, "/v1/campaigns/{campaign_id}/people", people)
-        router.add(.POST, "/v1/campaigns/{campaign_id}/update", update)
-        router.add(.POST, "/v1/campaigns/{campaign_id}/end", end)
-        router.add(.POST, "/v1/campaigns/{campaign_id}/cancel", cancel)
+        router.add(.POST, "/v1/campaigns", authenticator.app(create))
+        router.add(.GET, "/v1/campaigns", authenticator.app(list))
+        router.add(.GET, "/v1/campaigns/{campaign_id}", authenticator.app(get))
+        router.add(.GET, "/v1/campaigns/{campaign_id}/people", authenticator.app(people))
+        router.add(.POST, "/v1/campaigns/{campaign_id}/update", authenticator.app(update))
+        router.add(.POST, "/v1/campaigns/{campaign_id}/end", authenticator.app(end))
+        router.add(.POST, "/v1/campaigns/{campaign_id}/cancel", authenticator.app(cancel))
     }
 
     // MARK: Create
 
-    func create(_ request: HTTPRequest) async throws -> HTTPResponse {
-        let principal = try await authenticator.require(request, kinds: [.app])
+    func create(_ request: HTTPRequest, _ principal: Principal) async throws -> HTTPResponse {
         let tenant = principal.tenantID
         let body = try JSONBody.parse(request)
         try body.rejectUnknown([
@@ -200,16 +199,17 @@ struct CampaignRoutes: Sendable {
 
     // MARK: Campaign-wide changes
 
-    func update(_ request: HTTPRequest) async throws -> HTTPResponse {
-        try await change(request, operation: .update)
+    func update(_ request: HTTPRequest, _ principal: Principal) async throws -> HTTPResponse {
+        try await change(request, principal, operation: .update)
     }
 
-    func end(_ request: HTTPRequest) async throws -> HTTPResponse {
-        try await change(request, operation: .end)
+    func end(_ request: HTTPRequest, _ principal: Principal) async throws -> HTTPResponse {
+        try await change(request, principal, operation: .end)
     }
 
-    func change(_ request: HTTPRequest, operation: CampaignChange.Operation) async throws -> HTTPResponse {
-        let principal = try await authenticator.require(request, kinds: [.app])
+    func change(_ request: HTTPRequest, _ principal: Principal, operation: CampaignChange.Operation) async throws
+        -> HTTPResponse
+    {
         let tenant = principal.tenantID
         let campaignID = try Self.pathID(request)
         let body = try JSONBody.parse(request)
@@ -282,8 +282,7 @@ struct CampaignRoutes: Sendable {
         ])
     }
 
-    func cancel(_ request: HTTPRequest) async throws -> HTTPResponse {
-        let principal = try await authenticator.require(request, kinds: [.app])
+    func cancel(_ request: HTTPRequest, _ principal: Principal) async throws -> HTTPResponse {
         let campaignID = try Self.pathID(request)
         _ = try LifecycleRoutes.idempotencyKey(request)
         let (campaign, schedules) = try await store.cancel(tenant: principal.tenantID, campaignID: campaignID)
@@ -296,8 +295,7 @@ struct CampaignRoutes: Sendable {
 
     // MARK: Reads
 
-    func get(_ request: HTTPRequest) async throws -> HTTPResponse {
-        let principal = try await authenticator.require(request, kinds: [.app])
+    func get(_ request: HTTPRequest, _ principal: Principal) async throws -> HTTPResponse {
         let detail = try await store.get(tenant: principal.tenantID, id: try Self.pathID(request))
         var body = Self.render(detail.campaign).objectValue ?? [:]
         body["instances"] = .object(detail.instances.mapValues { .int(Int64($0)) })
@@ -324,8 +322,7 @@ struct CampaignRoutes: Sendable {
         return .json(.object(body))
     }
 
-    func list(_ request: HTTPRequest) async throws -> HTTPResponse {
-        let principal = try await authenticator.require(request, kinds: [.app])
+    func list(_ request: HTTPRequest, _ principal: Principal) async throws -> HTTPResponse {
         let limit = try LifecycleRoutes.limit(request)
         var after: (Date, String)?
         if let cursor = request.query["cursor"] {
@@ -344,8 +341,7 @@ struct CampaignRoutes: Sendable {
         return .json(.object(["data": .array(items.map(Self.render)), "next_cursor": next]))
     }
 
-    func people(_ request: HTTPRequest) async throws -> HTTPResponse {
-        let principal = try await authenticator.require(request, kinds: [.app])
+    func people(_ request: HTTPRequest, _ principal: Principal) async throws -> HTTPResponse {
         let limit = try LifecycleRoutes.limit(request)
         let after = try request.query["cursor"].map { text throws(ValidationError) in
             try Identifiers.personID(text, field: "cursor")

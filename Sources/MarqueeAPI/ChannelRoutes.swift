@@ -17,14 +17,13 @@ struct ChannelRoutes: Sendable {
     let now: @Sendable () -> Date
 
     func register(in router: inout Router) {
-        router.add(.POST, "/v1/channels", create)
-        router.add(.GET, "/v1/channels", list)
-        router.add(.GET, "/v1/channels/{channel_id}", get)
-        router.add(.DELETE, "/v1/channels/{channel_id}", delete)
+        router.add(.POST, "/v1/channels", authenticator.app(create))
+        router.add(.GET, "/v1/channels", authenticator.app(list))
+        router.add(.GET, "/v1/channels/{channel_id}", authenticator.app(get))
+        router.add(.DELETE, "/v1/channels/{channel_id}", authenticator.app(delete))
     }
 
-    func create(_ request: HTTPRequest) async throws -> HTTPResponse {
-        let principal = try await authenticator.require(request, kinds: [.app])
+    func create(_ request: HTTPRequest, _ principal: Principal) async throws -> HTTPResponse {
         let tenant = principal.tenantID
         let body = try JSONBody.parse(request)
         try body.rejectUnknown(["activity_type", "storage_policy"])
@@ -71,8 +70,7 @@ struct ChannelRoutes: Sendable {
         return .json(response, status: 201)
     }
 
-    func list(_ request: HTTPRequest) async throws -> HTTPResponse {
-        let principal = try await authenticator.require(request, kinds: [.app])
+    func list(_ request: HTTPRequest, _ principal: Principal) async throws -> HTTPResponse {
         let limit = try LifecycleRoutes.limit(request)
         var before: UUID?
         if let cursor = request.query["cursor"] {
@@ -92,14 +90,12 @@ struct ChannelRoutes: Sendable {
         return .json(.object(["data": .array(items.map(Self.render)), "next_cursor": next]))
     }
 
-    func get(_ request: HTTPRequest) async throws -> HTTPResponse {
-        let principal = try await authenticator.require(request, kinds: [.app])
+    func get(_ request: HTTPRequest, _ principal: Principal) async throws -> HTTPResponse {
         let id = try Self.channelID(request)
         return .json(Self.render(try await store.get(tenant: principal.tenantID, id: id)))
     }
 
-    func delete(_ request: HTTPRequest) async throws -> HTTPResponse {
-        let principal = try await authenticator.require(request, kinds: [.app])
+    func delete(_ request: HTTPRequest, _ principal: Principal) async throws -> HTTPResponse {
         let tenant = principal.tenantID
         let channel = try await store.get(tenant: tenant, id: try Self.channelID(request))
         let manager = try requireManager()

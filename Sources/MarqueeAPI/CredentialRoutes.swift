@@ -12,16 +12,15 @@ struct CredentialRoutes: Sendable {
     let providerHosts: ProviderHosts
 
     func register(in router: inout Router) {
-        router.add(.PUT, "/v1/credentials/apns", putAPNs)
-        router.add(.GET, "/v1/credentials/apns", getAPNs)
-        router.add(.DELETE, "/v1/credentials/apns", deleteAPNs)
-        router.add(.PUT, "/v1/credentials/fcm", putFCM)
-        router.add(.GET, "/v1/credentials/fcm", getFCM)
-        router.add(.DELETE, "/v1/credentials/fcm", deleteFCM)
+        router.add(.PUT, "/v1/credentials/apns", authenticator.app(putAPNs))
+        router.add(.GET, "/v1/credentials/apns", authenticator.app(getAPNs))
+        router.add(.DELETE, "/v1/credentials/apns", authenticator.app(deleteAPNs))
+        router.add(.PUT, "/v1/credentials/fcm", authenticator.app(putFCM))
+        router.add(.GET, "/v1/credentials/fcm", authenticator.app(getFCM))
+        router.add(.DELETE, "/v1/credentials/fcm", authenticator.app(deleteFCM))
     }
 
-    func putAPNs(_ request: HTTPRequest) async throws -> HTTPResponse {
-        let principal = try await authenticator.require(request, kinds: [.app])
+    func putAPNs(_ request: HTTPRequest, _ principal: Principal) async throws -> HTTPResponse {
         let body = try JSONBody.parse(request)
         try body.rejectUnknown([
             "team_id", "key_id", "private_key", "bundle_id", "environment", "endpoint", "management_endpoint",
@@ -54,19 +53,16 @@ struct CredentialRoutes: Sendable {
         return .json(Render.apns(info))
     }
 
-    func getAPNs(_ request: HTTPRequest) async throws -> HTTPResponse {
-        let principal = try await authenticator.require(request, kinds: [.app])
+    func getAPNs(_ request: HTTPRequest, _ principal: Principal) async throws -> HTTPResponse {
         return .json(Render.apns(try await credentials.getAPNs(tenant: principal.tenantID)))
     }
 
-    func deleteAPNs(_ request: HTTPRequest) async throws -> HTTPResponse {
-        let principal = try await authenticator.require(request, kinds: [.app])
+    func deleteAPNs(_ request: HTTPRequest, _ principal: Principal) async throws -> HTTPResponse {
         try await credentials.deleteAPNs(tenant: principal.tenantID)
         return .noContent()
     }
 
-    func putFCM(_ request: HTTPRequest) async throws -> HTTPResponse {
-        let principal = try await authenticator.require(request, kinds: [.app])
+    func putFCM(_ request: HTTPRequest, _ principal: Principal) async throws -> HTTPResponse {
         let body = try JSONBody.parse(request)
         try body.rejectUnknown(["service_account", "endpoint", "token_uri"])
         guard let account = try body.nested("service_account") else { throw ValidationError.missing("service_account") }
@@ -101,13 +97,11 @@ struct CredentialRoutes: Sendable {
         return .json(Render.fcm(info))
     }
 
-    func getFCM(_ request: HTTPRequest) async throws -> HTTPResponse {
-        let principal = try await authenticator.require(request, kinds: [.app])
+    func getFCM(_ request: HTTPRequest, _ principal: Principal) async throws -> HTTPResponse {
         return .json(Render.fcm(try await credentials.getFCM(tenant: principal.tenantID)))
     }
 
-    func deleteFCM(_ request: HTTPRequest) async throws -> HTTPResponse {
-        let principal = try await authenticator.require(request, kinds: [.app])
+    func deleteFCM(_ request: HTTPRequest, _ principal: Principal) async throws -> HTTPResponse {
         try await credentials.deleteFCM(tenant: principal.tenantID)
         return .noContent()
     }

@@ -16,18 +16,17 @@ struct LifecycleRoutes: Sendable {
     let now: @Sendable () -> Date
 
     func register(in router: inout Router) {
-        router.add(.POST, "/v1/live_notifications/start", start)
-        router.add(.POST, "/v1/live_notifications/update", update)
-        router.add(.POST, "/v1/live_notifications/end", end)
-        router.add(.GET, "/v1/live_notifications", list)
-        router.add(.GET, "/v1/live_notifications/{instance_id}", get)
-        router.add(.GET, "/v1/live_notifications/{instance_id}/deliveries", deliveries)
+        router.add(.POST, "/v1/live_notifications/start", authenticator.app(start))
+        router.add(.POST, "/v1/live_notifications/update", authenticator.app(update))
+        router.add(.POST, "/v1/live_notifications/end", authenticator.app(end))
+        router.add(.GET, "/v1/live_notifications", authenticator.app(list))
+        router.add(.GET, "/v1/live_notifications/{instance_id}", authenticator.app(get))
+        router.add(.GET, "/v1/live_notifications/{instance_id}/deliveries", authenticator.app(deliveries))
     }
 
     // MARK: Start
 
-    func start(_ request: HTTPRequest) async throws -> HTTPResponse {
-        let principal = try await authenticator.require(request, kinds: [.app])
+    func start(_ request: HTTPRequest, _ principal: Principal) async throws -> HTTPResponse {
         let tenant = principal.tenantID
         let body = try JSONBody.parse(request)
         try body.rejectUnknown([
@@ -176,16 +175,17 @@ struct LifecycleRoutes: Sendable {
 
     // MARK: Update and end
 
-    func update(_ request: HTTPRequest) async throws -> HTTPResponse {
-        try await change(request, operation: .update)
+    func update(_ request: HTTPRequest, _ principal: Principal) async throws -> HTTPResponse {
+        try await change(request, principal, operation: .update)
     }
 
-    func end(_ request: HTTPRequest) async throws -> HTTPResponse {
-        try await change(request, operation: .end)
+    func end(_ request: HTTPRequest, _ principal: Principal) async throws -> HTTPResponse {
+        try await change(request, principal, operation: .end)
     }
 
-    func change(_ request: HTTPRequest, operation: ChangeWrite.Operation) async throws -> HTTPResponse {
-        let principal = try await authenticator.require(request, kinds: [.app])
+    func change(_ request: HTTPRequest, _ principal: Principal, operation: ChangeWrite.Operation) async throws
+        -> HTTPResponse
+    {
         let tenant = principal.tenantID
         let body = try JSONBody.parse(request)
         var allowed: Set<String> = [
@@ -350,8 +350,7 @@ struct LifecycleRoutes: Sendable {
 
     // MARK: Reads
 
-    func get(_ request: HTTPRequest) async throws -> HTTPResponse {
-        let principal = try await authenticator.require(request, kinds: [.app])
+    func get(_ request: HTTPRequest, _ principal: Principal) async throws -> HTTPResponse {
         guard let id = try? Identifiers.instanceID(request.pathParameters["instance_id"] ?? ""),
             let found = try await store.instance(tenant: principal.tenantID, id: id)
         else { throw Problems.notFound("live_notification") }
@@ -377,8 +376,7 @@ struct LifecycleRoutes: Sendable {
         return .json(.object(o))
     }
 
-    func list(_ request: HTTPRequest) async throws -> HTTPResponse {
-        let principal = try await authenticator.require(request, kinds: [.app])
+    func list(_ request: HTTPRequest, _ principal: Principal) async throws -> HTTPResponse {
         let limit = try Self.limit(request)
         var state: InstanceState?
         if let text = request.query["state"] {
@@ -410,8 +408,7 @@ struct LifecycleRoutes: Sendable {
         return .json(.object(["data": .array(items.map { Self.render($0, now: now) }), "next_cursor": next]))
     }
 
-    func deliveries(_ request: HTTPRequest) async throws -> HTTPResponse {
-        let principal = try await authenticator.require(request, kinds: [.app])
+    func deliveries(_ request: HTTPRequest, _ principal: Principal) async throws -> HTTPResponse {
         guard let id = try? Identifiers.instanceID(request.pathParameters["instance_id"] ?? "") else {
             throw Problems.notFound("live_notification")
         }

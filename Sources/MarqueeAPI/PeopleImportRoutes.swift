@@ -20,11 +20,11 @@ struct PeopleImportRoutes: Sendable {
     static let maxBodyBytes = 64 << 20
 
     func register(in router: inout Router) {
-        router.add(.POST, "/v1/people/import", body: .ndjson(maxSize: Self.maxBodyBytes), importPeople)
+        router.add(
+            .POST, "/v1/people/import", body: .ndjson(maxSize: Self.maxBodyBytes), authenticator.app(importPeople))
     }
 
-    func importPeople(_ request: HTTPRequest) async throws -> HTTPResponse {
-        let principal = try await authenticator.require(request, kinds: [.app])
+    func importPeople(_ request: HTTPRequest, _ principal: Principal) async throws -> HTTPResponse {
         let idempotencyKey = try LifecycleRoutes.idempotencyKey(request)
         let requestHash = LifecycleRoutes.requestHash(request)
         let (people, refused) = try Self.parse(request.body)

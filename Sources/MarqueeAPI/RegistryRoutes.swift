@@ -16,8 +16,8 @@ struct RegistryRoutes: Sendable {
 
     func register(in router: inout Router) {
         router.add(.PUT, "/v1/people/{id}", putPerson)
-        router.add(.GET, "/v1/people/{id}", getPerson)
-        router.add(.DELETE, "/v1/people/{id}", deletePerson)
+        router.add(.GET, "/v1/people/{id}", authenticator.app(getPerson))
+        router.add(.DELETE, "/v1/people/{id}", authenticator.app(deletePerson))
         router.add(.PUT, "/v1/people/{id}/devices/{device_token}", putDevice)
         router.add(.DELETE, "/v1/people/{id}/devices/{device_token}", deleteDevice)
         router.add(
@@ -42,16 +42,14 @@ struct RegistryRoutes: Sendable {
         return .json(Render.person(person))
     }
 
-    func getPerson(_ request: HTTPRequest) async throws -> HTTPResponse {
-        let principal = try await authenticator.require(request, kinds: [.app])
+    func getPerson(_ request: HTTPRequest, _ principal: Principal) async throws -> HTTPResponse {
         guard let id = try? Identifiers.personID(request.pathParameters["id"] ?? "") else {
             throw Problems.notFound("person")
         }
         return .json(Render.personDetail(try await registry.person(tenant: principal.tenantID, id: id)))
     }
 
-    func deletePerson(_ request: HTTPRequest) async throws -> HTTPResponse {
-        let principal = try await authenticator.require(request, kinds: [.app])
+    func deletePerson(_ request: HTTPRequest, _ principal: Principal) async throws -> HTTPResponse {
         guard let id = try? Identifiers.personID(request.pathParameters["id"] ?? "") else {
             throw Problems.notFound("person")
         }

@@ -9,15 +9,14 @@ struct SegmentRoutes: Sendable {
     let store: SegmentStore
 
     func register(in router: inout Router) {
-        router.add(.PUT, "/v1/segments/{segment_id}", put)
-        router.add(.GET, "/v1/segments", list)
-        router.add(.GET, "/v1/segments/{segment_id}", get)
-        router.add(.DELETE, "/v1/segments/{segment_id}", delete)
-        router.add(.POST, "/v1/segments/{segment_id}/preview", preview)
+        router.add(.PUT, "/v1/segments/{segment_id}", authenticator.app(put))
+        router.add(.GET, "/v1/segments", authenticator.app(list))
+        router.add(.GET, "/v1/segments/{segment_id}", authenticator.app(get))
+        router.add(.DELETE, "/v1/segments/{segment_id}", authenticator.app(delete))
+        router.add(.POST, "/v1/segments/{segment_id}/preview", authenticator.app(preview))
     }
 
-    func put(_ request: HTTPRequest) async throws -> HTTPResponse {
-        let principal = try await authenticator.require(request, kinds: [.app])
+    func put(_ request: HTTPRequest, _ principal: Principal) async throws -> HTTPResponse {
         let id = try Identifiers.instanceID(request.pathParameters["segment_id"] ?? "", field: "segment_id")
         let body = try JSONBody.parse(request)
         try body.rejectUnknown(["name", "filter"])
@@ -29,8 +28,7 @@ struct SegmentRoutes: Sendable {
         return .json(Self.render(segment), status: created ? 201 : 200)
     }
 
-    func list(_ request: HTTPRequest) async throws -> HTTPResponse {
-        let principal = try await authenticator.require(request, kinds: [.app])
+    func list(_ request: HTTPRequest, _ principal: Principal) async throws -> HTTPResponse {
         let limit = try LifecycleRoutes.limit(request)
         let after = try request.query["cursor"].map { text throws(ValidationError) in
             try Identifiers.instanceID(text, field: "cursor")
@@ -41,13 +39,11 @@ struct SegmentRoutes: Sendable {
         return .json(.object(["data": .array(items.map(Self.render)), "next_cursor": next]))
     }
 
-    func get(_ request: HTTPRequest) async throws -> HTTPResponse {
-        let principal = try await authenticator.require(request, kinds: [.app])
+    func get(_ request: HTTPRequest, _ principal: Principal) async throws -> HTTPResponse {
         return .json(Self.render(try await store.get(tenant: principal.tenantID, id: try Self.segmentID(request))))
     }
 
-    func delete(_ request: HTTPRequest) async throws -> HTTPResponse {
-        let principal = try await authenticator.require(request, kinds: [.app])
+    func delete(_ request: HTTPRequest, _ principal: Principal) async throws -> HTTPResponse {
         guard try await store.delete(tenant: principal.tenantID, id: try Self.segmentID(request)) else {
             throw NotFound("segment")
         }
@@ -56,8 +52,7 @@ struct SegmentRoutes: Sendable {
 
     /// Who the saved segment matches now: `{count, sample}`. Read-only, so safe to repeat (an Idempotency-Key is
     /// accepted and has nothing to guard).
-    func preview(_ request: HTTPRequest) async throws -> HTTPResponse {
-        let principal = try await authenticator.require(request, kinds: [.app])
+    func preview(_ request: HTTPRequest, _ principal: Principal) async throws -> HTTPResponse {
         _ = try LifecycleRoutes.idempotencyKey(request)
         let segment = try await store.get(tenant: principal.tenantID, id: try Self.segmentID(request))
         let preview = try await store.preview(tenant: principal.tenantID, filter: try SegmentFilter(segment.filter))

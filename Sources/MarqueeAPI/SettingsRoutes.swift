@@ -11,18 +11,16 @@ struct SettingsRoutes: Sendable {
     let identity: IdentityGuard
 
     func register(in router: inout Router) {
-        router.add(.GET, "/v1/settings", getSettings)
-        router.add(.PATCH, "/v1/settings", patchSettings)
-        router.add(.POST, "/v1/settings/identity_secret", postIdentitySecret)
+        router.add(.GET, "/v1/settings", authenticator.app(getSettings))
+        router.add(.PATCH, "/v1/settings", authenticator.app(patchSettings))
+        router.add(.POST, "/v1/settings/identity_secret", authenticator.app(postIdentitySecret))
     }
 
-    func getSettings(_ request: HTTPRequest) async throws -> HTTPResponse {
-        let principal = try await authenticator.require(request, kinds: [.app])
+    func getSettings(_ request: HTTPRequest, _ principal: Principal) async throws -> HTTPResponse {
         return .json(Self.render(try await settings.settings(tenant: principal.tenantID)))
     }
 
-    func patchSettings(_ request: HTTPRequest) async throws -> HTTPResponse {
-        let principal = try await authenticator.require(request, kinds: [.app])
+    func patchSettings(_ request: HTTPRequest, _ principal: Principal) async throws -> HTTPResponse {
         let body = try JSONBody.parse(request)
         try body.rejectUnknown(["identity_verification", "send_rate_per_second"])
         var change = TenantSettingsStore.Change()
@@ -44,8 +42,7 @@ struct SettingsRoutes: Sendable {
     }
 
     /// Creates or rotates the identity secret; the only place it is ever shown.
-    func postIdentitySecret(_ request: HTTPRequest) async throws -> HTTPResponse {
-        let principal = try await authenticator.require(request, kinds: [.app])
+    func postIdentitySecret(_ request: HTTPRequest, _ principal: Principal) async throws -> HTTPResponse {
         let (secret, rotated) = try await settings.rotateIdentitySecret(tenant: principal.tenantID)
         identity.invalidate(principal.tenantID)
         return .json(.object(["secret": .string(Base64URL.encode(secret))]), status: rotated ? 200 : 201)
