@@ -2,18 +2,6 @@ import Foundation
 import MarqueeCore
 import PostgresClient
 
-/// The lifecycle state of an instance.
-public enum InstanceState: String, Sendable, CaseIterable, Codable {
-    case pending
-    case active
-    case ended
-    case expired
-    case failed
-
-    /// No further update or end is accepted.
-    public var isClosed: Bool { self == .ended || self == .expired }
-}
-
 /// An instance row.
 public struct InstanceRecord: Sendable, Equatable {
     public var id: String
@@ -115,30 +103,6 @@ public struct ChangeContext: Sendable {
     public var idempotent: StoredResponse?
     /// The instance's broadcast channel, if it is channel-backed.
     public var channel: ChannelBinding?
-}
-
-/// One delivery row to queue.
-public struct PlannedDelivery: Sendable, Equatable {
-    public enum Provider: String, Sendable, CaseIterable { case apns, fcm }
-    public enum TokenKind: String, Sendable {
-        case pushToStart = "push_to_start"
-        case activity, fcm
-        /// One broadcast on the instance's channel; the token is Apple's channel ID.
-        case channel
-    }
-    public var id: UUID
-    public var deviceToken: String
-    public var provider: Provider
-    public var tokenKind: TokenKind
-    public var token: String
-
-    public init(id: UUID, deviceToken: String, provider: Provider, tokenKind: TokenKind, token: String) {
-        self.id = id
-        self.deviceToken = deviceToken
-        self.provider = provider
-        self.tokenKind = tokenKind
-        self.token = token
-    }
 }
 
 /// An idempotency record to write with a change.

@@ -2,41 +2,6 @@ import Foundation
 import MarqueeCore
 import PostgresClient
 
-/// An activity type: how instances of it are validated and shaped for the device.
-public struct ActivityType: Sendable, Equatable {
-    public var identifier: String
-    public var attributesType: String
-    public var contentStateSchema: JSONValue?
-    /// JSON pointers into the content state, each with its encoding.
-    public var dateFields: [String: DateEncoding]
-    public var payloadProfile: PayloadProfile
-    /// The app declares `NSSupportsLiveActivitiesFrequentUpdates`: updates without an alert may go at priority 10.
-    public var frequentUpdates: Bool
-    /// Updates of one instance are sent at most once per this many milliseconds (latest wins); 0 is off.
-    public var minUpdateIntervalMilliseconds: Int
-    public var autoCreated: Bool
-    public var createdAt: Date
-    public var updatedAt: Date
-
-    public init(
-        identifier: String, attributesType: String, contentStateSchema: JSONValue? = nil,
-        dateFields: [String: DateEncoding] = [:], payloadProfile: PayloadProfile = .marquee,
-        frequentUpdates: Bool = false, minUpdateIntervalMilliseconds: Int = 0,
-        autoCreated: Bool = false, createdAt: Date = Date(), updatedAt: Date = Date()
-    ) {
-        self.frequentUpdates = frequentUpdates
-        self.minUpdateIntervalMilliseconds = minUpdateIntervalMilliseconds
-        self.identifier = identifier
-        self.attributesType = attributesType
-        self.contentStateSchema = contentStateSchema
-        self.dateFields = dateFields
-        self.payloadProfile = payloadProfile
-        self.autoCreated = autoCreated
-        self.createdAt = createdAt
-        self.updatedAt = updatedAt
-    }
-}
-
 public struct Person: Sendable, Equatable {
     public var id: String
     public var email: String?
@@ -111,14 +76,6 @@ public struct TokenRegistration: Sendable, Equatable {
     public var rotated: Bool
     /// The token was already the active one.
     public var unchanged: Bool
-}
-
-/// A token a send would go to for an instance (update and end targets).
-public struct ActivityTarget: Sendable, Equatable {
-    public var deviceToken: String
-    public var platform: Platform
-    /// The per-activity APNs token, or the FCM token for Android.
-    public var token: String
 }
 
 /// Shows the ends of a token only.
