@@ -229,7 +229,8 @@ public struct RegistryStore: Sendable {
                 """
                 DELETE FROM delivery_metrics
                 WHERE tenant_id = \(tenant)
-                  AND (lower(delivery_id) = ANY(\(deliveries)::text[]) OR recipient = ANY(\(tokens)::text[]))
+                  AND (lower(delivery_id) = ANY(\(deliveries)::text[]) OR delivery_uuid = ANY(\(deliveries)::uuid[])
+                       OR recipient = ANY(\(tokens)::text[]))
                 """)
             try connection.execute(
                 """
@@ -247,6 +248,17 @@ public struct RegistryStore: Sendable {
                 DELETE FROM idempotency_keys k
                 WHERE k.tenant_id = \(tenant)
                   AND EXISTS (SELECT 1 FROM unnest(\(instances)::text[]) AS i(id) WHERE strpos(k.response::text, i.id) > 0)
+                """)
+            // Campaigns: who they addressed (the audience kept at start) and lists of people they name.
+            try connection.execute(
+                """
+                DELETE FROM campaign_members
+                WHERE tenant_id = \(tenant) AND (person_id = \(id) OR instance_id = ANY(\(instances)::text[]))
+                """)
+            try connection.execute(
+                """
+                UPDATE campaigns SET audience = jsonb_set(audience, '{people}', (audience -> 'people') - \(id)::text)
+                WHERE tenant_id = \(tenant) AND audience -> 'people' ? \(id)::text
                 """)
             try connection.execute(
                 "DELETE FROM instances WHERE tenant_id = \(tenant) AND id = ANY(\(instances)::text[])")

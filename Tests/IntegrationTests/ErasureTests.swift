@@ -125,6 +125,30 @@ struct ErasureTests {
                     ]), "metric")
         }
 
+        // A campaign addressed to both people, started (its run, in process: no worker runs here).
+        let campaign = Fake.id("camp")
+        try ok(
+            await api.call(
+                "POST", "/v1/campaigns", key: tenant.app,
+                json: [
+                    "campaign_id": campaign, "name": "both", "notification_type": type,
+                    "audience": ["people": [person, other]],
+                    "attributes": ["who": ["$person": "/name", "default": "?"]],
+                    "content_state": ["step": 1], "push_payload": ["alert": ["title": "Hi", "body": "all"]],
+                ]), "campaign")
+        let runner = CampaignRunner(database: TenantDatabase(pool: fixture.pool))
+        let clock = ContinuousClock()
+        let deadline = clock.now + .seconds(30)
+        while try await fixture.pool.count(
+            """
+            SELECT count(*)::int AS n FROM campaign_members WHERE tenant_id = \(tenant.uuid) AND campaign_id = \(campaign)
+            """) < 2 && clock.now < deadline
+        {
+            _ = try await runner.runDue()
+            try await Task.sleep(for: .milliseconds(20))
+        }
+        #expect(try await !Self.mentions(fixture.pool, tenant: tenant.uuid, "\(campaign).\(person)").isEmpty)
+
         let needles = [person, email, iphone, pixel, pushToStart, activityToken, instance] + deliveries
         for needle in [person, email, iphone, pixel, pushToStart, activityToken, instance] {
             #expect(try await !Self.mentions(fixture.pool, tenant: tenant.uuid, needle).isEmpty, "seeded: \(needle)")
@@ -148,6 +172,10 @@ struct ErasureTests {
         #expect(try await Self.mentions(fixture.pool, tenant: tenant.uuid, otherInstance) == before)
         let otherView = try await api.call("GET", "/v1/people/\(other)", key: tenant.app)
         #expect(otherView.status == 200)
+        // The campaign keeps the other person: its audience, their member row and instance.
+        let kept = try await Self.mentions(fixture.pool, tenant: tenant.uuid, "\(campaign).\(other)")
+        #expect(kept["campaign_members"] == 1 && kept["instances"] == 1, "\(kept)")
+        #expect(try await Self.mentions(fixture.pool, tenant: tenant.uuid, other)["campaigns"] == 1)
         // Deleting again: the person is gone.
         expectProblem(try await api.call("DELETE", "/v1/people/\(person)", key: tenant.app), 404, "not-found")
     }

@@ -10,7 +10,10 @@
 # With CAMPAIGN=1 (default), then: AUDIENCE people imported through the API with an iPhone each, one campaign on the
 # channel for all of them (100k push-to-start pushes, each subscribing), and CAMPAIGN_UPDATES campaign-wide updates:
 # p50/p99 of "broadcast recorded − API accepted" (goal ≤ 50 ms), and how long writing all instances took.
-# Env: UPDATES (200), WORKERS (2), AUDIENCE (100000), CAMPAIGN (1), CAMPAIGN_UPDATES (20), FANOUT (1), PORT, SIM_PORT.
+# SETTLE=1 sends each campaign-wide update only once the previous one is written to every instance; by default they
+# are 0.2 s apart, so each broadcast commits while the previous change's 100k-row write is running.
+# Env: UPDATES (200), WORKERS (2), AUDIENCE (100000), CAMPAIGN (1), CAMPAIGN_UPDATES (20), SETTLE (0), FANOUT (1),
+#      PORT, SIM_PORT.
 source "$(dirname "$0")/../lib.sh"
 MARQUEE_EXTRA_PACKAGES="" "$root/Deploy/local/deps.sh"
 bench_build
@@ -153,10 +156,11 @@ PY
     sleep 0.5
   done
   echo "campaign start: $sent push-to-start sent, the last $(psql -qtA "$DATABASE_URL" -c "SELECT round((extract(epoch FROM max(sent_at)) - $t0)::numeric, 2) FROM deliveries WHERE operation = 'start'") s after the call"
-  python3 - "$MARQUEE_LISTEN" "$APP_KEY" "$campaign_updates" "$work/records.jsonl" <<'PY'
+  python3 - "$MARQUEE_LISTEN" "$APP_KEY" "$campaign_updates" "$work/records.jsonl" "${SETTLE:-0}" <<'PY'
 import json, sys, time, urllib.request
 from datetime import datetime
 listen, key, n, records = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+settle = sys.argv[5] == "1"
 offset = 0
 with open(records, "rb") as f:
     f.seek(0, 2)
@@ -191,12 +195,23 @@ for i in range(1000, 1000 + n):
         missing += 1
         continue
     accept.append((seen[i] - t1) * 1000)
-    # The rest of the audience's instances are written after the broadcast; let that finish before the next one.
-    time.sleep(0.2)
+    if settle:
+        # The next update only once this one is written to every instance (a score every few seconds, not 5/s).
+        while True:
+            req = urllib.request.Request(f"http://{listen}/v1/campaigns/final",
+                                         headers={"Authorization": "Bearer " + key})
+            with urllib.request.urlopen(req) as r:
+                campaign = json.loads(r.read())
+            if all(s["state"] != "pending" for s in campaign["schedules"]):
+                break
+            time.sleep(0.05)
+    else:
+        # 0.2 s apart: each next update overlaps the previous one's write to the other instances.
+        time.sleep(0.2)
 def pct(xs, p):
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))] if xs else float("nan")
-print(json.dumps({"bench": "broadcast-campaign", "updates": n, "recorded": len(accept), "missing": missing,
+print(json.dumps({"bench": "broadcast-campaign", "settle": settle, "updates": n, "recorded": len(accept), "missing": missing,
                   "recorded_minus_accept_ms": {"p50": round(pct(accept, 50), 2), "p99": round(pct(accept, 99), 2),
                                                "max": round(max(accept), 2) if accept else None}}))
 PY
