@@ -395,7 +395,16 @@ struct DeliveryTests {
             WHERE tenant_id = \(a.tenant.uuid) AND instance_id = \(backlogInstance) AND status = 'queued'
             """)
         #expect(leftWhenBWasSent >= 100, "A's limited backlog held B back: \(leftWhenBWasSent) left")
-        _ = try await a.settled(backlogInstance, count: nil, timeout: .seconds(120))
+        // All 300, not just the newest 200 that one page of GET …/deliveries shows.
+        let settleBy = clock.now + .seconds(120)
+        while try await a.fixture.pool.count(
+            """
+            SELECT count(*)::int AS n FROM deliveries
+            WHERE tenant_id = \(a.tenant.uuid) AND instance_id = \(backlogInstance) AND status = 'queued'
+            """) > 0 && clock.now < settleBy
+        {
+            try await Task.sleep(for: .milliseconds(100))
+        }
         let formatter = ISO8601DateFormatter()
         formatter.formatOptions = [.withInternetDateTime, .withFractionalSeconds]
         let times = a.fixture.simulator.pushes().compactMap { push -> Date? in
