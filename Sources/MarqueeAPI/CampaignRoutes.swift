@@ -15,6 +15,8 @@ struct CampaignRoutes: Sendable {
     let registry: RegistryStore
     let segments: SegmentStore
     let channels: ChannelStore
+    /// Creates a new channel for a campaign that asks for one (`"channel": {"storage_policy": …}`).
+    let channelRoutes: ChannelRoutes
     let now: @Sendable () -> Date
 
     static let maximumPeople = 10_000
@@ -37,7 +39,7 @@ struct CampaignRoutes: Sendable {
         try body.rejectUnknown([
             "campaign_id", "name", "notification_type", "audience", "attributes", "content_state", "push_payload",
             "expiration", "start_at", "platform", "rate_limit_per_second", "deep_link", "stale_date",
-            "relevance_score", "priority", "channel_id",
+            "relevance_score", "priority", "channel_id", "channel",
         ])
         let id =
             try body.string("campaign_id", maxLength: 64).map { text throws(ValidationError) in
@@ -53,6 +55,15 @@ struct CampaignRoutes: Sendable {
         let requestedState = try LifecycleRoutes.nonEmptyObject(body, "content_state")
         let platform = try body.enumValue("platform", Platform.self)
         let rate = try body.integer("rate_limit_per_second", range: 1...1_000_000).map(Int.init)
+        var newChannelPolicy: ChannelStoragePolicy?
+        if let channel = try body.nested("channel") {
+            try channel.rejectUnknown(["storage_policy"])
+            newChannelPolicy = try channel.requiredEnum("storage_policy", ChannelStoragePolicy.self)
+            if body.has("channel_id") {
+                throw ValidationError(
+                    field: "channel", reason: "cannot be combined with channel_id: name one or ask for one")
+            }
+        }
         let channelID = try body.string("channel_id", maxLength: 64).map { text throws(ValidationError) in
             guard let ulid = ULID(string: text) else {
                 throw ValidationError(
@@ -133,31 +144,55 @@ struct CampaignRoutes: Sendable {
         try LifecycleRoutes.checkSize(content, platforms: platforms)
 
         let warnings = JSONValue.array(stale.warnings.map { .string($0) })
-        let outcome = try await store.create(
-            tenant: tenant,
-            CampaignCreate(
-                id: id, name: name, activityType: activityType, audience: audience, template: template,
-                contentState: contentState, options: options.json, platform: platform, expiresAt: expiration,
-                rateLimitPerSecond: rate, startAt: start,
-                headroom: PayloadLimits.headroom(content, platforms: platforms), channelID: channelID),
-            response: { state in
-                .object([
-                    "campaign_id": .string(id), "state": .string(state.rawValue), "start_at": .from(start),
-                    "warnings": warnings,
-                ])
-            }, idempotency: idempotency)
+        // A new channel for the campaign: made at Apple now (a replay of this request makes none), and deleted again
+        // if the campaign is not created after all.
+        var newChannel: ChannelRecord?
+        if let policy = newChannelPolicy {
+            if let key = idempotency?.key, let stored = try await store.idempotentResponse(tenant: tenant, key: key) {
+                return try LifecycleRoutes.replay(stored, hash: idempotency?.hash ?? [])
+            }
+            newChannel = try await channelRoutes.open(tenant: tenant, activityType: activityType, policy: policy)
+        }
+        let opened = newChannel
+        let outcome: CampaignStore.CreateOutcome
+        do {
+            outcome = try await store.create(
+                tenant: tenant,
+                CampaignCreate(
+                    id: id, name: name, activityType: activityType, audience: audience, template: template,
+                    contentState: contentState, options: options.json, platform: platform, expiresAt: expiration,
+                    rateLimitPerSecond: rate, startAt: start,
+                    headroom: PayloadLimits.headroom(content, platforms: platforms), channelID: opened?.id ?? channelID),
+                response: { state in Self.accepted(id, state, start, warnings, opened) }, idempotency: idempotency)
+        } catch {
+            if let opened { await channelRoutes.close(tenant: tenant, opened) }
+            throw error
+        }
         switch outcome {
         case .created(let state):
-            return .json(
-                .object([
-                    "campaign_id": .string(id), "state": .string(state.rawValue), "start_at": .from(start),
-                    "warnings": warnings,
-                ]), status: 202)
+            return .json(Self.accepted(id, state, start, warnings, opened), status: 202)
         case .replay(let stored):
+            if let opened { await channelRoutes.close(tenant: tenant, opened) }
             return try LifecycleRoutes.replay(stored, hash: idempotency?.hash ?? [])
         case .idTaken:
+            if let opened { await channelRoutes.close(tenant: tenant, opened) }
             throw Problems.conflict(field: "campaign_id", reason: "is already used by another campaign")
         }
+    }
+
+    /// The 202 answer to a create (and its stored replay): with the new channel's IDs when one was made for it.
+    static func accepted(
+        _ id: String, _ state: CampaignState, _ start: Date, _ warnings: JSONValue, _ channel: ChannelRecord?
+    ) -> JSONValue {
+        var o: [String: JSONValue] = [
+            "campaign_id": .string(id), "state": .string(state.rawValue), "start_at": .from(start),
+            "warnings": warnings,
+        ]
+        if let channel {
+            o["channel_id"] = .string(ULID(uuid: channel.id).description)
+            o["apns_channel_id"] = .string(channel.apnsChannelID)
+        }
+        return .object(o)
     }
 
     static func audience(_ body: JSONBody) throws(ValidationError) -> CampaignAudience {

@@ -110,6 +110,30 @@ struct ChannelRoutes: Sendable {
 
     // MARK: Helpers
 
+    /// Creates a channel at Apple and records it (for a campaign that asks for a new one). A channel Apple created but
+    /// that could not be recorded is deleted at Apple again.
+    func open(tenant: UUID, activityType: String, policy: ChannelStoragePolicy) async throws -> ChannelRecord {
+        let created = try await requireManager().create(tenant: tenant, storagePolicy: policy)
+        let now = self.now()
+        let channel = ChannelRecord(
+            id: ULIDGenerator.shared.next().uuid, activityType: activityType, storagePolicy: policy,
+            apnsChannelID: created.apnsChannelID, bundleID: created.bundleID, environment: created.environment,
+            createdAt: now, updatedAt: now)
+        do {
+            _ = try await store.insert(tenant: tenant, channel, idempotency: nil)
+        } catch {
+            await undo(tenant, channel)
+            throw error
+        }
+        return channel
+    }
+
+    /// Deletes a channel `open` made, here and at Apple, when what it was made for did not happen.
+    func close(tenant: UUID, _ channel: ChannelRecord) async {
+        _ = try? await store.delete(tenant: tenant, id: channel.id)
+        await undo(tenant, channel)
+    }
+
     private func requireManager() throws(HTTPProblem) -> any BroadcastChannelManaging {
         guard let manager else {
             throw HTTPProblem(

@@ -56,8 +56,7 @@ public struct MarqueeAPI: Sendable {
             authenticator: authenticator,
             store: CampaignStore(database: database, notifyChannel: groupCommit.notifyChannel ?? "marquee_deliveries"),
             registry: registryStore, segments: SegmentStore(database: database),
-            channels: ChannelStore(database: database),
-            now: { Date() })
+            channels: ChannelStore(database: database), channelRoutes: channels, now: { Date() })
         let batchSizes = metrics.histogram(
             "marquee_group_commit_batch_size", help: "Requests per transaction of the lifecycle group committer.",
             buckets: [1, 2, 4, 8, 16, 32, 64, 128, 256])

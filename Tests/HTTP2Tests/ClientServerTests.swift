@@ -351,7 +351,9 @@ struct ClientServerTests {
         }
         try await runner.value
         #expect(statuses == Array(repeating: 200, count: 10))
-        #expect(client.statistics.goAwaysTotal == 1)
+        // The GOAWAY reaches the client before the connection closes, but on a loaded machine the server may send it
+        // only after the answers (its stop ran late), so the client may read it after the last status.
+        #expect(await eventually { client.statistics.goAwaysTotal == 1 })
         await client.shutdown()
     }
 }

@@ -255,6 +255,48 @@ struct BroadcastInstanceTests {
         #expect(read.string("channel_id") == channel)
     }
 
+    @Test("a campaign may ask for a new channel: made at Apple once, kept on a replay, deleted again on a conflict")
+    func newChannelCampaign() async throws {
+        let t = try await ChannelTests.tenant()
+        let fan = Fake.id("fan")
+        let subscriber = try await Self.iphone(t, person: fan, osVersion: "18.1").1
+        let worker = try t.fixture.worker()
+        defer { worker.signal(SIGKILL) }
+        let campaign = Fake.id("derby")
+        let body: [String: Any] = [
+            "campaign_id": campaign, "name": "Derby", "notification_type": t.type,
+            "channel": ["storage_policy": "most_recent"], "audience": ["people": [fan]],
+            "attributes": ["match": "C-D"], "content_state": ["home": 0, "away": 0],
+            "push_payload": ["alert": ["title": "Kick-off", "body": "C v D"]],
+        ]
+        let key = ["Idempotency-Key": Fake.hex(16)]
+        let created = try await t.api.call("POST", "/v1/campaigns", key: t.tenant.app, json: body, headers: key)
+        #expect(created.status == 202, "\(created.text)")
+        let channel = try #require(try created.json().string("channel_id"))
+        let apnsChannel = try #require(try created.json().string("apns_channel_id"))
+        #expect(try await t.fixture.channelsAtApple(t.bundleID) == 1)
+        // A replay answers the same and makes no second channel.
+        let replay = try await t.api.call("POST", "/v1/campaigns", key: t.tenant.app, json: body, headers: key)
+        #expect(replay.status == 202 && replay.text == created.text, "\(replay.text)")
+        #expect(try await t.fixture.channelsAtApple(t.bundleID) == 1)
+        // The same campaign ID without the key: a conflict, and the channel made for it is deleted again.
+        let taken = try await t.api.call("POST", "/v1/campaigns", key: t.tenant.app, json: body)
+        #expect(taken.status == 409, "\(taken.text)")
+        #expect(try await t.fixture.channelsAtApple(t.bundleID) == 1)
+        let listed = try await t.api.call("GET", "/v1/channels", key: t.tenant.app).json()
+        #expect(listed.array("data").compactMap { $0.string("channel_id") } == [channel])
+
+        let settled = try await Self.campaignSettled(t, campaign, schedules: 1)
+        #expect(settled.string("channel_id") == channel)
+        let aps = try #require(t.fixture.simulator.pushes(token: subscriber).first?["payload"]?["aps"])
+        #expect(aps["input-push-channel"]?.stringValue == apnsChannel)
+        let both = try await t.api.call(
+            "POST", "/v1/campaigns", key: t.tenant.app,
+            json: body.merging(["campaign_id": Fake.id("x"), "channel_id": channel]) { _, new in new })
+        #expect(both.status == 422, "\(both.text)")
+        #expect(try both.json().string("field") == "channel")
+    }
+
     /// Waits until the campaign's `schedules` ran and nothing of it is queued.
     static func campaignSettled(_ t: Tenant, _ id: String, schedules: Int) async throws -> [String: Any] {
         let clock = ContinuousClock()
