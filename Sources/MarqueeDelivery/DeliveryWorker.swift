@@ -142,7 +142,15 @@ public final class DeliveryWorker: Sendable {
     /// Runs due campaign schedules one at a time until none is due, then waits for a notification or the poll
     /// interval. Returns when cancelled (a run in progress finishes: it is one transaction).
     func runCampaignSchedules() async {
+        var lastFinalize = ContinuousClock.now
         while !Task.isCancelled {
+            // Every 30 s: campaigns that are over are stored as ended (cheap reads of them from then on).
+            if ContinuousClock.now - lastFinalize > .seconds(30) {
+                lastFinalize = ContinuousClock.now
+                if let ended = try? await campaigns.finalize(), ended > 0 {
+                    logger.info("campaigns ended", metadata: ["campaigns.ended": .int(ended)])
+                }
+            }
             do {
                 let started = ContinuousClock.now
                 if let run = try await campaigns.runDue() {

@@ -120,6 +120,27 @@ public struct CampaignRunner: Sendable {
         }
     }
 
+    /// Stores `ended` on started campaigns that are over: no open instance, nothing queued, no change pending (what
+    /// reads derive as `ended`), so later reads need not walk their instances. Returns how many ended now.
+    @discardableResult
+    public func finalize() async throws -> Int {
+        try await database.systemTransaction { c in
+            try c.execute(
+                """
+                UPDATE campaigns c SET state = 'ended', ended_at = COALESCE(c.ended_at, now())
+                WHERE c.state = 'active'
+                  AND NOT EXISTS (SELECT 1 FROM instances i
+                                  WHERE i.tenant_id = c.tenant_id AND i.campaign_id = c.id
+                                    AND i.state IN ('pending', 'active') AND i.expires_at > now())
+                  AND NOT EXISTS (SELECT 1 FROM campaign_schedules s
+                                  WHERE s.tenant_id = c.tenant_id AND s.campaign_id = c.id AND s.state = 'pending')
+                  AND NOT EXISTS (SELECT 1 FROM instances i JOIN deliveries d
+                                    ON d.tenant_id = i.tenant_id AND d.instance_id = i.id AND d.status = 'queued'
+                                  WHERE i.tenant_id = c.tenant_id AND i.campaign_id = c.id)
+                """)
+        }
+    }
+
     /// A run that failed for a reason of its own, rolled back; recorded by ``record(_:)``.
     struct Failure: Error {
         var tenant: UUID
@@ -401,7 +422,9 @@ public struct CampaignRunner: Sendable {
             throw Refusal(reason: "campaign_gone", detail: "the campaign or its activity type was deleted")
         }
         guard try row.decode(String.self, "state") == "active" else {
-            throw Refusal(reason: "not_started", detail: "the campaign did not start (cancelled or failed)")
+            throw Refusal(
+                reason: "not_started", detail: "the campaign is not active: it ended, was cancelled, or failed to start"
+            )
         }
         let type = try RegistryStore.activityType(row)
         let rate = try row.decode(Int?.self, "rate_limit_per_second")
@@ -437,7 +460,9 @@ public struct CampaignRunner: Sendable {
             let locked = try c.query(
                 "SELECT state FROM campaigns WHERE tenant_id = \(tenant) AND id = \(campaignID) FOR UPDATE")
             guard try locked.first?.decode(String.self, "state") == "active" else {
-                throw Refusal(reason: "not_started", detail: "the campaign did not start (cancelled or failed)")
+                throw Refusal(
+                    reason: "not_started",
+                    detail: "the campaign is not active: it ended, was cancelled, or failed to start")
             }
             try planForBulk(c)
         }

@@ -204,6 +204,11 @@ struct CampaignTests {
         let soloState = try await t.api.call("GET", "/v1/live_notifications/\(outside)", key: t.tenant.app)
         #expect((try soloState.json()["content_state"] as? [String: Any])?["home"] as? Int == 5)
 
+        // Still running: the worker pool's finalizer leaves it active.
+        let finalizer = CampaignRunner(database: TenantDatabase(pool: t.fixture.pool))
+        try await finalizer.finalize()
+        #expect(try await t.campaign(campaignID).string("state") == "active")
+
         let end = try await t.api.call(
             "POST", "/v1/campaigns/\(campaignID)/end", key: t.tenant.app,
             json: ["content_state_patch": ["away": 2], "dismissal_date": Date().timeIntervalSince1970 + 60])
@@ -216,6 +221,12 @@ struct CampaignTests {
         #expect(ends.last?["payload"]?["aps"]?["content-state"]?["home"]?.intValue == 1)
         #expect(ends.last?["payload"]?["aps"]?["content-state"]?["away"]?.intValue == 2)
         #expect(t.fixture.fcm.messages(token: android).count == 3)
+        // Over: stored as ended, so reads no longer walk its instances.
+        try await finalizer.finalize()
+        let stored = try await t.fixture.pool.query(
+            "SELECT state FROM campaigns WHERE tenant_id = \(t.tenant.uuid) AND id = \(campaignID)")
+        #expect(try stored[0].decode(String.self, "state") == "ended")
+        #expect(try await t.campaign(campaignID).string("state") == "ended")
         let soloAfter = try await t.api.call("GET", "/v1/live_notifications/\(outside)", key: t.tenant.app)
         #expect(try soloAfter.json().string("state") != "ended")
 
