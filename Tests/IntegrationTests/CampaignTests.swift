@@ -346,6 +346,58 @@ struct CampaignTests {
         #expect((starts.first?["result"] as? [String: Any])?["instances"] as? Int == 20)
     }
 
+    @Test("a worker killed in the middle of a start run: another runs it, exactly once")
+    func crashMidRun() async throws {
+        let t = try await Self.tenant()
+        var lines: [[String: Any]] = []
+        var tokens: [String] = []
+        for _ in 0..<20_000 {
+            let (line, token) = Self.iosPerson(Fake.id("k"), type: t.type, attributes: ["team": "K"])
+            lines.append(line)
+            tokens.append(token)
+        }
+        try await t.importPeople(lines)
+        let id = Fake.id("crash")
+        var workers = try (0..<2).map { _ in try t.fixture.worker() }
+        defer { for w in workers { w.signal(SIGKILL) } }
+        #expect(try await t.create(["campaign_id": id, "audience": ["all": true]]).status == 202)
+        // The run's big statement is under way (its transaction open): kill every worker.
+        let clock = ContinuousClock()
+        let deadline = clock.now + .seconds(60)
+        var caught = false
+        while clock.now < deadline {
+            let running = try await t.fixture.pool.count(
+                """
+                SELECT count(*)::int AS n FROM pg_stat_activity
+                WHERE state = 'active' AND query LIKE '%marquee_fill_person%' AND pid <> pg_backend_pid()
+                """)
+            if running > 0 {
+                caught = true
+                break
+            }
+            try await Task.sleep(for: .milliseconds(5))
+        }
+        try #require(caught, "the start run was not seen running")
+        for w in workers { w.signal(SIGKILL) }
+        for w in workers { _ = try? await w.waitForExit(timeout: .seconds(20)) }
+        // Nothing of the run was committed; a new worker runs it (once the dead connection's locks are gone).
+        #expect(
+            try await t.fixture.pool.count(
+                "SELECT count(*)::int AS n FROM instances WHERE tenant_id = \(t.tenant.uuid) AND campaign_id = \(id)")
+                < 20_000)
+        workers = [try t.fixture.worker()]
+        let campaign = try await t.settled(id, schedules: 1, timeout: .seconds(180))
+        #expect(campaign.string("state") == "active", "\(campaign)")
+        #expect(campaign["audience_size"] as? Int == 20_000)
+        #expect(t.funnel(campaign, "ios", "start")["sent"] as? Int == 20_000, "\(campaign)")
+        #expect(
+            try await t.fixture.pool.count(
+                "SELECT count(*)::int AS n FROM instances WHERE tenant_id = \(t.tenant.uuid) AND campaign_id = \(id)")
+                == 20_000)
+        let counts = Dictionary(grouping: tokens.prefix(2_000)) { t.fixture.apns.pushes(token: $0).count }
+        #expect(counts.keys.sorted() == [1], "pushes per token: \(counts.mapValues(\.count))")
+    }
+
     @Test("a campaign's rate limit spreads its pushes: 20 a second are due 50 ms apart, then all go out")
     func rateLimit() async throws {
         let t = try await Self.tenant()
