@@ -187,9 +187,13 @@ final class Promise<Value: Sendable>: Sendable {
 
 extension TenantDatabase {
     /// Runs `queries` for `tenant` in one read-only transaction, in one round trip (pipelined), and returns each
-    /// query's rows. Throws the first error.
+    /// query's rows. Throws the first error. All the queries read one snapshot (REPEATABLE READ; a read-only
+    /// transaction never fails to serialize there): under READ COMMITTED each would take its own, and a read could
+    /// see a campaign's run done in one query and not yet in the one before.
     public func tenantRead(_ tenant: UUID, _ queries: [PostgresQuery]) async throws -> [PostgresRows] {
-        var all: [PostgresQuery] = ["BEGIN READ ONLY", "SELECT marquee_enter_tenant(\(tenant))"]
+        var all: [PostgresQuery] = [
+            "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", "SELECT marquee_enter_tenant(\(tenant))",
+        ]
         all.append(contentsOf: queries)
         all.append("COMMIT")
         let statements = all
