@@ -13,9 +13,11 @@ struct PeopleImportTests {
     {
         try await api.call(
             "POST", "/v1/people/import", key: key, body: body, contentType: "application/x-ndjson", headers: headers,
-            // 13–40 s on a 2-core machine. It took 316–881 s while the registration function could keep a
-            // sequential-scan plan (fixed by migration 0048). The bound is the client's patience, not the assertion.
-            timeout: 300)
+            // 13–73 s on a 2-core machine (the upper end beside the campaign suite's 10k import and runs). It took
+            // 316–881 s while the registration function could keep a sequential-scan plan (fixed by migration 0048),
+            // and once more than 300 s in a CI run of 2026-12-04 whose cause was not found. The bound is the client's
+            // patience, not the assertion: performance is measured in bench/.
+            timeout: 900)
     }
 
     static func json(_ object: [String: Any]) throws -> String {
