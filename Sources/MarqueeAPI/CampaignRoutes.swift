@@ -359,19 +359,12 @@ struct CampaignRoutes: Sendable {
 
     func list(_ request: HTTPRequest, _ principal: Principal) async throws -> HTTPResponse {
         let limit = try LifecycleRoutes.limit(request)
-        var after: (Date, String)?
-        if let cursor = request.query["cursor"] {
-            guard let bytes = Base64URL.decode(cursor), let text = String(validating: bytes, as: UTF8.self),
-                let bar = text.firstIndex(of: "|"), let micros = Int64(text[..<bar])
-            else { throw ValidationError(field: "cursor", reason: "is not a cursor this API returned") }
-            after = (Date(timeIntervalSince1970: Double(micros) / 1e6), String(text[text.index(after: bar)...]))
-        }
+        let after = try TimeCursor.decode(request.query["cursor"])
         let page = try await store.list(tenant: principal.tenantID, after: after, limit: limit + 1)
         let items = page.prefix(limit)
         var next = JSONValue.null
         if page.count > limit, let last = items.last {
-            let micros = Int64((last.createdAt.timeIntervalSince1970 * 1e6).rounded())
-            next = .string(Base64URL.encode(Array("\(micros)|\(last.id)".utf8)))
+            next = TimeCursor.encode(last.createdAt, last.id)
         }
         return .json(.object(["data": .array(items.map(Self.render)), "next_cursor": next]))
     }

@@ -387,13 +387,7 @@ struct LifecycleRoutes: Sendable {
             }
             state = parsed
         }
-        var after: (Date, String)?
-        if let cursor = request.query["cursor"] {
-            guard let bytes = Base64URL.decode(cursor), let text = String(validating: bytes, as: UTF8.self),
-                let bar = text.firstIndex(of: "|"), let micros = Int64(text[..<bar])
-            else { throw ValidationError(field: "cursor", reason: "is not a cursor this API returned") }
-            after = (Date(timeIntervalSince1970: Double(micros) / 1e6), String(text[text.index(after: bar)...]))
-        }
+        let after = try TimeCursor.decode(request.query["cursor"])
         let page = try await store.instances(
             tenant: principal.tenantID, person: request.query["person"],
             activityType: request.query["notification_type"], campaign: request.query["campaign"], state: state,
@@ -401,8 +395,7 @@ struct LifecycleRoutes: Sendable {
         let items = page.prefix(limit)
         var next: JSONValue = .null
         if page.count > limit, let last = items.last {
-            let micros = Int64((last.startedAt.timeIntervalSince1970 * 1e6).rounded())
-            next = .string(Base64URL.encode(Array("\(micros)|\(last.id)".utf8)))
+            next = TimeCursor.encode(last.startedAt, last.id)
         }
         let now = self.now()
         return .json(.object(["data": .array(items.map { Self.render($0, now: now) }), "next_cursor": next]))

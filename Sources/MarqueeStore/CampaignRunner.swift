@@ -399,8 +399,6 @@ public struct CampaignRunner: Sendable {
     /// (computed and checked here, by the same rules as a single update), then one statement writes the instances,
     /// supersedes their older queued pushes and queues one push per active target.
     enum Scope {
-        /// Every open instance (and the broadcast, if the campaign has a channel).
-        case everything
         /// With a channel: one open instance and the broadcast; without, everything.
         case broadcastFirst
         /// Every open instance but the one the first half wrote.
@@ -436,8 +434,6 @@ public struct CampaignRunner: Sendable {
         var excluded: String?
         var broadcast = apnsChannelID != nil
         switch scope {
-        case .everything:
-            break
         case .broadcastFirst:
             // One open instance nobody holds (a bulk write of an earlier change holds all the others): the broadcast
             // does not wait for that write. When there is none, the change runs whole, the broadcast with it.

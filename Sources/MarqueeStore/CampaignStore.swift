@@ -487,9 +487,7 @@ public struct CampaignStore: Sendable {
 
     /// The response an Idempotency-Key holds, if a request with it completed in the last 24 hours.
     public func idempotentResponse(tenant: UUID, key: String) async throws -> StoredResponse? {
-        let rows = try await database.tenantRead(tenant, [LiveActivityStore.idempotencyQuery(tenant, key)])
-        guard let row = rows[0].first, try row.decode(Int.self, "status") != 0 else { return nil }
-        return try LiveActivityStore.storedResponse(rows[0])
+        try await database.idempotentResponse(tenant: tenant, key: key)
     }
 
     /// Claims an Idempotency-Key for this transaction, or returns the response it already holds. The key's row is

@@ -347,8 +347,7 @@ public struct LiveActivityStore: Sendable {
 
     /// The stored response for an idempotency key, if any.
     public func idempotentResponse(tenant: UUID, key: String) async throws -> StoredResponse? {
-        let rows = try await database.tenantRead(tenant, [Self.idempotencyQuery(tenant, key)])
-        return try Self.storedResponse(rows[0])
+        try await database.idempotentResponse(tenant: tenant, key: key)
     }
 
     static func idempotencyQuery(_ tenant: UUID, _ key: String?) -> PostgresQuery {
@@ -665,6 +664,14 @@ public struct LiveActivityStore: Sendable {
             httpStatus: try row.decode(Int?.self, "http_status"),
             reason: try row.decode(String?.self, "reason"), createdAt: try row.decode(Date.self, "created_at"),
             updatedAt: try row.decode(Date.self, "updated_at"), sentAt: try row.decode(Date?.self, "sent_at"))
+    }
+}
+
+extension TenantDatabase {
+    /// The response an Idempotency-Key holds, if a request with it completed in the last 24 hours.
+    func idempotentResponse(tenant: UUID, key: String) async throws -> StoredResponse? {
+        let rows = try await tenantRead(tenant, [LiveActivityStore.idempotencyQuery(tenant, key)])
+        return try LiveActivityStore.storedResponse(rows[0])
     }
 }
 

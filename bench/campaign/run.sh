@@ -125,40 +125,33 @@ sys.exit(1)
 PY
 }
 
-sim_reset "$sim_port" "$work/ca.pem"
-t0=$(date +%s.%N)
-started=$(api POST /v1/campaigns '{"campaign_id":"cup","name":"Cup final","notification_type":"com.example.match","audience":{"all":true},"attributes":{"match":"A-B","team":{"$person":"/team"}},"content_state":{"home":0,"away":0},"push_payload":{"alert":{"title":"Kick-off","body":"A v B"}}}')
-t1=$(date +%s.%N)
-done_at=$(await_sim "$people")
-echo "campaign start: answered in $(echo "($t1 - $t0) * 1000" | bc) ms ($started)"
-echo "campaign start: last push-to-start accepted by the simulator $(echo "$done_at - $t0" | bc) s after the call (goal ≤ 10 s)"
-psql -qtA "$DATABASE_URL" -c "
-  SELECT 'start run: ' || (result ->> 'instances') || ' instances in '
-         || round(extract(epoch FROM executed_at - created_at)::numeric, 2) || ' s after the call'
-  FROM campaign_schedules WHERE operation = 'start'" \
-  -c "SELECT 'sent_at - call: p50 ' || round(percentile_cont(0.5) WITHIN GROUP (ORDER BY s)::numeric, 2)
-         || ' s, p99 ' || round(percentile_cont(0.99) WITHIN GROUP (ORDER BY s)::numeric, 2) || ' s, max '
-         || round(max(s)::numeric, 2) || ' s'
-      FROM (SELECT extract(epoch FROM sent_at) - $t0 AS s FROM deliveries WHERE operation = 'start') x"
+# measure OPERATION WHAT METHOD PATH BODY: calls the API once with the simulator's counters reset, then reports the
+# answer's time, when the simulator had accepted a push for every person, when the run finished, and sent_at − call.
+measure() {
+  local operation=$1 what=$2 t0 t1 answer done_at
+  sim_reset "$sim_port" "$work/ca.pem"
+  t0=$(date +%s.%N)
+  answer=$(api "$3" "$4" "$5")
+  t1=$(date +%s.%N)
+  done_at=$(await_sim "$people")
+  echo "campaign $operation: answered in $(echo "($t1 - $t0) * 1000" | bc) ms ($answer)"
+  echo "campaign $operation: last $what accepted by the simulator $(echo "$done_at - $t0" | bc) s after the call (goal ≤ 10 s)"
+  psql -qtA "$DATABASE_URL" -c "
+    SELECT '$operation run: ' || (result ->> 'instances') || ' instances in '
+           || round(extract(epoch FROM executed_at - created_at)::numeric, 2) || ' s after the call'
+    FROM campaign_schedules WHERE operation = '$operation'" \
+    -c "SELECT 'sent_at - call: p50 ' || round(percentile_cont(0.5) WITHIN GROUP (ORDER BY s)::numeric, 2)
+           || ' s, p99 ' || round(percentile_cont(0.99) WITHIN GROUP (ORDER BY s)::numeric, 2) || ' s, max '
+           || round(max(s)::numeric, 2) || ' s'
+        FROM (SELECT extract(epoch FROM sent_at) - $t0 AS s FROM deliveries WHERE operation = '$operation') x"
+}
+
+measure start push-to-start POST /v1/campaigns '{"campaign_id":"cup","name":"Cup final","notification_type":"com.example.match","audience":{"all":true},"attributes":{"match":"A-B","team":{"$person":"/team"}},"content_state":{"home":0,"away":0},"push_payload":{"alert":{"title":"Kick-off","body":"A v B"}}}'
 
 "$bin/marquee-bench" requests --port "$port" --input "$work/tokens.txt" --output "$work/tokens.tsv" \
   --connections 64 | sed 's/^/activity tokens (PUT …\/tokens\/…, 64 connections): /'
 
-sim_reset "$sim_port" "$work/ca.pem"
-t0=$(date +%s.%N)
-changed=$(api POST /v1/campaigns/cup/update '{"content_state_patch":{"home":1}}')
-t1=$(date +%s.%N)
-done_at=$(await_sim "$people")
-echo "campaign update: answered in $(echo "($t1 - $t0) * 1000" | bc) ms ($changed)"
-echo "campaign update: last update accepted by the simulator $(echo "$done_at - $t0" | bc) s after the call (goal ≤ 10 s)"
-psql -qtA "$DATABASE_URL" -c "
-  SELECT 'update run: ' || (result ->> 'instances') || ' instances in '
-         || round(extract(epoch FROM executed_at - created_at)::numeric, 2) || ' s after the call'
-  FROM campaign_schedules WHERE operation = 'update'" \
-  -c "SELECT 'sent_at - call: p50 ' || round(percentile_cont(0.5) WITHIN GROUP (ORDER BY s)::numeric, 2)
-         || ' s, p99 ' || round(percentile_cont(0.99) WITHIN GROUP (ORDER BY s)::numeric, 2) || ' s, max '
-         || round(max(s)::numeric, 2) || ' s'
-      FROM (SELECT extract(epoch FROM sent_at) - $t0 AS s FROM deliveries WHERE operation = 'update') x"
+measure update update POST /v1/campaigns/cup/update '{"content_state_patch":{"home":1}}'
 echo "simulator: $(sim_stats "$sim_port" "$work/ca.pem")"
 echo "deliveries: $(psql -qtA -F'=' -R' ' "$DATABASE_URL" -c "SELECT operation || ':' || status, count(*) FROM deliveries GROUP BY 1 ORDER BY 1")"
 for w in $(seq 1 "$workers"); do echo "worker $w: $(rss "${pids[$((w + 1))]}")"; done
