@@ -81,7 +81,7 @@ struct CampaignRoutes: Sendable {
         if let expiration {
             try Lifetime.validateExpiration(expiration, now: start, field: "expiration")
         }
-        var options = try LifecycleRoutes.options(body, base: StoredOptions())
+        var options = try LifecycleRoutes.optionChanges(body).applied(to: StoredOptions())
         options.alert = try LifecycleRoutes.alert(body)
         // Apple shows an alert when a live activity starts on iOS.
         if options.alert == nil && platform != .android {
@@ -118,18 +118,11 @@ struct CampaignRoutes: Sendable {
             } catch is NotFound {
                 throw ValidationError(field: "channel_id", reason: "is not a channel of this tenant")
             }
-            guard channel.status == "active" else {
-                throw ValidationError(
-                    field: "channel_id", reason: "is gone at Apple (\(channel.statusReason ?? "gone")): create another")
-            }
-            guard channel.activityType == activityType else {
-                throw ValidationError(
-                    field: "channel_id", reason: "belongs to activity type \(channel.activityType), not \(activityType)"
-                )
-            }
+            try channel.checkUsable(for: activityType)
             channelRecord = channel
         }
-        let contentState = try LifecycleRoutes.checkedState(requestedState, type: type)
+        let contentState = try ContentChange.replace(requestedState).apply(
+            to: .null, schema: type.contentStateSchema, dateFields: type.dateFields, profile: type.payloadProfile)
         // The size check measures the template with each $person node at its default (or ""); what a person's values
         // add beyond that may use the headroom left, and a person who would exceed it is skipped at start.
         var content = DeliverySnapshot(
@@ -141,7 +134,7 @@ struct CampaignRoutes: Sendable {
             dateFields: type.dateFields, now: start)
         content.inputPushChannel = channelRecord?.apnsChannelID
         let platforms: [Platform] = platform.map { [$0] } ?? [.ios, .android]
-        try LifecycleRoutes.checkSize(content, platforms: platforms)
+        try LifecyclePlanner.checkSize(content, platforms: platforms)
 
         let warnings = JSONValue.array(stale.warnings.map { .string($0) })
         // A new channel for the campaign: made at Apple now (a replay of this request makes none), and deleted again
@@ -254,22 +247,13 @@ struct CampaignRoutes: Sendable {
         ]
         if operation == .end { allowed.insert("dismissal_date") }
         try body.rejectUnknown(allowed)
-        let full = try LifecycleRoutes.nonEmptyObject(body, "content_state", required: false)
-        let patch = try body.objectValue("content_state_patch")
-        if full != nil && patch != nil {
-            throw ValidationError(
-                field: "content_state_patch", reason: "cannot be combined with content_state: send one or the other")
-        }
-        if operation == .update && full == nil && patch == nil {
-            throw ValidationError(
-                .missingField, field: "content_state", reason: "or content_state_patch is required for an update")
-        }
+        let content = try LifecycleRoutes.contentChange(body, operation: operation)
         let now = self.now()
         let at = try body.timestamp("at")
         if let at, at < now {
             throw ValidationError(field: "at", reason: "is in the past: omit it to apply the change now")
         }
-        var stored = try LifecycleRoutes.options(body, base: StoredOptions())
+        var stored = try LifecycleRoutes.optionChanges(body).applied(to: StoredOptions())
         stored.alert = try LifecycleRoutes.alert(body)
         if operation == .end { stored.dismissalDate = try body.timestamp("dismissal_date") }
         var options = stored.json.objectValue ?? [:]
@@ -277,14 +261,14 @@ struct CampaignRoutes: Sendable {
         for key in ["deep_link", "stale_date", "relevance_score", "priority"] where body.object[key]?.isNull == true {
             options[key] = .null
         }
-        if let full {
+        if case .replace = content {
             // A whole new state is checked now against the activity type (a patch is checked per instance at run
             // time, against each one's own state).
             let rows = try await store.activityType(tenant: tenant, campaignID: campaignID)
             guard let type = rows else { throw NotFound("campaign") }
-            _ = try LifecycleRoutes.checkedState(full, type: type)
+            _ = try content.apply(
+                to: .null, schema: type.contentStateSchema, dateFields: type.dateFields, profile: type.payloadProfile)
         }
-        let content: ContentChange = full.map { .replace($0) } ?? patch.map { .patch($0) } ?? .none
         let idempotency = try LifecycleRoutes.idempotencyKey(request).map {
             (key: $0, hash: LifecycleRoutes.requestHash(request))
         }

@@ -28,7 +28,48 @@ struct LifecycleRoutes: Sendable {
 
     func start(_ request: HTTPRequest, _ principal: Principal) async throws -> HTTPResponse {
         let tenant = principal.tenantID
-        let body = try JSONBody.parse(request)
+        let (identity, start) = try parseStart(JSONBody.parse(request))
+        let idempotencyKey = try Self.idempotencyKey(request)
+        let requestHash = Self.requestHash(request)
+        let context = try await store.startContext(
+            tenant: tenant, activityType: start.activityType, personID: identity.personID, email: identity.email,
+            instanceID: start.instanceID, idempotencyKey: idempotencyKey, channelID: start.channelID)
+        if let stored = context.idempotent { return try Self.replay(stored, hash: requestHash) }
+        if let existing = context.existingStart { return .json(existing.body, status: existing.status) }
+        let decision = try LifecyclePlanner.planStart(
+            start,
+            facts: .init(
+                activityType: context.activityType, candidates: context.candidates,
+                instanceIDTaken: context.existingInstance, channel: context.channel),
+            now: now(), newID: { ULIDGenerator.shared.next().uuid })
+        guard case .write(let plan) = decision else {
+            throw Problems.conflict(field: "instance_id", reason: "is already used by another instance")
+        }
+        let response = Self.render(start, plan)
+        let outcome = try await store.start(
+            tenant: tenant,
+            StartWrite(
+                request: start, plan: plan, personID: context.personID ?? identity.personID,
+                personEmail: identity.email, response: response,
+                idempotency: idempotencyKey.map {
+                    IdempotencyRecord(key: $0, requestHash: requestHash, status: 200, response: response)
+                }))
+        if case .alreadyExists = outcome {
+            // A concurrent request with the same instance ID or key won: answer with what it stored.
+            let again = try await store.startContext(
+                tenant: tenant, activityType: start.activityType, personID: identity.personID, email: identity.email,
+                instanceID: start.instanceID, idempotencyKey: idempotencyKey)
+            if let stored = again.idempotent { return try Self.replay(stored, hash: requestHash) }
+            if let existing = again.existingStart { return .json(existing.body, status: existing.status) }
+            throw Problems.conflict(field: "instance_id", reason: "is already used by another instance")
+        }
+        return .json(response)
+    }
+
+    /// The person a start addresses (by ID or by email) and the start itself.
+    func parseStart(_ body: JSONBody) throws(ValidationError) -> (
+        identity: (personID: String?, email: String?), start: LifecyclePlanner.StartRequest
+    ) {
         try body.rejectUnknown([
             "identifiers", "notification_type", "attributes", "content_state", "instance_id", "platform", "device_id",
             "push_payload", "deep_link", "expiration", "stale_date", "relevance_score", "priority", "channel_id",
@@ -42,19 +83,6 @@ struct LifecycleRoutes: Sendable {
         guard (personID == nil) != (email == nil) else {
             throw ValidationError(field: "identifiers", reason: "must hold exactly one of id or email")
         }
-        let activityType = try Identifiers.activityType(
-            body.requiredString("notification_type", maxLength: 255), field: "notification_type")
-        let attributes = try Self.nonEmptyObject(body, "attributes")
-        let requestedState = try Self.nonEmptyObject(body, "content_state")
-        let instanceID =
-            try body.string("instance_id", maxLength: 128).map { s throws(ValidationError) in
-                try Identifiers.instanceID(s)
-            } ?? ULIDGenerator.shared.next().description
-        let platform = try body.enumValue("platform", Platform.self)
-        let deviceID = try body.string("device_id", maxLength: 4096).map { s throws(ValidationError) in
-            try Identifiers.anyDeviceToken(s, field: "device_id")
-        }
-        let alert = try Self.alert(body)
         let channelID = try body.string("channel_id", maxLength: 64).map { text throws(ValidationError) in
             guard let ulid = ULID(string: text) else {
                 throw ValidationError(
@@ -62,115 +90,24 @@ struct LifecycleRoutes: Sendable {
             }
             return ulid.uuid
         }
-        let now = self.now()
-        let expiration = try Lifetime.expiration(requested: body.timestamp("expiration"), now: now, field: "expiration")
-        var options = try Self.options(body, base: StoredOptions())
-        options.alert = alert
-        let idempotencyKey = try Self.idempotencyKey(request)
-        let requestHash = Self.requestHash(request)
-
-        let context = try await store.startContext(
-            tenant: tenant, activityType: activityType, personID: personID, email: email, instanceID: instanceID,
-            idempotencyKey: idempotencyKey, channelID: channelID)
-        if let stored = context.idempotent { return try Self.replay(stored, hash: requestHash) }
-        if let existing = context.existingStart { return .json(existing.body, status: existing.status) }
-        if context.existingInstance {
-            throw Problems.conflict(field: "instance_id", reason: "is already used by another instance")
-        }
-        guard let type = context.activityType else {
-            throw ValidationError(
-                field: "notification_type",
-                reason: "is not a known activity type: define it with PUT /v1/activity_types/{identifier}")
-        }
-        if channelID != nil {
-            guard let channel = context.channel else {
-                throw ValidationError(field: "channel_id", reason: "is not a channel of this tenant")
-            }
-            guard channel.status == "active" else {
-                throw ValidationError(
-                    field: "channel_id", reason: "is gone at Apple (\(channel.statusReason ?? "gone")): create another")
-            }
-            guard channel.activityType == activityType else {
-                throw ValidationError(
-                    field: "channel_id", reason: "belongs to activity type \(channel.activityType), not \(activityType)"
-                )
-            }
-        }
-        let contentState = try Self.checkedState(requestedState, type: type)
-        let stale = StaleDateRule.apply(options.staleDate, now: now)
-        options.staleDate = stale.staleDate
-
-        // Targets: push-to-start tokens of the person's iOS devices, FCM tokens of their Android devices.
-        var deliveries: [PlannedDelivery] = []
-        var androidDevices: [String] = []
-        for candidate in context.candidates {
-            if let platform, candidate.platform != platform { continue }
-            if let deviceID, candidate.deviceToken != deviceID { continue }
-            switch candidate.platform {
-            case .ios:
-                guard let token = candidate.pushToStartToken else { continue }
-                deliveries.append(
-                    PlannedDelivery(
-                        id: ULIDGenerator.shared.next().uuid, deviceToken: candidate.deviceToken, provider: .apns,
-                        tokenKind: .pushToStart, token: token))
-            case .android:
-                deliveries.append(
-                    PlannedDelivery(
-                        id: ULIDGenerator.shared.next().uuid, deviceToken: candidate.deviceToken, provider: .fcm,
-                        tokenKind: .fcm, token: candidate.deviceToken))
-                androidDevices.append(candidate.deviceToken)
-            }
-        }
-        // Apple shows an alert when a live activity starts on iOS: a start that reaches an iPhone must carry one.
-        if alert == nil && (deliveries.contains { $0.provider == .apns } || (platform == .ios && deliveries.isEmpty)) {
-            throw ValidationError(
-                .missingField, field: "push_payload.alert",
-                reason: "is required to start on iOS: Apple shows an alert when a live activity starts")
-        }
-        let timestamp = Int64(now.timeIntervalSince1970.rounded(.down))
-        // Exactly what each delivery will send (its snapshot), with the worst-case attribution.
-        var content = DeliverySnapshot(
-            attributes: attributes, contentState: contentState, options: options, timestamp: timestamp
-        ).content(
-            event: .start, instanceID: instanceID, activityType: activityType, attributesType: type.attributesType,
-            profile: type.payloadProfile, dateFields: type.dateFields, now: now)
-        content.inputPushChannel = context.channel?.apnsChannelID
-        var targeted = Set(deliveries.map { $0.provider == .apns ? Platform.ios : Platform.android })
-        if context.channel != nil { targeted.insert(.ios) }
-        try Self.checkSize(
-            content, platforms: targeted.isEmpty ? (platform.map { [$0] } ?? [.ios, .android]) : Array(targeted))
-
-        // A channel-backed instance lives without push-to-start targets: apps subscribe to its channel themselves.
-        let state: InstanceState = deliveries.isEmpty ? (context.channel != nil ? .active : .failed) : .pending
-        let failureReason = state == .failed ? "no_push_to_start_token" : nil
-        var response: [String: JSONValue] = [
-            "instance_id": .string(instanceID), "state": .string(state.rawValue),
-            "targets": .int(Int64(deliveries.count)), "warnings": .array(stale.warnings.map { .string($0) }),
-        ]
-        if let channelID { response["channel_id"] = .string(ULID(uuid: channelID).description) }
-        if let failureReason { response["failure_reason"] = .string(failureReason) }
-        let responseBody = JSONValue.object(response)
-        let outcome = try await store.start(
-            tenant: tenant,
-            StartWrite(
-                instanceID: instanceID, activityType: activityType, personID: context.personID ?? personID,
-                personEmail: email, state: state, failureReason: failureReason, attributes: attributes,
-                contentState: contentState, options: options.json, contentTimestamp: timestamp,
-                targetPlatform: platform, targetDevice: deviceID, expiresAt: expiration, response: responseBody,
-                deliveries: deliveries, androidDevices: androidDevices,
-                idempotency: idempotencyKey.map {
-                    IdempotencyRecord(key: $0, requestHash: requestHash, status: 200, response: responseBody)
-                }, channelID: channelID))
-        if case .alreadyExists = outcome {
-            // A concurrent request with the same instance ID or key won: answer with what it stored.
-            let again = try await store.startContext(
-                tenant: tenant, activityType: activityType, personID: personID, email: email, instanceID: instanceID,
-                idempotencyKey: idempotencyKey)
-            if let stored = again.idempotent { return try Self.replay(stored, hash: requestHash) }
-            if let existing = again.existingStart { return .json(existing.body, status: existing.status) }
-            throw Problems.conflict(field: "instance_id", reason: "is already used by another instance")
-        }
-        return .json(responseBody)
+        var options = try Self.optionChanges(body).applied(to: StoredOptions())
+        options.alert = try Self.alert(body)
+        let start = LifecyclePlanner.StartRequest(
+            instanceID: try body.string("instance_id", maxLength: 128).map { s throws(ValidationError) in
+                try Identifiers.instanceID(s)
+            } ?? ULIDGenerator.shared.next().description,
+            activityType: try Identifiers.activityType(
+                body.requiredString("notification_type", maxLength: 255), field: "notification_type"),
+            attributes: try Self.nonEmptyObject(body, "attributes"),
+            contentState: try Self.nonEmptyObject(body, "content_state"),
+            platform: try body.enumValue("platform", Platform.self),
+            deviceID: try body.string("device_id", maxLength: 4096).map { s throws(ValidationError) in
+                try Identifiers.anyDeviceToken(s, field: "device_id")
+            }, options: options,
+            expiresAt: try Lifetime.expiration(
+                requested: body.timestamp("expiration"), now: now(), field: "expiration"),
+            channelID: channelID)
+        return ((personID, email), start)
     }
 
     // MARK: Update and end
@@ -183,45 +120,13 @@ struct LifecycleRoutes: Sendable {
         try await change(request, principal, operation: .end)
     }
 
-    func change(_ request: HTTPRequest, _ principal: Principal, operation: ChangeWrite.Operation) async throws
+    func change(_ request: HTTPRequest, _ principal: Principal, operation: LifecyclePlanner.Operation) async throws
         -> HTTPResponse
     {
         let tenant = principal.tenantID
-        let body = try JSONBody.parse(request)
-        var allowed: Set<String> = [
-            "instance_id", "content_state", "content_state_patch", "attributes", "push_payload", "deep_link",
-            "stale_date", "relevance_score", "priority",
-        ]
-        if operation == .end { allowed.formUnion(["dismissal_date", "dismissal_policy"]) }
-        try body.rejectUnknown(allowed)
-        let instanceID = try Identifiers.instanceID(body.requiredString("instance_id", maxLength: 128))
-        let fullState = try Self.nonEmptyObject(body, "content_state", required: false)
-        let patch = try body.objectValue("content_state_patch")
-        if fullState != nil && patch != nil {
-            throw ValidationError(
-                field: "content_state_patch", reason: "cannot be combined with content_state: send one or the other")
-        }
-        if operation == .update && fullState == nil && patch == nil {
-            throw ValidationError(
-                .missingField, field: "content_state", reason: "or content_state_patch is required for an update")
-        }
-        let newAttributes = try Self.nonEmptyObject(body, "attributes", required: false)
-        let alert = try Self.alert(body)
-        var dismissalDate: Date?
-        if operation == .end {
-            let policy = try body.string("dismissal_policy")
-            if let policy, policy != "immediate", policy != "default" {
-                throw ValidationError(field: "dismissal_policy", reason: "must be immediate or default")
-            }
-            dismissalDate = try body.timestamp("dismissal_date")
-            if dismissalDate != nil && policy != nil {
-                throw ValidationError(field: "dismissal_policy", reason: "cannot be combined with dismissal_date")
-            }
-            if policy == "immediate" { dismissalDate = now() }
-        }
+        let (instanceID, change) = try Self.parseChange(JSONBody.parse(request), operation: operation)
         let idempotencyKey = try Self.idempotencyKey(request)
         let requestHash = Self.requestHash(request)
-
         for _ in 0..<8 {
             let context = try await store.changeContext(
                 tenant: tenant, instanceID: instanceID, idempotencyKey: idempotencyKey)
@@ -229,48 +134,20 @@ struct LifecycleRoutes: Sendable {
             guard let instance = context.instance, let type = context.activityType else {
                 throw Problems.notFound("live_notification")
             }
-            let now = self.now()
-            let effective = instance.effectiveState(now: now)
-            if effective.isClosed {
-                if effective == .expired && instance.state != .expired {
-                    try? await store.markExpired(tenant: tenant, instanceID: instanceID)
-                }
-                throw Problems.closedInstance(instanceID: instanceID, state: effective)
-            }
-            let current = StoredOptions(json: instance.options)
-            var options = try Self.options(body, base: current)
-            options.alert = alert
-            options.dismissalDate = dismissalDate
-            // A stale date this request sets is checked (and reported); a stored one that has passed since is
-            // simply no longer sent.
-            var stale = StaleDateRule.Outcome(staleDate: options.staleDate.flatMap { $0 > now ? $0 : nil })
-            if body.has("stale_date") { stale = StaleDateRule.apply(options.staleDate, now: now) }
-            options.staleDate = stale.staleDate
-
-            var contentState = instance.contentState
-            if let fullState {
-                contentState = try Self.checkedState(fullState, type: type)
-            } else if let patch {
-                // The stored state is already in device encoding: encode only what the patch brings, then merge.
-                let encodedPatch = try DateFields.normalize(
-                    patch, fields: type.dateFields, field: "content_state_patch")
-                contentState = try Self.validated(MergePatch.apply(encodedPatch, to: instance.contentState), type: type)
-            }
-            let attributes = newAttributes ?? instance.attributes
-
-            if operation == .update,
-                NoOp.isNoOp(
-                    current: ActivitySnapshot(
-                        contentState: instance.contentState, attributes: instance.attributes,
-                        options: current.activityOptions),
-                    next: ActivitySnapshot(
-                        contentState: contentState, attributes: attributes, options: options.activityOptions),
-                    alert: alert)
-            {
+            let decision = try LifecyclePlanner.planChange(
+                change,
+                facts: .init(
+                    instance: instance, activityType: type, targets: context.targets, channel: context.channel),
+                now: now(), newID: { ULIDGenerator.shared.next().uuid })
+            switch decision {
+            case .closed(let state, let markExpired):
+                if markExpired { try? await store.markExpired(tenant: tenant, instanceID: instanceID) }
+                throw Problems.closedInstance(instanceID: instanceID, state: state)
+            case .noop(let state, let version, let warnings):
                 let response = JSONValue.object([
-                    "instance_id": .string(instanceID), "state": .string(effective.rawValue),
-                    "version": .int(Int64(instance.version)), "targets": .int(0), "suppressed": .bool(true),
-                    "warnings": .array(stale.warnings.map { .string($0) }),
+                    "instance_id": .string(instanceID), "state": .string(state.rawValue),
+                    "version": .int(Int64(version)), "targets": .int(0), "suppressed": .bool(true),
+                    "warnings": .array(warnings.map { .string($0) }),
                 ])
                 if let idempotencyKey {
                     try await store.recordIdempotent(
@@ -279,73 +156,60 @@ struct LifecycleRoutes: Sendable {
                             key: idempotencyKey, requestHash: requestHash, status: 200, response: response))
                 }
                 return .json(response)
-            }
-
-            let timestamp = max(Int64(now.timeIntervalSince1970.rounded(.down)), instance.contentTimestamp + 1)
-            // Exactly what each delivery will send (its snapshot), with the worst-case attribution.
-            let content = DeliverySnapshot(
-                attributes: attributes, contentState: contentState, options: options, timestamp: timestamp
-            ).content(
-                event: operation == .end ? .end : .update, instanceID: instanceID, activityType: instance.activityType,
-                attributesType: type.attributesType, profile: type.payloadProfile, dateFields: type.dateFields,
-                now: now)
-            var platforms = Set(context.targets.map(\.platform))
-            let channel = context.channel.flatMap { $0.active ? $0 : nil }
-            if channel != nil { platforms.insert(.ios) }
-            try Self.checkSize(content, platforms: platforms.isEmpty ? [.ios, .android] : Array(platforms))
-
-            var deliveries = context.targets.map { target in
-                PlannedDelivery(
-                    id: ULIDGenerator.shared.next().uuid, deviceToken: target.deviceToken,
-                    provider: target.platform == .ios ? .apns : .fcm,
-                    tokenKind: target.platform == .ios ? .activity : .fcm, token: target.token)
-            }
-            // A channel-backed instance: one broadcast for every device subscribed to the channel, beside the
-            // per-token pushes of devices that could not subscribe (they registered an activity token instead).
-            if let channel {
-                deliveries.append(
-                    PlannedDelivery(
-                        id: ULIDGenerator.shared.next().uuid,
-                        deviceToken: "channel:" + ULID(uuid: channel.id).description, provider: .apns,
-                        tokenKind: .channel, token: channel.apnsChannelID))
-            }
-            let state: InstanceState
-            var failureReason: String?
-            if operation == .end {
-                // Ended even with no activity token yet: the store keeps the end for a token that registers later.
-                state = .ended
-            } else if deliveries.isEmpty {
-                state = .failed
-                failureReason = context.channel != nil ? "channel_gone" : "no_activity_token"
-            } else {
-                state = instance.state == .failed ? .pending : instance.state
-            }
-            var response: [String: JSONValue] = [
-                "instance_id": .string(instanceID), "state": .string(state.rawValue),
-                "version": .int(Int64(instance.version + 1)), "targets": .int(Int64(deliveries.count)),
-                "suppressed": .bool(false), "coalesced": .bool(false),
-                "warnings": .array(stale.warnings.map { .string($0) }),
-            ]
-            if let failureReason { response["failure_reason"] = .string(failureReason) }
-            let responseBody = JSONValue.object(response)
-            let outcome = try await store.change(
-                tenant: tenant,
-                ChangeWrite(
-                    instanceID: instanceID, operation: operation, expectedVersion: instance.version, state: state,
-                    failureReason: failureReason, attributes: attributes, contentState: contentState,
-                    options: options.json, contentTimestamp: timestamp, deliveries: deliveries,
-                    idempotency: idempotencyKey.map {
-                        IdempotencyRecord(key: $0, requestHash: requestHash, status: 200, response: responseBody)
-                    }))
-            switch outcome {
-            case .written(_, _, let coalesced):
-                // Paced (the activity type's min_update_interval_ms): queued for later, replaced by a newer update.
-                if coalesced { response["coalesced"] = .bool(true) }
-                return .json(.object(response))
-            case .versionConflict, .alreadyExists: continue  // read again: another change (or this key) won
+            case .write(let plan):
+                var response = Self.render(instanceID, plan, coalesced: false)
+                let outcome = try await store.change(
+                    tenant: tenant,
+                    ChangeWrite(
+                        instanceID: instanceID, operation: operation, plan: plan,
+                        idempotency: idempotencyKey.map {
+                            IdempotencyRecord(key: $0, requestHash: requestHash, status: 200, response: response)
+                        }))
+                switch outcome {
+                case .written(_, _, let coalesced):
+                    // Paced (the activity type's min_update_interval_ms): queued for later, replaced by a newer one.
+                    if coalesced { response = Self.render(instanceID, plan, coalesced: true) }
+                    return .json(response)
+                case .versionConflict, .alreadyExists: continue  // read again: another change (or this key) won
+                }
             }
         }
         throw Problems.contention(instanceID: instanceID)
+    }
+
+    static func parseChange(_ body: JSONBody, operation: LifecyclePlanner.Operation) throws(ValidationError) -> (
+        instanceID: String, change: LifecyclePlanner.ChangeRequest
+    ) {
+        var allowed: Set<String> = [
+            "instance_id", "content_state", "content_state_patch", "attributes", "push_payload", "deep_link",
+            "stale_date", "relevance_score", "priority",
+        ]
+        if operation == .end { allowed.formUnion(["dismissal_date", "dismissal_policy"]) }
+        try body.rejectUnknown(allowed)
+        let instanceID = try Identifiers.instanceID(body.requiredString("instance_id", maxLength: 128))
+        let content = try contentChange(body, operation: operation)
+        var dismissal = LifecyclePlanner.Dismissal.default
+        if operation == .end {
+            let policy = try body.string("dismissal_policy")
+            if let policy, policy != "immediate", policy != "default" {
+                throw ValidationError(field: "dismissal_policy", reason: "must be immediate or default")
+            }
+            if let date = try body.timestamp("dismissal_date") {
+                if policy != nil {
+                    throw ValidationError(field: "dismissal_policy", reason: "cannot be combined with dismissal_date")
+                }
+                dismissal = .at(date)
+            } else if policy == "immediate" {
+                dismissal = .immediate
+            }
+        }
+        return (
+            instanceID,
+            LifecyclePlanner.ChangeRequest(
+                operation: operation, content: content,
+                attributes: try nonEmptyObject(body, "attributes", required: false),
+                options: try optionChanges(body), alert: try alert(body), dismissal: dismissal)
+        )
     }
 
     // MARK: Reads
@@ -425,6 +289,27 @@ struct LifecycleRoutes: Sendable {
 
     // MARK: Rendering
 
+    static func render(_ start: LifecyclePlanner.StartRequest, _ plan: LifecyclePlanner.StartPlan) -> JSONValue {
+        var response: [String: JSONValue] = [
+            "instance_id": .string(start.instanceID), "state": .string(plan.state.rawValue),
+            "targets": .int(Int64(plan.deliveries.count)), "warnings": .array(plan.warnings.map { .string($0) }),
+        ]
+        if let channelID = start.channelID { response["channel_id"] = .string(ULID(uuid: channelID).description) }
+        if let reason = plan.failureReason { response["failure_reason"] = .string(reason) }
+        return .object(response)
+    }
+
+    static func render(_ instanceID: String, _ plan: LifecyclePlanner.ChangePlan, coalesced: Bool) -> JSONValue {
+        var response: [String: JSONValue] = [
+            "instance_id": .string(instanceID), "state": .string(plan.state.rawValue),
+            "version": .int(Int64(plan.version)), "targets": .int(Int64(plan.deliveries.count)),
+            "suppressed": .bool(false), "coalesced": .bool(coalesced),
+            "warnings": .array(plan.warnings.map { .string($0) }),
+        ]
+        if let reason = plan.failureReason { response["failure_reason"] = .string(reason) }
+        return .object(response)
+    }
+
     static func render(_ i: InstanceRecord, now: Date) -> JSONValue {
         var person: [String: JSONValue] = [:]
         if let id = i.personID { person["id"] = .string(id) }
@@ -473,17 +358,6 @@ struct LifecycleRoutes: Sendable {
         try nonEmptyObject(body, key, required: true)!
     }
 
-    /// Date fields encoded as the activity type declares, then the schema check. The schema describes the state
-    /// as devices receive it, so it sees dates in their declared encoding.
-    static func checkedState(_ state: JSONValue, type: ActivityType) throws(ValidationError) -> JSONValue {
-        try ContentStateRules.checked(
-            state, schema: type.contentStateSchema, dateFields: type.dateFields, profile: type.payloadProfile)
-    }
-
-    static func validated(_ state: JSONValue, type: ActivityType) throws(ValidationError) -> JSONValue {
-        try ContentStateRules.validated(state, schema: type.contentStateSchema, profile: type.payloadProfile)
-    }
-
     static func alert(_ body: JSONBody) throws(ValidationError) -> LiveActivityAlert? {
         guard let payload = try body.nested("push_payload") else { return nil }
         try payload.rejectUnknown(["alert"])
@@ -495,41 +369,51 @@ struct LifecycleRoutes: Sendable {
             sound: try alert.string("sound", maxLength: 256))
     }
 
-    /// Sticky options: what the body gives replaces, what it omits is kept from `base`.
-    static func options(_ body: JSONBody, base: StoredOptions) throws(ValidationError) -> StoredOptions {
-        var options = base
-        options.alert = nil
-        options.dismissalDate = nil
+    /// `content_state` (a whole new state) or `content_state_patch`, one of them for an update, either or none for an
+    /// end.
+    static func contentChange(_ body: JSONBody, operation: LifecyclePlanner.Operation) throws(ValidationError)
+        -> ContentChange
+    {
+        let fullState = try nonEmptyObject(body, "content_state", required: false)
+        let patch = try body.objectValue("content_state_patch")
+        switch (fullState, patch) {
+        case (.some, .some):
+            throw ValidationError(
+                field: "content_state_patch", reason: "cannot be combined with content_state: send one or the other")
+        case (.some(let state), nil): return .replace(state)
+        case (nil, .some(let patch)): return .patch(patch)
+        case (nil, nil):
+            guard operation == .end else {
+                throw ValidationError(
+                    .missingField, field: "content_state", reason: "or content_state_patch is required for an update")
+            }
+            return .none
+        }
+    }
+
+    /// The sticky options the body sets (what it omits is kept).
+    static func optionChanges(_ body: JSONBody) throws(ValidationError) -> LifecyclePlanner.OptionChanges {
+        var changes = LifecyclePlanner.OptionChanges()
         if let link = try body.string("deep_link", maxLength: 2048) {
             guard link.contains(":") else {
                 throw ValidationError(field: "deep_link", reason: "must be a URL such as myapp://orders/42")
             }
-            options.deepLink = link
+            changes.deepLink = link
         }
-        if body.has("stale_date") { options.staleDate = try body.timestamp("stale_date") }
+        if body.has("stale_date") { changes.staleDate = .some(try body.timestamp("stale_date")) }
         if let value = body.value("relevance_score") {
             guard let score = value.doubleValue, score.isFinite else {
                 throw ValidationError(field: "relevance_score", reason: "must be a number")
             }
-            options.relevanceScore = score
+            changes.relevanceScore = score
         }
         if let priority = try body.integer("priority", range: 5...10) {
             guard priority == 5 || priority == 10 else {
                 throw ValidationError(field: "priority", reason: "must be 5 or 10")
             }
-            options.priority = Int(priority)
+            changes.priority = Int(priority)
         }
-        return options
-    }
-
-    static func checkSize(_ content: ActivityContent, platforms: [Platform]) throws {
-        for platform in Set(platforms).sorted(by: { $0.rawValue > $1.rawValue }) {
-            do {
-                try PayloadLimits.check(content, platform: platform)
-            } catch {
-                throw Problems.payloadTooLarge(error)
-            }
-        }
+        return changes
     }
 
     static func idempotencyKey(_ request: HTTPRequest) throws(ValidationError) -> String? {

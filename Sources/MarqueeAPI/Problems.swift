@@ -77,6 +77,7 @@ func problem(for error: any Error) -> HTTPProblem? {
     case let n as NotFound: return Problems.notFound(n.resource)
     case let c as Conflict: return Problems.conflict(field: c.field, reason: c.reason)
     case let c as ChannelManagementError: return Problems.channel(c)
+    case let s as PayloadSizeError: return Problems.payloadTooLarge(s)
     case let p as PostgresError
     where p.code == .connectionFailed || p.code == .connectionLost || p.code == .poolTimeout:
         return Problems.databaseUnavailable()

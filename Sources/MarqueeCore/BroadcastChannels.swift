@@ -114,3 +114,75 @@ public protocol BroadcastChannelManaging: Sendable {
     /// Deletes a channel at Apple; `channelNotFound` when Apple no longer knows it.
     func delete(tenant: UUID, _ channel: ChannelAddress) async throws(ChannelManagementError)
 }
+
+/// A broadcast channel as recorded (migration 0030).
+public struct ChannelRecord: Sendable, Equatable {
+    /// A ULID as a UUID.
+    public var id: UUID
+    public var activityType: String
+    public var storagePolicy: ChannelStoragePolicy
+    public var apnsChannelID: String
+    public var bundleID: String
+    public var environment: String
+    /// `active`, or `gone` once Apple no longer knows the channel.
+    public var status: String
+    public var statusReason: String?
+    public var createdAt: Date
+    public var updatedAt: Date
+
+    public init(
+        id: UUID, activityType: String, storagePolicy: ChannelStoragePolicy, apnsChannelID: String, bundleID: String,
+        environment: String, status: String = "active", statusReason: String? = nil, createdAt: Date, updatedAt: Date
+    ) {
+        self.id = id
+        self.activityType = activityType
+        self.storagePolicy = storagePolicy
+        self.apnsChannelID = apnsChannelID
+        self.bundleID = bundleID
+        self.environment = environment
+        self.status = status
+        self.statusReason = statusReason
+        self.createdAt = createdAt
+        self.updatedAt = updatedAt
+    }
+}
+
+/// The broadcast channel of a channel-backed instance, as the API plans a change and the worker sends one.
+public struct ChannelBinding: Sendable, Equatable {
+    public var id: UUID
+    /// Apple's channel ID: what start pushes carry as `input-push-channel` and broadcasts as `apns-channel-id`.
+    public var apnsChannelID: String
+    public var storagePolicy: ChannelStoragePolicy
+    /// The app the channel belongs to (the broadcast path names it).
+    public var bundleID: String
+    /// False once Apple no longer knows the channel: nothing more is broadcast on it.
+    public var active: Bool
+    /// What a broadcast delivery on the channel records as its device (`channel:<channel ID>`), as the store names it.
+    public var deliveryDevice: String
+
+    public init(
+        id: UUID, apnsChannelID: String, storagePolicy: ChannelStoragePolicy, bundleID: String, active: Bool,
+        deliveryDevice: String
+    ) {
+        self.deliveryDevice = deliveryDevice
+        self.id = id
+        self.apnsChannelID = apnsChannelID
+        self.storagePolicy = storagePolicy
+        self.bundleID = bundleID
+        self.active = active
+    }
+}
+
+extension ChannelRecord {
+    /// A start (or a campaign) may name the channel only while Apple knows it, and only for its own activity type.
+    public func checkUsable(for activityType: String) throws(ValidationError) {
+        guard status == "active" else {
+            throw ValidationError(
+                field: "channel_id", reason: "is gone at Apple (\(statusReason ?? "gone")): create another")
+        }
+        guard self.activityType == activityType else {
+            throw ValidationError(
+                field: "channel_id", reason: "belongs to activity type \(self.activityType), not \(activityType)")
+        }
+    }
+}

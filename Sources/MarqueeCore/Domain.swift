@@ -87,3 +87,75 @@ public struct ActivityTarget: Sendable, Equatable {
         self.token = token
     }
 }
+
+/// An instance row.
+public struct InstanceRecord: Sendable, Equatable {
+    public var id: String
+    public var activityType: String
+    public var personID: String?
+    public var personEmail: String?
+    public var state: InstanceState
+    public var failureReason: String?
+    public var attributes: JSONValue
+    public var contentState: JSONValue
+    public var options: JSONValue
+    public var version: Int
+    public var contentTimestamp: Int64
+    public var targetPlatform: Platform?
+    public var targetDevice: String?
+    public var expiresAt: Date
+    public var startedAt: Date
+    public var endedAt: Date?
+    public var updatedAt: Date
+    /// The broadcast channel of a channel-backed instance (nil once the channel is deleted).
+    public var channelID: UUID?
+    /// The campaign that started it, if any.
+    public var campaignID: String?
+
+    public init(
+        id: String, activityType: String, personID: String?, personEmail: String?, state: InstanceState,
+        failureReason: String?, attributes: JSONValue, contentState: JSONValue, options: JSONValue, version: Int,
+        contentTimestamp: Int64, targetPlatform: Platform?, targetDevice: String?, expiresAt: Date, startedAt: Date,
+        endedAt: Date?, updatedAt: Date, channelID: UUID?, campaignID: String? = nil
+    ) {
+        self.id = id
+        self.activityType = activityType
+        self.personID = personID
+        self.personEmail = personEmail
+        self.state = state
+        self.failureReason = failureReason
+        self.attributes = attributes
+        self.contentState = contentState
+        self.options = options
+        self.version = version
+        self.contentTimestamp = contentTimestamp
+        self.targetPlatform = targetPlatform
+        self.targetDevice = targetDevice
+        self.expiresAt = expiresAt
+        self.startedAt = startedAt
+        self.endedAt = endedAt
+        self.updatedAt = updatedAt
+        self.channelID = channelID
+        self.campaignID = campaignID
+    }
+
+    /// The state as clients see it: an open instance past its expiration is `expired` even before a write says so.
+    public func effectiveState(now: Date) -> InstanceState {
+        if !state.isClosed && expiresAt <= now { return .expired }
+        return state
+    }
+}
+
+/// A device a start could go to.
+public struct StartCandidate: Sendable, Equatable {
+    public var deviceToken: String
+    public var platform: Platform
+    /// The active push-to-start token for the activity type (iOS); nil when the device has none.
+    public var pushToStartToken: String?
+
+    public init(deviceToken: String, platform: Platform, pushToStartToken: String?) {
+        self.deviceToken = deviceToken
+        self.platform = platform
+        self.pushToStartToken = pushToStartToken
+    }
+}

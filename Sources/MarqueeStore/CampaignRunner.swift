@@ -429,7 +429,7 @@ public struct CampaignRunner: Sendable {
         // A channel-backed campaign: the change is also ONE broadcast on its channel, for every subscribed device.
         let channelID = try row.decode(UUID?.self, "channel_id")
         let apnsChannelID = try row.decode(String?.self, "apns_channel_id")
-        let channelDevice = channelID.map { "channel:" + ULID(uuid: $0).description }
+        let channelDevice = channelID.map(ChannelBinding.deliveryDevice)
         var only: String?
         var excluded: String?
         var broadcast = apnsChannelID != nil

@@ -73,7 +73,7 @@ public struct CampaignCreate: Sendable {
 
 /// A campaign-wide update or end, run by the scheduler at its due time.
 public struct CampaignChange: Sendable, Equatable {
-    public enum Operation: String, Sendable { case update, end }
+    public typealias Operation = LifecyclePlanner.Operation
     public var operation: Operation
     public var content: ContentChange
     /// Options to set (a null value clears one): alert, deep_link, stale_date, relevance_score, priority,

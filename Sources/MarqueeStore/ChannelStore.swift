@@ -2,38 +2,6 @@ import Foundation
 import MarqueeCore
 import PostgresClient
 
-/// A broadcast channel as recorded (migration 0030).
-public struct ChannelRecord: Sendable, Equatable {
-    /// A ULID as a UUID.
-    public var id: UUID
-    public var activityType: String
-    public var storagePolicy: ChannelStoragePolicy
-    public var apnsChannelID: String
-    public var bundleID: String
-    public var environment: String
-    /// `active`, or `gone` once Apple no longer knows the channel.
-    public var status: String
-    public var statusReason: String?
-    public var createdAt: Date
-    public var updatedAt: Date
-
-    public init(
-        id: UUID, activityType: String, storagePolicy: ChannelStoragePolicy, apnsChannelID: String, bundleID: String,
-        environment: String, status: String = "active", statusReason: String? = nil, createdAt: Date, updatedAt: Date
-    ) {
-        self.id = id
-        self.activityType = activityType
-        self.storagePolicy = storagePolicy
-        self.apnsChannelID = apnsChannelID
-        self.bundleID = bundleID
-        self.environment = environment
-        self.status = status
-        self.statusReason = statusReason
-        self.createdAt = createdAt
-        self.updatedAt = updatedAt
-    }
-}
-
 /// What a channel create needs to know before it asks Apple.
 public struct ChannelCreateContext: Sendable {
     public var activityTypeExists: Bool

@@ -1,57 +1,9 @@
+import Crypto
 import Foundation
 import MarqueeCore
 import PostgresClient
 
-/// An instance row.
-public struct InstanceRecord: Sendable, Equatable {
-    public var id: String
-    public var activityType: String
-    public var personID: String?
-    public var personEmail: String?
-    public var state: InstanceState
-    public var failureReason: String?
-    public var attributes: JSONValue
-    public var contentState: JSONValue
-    public var options: JSONValue
-    public var version: Int
-    public var contentTimestamp: Int64
-    public var targetPlatform: Platform?
-    public var targetDevice: String?
-    public var expiresAt: Date
-    public var startedAt: Date
-    public var endedAt: Date?
-    public var updatedAt: Date
-    /// The broadcast channel of a channel-backed instance (nil once the channel is deleted).
-    public var channelID: UUID?
-    /// The campaign that started it, if any.
-    public var campaignID: String? = nil
-
-    /// The state as clients see it: an open instance past its expiration is `expired` even before a write says so.
-    public func effectiveState(now: Date) -> InstanceState {
-        if !state.isClosed && expiresAt <= now { return .expired }
-        return state
-    }
-}
-
-/// The broadcast channel of a channel-backed instance, as the API plans a change and the worker sends one.
-public struct ChannelBinding: Sendable, Equatable {
-    public var id: UUID
-    /// Apple's channel ID: what start pushes carry as `input-push-channel` and broadcasts as `apns-channel-id`.
-    public var apnsChannelID: String
-    public var storagePolicy: ChannelStoragePolicy
-    /// The app the channel belongs to (the broadcast path names it).
-    public var bundleID: String
-    /// False once Apple no longer knows the channel: nothing more is broadcast on it.
-    public var active: Bool
-
-    public init(id: UUID, apnsChannelID: String, storagePolicy: ChannelStoragePolicy, bundleID: String, active: Bool) {
-        self.id = id
-        self.apnsChannelID = apnsChannelID
-        self.storagePolicy = storagePolicy
-        self.bundleID = bundleID
-        self.active = active
-    }
-
+extension ChannelBinding {
     /// The channel joined to an instance row (`channel_id`, `channel_status`, `apns_channel_id`,
     /// `channel_storage_policy`, `channel_bundle_id`); nil for an instance without one.
     static func decode(_ row: PostgresRow) throws -> ChannelBinding? {
@@ -62,8 +14,11 @@ public struct ChannelBinding: Sendable, Equatable {
             id: id, apnsChannelID: apnsID,
             storagePolicy: try row.decodeRaw(ChannelStoragePolicy.self, "channel_storage_policy"),
             bundleID: try row.decode(String.self, "channel_bundle_id"),
-            active: try row.decode(String.self, "channel_status") == "active")
+            active: try row.decode(String.self, "channel_status") == "active", deliveryDevice: deliveryDevice(id))
     }
+
+    /// The `device_token` of a broadcast delivery on channel `id`: one row stands for every subscribed device.
+    static func deliveryDevice(_ id: UUID) -> String { "channel:" + ULID(uuid: id).description }
 }
 
 /// A response stored for an Idempotency-Key (or a start's client-chosen instance ID).
@@ -71,14 +26,6 @@ public struct StoredResponse: Sendable, Equatable {
     public var status: Int
     public var body: JSONValue
     public var requestHash: [UInt8]
-}
-
-/// A device a start could go to.
-public struct StartCandidate: Sendable, Equatable {
-    public var deviceToken: String
-    public var platform: Platform
-    /// The active push-to-start token for the activity type (iOS); nil when the device has none.
-    public var pushToStartToken: String?
 }
 
 /// What a start needs to know before it writes.
@@ -120,87 +67,44 @@ public struct IdempotencyRecord: Sendable {
     }
 }
 
-/// A new instance and its first deliveries.
+/// A planned start to write: the instance, its first deliveries and its Android devices.
 public struct StartWrite: Sendable {
-    public var instanceID: String
-    public var activityType: String
+    public var request: LifecyclePlanner.StartRequest
+    public var plan: LifecyclePlanner.StartPlan
+    /// The person, as resolved from the request's ID or email.
     public var personID: String?
     public var personEmail: String?
-    public var state: InstanceState
-    public var failureReason: String?
-    public var attributes: JSONValue
-    public var contentState: JSONValue
-    public var options: JSONValue
-    public var contentTimestamp: Int64
-    public var targetPlatform: Platform?
-    public var targetDevice: String?
-    public var expiresAt: Date
+    /// The start's answer, kept on the instance for a repeat with the same instance ID.
     public var response: JSONValue
-    public var deliveries: [PlannedDelivery]
-    /// Android devices of the instance (they get its updates and end through their FCM token).
-    public var androidDevices: [String]
     public var idempotency: IdempotencyRecord?
-    /// The broadcast channel of a channel-backed instance.
-    public var channelID: UUID?
 
     public init(
-        instanceID: String, activityType: String, personID: String?, personEmail: String?, state: InstanceState,
-        failureReason: String?, attributes: JSONValue, contentState: JSONValue, options: JSONValue,
-        contentTimestamp: Int64, targetPlatform: Platform?, targetDevice: String?, expiresAt: Date,
-        response: JSONValue, deliveries: [PlannedDelivery], androidDevices: [String], idempotency: IdempotencyRecord?,
-        channelID: UUID? = nil
+        request: LifecyclePlanner.StartRequest, plan: LifecyclePlanner.StartPlan, personID: String?,
+        personEmail: String?, response: JSONValue, idempotency: IdempotencyRecord?
     ) {
-        self.channelID = channelID
-        self.instanceID = instanceID
-        self.activityType = activityType
+        self.request = request
+        self.plan = plan
         self.personID = personID
         self.personEmail = personEmail
-        self.state = state
-        self.failureReason = failureReason
-        self.attributes = attributes
-        self.contentState = contentState
-        self.options = options
-        self.contentTimestamp = contentTimestamp
-        self.targetPlatform = targetPlatform
-        self.targetDevice = targetDevice
-        self.expiresAt = expiresAt
         self.response = response
-        self.deliveries = deliveries
-        self.androidDevices = androidDevices
         self.idempotency = idempotency
     }
 }
 
-/// An update or end of an existing instance, conditional on the version it was computed from.
+/// A planned update or end to write, if the instance is still at the version it was planned from.
 public struct ChangeWrite: Sendable {
-    public enum Operation: String, Sendable { case update, end }
+    public typealias Operation = LifecyclePlanner.Operation
     public var instanceID: String
     public var operation: Operation
-    public var expectedVersion: Int
-    public var state: InstanceState
-    public var failureReason: String?
-    public var attributes: JSONValue
-    public var contentState: JSONValue
-    public var options: JSONValue
-    public var contentTimestamp: Int64
-    public var deliveries: [PlannedDelivery]
+    public var plan: LifecyclePlanner.ChangePlan
     public var idempotency: IdempotencyRecord?
 
     public init(
-        instanceID: String, operation: Operation, expectedVersion: Int, state: InstanceState, failureReason: String?,
-        attributes: JSONValue, contentState: JSONValue, options: JSONValue, contentTimestamp: Int64,
-        deliveries: [PlannedDelivery], idempotency: IdempotencyRecord?
+        instanceID: String, operation: Operation, plan: LifecyclePlanner.ChangePlan, idempotency: IdempotencyRecord?
     ) {
         self.instanceID = instanceID
         self.operation = operation
-        self.expectedVersion = expectedVersion
-        self.state = state
-        self.failureReason = failureReason
-        self.attributes = attributes
-        self.contentState = contentState
-        self.options = options
-        self.contentTimestamp = contentTimestamp
-        self.deliveries = deliveries
+        self.plan = plan
         self.idempotency = idempotency
     }
 }
@@ -368,7 +272,8 @@ public struct LiveActivityStore: Sendable {
 
     /// Writes a start: the instance, its deliveries and its Android devices, in one statement of a group commit.
     public func start(tenant: UUID, _ write: StartWrite) async throws -> WriteOutcome {
-        let d = DeliveryColumns(write.deliveries)
+        let (request, plan) = (write.request, write.plan)
+        let d = DeliveryColumns(plan.deliveries)
         let idem = write.idempotency
         let rows = try await committer.submit(
             tenant: tenant,
@@ -387,10 +292,11 @@ public struct LiveActivityStore: Sendable {
                 INSERT INTO instances (tenant_id, id, activity_type, person_id, person_email, state, failure_reason,
                                        attributes, content_state, options, version, content_timestamp,
                                        target_platform, target_device, start_response, expires_at, channel_id)
-                SELECT \(tenant), \(write.instanceID), \(write.activityType), \(write.personID), \(write.personEmail),
-                       \(write.state.rawValue), \(write.failureReason), \(write.attributes), \(write.contentState),
-                       \(write.options), 1, \(write.contentTimestamp), \(write.targetPlatform?.rawValue),
-                       \(write.targetDevice), \(write.response), \(write.expiresAt), \(write.channelID)
+                SELECT \(tenant), \(request.instanceID), \(request.activityType), \(write.personID),
+                       \(write.personEmail),
+                       \(plan.state.rawValue), \(plan.failureReason), \(request.attributes), \(plan.contentState),
+                       \(plan.options.json), 1, \(plan.contentTimestamp), \(request.platform?.rawValue),
+                       \(request.deviceID), \(write.response), \(request.expiresAt), \(request.channelID)
                 WHERE \(idem?.key)::text IS NULL OR EXISTS (SELECT 1 FROM idem)
                 ON CONFLICT (tenant_id, id) DO NOTHING
                 RETURNING id
@@ -398,17 +304,17 @@ public struct LiveActivityStore: Sendable {
                 INSERT INTO deliveries (tenant_id, id, instance_id, device_token, provider, token_kind, token,
                                         operation, instance_version, attributes, content_state, options,
                                         content_timestamp)
-                SELECT \(tenant), d.id, \(write.instanceID), d.device_token, d.provider, d.token_kind, d.token,
-                       'start', 1, \(write.attributes), \(write.contentState), \(write.options),
-                       \(write.contentTimestamp)
+                SELECT \(tenant), d.id, \(request.instanceID), d.device_token, d.provider, d.token_kind, d.token,
+                       'start', 1, \(request.attributes), \(plan.contentState), \(plan.options.json),
+                       \(plan.contentTimestamp)
                 FROM unnest(\(d.ids)::uuid[], \(d.devices)::text[], \(d.providers)::text[], \(d.kinds)::text[],
                             \(d.tokens)::text[]) AS d(id, device_token, provider, token_kind, token)
                 WHERE EXISTS (SELECT 1 FROM ins)
                 RETURNING 1
             ), devs AS (
                 INSERT INTO instance_devices (tenant_id, instance_id, device_token, state, state_at)
-                SELECT \(tenant), \(write.instanceID), x, 'started', '-infinity'
-                FROM unnest(\(write.androidDevices)::text[]) AS x
+                SELECT \(tenant), \(request.instanceID), x, 'started', '-infinity'
+                FROM unnest(\(plan.androidDevices)::text[]) AS x
                 WHERE EXISTS (SELECT 1 FROM ins)
                 ON CONFLICT DO NOTHING
                 RETURNING 1
@@ -423,7 +329,8 @@ public struct LiveActivityStore: Sendable {
     /// Writes an update or end, if the instance is still at `expectedVersion`. Older queued deliveries to the same
     /// tokens are superseded (latest wins); ones a worker holds are left to finish.
     public func change(tenant: UUID, _ write: ChangeWrite) async throws -> WriteOutcome {
-        let d = DeliveryColumns(write.deliveries)
+        let plan = write.plan
+        let d = DeliveryColumns(plan.deliveries)
         let idem = write.idempotency
         let rows = try await committer.submit(
             tenant: tenant,
@@ -458,16 +365,17 @@ public struct LiveActivityStore: Sendable {
                 RETURNING 1
             ), upd AS (
                 UPDATE instances SET
-                    state = \(write.state.rawValue), failure_reason = \(write.failureReason),
-                    attributes = \(write.attributes), content_state = \(write.contentState), options = \(write.options),
-                    version = version + 1, content_timestamp = \(write.contentTimestamp),
+                    state = \(plan.state.rawValue), failure_reason = \(plan.failureReason),
+                    attributes = \(plan.attributes), content_state = \(plan.contentState),
+                    options = \(plan.options.json),
+                    version = version + 1, content_timestamp = \(plan.contentTimestamp),
                     ended_at = CASE WHEN \(write.operation.rawValue) = 'end' THEN now() ELSE ended_at END,
                     -- An end that reaches no activity token while a start went (or may go) out by push-to-start is
                     -- kept: it is queued when the activity token registers (marquee_register_activity_token).
                     pending_end = \(write.operation.rawValue) = 'end'
                         AND marquee_end_waits_for_token(\(tenant), \(write.instanceID)),
                     updated_at = now()
-                WHERE tenant_id = \(tenant) AND id = \(write.instanceID) AND version = \(write.expectedVersion)
+                WHERE tenant_id = \(tenant) AND id = \(write.instanceID) AND version = \(plan.expectedVersion)
                   AND (\(idem?.key)::text IS NULL OR EXISTS (SELECT 1 FROM idem))
                 RETURNING version
             ), cand AS (
@@ -498,8 +406,8 @@ public struct LiveActivityStore: Sendable {
                                         operation, instance_version, attributes, content_state, options,
                                         content_timestamp, next_attempt_at)
                 SELECT \(tenant), d.id, \(write.instanceID), d.device_token, d.provider, d.token_kind, d.token,
-                       \(write.operation.rawValue), (SELECT version FROM upd), \(write.attributes),
-                       \(write.contentState), \(write.options), \(write.contentTimestamp),
+                       \(write.operation.rawValue), (SELECT version FROM upd), \(plan.attributes),
+                       \(plan.contentState), \(plan.options.json), \(plan.contentTimestamp),
                        COALESCE((SELECT due FROM paced), now())
                 FROM unnest(\(d.ids)::uuid[], \(d.devices)::text[], \(d.providers)::text[], \(d.kinds)::text[],
                             \(d.tokens)::text[]) AS d(id, device_token, provider, token_kind, token)
