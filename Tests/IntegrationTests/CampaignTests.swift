@@ -435,7 +435,10 @@ struct CampaignTests {
             """)
         #expect(try due[0].decode(Int.self, "n") == 20)
         #expect(try due[0].decode(Int.self, "distinct_times") == 20)
-        #expect(abs(try due[0].decode(Double.self, "spread") - 0.95) < 0.01)
+        // 19 intervals of 50 ms, counted from when each row is written: at least 0.95 s apart end to end, plus however
+        // long writing the 20 rows took (a loaded machine may stall the statement).
+        let spread = try due[0].decode(Double.self, "spread")
+        #expect(spread >= 0.95 - 0.001 && spread < 0.95 + 0.5, "spread \(spread) s")
         let worker = try t.fixture.worker()
         defer { worker.signal(SIGKILL) }
         let campaign = try await t.settled(id, schedules: 1)

@@ -107,3 +107,64 @@ struct MigrationTests {
         #expect(try MigrationFiles.load(directory: fine).map(\.fileName) == ["0001_a.sql", "0002_b.sql"])
     }
 }
+
+@Suite("Query plans under tenant skew")
+struct LookupPlanTests {
+    /// The foreign-key checks PostgreSQL runs for every token and delivery row look rows up by (tenant_id, key). Planned
+    /// generically (once per session, as PostgreSQL plans them) while the statistics say each tenant has a row or two,
+    /// they must still use the primary key: any other index that starts with tenant_id would read a big tenant's
+    /// every row per check (an import of 100,000 people took more than 20 minutes that way).
+    @Test("lookups by tenant and key use the primary key even when statistics say tenants are tiny")
+    func keyLookups() async throws {
+        let url = try await TestEnvironment.makeDatabase()
+        let pool = PostgresPool(try PostgresConfiguration(url: url), options: .init(maxConnections: 1))
+        defer { pool.close() }
+        _ = try await Migrator(
+            pool: pool, migrations: MigrationFiles.load(directory: TestEnvironment.migrationsDirectory)
+        )
+        .migrate()
+        // Many small tenants, each with a person, a device and an instance: statistics of tiny tenants.
+        try await pool.execute(
+            """
+            WITH t AS (
+                INSERT INTO tenants (id, name, sealed_delivery_secret)
+                SELECT gen_random_uuid(), 'plan-' || i, '\\x00'::bytea FROM generate_series(1, 50) i RETURNING id
+            ), p AS (
+                INSERT INTO people (tenant_id, id) SELECT id, 'p' FROM t RETURNING tenant_id
+            ), d AS (
+                INSERT INTO devices (tenant_id, token, person_id, platform)
+                SELECT tenant_id, md5(tenant_id::text), 'p', 'ios' FROM p RETURNING tenant_id
+            ), i AS (
+                INSERT INTO instances (tenant_id, id, activity_type, person_id, state, attributes, content_state,
+                                       content_timestamp, expires_at)
+                SELECT tenant_id, 'campaign-01JDZ3Q6T8M4V9W2X5Y7Z0A1B2.p', 'match', 'p', 'active', '{}', '{}', 0,
+                       now() + interval '1 hour'
+                FROM d RETURNING tenant_id
+            )
+            SELECT count(*) FROM i
+            """)
+        try await pool.execute("ANALYZE")
+        let lookups = [
+            (
+                "devices", "devices_pkey",
+                "SELECT 1 FROM ONLY devices x WHERE tenant_id = $1 AND token = $2 FOR KEY SHARE OF x"
+            ),
+            (
+                "instances", "instances_pkey",
+                "SELECT 1 FROM ONLY instances x WHERE tenant_id = $1 AND id = $2 FOR KEY SHARE OF x"
+            ),
+        ]
+        for (table, index, query) in lookups {
+            let plan = try await pool.withConnection { c in
+                try c.execute("SET plan_cache_mode = force_generic_plan")
+                try c.execute("SET enable_seqscan = off")
+                try c.execute(PostgresQuery(unsafeSQL: "PREPARE lookup(uuid, text) AS " + query))
+                defer { _ = try? c.execute("DEALLOCATE lookup") }
+                let rows = try c.query(
+                    "EXPLAIN EXECUTE lookup('00000000-0000-0000-0000-000000000000', 'x')")
+                return try rows.map { try $0.decode(String.self, "QUERY PLAN") }.joined(separator: "\n")
+            }
+            #expect(plan.contains(index), "\(table): \(plan)")
+        }
+    }
+}
