@@ -14,6 +14,10 @@ struct LifecycleRoutes: Sendable {
     let authenticator: Authenticator
     let store: LiveActivityStore
     let now: @Sendable () -> Date
+    /// Changes of one instance queue here and are applied together (hot instances).
+    let lines = InstanceLines<LineKey, PendingChange, HTTPResponse> { leader, next in
+        leader.idempotencyKey == nil && next.idempotencyKey == nil
+    }
 
     func register(in router: inout Router) {
         router.add(.POST, "/v1/live_notifications/start", authenticator.app(start))
@@ -123,58 +127,104 @@ struct LifecycleRoutes: Sendable {
     func change(_ request: HTTPRequest, _ principal: Principal, operation: LifecyclePlanner.Operation) async throws
         -> HTTPResponse
     {
-        let tenant = principal.tenantID
         let (instanceID, change) = try Self.parseChange(JSONBody.parse(request), operation: operation)
-        let idempotencyKey = try Self.idempotencyKey(request)
-        let requestHash = Self.requestHash(request)
-        for _ in 0..<8 {
-            let context = try await store.changeContext(
-                tenant: tenant, instanceID: instanceID, idempotencyKey: idempotencyKey)
-            if let stored = context.idempotent { return try Self.replay(stored, hash: requestHash) }
-            guard let instance = context.instance, let type = context.activityType else {
-                throw Problems.notFound("live_notification")
-            }
-            let decision = try LifecyclePlanner.planChange(
-                change,
-                facts: .init(
-                    instance: instance, activityType: type, targets: context.targets, channel: context.channel),
-                now: now(), newID: { ULIDGenerator.shared.next().uuid })
-            switch decision {
-            case .closed(let state, let markExpired):
-                if markExpired { try? await store.markExpired(tenant: tenant, instanceID: instanceID) }
-                throw Problems.closedInstance(instanceID: instanceID, state: state)
-            case .noop(let state, let version, let warnings):
-                let response = JSONValue.object([
-                    "instance_id": .string(instanceID), "state": .string(state.rawValue),
-                    "version": .int(Int64(version)), "targets": .int(0), "suppressed": .bool(true),
-                    "warnings": .array(warnings.map { .string($0) }),
-                ])
-                if let idempotencyKey {
-                    try await store.recordIdempotent(
-                        tenant: tenant,
-                        IdempotencyRecord(
-                            key: idempotencyKey, requestHash: requestHash, status: 200, response: response))
+        let pending = PendingChange(
+            change: change, idempotencyKey: try Self.idempotencyKey(request), requestHash: Self.requestHash(request))
+        let tenant = principal.tenantID
+        return try await lines.submit(LineKey(tenant: tenant, instanceID: instanceID), pending) { batch in
+            await apply(batch, tenant: tenant, instanceID: instanceID)
+        }
+    }
+
+    /// A parsed change waiting in its instance's line.
+    struct PendingChange: Sendable {
+        var change: LifecyclePlanner.ChangeRequest
+        var idempotencyKey: String?
+        var requestHash: [UInt8]
+    }
+
+    struct LineKey: Hashable, Sendable {
+        var tenant: UUID
+        var instanceID: String
+    }
+
+    /// Changes of one instance, in arrival order, read once, planned one on top of the other and written in one
+    /// statement: the newest state and the newest change's deliveries (each earlier one is answered `coalesced`: a
+    /// newer change replaced its pushes, as it would have replaced them in the queue). A change with an
+    /// Idempotency-Key always runs alone. One answer per change.
+    func apply(_ batch: [PendingChange], tenant: UUID, instanceID: String) async -> [Result<HTTPResponse, any Error>] {
+        let key = batch.count == 1 ? batch[0].idempotencyKey : nil
+        do {
+            for _ in 0..<8 {
+                let context = try await store.changeContext(tenant: tenant, instanceID: instanceID, idempotencyKey: key)
+                if let stored = context.idempotent {
+                    return [Result { try Self.replay(stored, hash: batch[0].requestHash) }]
                 }
-                return .json(response)
-            case .write(let plan):
-                var response = Self.render(instanceID, plan, coalesced: false)
+                guard var instance = context.instance, let type = context.activityType else {
+                    return batch.map { _ in .failure(Problems.notFound("live_notification")) }
+                }
+                let now = self.now()
+                var answers: [Result<JSONValue, any Error>] = []
+                var written: [(index: Int, plan: LifecyclePlanner.ChangePlan)] = []
+                var markExpired = false
+                for pending in batch {
+                    do {
+                        let decision = try LifecyclePlanner.planChange(
+                            pending.change,
+                            facts: .init(
+                                instance: instance, activityType: type, targets: context.targets,
+                                channel: context.channel),
+                            now: now, newID: { ULIDGenerator.shared.next().uuid })
+                        switch decision {
+                        case .closed(let state, let expired):
+                            markExpired = markExpired || expired
+                            answers.append(.failure(Problems.closedInstance(instanceID: instanceID, state: state)))
+                        case .noop(let state, let version, let warnings):
+                            answers.append(.success(Self.renderNoop(instanceID, state, version, warnings)))
+                        case .write(let plan):
+                            written.append((answers.count, plan))
+                            instance.apply(plan, operation: pending.change.operation, now: now)
+                            // Replaced by the newer change it is written with: nothing of its own is queued.
+                            var replaced = plan
+                            replaced.deliveries = []
+                            answers.append(.success(Self.render(instanceID, replaced, coalesced: true)))
+                        }
+                    } catch {
+                        answers.append(.failure(error))
+                    }
+                }
+                if markExpired { try? await store.markExpired(tenant: tenant, instanceID: instanceID) }
+                let record: (JSONValue) -> IdempotencyRecord? = { response in
+                    key.map {
+                        IdempotencyRecord(key: $0, requestHash: batch[0].requestHash, status: 200, response: response)
+                    }
+                }
+                guard let last = written.last else {
+                    if case .success(let response) = answers[0], let record = record(response) {
+                        try await store.recordIdempotent(tenant: tenant, record)
+                    }
+                    return answers.map { $0.map { HTTPResponse.json($0) } }
+                }
+                var plan = last.plan
+                plan.expectedVersion = written[0].plan.expectedVersion
+                let response = Self.render(instanceID, last.plan, coalesced: false)
                 let outcome = try await store.change(
                     tenant: tenant,
                     ChangeWrite(
-                        instanceID: instanceID, operation: operation, plan: plan,
-                        idempotency: idempotencyKey.map {
-                            IdempotencyRecord(key: $0, requestHash: requestHash, status: 200, response: response)
-                        }))
+                        instanceID: instanceID, operation: batch[last.index].change.operation, plan: plan,
+                        idempotency: record(response)))
                 switch outcome {
                 case .written(_, _, let coalesced):
                     // Paced (the activity type's min_update_interval_ms): queued for later, replaced by a newer one.
-                    if coalesced { response = Self.render(instanceID, plan, coalesced: true) }
-                    return .json(response)
-                case .versionConflict, .alreadyExists: continue  // read again: another change (or this key) won
+                    answers[last.index] = .success(Self.render(instanceID, last.plan, coalesced: coalesced))
+                    return answers.map { $0.map { HTTPResponse.json($0) } }
+                case .versionConflict, .alreadyExists: continue  // read again: another process (or this key) won
                 }
             }
+            return batch.map { _ in .failure(Problems.contention(instanceID: instanceID)) }
+        } catch {
+            return batch.map { _ in .failure(error) }
         }
-        throw Problems.contention(instanceID: instanceID)
     }
 
     static func parseChange(_ body: JSONBody, operation: LifecyclePlanner.Operation) throws(ValidationError) -> (
@@ -232,8 +282,8 @@ struct LifecycleRoutes: Sendable {
         o["last_delivery"] =
             last.map { d in
                 .object([
-                    "id": .string(ULID(uuid: d.id).description), "operation": .string(d.operation),
-                    "status": .string(d.status), "created_at": .from(d.createdAt),
+                    "id": .string(ULID(uuid: d.id).description), "operation": .string(d.operation.rawValue),
+                    "status": .string(d.status.rawValue), "created_at": .from(d.createdAt),
                 ])
             } ?? .null
         o["high_priority_pushes_last_hour"] = .int(Int64(highPriority))
@@ -299,6 +349,16 @@ struct LifecycleRoutes: Sendable {
         return .object(response)
     }
 
+    static func renderNoop(_ instanceID: String, _ state: InstanceState, _ version: Int, _ warnings: [String])
+        -> JSONValue
+    {
+        .object([
+            "instance_id": .string(instanceID), "state": .string(state.rawValue), "version": .int(Int64(version)),
+            "targets": .int(0), "suppressed": .bool(true), "warnings": .array(warnings.map { .string($0) }),
+        ])
+    }
+
+    /// A written change; a `coalesced` one queued nothing now (paced, or replaced by a newer change of the batch).
     static func render(_ instanceID: String, _ plan: LifecyclePlanner.ChangePlan, coalesced: Bool) -> JSONValue {
         var response: [String: JSONValue] = [
             "instance_id": .string(instanceID), "state": .string(plan.state.rawValue),
@@ -329,9 +389,9 @@ struct LifecycleRoutes: Sendable {
     static func render(_ d: DeliveryRecord) -> JSONValue {
         .object([
             "id": .string(ULID(uuid: d.id).description), "instance_id": .string(d.instanceID),
-            "device_token": .string(maskToken(d.deviceToken)), "provider": .string(d.provider),
-            "token_kind": .string(d.tokenKind), "operation": .string(d.operation),
-            "instance_version": .int(Int64(d.instanceVersion)), "status": .string(d.status),
+            "device_token": .string(maskToken(d.deviceToken)), "provider": .string(d.provider.rawValue),
+            "token_kind": .string(d.tokenKind.rawValue), "operation": .string(d.operation.rawValue),
+            "instance_version": .int(Int64(d.instanceVersion)), "status": .string(d.status.rawValue),
             "attempts": .int(Int64(d.attempts)), "next_attempt_at": .from(d.nextAttemptAt),
             "provider_id": .from(d.providerID), "http_status": d.httpStatus.map { .int(Int64($0)) } ?? .null,
             "reason": .from(d.reason), "created_at": .from(d.createdAt), "updated_at": .from(d.updatedAt),

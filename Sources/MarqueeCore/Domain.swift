@@ -15,6 +15,21 @@ public enum InstanceState: String, Sendable, CaseIterable, Codable {
     public var isClosed: Bool { self == .ended || self == .expired }
 }
 
+/// Where a delivery stands (`deliveries.status`).
+public enum DeliveryStatus: String, Sendable, CaseIterable {
+    /// Waiting to be sent (a retry waits here too).
+    case queued
+    case sent
+    /// The provider refused it for good, or it could not be sent before its instance closed.
+    case failed
+    /// The provider said the token is dead.
+    case undeliverable
+    /// Waits for the tenant to replace a broken credential.
+    case parked
+    /// Not sent: its instance ended, or a newer version for its token exists.
+    case superseded
+}
+
 /// One delivery row to queue.
 public struct PlannedDelivery: Sendable, Equatable {
     public enum Provider: String, Sendable, CaseIterable { case apns, fcm }

@@ -264,9 +264,9 @@ public enum LifecyclePlanner {
         public var contentTimestamp: Int64
         public var deliveries: [PlannedDelivery]
         public var warnings: [String]
-
-        /// The version this plan writes.
-        public var version: Int { expectedVersion + 1 }
+        /// The version this plan writes: one after `expectedVersion`, or more when it carries several changes of one
+        /// instance planned one on top of the other (``InstanceRecord/apply(_:operation:now:)``).
+        public var version: Int
     }
 
     public enum ChangeDecision: Sendable, Equatable {
@@ -359,7 +359,7 @@ public enum LifecyclePlanner {
             ChangePlan(
                 expectedVersion: instance.version, state: state, failureReason: failureReason, attributes: attributes,
                 contentState: contentState, options: options, contentTimestamp: timestamp, deliveries: deliveries,
-                warnings: stale.warnings))
+                warnings: stale.warnings, version: instance.version + 1))
     }
 
     /// The composed push must fit every platform it goes to.
@@ -367,5 +367,21 @@ public enum LifecyclePlanner {
         for platform in Set(platforms).sorted(by: { $0.rawValue > $1.rawValue }) {
             try PayloadLimits.check(content, platform: platform)
         }
+    }
+}
+
+extension InstanceRecord {
+    /// The instance as `plan` leaves it, so that the next change of the same instance can be planned on top of it
+    /// before either is written.
+    public mutating func apply(_ plan: LifecyclePlanner.ChangePlan, operation: LifecyclePlanner.Operation, now: Date) {
+        state = plan.state
+        failureReason = plan.failureReason
+        attributes = plan.attributes
+        contentState = plan.contentState
+        options = plan.options.json
+        version = plan.version
+        contentTimestamp = plan.contentTimestamp
+        if operation == .end { endedAt = now }
+        updatedAt = now
     }
 }

@@ -34,7 +34,7 @@ public struct ClaimedDelivery: Sendable {
 public struct DeliveryResult: Sendable {
     /// `queued` is a retry; `parked` waits for the tenant to replace a broken credential; `superseded` was not sent
     /// because its instance ended or a newer version for its token exists.
-    public enum Status: String, Sendable { case sent, failed, undeliverable, queued, parked, superseded }
+    public typealias Status = DeliveryStatus
     public var tenantID: UUID
     public var id: UUID
     public var status: Status

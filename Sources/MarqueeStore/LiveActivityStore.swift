@@ -125,11 +125,11 @@ public struct DeliveryRecord: Sendable, Equatable {
     public var id: UUID
     public var instanceID: String
     public var deviceToken: String
-    public var provider: String
-    public var tokenKind: String
-    public var operation: String
+    public var provider: PlannedDelivery.Provider
+    public var tokenKind: PlannedDelivery.TokenKind
+    public var operation: LiveActivityEvent
     public var instanceVersion: Int
-    public var status: String
+    public var status: DeliveryStatus
     public var attempts: Int
     public var nextAttemptAt: Date
     public var providerID: String?
@@ -368,7 +368,7 @@ public struct LiveActivityStore: Sendable {
                     state = \(plan.state.rawValue), failure_reason = \(plan.failureReason),
                     attributes = \(plan.attributes), content_state = \(plan.contentState),
                     options = \(plan.options.json),
-                    version = version + 1, content_timestamp = \(plan.contentTimestamp),
+                    version = \(plan.version), content_timestamp = \(plan.contentTimestamp),
                     ended_at = CASE WHEN \(write.operation.rawValue) = 'end' THEN now() ELSE ended_at END,
                     -- An end that reaches no activity token while a start went (or may go) out by push-to-start is
                     -- kept: it is queued when the activity token registers (marquee_register_activity_token).
@@ -493,7 +493,8 @@ public struct LiveActivityStore: Sendable {
             [
                 """
                 SELECT \(unsafeRaw: Self.instanceColumns) FROM instances
-                WHERE tenant_id = \(tenant)
+                -- started_at > '-infinity' is what lets this list use instances_recent (migration 0053).
+                WHERE tenant_id = \(tenant) AND started_at > '-infinity'
                   AND (\(person)::text IS NULL OR person_id = \(person))
                   AND (\(activityType)::text IS NULL OR activity_type = \(activityType))
                   AND (\(campaign)::text IS NULL OR campaign_id = \(campaign))
@@ -552,7 +553,7 @@ public struct LiveActivityStore: Sendable {
             contentState: try row.decode(JSONValue.self, "content_state"),
             options: try row.decode(JSONValue.self, "options"), version: try row.decode(Int.self, "version"),
             contentTimestamp: try row.decode(Int64.self, "content_timestamp"),
-            targetPlatform: try row.decode(String?.self, "target_platform").flatMap(Platform.init(rawValue:)),
+            targetPlatform: try row.decodeRaw(Platform?.self, "target_platform"),
             targetDevice: try row.decode(String?.self, "target_device"),
             expiresAt: try row.decode(Date.self, "expires_at"), startedAt: try row.decode(Date.self, "started_at"),
             endedAt: try row.decode(Date?.self, "ended_at"), updatedAt: try row.decode(Date.self, "updated_at"),
@@ -563,10 +564,12 @@ public struct LiveActivityStore: Sendable {
     static func delivery(_ row: PostgresRow) throws -> DeliveryRecord {
         DeliveryRecord(
             id: try row.decode(UUID.self, "id"), instanceID: try row.decode(String.self, "instance_id"),
-            deviceToken: try row.decode(String.self, "device_token"), provider: try row.decode(String.self, "provider"),
-            tokenKind: try row.decode(String.self, "token_kind"), operation: try row.decode(String.self, "operation"),
+            deviceToken: try row.decode(String.self, "device_token"),
+            provider: try row.decodeRaw(PlannedDelivery.Provider.self, "provider"),
+            tokenKind: try row.decodeRaw(PlannedDelivery.TokenKind.self, "token_kind"),
+            operation: try row.decodeRaw(LiveActivityEvent.self, "operation"),
             instanceVersion: try row.decode(Int.self, "instance_version"),
-            status: try row.decode(String.self, "status"),
+            status: try row.decodeRaw(DeliveryStatus.self, "status"),
             attempts: try row.decode(Int.self, "attempts"), nextAttemptAt: try row.decode(Date.self, "next_attempt_at"),
             providerID: try row.decode(String?.self, "provider_id"),
             httpStatus: try row.decode(Int?.self, "http_status"),

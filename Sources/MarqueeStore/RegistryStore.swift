@@ -390,7 +390,10 @@ public struct RegistryStore: Sendable {
     static func activityType(_ row: PostgresRow) throws -> ActivityType {
         var dateFields: [String: DateEncoding] = [:]
         for (pointer, value) in try row.decode(JSONValue.self, "date_fields").objectValue ?? [:] {
-            if let encoding = value.stringValue.flatMap(DateEncoding.init(rawValue:)) { dateFields[pointer] = encoding }
+            guard let encoding = value.stringValue.flatMap(DateEncoding.init(rawValue:)) else {
+                throw PostgresError(code: .decoding, context: "unknown date encoding of \(pointer): \(value)")
+            }
+            dateFields[pointer] = encoding
         }
         // Joined with `instances`, the type's timestamps come as type_created_at / type_updated_at.
         let joined = row.columns.contains("type_created_at")

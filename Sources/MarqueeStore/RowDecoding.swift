@@ -10,4 +10,13 @@ extension PostgresRow {
         }
         return value
     }
+
+    /// ``decodeRaw(_:_:)`` for a nullable column: NULL is nil, any other unknown value a decoding error.
+    func decodeRaw<T: RawRepresentable>(_ type: T?.Type, _ column: String) throws -> T? where T.RawValue == String {
+        guard let text = try decode(String?.self, column) else { return nil }
+        guard let value = T(rawValue: text) else {
+            throw PostgresError(code: .decoding, context: "unknown value of \(column): \(text)")
+        }
+        return value
+    }
 }

@@ -388,6 +388,43 @@ struct LifecycleTests {
         #expect(updates.filter { $0.string("status") == "queued" }.allSatisfy { $0["instance_version"] as? Int == 3 })
     }
 
+    @Test("a hot instance: 40 concurrent updates are all accepted, each with its own version, and the last one wins")
+    func hotInstance() async throws {
+        let w = try await Self.world()
+        let instance = Fake.id("hot")
+        _ = try await w.start(["instance_id": instance])
+        _ = try await w.registerActivityTokens(instance)
+        let answers = try await withThrowingTaskGroup(of: (Int, HTTP.Response).self) { group in
+            for n in 1...40 {
+                group.addTask {
+                    (n, try await w.update(["instance_id": instance, "content_state_patch": ["eta": n]]))
+                }
+            }
+            return try await group.reduce(into: []) { $0.append($1) }
+        }
+        #expect(answers.allSatisfy { $0.1.status == 200 }, "\(answers.filter { $0.1.status != 200 }.map(\.1.text))")
+        // Every update is a version of its own: 2...41, none lost and none twice.
+        let versions = try answers.map { try $0.1.json()["version"] as? Int ?? 0 }
+        #expect(versions.sorted() == Array(2...41))
+        // The instance shows the update with the highest version, and its newest pushes carry that state.
+        let newest = try #require(
+            answers.max { try $0.1.json()["version"] as? Int ?? 0 < $1.1.json()["version"] as? Int ?? 0 })
+        let shown = try await w.instance(instance)
+        #expect(shown["version"] as? Int == 41)
+        #expect(shown.object("content_state")?["eta"] as? Int == newest.0)
+        let queued = try await w.fixture.pool.query(
+            """
+            SELECT instance_version, content_state->>'eta' AS eta FROM deliveries
+            WHERE tenant_id = \(w.tenant.uuid) AND instance_id = \(instance) AND status = 'queued'
+              AND operation = 'update'
+            """)
+        #expect(queued.count == 3, "one push per target is left queued, the newest")
+        for row in queued {
+            #expect(try row.decode(Int.self, "instance_version") == 41)
+            #expect(try row.decode(String.self, "eta") == String(newest.0))
+        }
+    }
+
     @Test("validation: identifiers, alert for iOS starts, unknown type, bad fields")
     func validation() async throws {
         let w = try await Self.world()
