@@ -42,7 +42,7 @@ let package = Package(
         .target(name: "Crypto", dependencies: ["COpenSSL"], swiftSettings: swiftSettings),
         .target(name: "HTTP2", dependencies: ["CNGHTTP2", "COpenSSL"], swiftSettings: swiftSettings),
         .target(name: "Observability", swiftSettings: swiftSettings),
-        .target(name: "ServiceLifecycle", dependencies: ["Observability"], swiftSettings: swiftSettings),
+        .target(name: "ProcessLifecycle", dependencies: ["Observability"], swiftSettings: swiftSettings),
 
         // MARK: Marquee
         .target(name: "MarqueeCore", swiftSettings: swiftSettings),
@@ -68,7 +68,7 @@ let package = Package(
             name: "marquee",
             dependencies: [
                 "MarqueeCore", "MarqueeStore", "MarqueeAPI", "PostgresClient", "HTTPServer", "Crypto",
-                "Observability", "ServiceLifecycle", "MarqueeDelivery", "HTTP2", "MarqueeSimulators",
+                "Observability", "ProcessLifecycle", "MarqueeDelivery", "HTTP2", "MarqueeSimulators",
             ],
             swiftSettings: swiftSettings
         ),
@@ -93,7 +93,7 @@ let package = Package(
             name: "MarqueeDeliveryTests", dependencies: ["MarqueeDelivery", "MarqueeCore", "HTTP2", "Crypto"],
             swiftSettings: swiftSettings),
         .testTarget(
-            name: "ServiceLifecycleTests", dependencies: ["ServiceLifecycle", "Observability"],
+            name: "ProcessLifecycleTests", dependencies: ["ProcessLifecycle", "Observability"],
             swiftSettings: swiftSettings),
         .testTarget(
             name: "MarqueeCoreTests", dependencies: ["MarqueeCore", "ClientMirrors"], exclude: ["Golden"],

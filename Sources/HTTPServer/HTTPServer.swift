@@ -95,6 +95,11 @@ public final class HTTPServer: Sendable {
         await stop()
     }
 
+    /// Begins a graceful stop: `run()` stops accepting, drains and returns. Returns at once.
+    public func requestStop() {
+        core.requestStop()
+    }
+
     /// Binds and starts serving; on return `boundPort` is valid. Throws `HTTPServerError` if the server
     /// was already started or the address can't be bound.
     public func start() throws {

@@ -11,7 +11,9 @@ import Synchronization
 ///
 /// Woken by LISTEN/NOTIFY (one notification per committed batch of API writes), with a polling fallback. A crashed
 /// worker's claims come back once their lease runs out (at-least-once delivery; duplicates bounded by one batch).
-/// On cancellation (SIGTERM) it stops claiming, finishes and records what it holds, and returns.
+/// On `beginShutdown()` (SIGTERM, through the service group's graceful shutdown) it stops claiming, finishes and
+/// records what it holds, and returns; nothing it holds is cancelled. Cancellation stops it at once (its leases
+/// run out and other workers take the deliveries over).
 public final class DeliveryWorker: Sendable {
     public struct Configuration: Sendable {
         /// Identifies this worker's leases (`locked_by`).
@@ -53,6 +55,8 @@ public final class DeliveryWorker: Sendable {
     let logger: Logger
     let metrics: WorkerMetrics
     let wakeup = Wakeup()
+    /// Set by `beginShutdown()`: the loops stop claiming.
+    let stopping = Atomic<Bool>(false)
     let credentials: CredentialCache
     /// Campaign starts and campaign-wide changes, run when due (woken by the same notifications).
     let campaigns: CampaignRunner
@@ -84,7 +88,17 @@ public final class DeliveryWorker: Sendable {
         }
     }
 
-    /// Runs until cancelled, then drains.
+    /// Stops claiming and campaign runs; `run()` returns once what is in hand is sent and recorded.
+    public func beginShutdown() {
+        stopping.store(true, ordering: .releasing)
+        wakeup.signal()
+        campaignWakeup.signal()
+    }
+
+    /// Whether the loops should go on: no shutdown begun, not cancelled.
+    var running: Bool { !stopping.load(ordering: .acquiring) && !Task.isCancelled }
+
+    /// Runs until `beginShutdown()` (or cancellation), then drains.
     public func run() async throws {
         try await withThrowingTaskGroup(of: Void.self) { group in
             group.addTask { try await self.listener.run() }
@@ -113,7 +127,7 @@ public final class DeliveryWorker: Sendable {
 
     /// One claim–send–record loop. Returns when cancelled, after finishing the batch in hand.
     func loop(_ index: Int) async {
-        while !Task.isCancelled {
+        while running {
             let claimed: [ClaimedDelivery]
             do {
                 claimed = try await queue.claim(
@@ -131,8 +145,8 @@ public final class DeliveryWorker: Sendable {
                 continue
             }
             metrics.claimed.inc(Double(claimed.count))
-            // Shielded from the shutdown's cancellation: what was claimed is sent and recorded, not dropped.
-            await Task.detached { await self.process(claimed) }.value
+            // Shutdown is not cancellation: what was claimed is sent and recorded before the loop looks again.
+            await process(claimed)
             if claimed.count == configuration.batchSize { wakeup.signal() }  // more is likely waiting
         }
     }
@@ -143,7 +157,7 @@ public final class DeliveryWorker: Sendable {
     /// interval. Returns when cancelled (a run in progress finishes: it is one transaction).
     func runCampaignSchedules() async {
         var lastFinalize = ContinuousClock.now
-        while !Task.isCancelled {
+        while running {
             // Every 30 s: campaigns that are over are stored as ended (cheap reads of them from then on).
             if ContinuousClock.now - lastFinalize > .seconds(30) {
                 lastFinalize = ContinuousClock.now

@@ -4,7 +4,7 @@ import MarqueeCore
 import MarqueeStore
 import Observability
 import PostgresClient
-import ServiceLifecycle
+import ProcessLifecycle
 
 /// The `marquee` command line: parses the subcommand and hands over to it.
 @main
@@ -125,7 +125,7 @@ extension Startup {
     /// cannot be reached yet, the check is repeated in the returned service until it can; nil when done already.
     static func databaseRoleGuard(
         pool: PostgresPool, command: String, _ configuration: MarqueeConfiguration, logger: Logger
-    ) async throws -> ClosureService? {
+    ) async throws -> CancellingService? {
         @Sendable func verify() async throws -> Bool {
             let check: DatabaseRoleCheck
             do {
@@ -144,7 +144,7 @@ extension Startup {
         }
         if try await verify() { return nil }
         logger.warning("database not reachable yet; its role is checked once it is")
-        return ClosureService {
+        return CancellingService {
             while !Task.isCancelled {
                 try? await Task.sleep(for: .seconds(1))
                 if Task.isCancelled { return }

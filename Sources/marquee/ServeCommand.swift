@@ -7,7 +7,7 @@ import MarqueeDelivery
 import MarqueeStore
 import Observability
 import PostgresClient
-import ServiceLifecycle
+import ProcessLifecycle
 
 /// `marquee serve`: the REST API.
 struct ServeCommand {
@@ -83,7 +83,8 @@ struct ServeCommand {
             "listening",
             metadata: ["listen": .string(configuration.listen.description), "version": .string(MarqueeVersion.current)])
         try await ServiceGroup(
-            services: [("postgres.pool", pool), ("http", server)] + (roleGuard.map { [("database.role", $0)] } ?? []),
+            services: [("postgres.pool", pool.service), ("http", server.service)]
+                + (roleGuard.map { [("database.role", $0)] } ?? []),
             configuration: .init(drainTimeout: .seconds(configuration.drainTimeoutSeconds + 5)),
             logger: logger
         ).run()

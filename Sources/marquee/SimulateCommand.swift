@@ -2,7 +2,7 @@ import Foundation
 import MarqueeCore
 import MarqueeSimulators
 import Observability
-import ServiceLifecycle
+import ProcessLifecycle
 
 /// `marquee simulate apns|fcm`: runs the local APNs or FCM simulator until SIGTERM/SIGINT.
 ///
@@ -130,7 +130,7 @@ struct SimulateCommand {
                 "sim.keys": .int(keyCount), "sim.fault_rules": .int(faults.count),
             ])
         try await ServiceGroup(
-            services: [("simulator.\(kind.rawValue)", ClosureService { try await simulator.run() })],
+            services: [("simulator.\(kind.rawValue)", CancellingService { try await simulator.run() })],
             configuration: .init(drainTimeout: .seconds(15)), logger: logger
         ).run()
         logger.info("simulator stopped", metadata: ["sim.kind": .string(kind.rawValue)])

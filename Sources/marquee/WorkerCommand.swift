@@ -6,7 +6,7 @@ import MarqueeDelivery
 import MarqueeStore
 import Observability
 import PostgresClient
-import ServiceLifecycle
+import ProcessLifecycle
 
 /// `marquee worker`: one delivery worker process, with `/metrics` and `/healthz` on `MARQUEE_METRICS_LISTEN`.
 struct WorkerCommand {
@@ -78,9 +78,19 @@ struct WorkerCommand {
             ])
         try await ServiceGroup(
             services: [
-                ("postgres.pool", pool), ("worker", ClosureService { try await worker.run() }),
-                ("retention", ClosureService { await retention.run() }),
-                ("metrics", metricsServer),
+                ("postgres.pool", pool.service),
+                (
+                    "worker",
+                    ClosureService {
+                        try await withGracefulShutdownHandler {
+                            try await worker.run()
+                        } onGracefulShutdown: {
+                            worker.beginShutdown()
+                        }
+                    }
+                ),
+                ("retention", CancellingService { await retention.run() }),
+                ("metrics", metricsServer.service),
             ] + (roleGuard.map { [("database.role", $0)] } ?? []),
             configuration: .init(drainTimeout: .seconds(configuration.drainTimeoutSeconds + 5)),
             logger: logger

@@ -121,7 +121,7 @@ struct InteropTests {
         try await withServer(handler: handler) { server in
             let (status, output) = try await runCommand(
                 "/usr/bin/h2load", ["-n", "20000", "-c", "4", "-m", "100", "https://127.0.0.1:\(server.boundPort)/x"],
-                timeoutSeconds: 30)
+                timeoutSeconds: 180)
             let summary = output.split(separator: "\n").filter {
                 $0.hasPrefix("finished in") || $0.hasPrefix("requests:")
             }
@@ -161,7 +161,7 @@ struct InteropTests {
             #expect(succeeded == total)
             let (status, output) = try await runCommand(
                 "/usr/bin/h2load", ["-n", "20000", "-c", "4", "-m", "100", "https://127.0.0.1:\(server.boundPort)/x"],
-                timeoutSeconds: 30)
+                timeoutSeconds: 180)
             #expect(status == 0)
             let h2load = output.split(separator: "\n").first { $0.hasPrefix("finished in") } ?? "?"
             print("HTTP2Client: \(Int(Double(total) / seconds)) req/s; h2load: \(h2load)")

@@ -1,8 +1,15 @@
 #!/usr/bin/env bash
 # api-update: committed updates/s and latency for POST /v1/live_notifications/update with wrk at 64 connections
-# against 10,000 existing instances (one iOS activity token each), fsync on. Side by side, pgbench runs the SQL the
-# endpoint runs for one request (the context read, then the write statement and a NOTIFY in one transaction),
-# which is what PostgreSQL allows without group commit.
+# against INSTANCES (10,000) instances, fsync on. Everything is built through the API, as users drive it: one
+# activity type, the people (POST /v1/people/import: each with an iPhone and a push-to-start token), one start per
+# person and one activity token per started instance (`marquee-bench requests`, 32 connections). Then, side by
+# side on the same cluster:
+#   - pgbench of the SQL the endpoint runs for one request (the context read, then the write statement and a NOTIFY
+#     in one transaction), which is what PostgreSQL allows without group commit;
+#   - pgbench of a naive transaction (one UPDATE and one INSERT), 64 clients: the yardstick of issue 11.
+# HOT=1 adds the hot-instance variant: HOT_REQUESTS (20,000) updates over the first 10 instances from 64
+# connections, each with its own step; p50/p99, and whether every instance ended with the state of its
+# highest-versioned accepted update (nothing lost).
 # APIS=N (default 1) runs N `marquee serve` processes on consecutive ports, with one wrk per process sharing the 64
 # connections, and reports the sum (scale-out: bench/scaleout).
 source "$(dirname "$0")/../lib.sh"
@@ -12,6 +19,8 @@ bench_pg
 port=${PORT:-18083}
 apis=${APIS:-1}
 instances=${INSTANCES:-10000}
+work="$out/api-update"
+mkdir -p "$work"
 export INSTANCES=$instances
 export MARQUEE_LISTEN=127.0.0.1:$port
 MARQUEE_MASTER_KEY=$(head -c 32 /dev/urandom | base64)
@@ -20,24 +29,9 @@ export MARQUEE_DB_POOL_SIZE=${MARQUEE_DB_POOL_SIZE:-16}
 "$bin/marquee" migrate >/dev/null 2>&1
 created=$("$bin/marquee" tenant create --name "bench-$(date +%s)" --json)
 APP_KEY=$(echo "$created" | sed -n 's/.*"app":"\([^"]*\)".*/\1/p')
+SDK_KEY=$(echo "$created" | sed -n 's/.*"sdk":"\([^"]*\)".*/\1/p')
 tenant=$(echo "$created" | sed -n 's/^{"created_at":"[^"]*","id":"\([^"]*\)".*/\1/p')
-export APP_KEY
-
-echo "setup: $instances instances with one activity token each" >&2
-psql -q "$DATABASE_URL" <<SQL
-INSERT INTO activity_types (tenant_id, identifier, attributes_type) VALUES ('$tenant', 'com.example.delivery', 'DeliveryAttributes');
-INSERT INTO people (tenant_id, id) SELECT '$tenant', 'p' || i FROM generate_series(0, $instances - 1) i;
-INSERT INTO devices (tenant_id, token, person_id, platform)
-  SELECT '$tenant', repeat(lpad(to_hex(i), 8, '0'), 8), 'p' || i, 'ios' FROM generate_series(0, $instances - 1) i;
-INSERT INTO instances (tenant_id, id, activity_type, person_id, state, attributes, content_state, content_timestamp, expires_at)
-  SELECT '$tenant', 'bench-' || i, 'com.example.delivery', 'p' || i, 'active', '{"order":"x"}', '{"status":"new"}',
-         extract(epoch from now())::bigint, now() + interval '8 hours'
-  FROM generate_series(0, $instances - 1) i;
-INSERT INTO activity_tokens (tenant_id, instance_id, device_token, token)
-  SELECT '$tenant', 'bench-' || i, repeat(lpad(to_hex(i), 8, '0'), 8), md5(i::text) || md5((i + 1)::text)
-  FROM generate_series(0, $instances - 1) i;
-VACUUM ANALYZE;
-SQL
+export APP_KEY SDK_KEY
 
 api_pids=()
 for a in $(seq 0 $((apis - 1))); do
@@ -50,6 +44,39 @@ trap 'for p in "${api_pids[@]}"; do kill -TERM $p 2>/dev/null; wait $p 2>/dev/nu
 for a in $(seq 0 $((apis - 1))); do
   for _ in $(seq 1 100); do curl -sf "http://127.0.0.1:$((port + a))/healthz" >/dev/null && break; sleep 0.1; done
 done
+
+echo "setup through the API: $instances people, starts and activity tokens" >&2
+curl -sf -X PUT "http://$MARQUEE_LISTEN/v1/activity_types/com.example.delivery" -H "Authorization: Bearer $APP_KEY" \
+  -H "Content-Type: application/json" -d '{"attributes_type":"DeliveryAttributes"}' >/dev/null \
+  || { echo "PUT /v1/activity_types failed" >&2; exit 1; }
+python3 - "$instances" "$work" <<'PY'
+import hashlib, json, sys
+n, work = int(sys.argv[1]), sys.argv[2]
+md5 = lambda i: hashlib.md5(str(i).encode()).hexdigest()
+with open(f"{work}/people.ndjson", "w") as people, open(f"{work}/starts.txt", "w") as starts, \
+     open(f"{work}/tokens.txt", "w") as tokens:
+    for i in range(n):
+        device = f"{i:08x}" * 8
+        people.write(json.dumps({"id": f"p{i}", "devices": [
+            {"token": device, "platform": "ios", "push_to_start": {"com.example.delivery": md5(-i) + md5(-i - 1)}}]}) + "\n")
+        starts.write("POST /v1/live_notifications/start APP_KEY " + json.dumps({
+            "identifiers": {"id": f"p{i}"}, "notification_type": "com.example.delivery", "instance_id": f"bench-{i}",
+            "attributes": {"order": str(i)}, "content_state": {"status": "new"},
+            "push_payload": {"alert": {"title": "Order", "body": "Started"}}}, separators=(",", ":")) + "\n")
+        tokens.write(f"PUT /v1/live_notifications/bench-{i}/tokens/{device} SDK_KEY "
+                     + json.dumps({"token": md5(i) + md5(i + 1)}) + "\n")
+PY
+imported=$(curl -sf -X POST "http://$MARQUEE_LISTEN/v1/people/import" -H "Authorization: Bearer $APP_KEY" \
+  -H "Content-Type: application/x-ndjson" --data-binary "@$work/people.ndjson")
+echo "import: $imported" >&2
+for step in starts tokens; do
+  "$bin/marquee-bench" requests --port "$port" --connections 32 --timeout 60 --input "$work/$step.txt" \
+    --output "$work/$step.tsv" >"$work/$step.json"
+  ok=$(awk -F'\t' '$2 == 200' "$work/$step.tsv" | wc -l)
+  echo "$step: $ok of $instances answered 200 ($(cat "$work/$step.json"))" >&2
+  [ "$ok" = "$instances" ] || { echo "setup failed: see $work/$step.tsv" >&2; exit 1; }
+done
+psql -q "$DATABASE_URL" -c "VACUUM ANALYZE"
 
 machine
 ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat" 2>/dev/null || echo 0; }
@@ -83,6 +110,52 @@ echo "deliveries committed during the run: $((after - before))"
 curl -s "http://$MARQUEE_LISTEN/metrics" | grep -E "^marquee_group_commit_(batches|statements)_total" || true
 echo "non-2xx in server logs: $(cat "$out"/api-update-serve-*.log | grep -c '"http.status":[45]' || true)"
 for p in "${api_pids[@]}"; do echo "server RSS after run: $(ps -o rss= -p "$p") KiB"; done
+
+if [ "${HOT:-0}" = 1 ]; then
+  hot_n=${HOT_REQUESTS:-20000}
+  python3 - "$hot_n" "$work/hot.txt" <<'PY'
+import sys
+n, path = int(sys.argv[1]), sys.argv[2]
+with open(path, "w") as f:
+    for k in range(n):
+        f.write(f'POST /v1/live_notifications/update APP_KEY {{"instance_id":"bench-{k % 10}","content_state_patch":{{"step":{k}}}}}\n')
+PY
+  echo "== hot instances: $hot_n updates over 10 instances, 64 connections (marquee-bench requests)"
+  "$bin/marquee-bench" requests --port "$port" --connections 64 --timeout 30 --input "$work/hot.txt" \
+    --output "$work/hot.tsv"
+  # The accepted update with the highest version of each instance, and the state each instance shows now.
+  for k in $(seq 0 9); do
+    curl -sf "http://$MARQUEE_LISTEN/v1/live_notifications/bench-$k" -H "Authorization: Bearer $APP_KEY"; echo
+  done >"$work/hot-final.ndjson"
+  python3 - "$work/hot.tsv" "$work/hot-final.ndjson" <<'PY'
+import json, re, sys
+latencies, newest, statuses = [], {}, {}
+for line in open(sys.argv[1]):
+    index, status, sent, done, _, body = line.rstrip("\n").split("\t", 5)
+    statuses[status] = statuses.get(status, 0) + 1
+    if status != "200":
+        continue
+    latencies.append((float(done) - float(sent)) * 1000)
+    m = re.search(r'"instance_id":"bench-(\d+)"', body)
+    v = re.search(r'"version":(\d+)', body)
+    k, version = int(m.group(1)), int(v.group(1))
+    if version > newest.get(k, (0, -1))[0]:
+        newest[k] = (version, int(index))
+latencies.sort()
+pct = lambda p: latencies[min(len(latencies) - 1, int(len(latencies) * p))]
+lost = 0
+for line in open(sys.argv[2]):
+    shown = json.loads(line)
+    k = int(shown["instance_id"].split("-")[1])
+    version, index = newest[k]
+    if shown["version"] != version or shown["content_state"].get("step") != index:
+        lost += 1
+        print(f"bench-{k}: shows version {shown['version']} step {shown['content_state'].get('step')}, "
+              f"highest accepted version {version} was step {index}")
+print(f"hot: statuses {statuses}; p50 {pct(0.5):.1f} ms, p99 {pct(0.99):.1f} ms; "
+      f"instances not showing their newest accepted update: {lost} of {len(newest)}")
+PY
+fi
 for p in "${api_pids[@]}"; do kill -TERM "$p"; wait "$p" || true; done
 
 # The endpoint's SQL for one request, one transaction per request as without group commit.
@@ -113,3 +186,21 @@ SQL
 echo "== pgbench -M prepared -c 16 -j 2 -T 10 -f api-update.sql (the endpoint's SQL, one transaction per request)"
 pgbench -n -M prepared -h 127.0.0.1 -p "$PGPORT" -U postgres -c 16 -j 2 -T 10 -f "$out/api-update.sql" marquee 2>&1 \
   | grep -E "^(tps|latency average|number of failed)"
+
+# Issue 11's yardstick: a naive transaction, one UPDATE and one INSERT, 64 clients.
+psql -q "$DATABASE_URL" <<SQL
+CREATE TABLE naive (id int PRIMARY KEY, v bigint NOT NULL DEFAULT 0);
+INSERT INTO naive (id) SELECT generate_series(0, $((instances - 1)));
+CREATE TABLE naive_log (id bigserial PRIMARY KEY, k int NOT NULL, at timestamptz NOT NULL DEFAULT now());
+VACUUM ANALYZE naive;
+SQL
+cat >"$out/api-update-naive.sql" <<SQL
+\\set i random(0, $((instances - 1)))
+BEGIN;
+UPDATE naive SET v = v + 1 WHERE id = :i;
+INSERT INTO naive_log (k) VALUES (:i);
+COMMIT;
+SQL
+echo "== pgbench -M prepared -c 64 -j 2 -T 10 (naive: one UPDATE + one INSERT per transaction)"
+pgbench -n -M prepared -h 127.0.0.1 -p "$PGPORT" -U postgres -c 64 -j 2 -T 10 -f "$out/api-update-naive.sql" marquee \
+  2>&1 | grep -E "^(tps|latency average|number of failed)"

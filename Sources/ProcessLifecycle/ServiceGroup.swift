@@ -5,8 +5,10 @@ import Synchronization
 
 /// A long-lived component: an HTTP listener, a connection pool's health checker, a worker loop.
 ///
-/// `run()` works until its task is cancelled, then finishes what is in flight (drains) and returns. Throwing means
-/// the component failed; the group then stops the others.
+/// `run()` works until graceful shutdown begins (``withGracefulShutdownHandler(operation:onGracefulShutdown:)``,
+/// `Task.isShuttingDownGracefully`), then finishes what is in flight (drains) and returns; every `await` keeps
+/// working while it drains. Cancellation means stop at once. Throwing means the component failed; the group then
+/// stops the others. A component whose work may simply be cancelled runs as a ``CancellingService``.
 public protocol Service: Sendable {
     func run() async throws
 }
@@ -20,8 +22,9 @@ public struct ClosureService: Service {
 
 /// Runs services together and shuts them all down on SIGTERM/SIGINT, or when any one of them stops.
 ///
-/// Shutdown is cancellation: every service's task is cancelled and the group waits for all of them to return, up to
-/// `drainTimeout`; past that, or on a second signal, the process exits at once with status 1.
+/// Shutdown is graceful, not cancellation: the group begins a ``GracefulShutdown`` that every service sees, and
+/// waits for all of them to return, up to `drainTimeout`; past that, or on a second signal, the process exits at
+/// once with status 1. Cancelling the task that runs the group cancels the services (stop at once).
 public struct ServiceGroup: Sendable {
     public struct Configuration: Sendable {
         /// Signals that start a graceful shutdown. Default SIGTERM and SIGINT.
@@ -69,11 +72,12 @@ public struct ServiceGroup: Sendable {
         // A signal that arrives before Dispatch has registered its handler would be lost (the default action is
         // already ignored): services start only once every signal is observed.
         await signals.registered()
+        let shutdown = GracefulShutdown()
         return try await withThrowingTaskGroup(of: Event?.self) { group in
             for (name, service) in services {
                 group.addTask {
                     do {
-                        try await service.run()
+                        try await shutdown.whileCurrent { try await service.run() }
                         return .finished(name)
                     } catch {
                         return .failed(name, error)
@@ -109,7 +113,9 @@ public struct ServiceGroup: Sendable {
                         metadata: ["service": .string(name), "error": .string(String(describing: error))])
                 }
             }
-            group.cancelAll()
+            shutdown.trigger()
+            // The signal task ends (a second signal is the watchdog's from now on).
+            signals.endStream()
             let watchdog = Watchdog(timeout: configuration.drainTimeout, signals: signals, logger: logger)
             defer { watchdog.disarm() }
             while let event = try await group.next() {
@@ -165,6 +171,9 @@ final class SignalStream: Sendable {
             }
         }
     }
+
+    /// Ends `stream` (its reader returns) without unregistering the signals.
+    func endStream() { continuation.finish() }
 
     func cancel() {
         sources.withLock { sources in
