@@ -263,8 +263,7 @@ public struct DeliveryQueue: Sendable {
                        COALESCE(c.options, i.options) AS snap_options,
                        COALESCE(c.content_timestamp, i.content_timestamp) AS snap_content_timestamp,
                        \(unsafeRaw: LiveActivityStore.instanceColumns("i")), \(unsafeRaw: LiveActivityStore.typeColumnsJoined),
-                       ch.status AS channel_status, ch.apns_channel_id, ch.storage_policy AS channel_storage_policy,
-                       ch.bundle_id AS channel_bundle_id,
+                       \(unsafeRaw: LiveActivityStore.channelColumnsJoined),
                        CASE WHEN i.channel_id IS NOT NULL AND c.token_kind = 'push_to_start' THEN
                            (SELECT dv.os_version FROM devices dv
                             WHERE dv.tenant_id = c.tenant_id AND dv.token = c.device_token)

@@ -206,36 +206,40 @@ public struct LiveActivityStore: Sendable {
             channel: try rows[5].first.map(ChannelStore.channel))
     }
 
-    /// Everything an update or end needs, in one statement (`marquee_change_context`, migration 0005).
+    /// Everything an update or end needs, in one round trip and one snapshot: the instance with its activity type and
+    /// channel, its active targets (`marquee_instance_targets`, the rule shared with campaigns and the registry), and
+    /// the answer stored for the request's Idempotency-Key.
     public func changeContext(tenant: UUID, instanceID: String, idempotencyKey: String?) async throws -> ChangeContext {
-        let rows = try await database.pool.query(
-            "SELECT * FROM marquee_change_context(\(tenant), \(instanceID), \(idempotencyKey))")
-        guard let row = rows.first else {
+        let rows = try await database.tenantRead(
+            tenant,
+            [
+                """
+                SELECT \(unsafeRaw: Self.instanceColumns("i")), \(unsafeRaw: Self.typeColumnsJoined),
+                       \(unsafeRaw: Self.channelColumnsJoined)
+                FROM instances i
+                JOIN activity_types t ON t.tenant_id = i.tenant_id AND t.identifier = i.activity_type
+                LEFT JOIN channels ch ON ch.tenant_id = i.tenant_id AND ch.id = i.channel_id
+                WHERE i.tenant_id = \(tenant) AND i.id = \(instanceID)
+                """,
+                RegistryStore.activityTargetsQuery(tenant: tenant, instanceID: instanceID),
+                Self.idempotencyQuery(tenant, idempotencyKey),
+            ])
+        let idempotent = try Self.storedResponse(rows[2])
+        guard let row = rows[0].first else {
             // No such instance (in this tenant); a replay of a key is answered from its own record.
-            let stored = try await idempotencyKey.asyncMap { try await idempotentResponse(tenant: tenant, key: $0) }
-            return ChangeContext(instance: nil, activityType: nil, targets: [], idempotent: stored ?? nil)
-        }
-        var targets: [ActivityTarget] = []
-        for target in try row.decode(JSONValue.self, "targets").arrayValue ?? [] {
-            guard let device = target["device_token"]?.stringValue, let token = target["token"]?.stringValue,
-                let platform = target["platform"]?.stringValue.flatMap(Platform.init(rawValue:))
-            else {
-                throw PostgresError(
-                    code: .decoding, context: "a change-context target without device, token or platform")
-            }
-            targets.append(ActivityTarget(deviceToken: device, platform: platform, token: token))
-        }
-        var idempotent: StoredResponse?
-        if let status = try row.decode(Int?.self, "idem_status"),
-            let body = try row.decode(JSONValue?.self, "idem_response")
-        {
-            idempotent = StoredResponse(
-                status: status, body: body, requestHash: try row.decode([UInt8]?.self, "idem_hash") ?? [])
+            return ChangeContext(instance: nil, activityType: nil, targets: [], idempotent: idempotent)
         }
         return ChangeContext(
-            instance: try Self.instance(row), activityType: try RegistryStore.activityType(row), targets: targets,
-            idempotent: idempotent, channel: try ChannelBinding.decode(row))
+            instance: try Self.instance(row), activityType: try RegistryStore.activityType(row),
+            targets: try rows[1].map(RegistryStore.activityTarget), idempotent: idempotent,
+            channel: try ChannelBinding.decode(row))
     }
+
+    /// The channel columns `ChannelBinding.decode` reads, for a join with `channels ch`.
+    static let channelColumnsJoined = """
+        ch.status AS channel_status, ch.apns_channel_id, ch.storage_policy AS channel_storage_policy, \
+        ch.bundle_id AS channel_bundle_id
+        """
 
     /// Activity-type columns for a join with `instances i` (`t.identifier` keeps its name; `i.id` is `id`).
     static let typeColumnsJoined = """
@@ -602,12 +606,5 @@ struct DeliveryColumns {
             kinds.append(d.tokenKind.rawValue)
             tokens.append(d.token)
         }
-    }
-}
-
-extension Optional {
-    fileprivate func asyncMap<T>(_ transform: (Wrapped) async throws -> T) async rethrows -> T? {
-        guard let value = self else { return nil }
-        return try await transform(value)
     }
 }

@@ -402,7 +402,7 @@ public struct RegistryStore: Sendable {
             attributesType: try row.decode(String.self, "attributes_type"),
             contentStateSchema: try row.decode(JSONValue?.self, "content_state_schema"), dateFields: dateFields,
             payloadProfile: try row.decodeRaw(PayloadProfile.self, "payload_profile"),
-            // Absent from the change context (migration 0005), which does not need it.
+            // Absent from joins that do not need them (the claim, the change context).
             frequentUpdates: row.columns.contains("frequent_updates")
                 ? try row.decode(Bool.self, "frequent_updates") : false,
             minUpdateIntervalMilliseconds: row.columns.contains("min_update_interval_ms")

@@ -161,7 +161,15 @@ for p in "${api_pids[@]}"; do kill -TERM "$p"; wait "$p" || true; done
 # The endpoint's SQL for one request, one transaction per request as without group commit.
 cat >"$out/api-update.sql" <<SQL
 \\set i random(0, $((instances - 1)))
-SELECT * FROM marquee_change_context('$tenant', 'bench-' || :i, NULL);
+BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY;
+SELECT marquee_enter_tenant('$tenant');
+SELECT i.*, t.*, ch.status FROM instances i
+  JOIN activity_types t ON t.tenant_id = i.tenant_id AND t.identifier = i.activity_type
+  LEFT JOIN channels ch ON ch.tenant_id = i.tenant_id AND ch.id = i.channel_id
+  WHERE i.tenant_id = '$tenant' AND i.id = 'bench-' || :i;
+SELECT device_token, platform, token FROM marquee_instance_targets('$tenant', ARRAY['bench-' || :i]) ORDER BY 1;
+SELECT status, response, request_hash FROM idempotency_keys WHERE tenant_id = '$tenant' AND key = NULL;
+COMMIT;
 BEGIN;
 SELECT marquee_enter_tenant('$tenant');
 WITH upd AS (
