@@ -96,6 +96,9 @@ let package = Package(
             name: "ProcessLifecycleTests", dependencies: ["ProcessLifecycle", "Observability"],
             swiftSettings: swiftSettings),
         .testTarget(
+            name: "MarqueeAPITests", dependencies: ["MarqueeAPI", "MarqueeCore", "HTTPServer"],
+            swiftSettings: swiftSettings),
+        .testTarget(
             name: "MarqueeCoreTests", dependencies: ["MarqueeCore", "ClientMirrors"], exclude: ["Golden"],
             swiftSettings: swiftSettings),
         .testTarget(

@@ -460,7 +460,7 @@ struct LifecycleRoutes: Sendable {
             }
             changes.deepLink = link
         }
-        if body.has("stale_date") { changes.staleDate = .some(try body.timestamp("stale_date")) }
+        changes.staleDate = try body.timestamp("stale_date")
         if let value = body.value("relevance_score") {
             guard let score = value.doubleValue, score.isFinite else {
                 throw ValidationError(field: "relevance_score", reason: "must be a number")

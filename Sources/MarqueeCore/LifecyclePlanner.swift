@@ -202,16 +202,15 @@ public enum LifecyclePlanner {
         case at(Date)
     }
 
-    /// Sticky options a change sets: what it names replaces the stored value, what it omits is kept.
+    /// Sticky options a change sets: what it names replaces the stored value, what it omits (or sends as null) is kept.
     public struct OptionChanges: Sendable, Equatable {
         public var deepLink: String?
-        /// Set when the request names `stale_date`: `.some(nil)` clears it.
-        public var staleDate: Date??
+        public var staleDate: Date?
         public var relevanceScore: Double?
         public var priority: Int?
 
         public init(
-            deepLink: String? = nil, staleDate: Date?? = nil, relevanceScore: Double? = nil, priority: Int? = nil
+            deepLink: String? = nil, staleDate: Date? = nil, relevanceScore: Double? = nil, priority: Int? = nil
         ) {
             self.deepLink = deepLink
             self.staleDate = staleDate

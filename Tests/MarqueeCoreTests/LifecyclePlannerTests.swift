@@ -287,7 +287,7 @@ struct LifecyclePlannerTests {
         #expect(plan.options.priority == 10)
         #expect(plan.options.alert == nil)
         // A stale date in the past that this request sets is reported.
-        request.options = LifecyclePlanner.OptionChanges(staleDate: .some(Self.now.addingTimeInterval(-5)))
+        request.options = LifecyclePlanner.OptionChanges(staleDate: Self.now.addingTimeInterval(-5))
         guard case .write(let stale) = try Self.change(request) else {
             Issue.record("expected a write")
             return

@@ -1,0 +1,115 @@
+import Foundation
+import HTTPServer
+import MarqueeCore
+import Synchronization
+import Testing
+
+@testable import MarqueeAPI
+
+/// The API's logic without sockets or a database: request parsing into the planner's requests, problem rendering,
+/// and the per-instance lines.
+@Suite("MarqueeAPI in process")
+struct InProcessTests {
+    static func body(_ json: String) throws -> JSONBody {
+        guard case .object(let object) = try JSONValue.parse(Array(json.utf8)) else { throw CancellationError() }
+        return JSONBody(object: object)
+    }
+
+    static func field(_ json: String, _ operation: LifecyclePlanner.Operation) -> String? {
+        do {
+            _ = try LifecycleRoutes.parseChange(body(json), operation: operation)
+            return nil
+        } catch let error as ValidationError {
+            return error.field
+        } catch {
+            return "unexpected \(error)"
+        }
+    }
+
+    @Test("update and end bodies parse into the planner's change requests")
+    func parseChanges() throws {
+        let (id, patch) = try LifecycleRoutes.parseChange(
+            Self.body(#"{"instance_id":"o-1","content_state_patch":{"eta":5},"stale_date":null,"priority":10}"#),
+            operation: .update)
+        #expect(id == "o-1")
+        #expect(patch.content == .patch(.object(["eta": .int(5)])))
+        // `stale_date: null`, like an omitted option, keeps the stored one.
+        #expect(patch.options.staleDate == nil)
+        #expect(patch.options.priority == 10)
+        #expect(patch.options.deepLink == nil)
+        let (_, end) = try LifecycleRoutes.parseChange(
+            Self.body(#"{"instance_id":"o-1","dismissal_policy":"immediate"}"#), operation: .end)
+        #expect(end.content == ContentChange.none)
+        #expect(end.dismissal == .immediate)
+        let (_, at) = try LifecycleRoutes.parseChange(
+            Self.body(#"{"instance_id":"o-1","dismissal_date":1800000000}"#), operation: .end)
+        #expect(at.dismissal == .at(Date(timeIntervalSince1970: 1_800_000_000)))
+    }
+
+    @Test("bad change bodies name the field at fault")
+    func badChanges() {
+        #expect(Self.field(#"{"instance_id":"o-1"}"#, .update) == "content_state")
+        #expect(
+            Self.field(#"{"instance_id":"o-1","content_state":{"a":1},"content_state_patch":{"b":2}}"#, .update)
+                == "content_state_patch")
+        #expect(Self.field(#"{"instance_id":"o-1","content_state":{}}"#, .update) == "content_state")
+        #expect(Self.field(#"{"instance_id":"o-1","dismissal_date":1}"#, .update) != nil)
+        #expect(
+            Self.field(#"{"instance_id":"o-1","dismissal_policy":"immediate","dismissal_date":1800000000}"#, .end)
+                == "dismissal_policy")
+        #expect(Self.field(#"{"instance_id":"o-1","content_state_patch":{},"priority":7}"#, .update) == "priority")
+        #expect(Self.field(#"{"content_state_patch":{"a":1}}"#, .update) == "instance_id")
+    }
+
+    @Test("domain errors render themselves as problems: 422 with the field, 413 with over_by")
+    func problems() throws {
+        let invalid = try #require(
+            problem(for: ValidationError(field: "content_state/eta", reason: "must be a number")))
+        #expect(invalid.status == 422)
+        #expect(invalid.field == "content_state/eta")
+        let size = PayloadSizeError(platform: .ios, size: 4200, limit: 4096)
+        let tooLarge = try #require(problem(for: size))
+        #expect(tooLarge.status == 413)
+        #expect(tooLarge.extensions["over_by"] == "104")
+        #expect(problem(for: CancellationError()) == nil)
+    }
+
+    @Test("instance lines: one change at a time per key; the queued ones run together; a change alone runs alone")
+    func lines() async throws {
+        struct Change: Sendable {
+            var n: Int
+            var alone = false
+        }
+        let lines = InstanceLines<String, Change, Int> { leader, next in !leader.alone && !next.alone }
+        let batches = Mutex<[[Int]]>([])
+        let gate = Mutex<CheckedContinuation<Void, Never>?>(nil)
+        let firstRunning = Mutex(false)
+        let run: @Sendable ([Change]) async -> [Result<Int, any Error>] = { batch in
+            batches.withLock { $0.append(batch.map(\.n)) }
+            if batch.first?.n == 1 {
+                // The first batch waits until the others have queued behind it.
+                await withCheckedContinuation { continuation in
+                    gate.withLock { $0 = continuation }
+                    firstRunning.withLock { $0 = true }
+                }
+            }
+            return batch.map { .success($0.n * 10) }
+        }
+        try await withThrowingTaskGroup(of: (Int, Int).self) { group in
+            group.addTask { (1, try await lines.submit("a", Change(n: 1), run: run)) }
+            while !firstRunning.withLock({ $0 }) { try await Task.sleep(for: .milliseconds(1)) }
+            for n in 2...4 {
+                group.addTask { (n, try await lines.submit("a", Change(n: n, alone: n == 4), run: run)) }
+                // Queued in this order.
+                try await Task.sleep(for: .milliseconds(20))
+            }
+            // Another key never waits for "a".
+            #expect(try await lines.submit("b", Change(n: 9), run: run) == 90)
+            gate.withLock { $0 }?.resume()
+            var answers: [Int: Int] = [:]
+            for try await (n, answer) in group { answers[n] = answer }
+            #expect(answers == [1: 10, 2: 20, 3: 30, 4: 40])
+        }
+        #expect(batches.withLock { $0 } == [[1], [9], [2, 3], [4]])
+    }
+}
