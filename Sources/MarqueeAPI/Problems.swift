@@ -15,6 +15,14 @@ public enum Problems {
             detail: "PostgreSQL is not reachable from this process.", headers: ["Retry-After": "1"])
     }
 
+    /// A statement ran past `MARQUEE_DB_STATEMENT_TIMEOUT` (or was cancelled by an operator): nothing was written.
+    public static func databaseTimeout() -> HTTPProblem {
+        HTTPProblem(
+            status: 503, type: typeBase + "database-timeout", title: "Database timeout",
+            detail: "The database took too long to answer; nothing was written. Retry later.",
+            headers: ["Retry-After": "5"])
+    }
+
     /// Migrations known to this build are not all applied (readiness).
     public static func migrationsPending(_ versions: [Int], changed: [Int]) -> HTTPProblem {
         var detail = "The database schema is behind this build"
@@ -81,6 +89,8 @@ func problem(for error: any Error) -> HTTPProblem? {
     case let p as PostgresError
     where p.code == .connectionFailed || p.code == .connectionLost || p.code == .poolTimeout:
         return Problems.databaseUnavailable()
+    case let p as PostgresError where p.code == .queryCanceled:
+        return Problems.databaseTimeout()
     default: return nil
     }
 }

@@ -71,6 +71,10 @@ public struct MarqueeConfiguration: Sendable, Equatable {
     public var adminToken: String?
     /// `MARQUEE_DB_POOL_SIZE`: connections per process. Default 16.
     public var databasePoolSize: Int
+    /// `MARQUEE_DB_STATEMENT_TIMEOUT`: seconds any one statement of `marquee serve` may run (PostgreSQL's
+    /// `statement_timeout`; the people import allows itself 15 minutes). PostgreSQL keeps running a statement whose
+    /// client is gone: this bounds what a disconnected or stuck request costs. 0 disables it. Default 60.
+    public var databaseStatementTimeoutSeconds: Int
     /// `MARQUEE_HTTP_THREADS`: listener threads. Default: the number of cores, at least 2.
     public var httpThreads: Int
     /// `MARQUEE_MAX_BODY_BYTES`: request body limit. Default 1 MiB.
@@ -221,6 +225,7 @@ public struct MarqueeConfiguration: Sendable, Equatable {
         }
 
         databasePoolSize = integer("MARQUEE_DB_POOL_SIZE", default: 16, range: 1...500)
+        databaseStatementTimeoutSeconds = integer("MARQUEE_DB_STATEMENT_TIMEOUT", default: 60, range: 0...86_400)
         httpThreads = integer(
             "MARQUEE_HTTP_THREADS", default: max(2, ProcessInfo.processInfo.activeProcessorCount), range: 1...256)
         maxBodyBytes = integer("MARQUEE_MAX_BODY_BYTES", default: 1 << 20, range: 1024...(64 << 20))

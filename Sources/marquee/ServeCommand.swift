@@ -22,6 +22,9 @@ struct ServeCommand {
 
         var pgConfiguration = try PostgresConfiguration(url: try configuration.requireDatabaseURL())
         pgConfiguration.applicationName = "marquee-serve"
+        if configuration.databaseStatementTimeoutSeconds > 0 {
+            pgConfiguration.startupSettings["statement_timeout"] = "\(configuration.databaseStatementTimeoutSeconds)s"
+        }
         let pool = PostgresPool(pgConfiguration, options: .init(maxConnections: configuration.databasePoolSize))
         let migrator = Migrator(pool: pool, migrations: migrations)
         let metrics = MetricsRegistry()

@@ -126,7 +126,7 @@ struct LifecycleGuaranteeTests {
                    next_attempt_at = now() + interval '60 seconds', attempts = 1
             WHERE tenant_id = \(w.tenant.uuid) AND instance_id = \(instance) RETURNING id
             """)
-        #expect(held.count == 1)
+        try #require(held.count == 1)
         let id = try held[0].decode(UUID.self, "id")
         // …an update is queued for the same token meanwhile…
         let update = try await w.update(["instance_id": instance, "content_state": ["status": "ready", "eta": 0]])

@@ -1,4 +1,5 @@
 import Foundation
+import PostgresClient
 import Testing
 
 /// `marquee serve` as a real process against the real database.
@@ -20,6 +21,48 @@ struct ServeTests {
         let serve = try MarqueeProcess(["serve"], environment: env, port: TestEnvironment.freePort())
         try await serve.waitUntilServing()
         return serve
+    }
+
+    @Test("a statement past MARQUEE_DB_STATEMENT_TIMEOUT answers 503 database-timeout, and nothing is written")
+    func statementTimeout() async throws {
+        let url = try await TestEnvironment.makeDatabase()
+        let env = ["DATABASE_URL": url, "MARQUEE_MIGRATIONS_DIR": TestEnvironment.migrationsDirectory]
+        let migrated = try await runCommand(TestEnvironment.marqueeBinary, ["migrate"], environment: env)
+        try #require(migrated.status == 0, "\(migrated.output)")
+        let serve = try MarqueeProcess(
+            ["serve"], environment: env.merging(["MARQUEE_DB_STATEMENT_TIMEOUT": "1"]) { $1 },
+            port: TestEnvironment.freePort())
+        try await serve.waitUntilServing()
+        let api = API(baseURL: serve.baseURL)
+        let tenant = try await api.createTenant()
+        // Another session holds the activity types table: the write waits for it, past the 1-second timeout.
+        async let holder = runCommand(
+            "/usr/bin/psql",
+            ["-X", "-q", url, "-c", "BEGIN; LOCK TABLE activity_types IN ACCESS EXCLUSIVE MODE; SELECT pg_sleep(6)"])
+        let pool = PostgresPool(try PostgresConfiguration(url: url), options: .init(maxConnections: 1))
+        defer { pool.close() }
+        let deadline = ContinuousClock.now + .seconds(30)
+        while ContinuousClock.now < deadline {
+            let held = try await pool.query(
+                """
+                SELECT count(*)::int AS n FROM pg_locks
+                WHERE relation = 'activity_types'::regclass AND mode = 'AccessExclusiveLock' AND granted
+                """)
+            if try held[0].decode(Int.self, "n") > 0 { break }
+            try await Task.sleep(for: .milliseconds(20))
+        }
+        let blocked = try await api.call(
+            "PUT", "/v1/activity_types/com.example.slow", key: tenant.app, json: ["attributes_type": "SlowAttributes"],
+            timeout: 60)
+        _ = try await holder
+        #expect(blocked.status == 503, "\(blocked.text)")
+        #expect(try blocked.json()["type"] as? String == "https://marquee.dev/problems/database-timeout")
+        #expect(blocked.header("Retry-After") == "5")
+        #expect(try await api.call("GET", "/v1/activity_types/com.example.slow", key: tenant.app).status == 404)
+        // Without the lock the same request succeeds at once.
+        let created = try await api.call(
+            "PUT", "/v1/activity_types/com.example.slow", key: tenant.app, json: ["attributes_type": "SlowAttributes"])
+        #expect(created.status == 201, "\(created.text)")
     }
 
     @Test("healthz, readyz and metrics answer; metrics count requests by route and status")
