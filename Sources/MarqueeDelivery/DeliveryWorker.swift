@@ -380,10 +380,10 @@ public final class DeliveryWorker: Sendable {
         switch decision {
         case .sent(let providerID):
             log.debug("sent", metadata: ["provider.id": .string(providerID ?? "")])
-            var sent = result(d, .sent, providerID: providerID ?? d.id.uuidString.lowercased(), http: 200)
+            var sent = result(d, .sent, providerID: providerID ?? d.id.lowercasedString, http: 200)
             if d.provider == .apns {
                 sent.apnsPriority = priority
-                metrics.apnsPushes.inc(1, [d.tenantID.uuidString.lowercased(), String(priority)])
+                metrics.apnsPushes.inc(1, [d.tenantID.lowercasedString, String(priority)])
             }
             return (sent, nil, nil)
         case .retireToken(let reason, let at):
