@@ -15,24 +15,39 @@ struct HeaderBlock: Sendable {
 
     /// A block of `fields` as they are (no case change).
     init(_ fields: [(String, String)]) {
-        (storage, count) = Self.layout(fixed: fields, headers: [], contentLength: nil)
+        (storage, count) = Self.layout(
+            fixedSize: fields.reduce(0) { $0 + Self.fieldSize($1.0, $1.1) }, headers: [], contentLength: nil
+        ) { writer in
+            for (name, value) in fields { writer.field(name, value, lowercasing: false) }
+        }
     }
 
     /// The header list of a client request: the four pseudo-headers, the request's headers with lower-case names, and
     /// `content-length` when there is a body and the request does not set one.
     init(request: HTTP2Request, authority: String) {
+        let fixedSize =
+            Self.fieldSize(":method", request.method) + Self.fieldSize(":scheme", "https")
+            + Self.fieldSize(":authority", authority) + Self.fieldSize(":path", request.path)
         (storage, count) = Self.layout(
-            fixed: [
-                (":method", request.method), (":scheme", "https"), (":authority", authority), (":path", request.path),
-            ],
-            headers: request.headers, contentLength: request.body.isEmpty ? nil : String(request.body.count))
+            fixedSize: fixedSize, headers: request.headers,
+            contentLength: request.body.isEmpty ? nil : String(request.body.count)
+        ) { writer in
+            writer.field(":method", request.method, lowercasing: false)
+            writer.field(":scheme", "https", lowercasing: false)
+            writer.field(":authority", authority, lowercasing: false)
+            writer.field(":path", request.path, lowercasing: false)
+        }
     }
 
     /// The header list of a server response: `:status`, the headers with lower-case names, and `content-length`
     /// unless the headers set one.
     init(status: Int, headers: [(String, String)], bodyCount: Int) {
+        let status = String(status)
         (storage, count) = Self.layout(
-            fixed: [(":status", String(status))], headers: headers, contentLength: String(bodyCount))
+            fixedSize: Self.fieldSize(":status", status), headers: headers, contentLength: String(bodyCount)
+        ) { writer in
+            writer.field(":status", status, lowercasing: false)
+        }
     }
 
     /// The fields in order (for tests and diagnostics).
@@ -80,20 +95,25 @@ struct HeaderBlock: Sendable {
         }
     }
 
-    /// Lays out `fixed` as they are, then `headers` with lower-case names, then `content-length: contentLength` when
-    /// `contentLength` is set and no name in `headers` is `content-length`. `namesLowercased`: the names already went
-    /// through `lowercased()`.
+    /// The bytes a field takes in `storage`.
+    private static func fieldSize(_ name: String, _ value: String) -> Int {
+        2 * lengthSize + name.utf8.count + value.utf8.count
+    }
+
+    /// Lays out the fields `writeFixed` writes (`fixedSize` bytes, as they are), then `headers` with lower-case names,
+    /// then `content-length: contentLength` when `contentLength` is set and no name in `headers` is `content-length`.
+    /// `namesLowercased`: the names already went through `lowercased()`.
     private static func layout(
-        fixed: [(String, String)], headers: [(String, String)], contentLength: String?, namesLowercased: Bool = false
+        fixedSize: Int, headers: [(String, String)], contentLength: String?, namesLowercased: Bool = false,
+        writeFixed: (inout Writer) -> Void
     ) -> ([UInt8], Int) {
-        var size = 2 * lengthSize + 14 + (contentLength?.utf8.count ?? 0)
-        for (name, value) in fixed { size += 2 * lengthSize + name.utf8.count + value.utf8.count }
-        for (name, value) in headers { size += 2 * lengthSize + name.utf8.count + value.utf8.count }
+        var size = fixedSize + fieldSize("content-length", contentLength ?? "")
+        for (name, value) in headers { size += fieldSize(name, value) }
         var ascii = true
         var count = 0
         let storage = [UInt8](unsafeUninitializedCapacity: size) { buffer, initialized in
             var writer = Writer(base: buffer.baseAddress!)
-            for (name, value) in fixed { writer.field(name, value, lowercasing: false) }
+            writeFixed(&writer)
             var hasContentLength = false
             for (name, value) in headers {
                 guard let isContentLength = writer.field(name, value, lowercasing: !namesLowercased) else {
@@ -112,8 +132,8 @@ struct HeaderBlock: Sendable {
         // A name with other characters than ASCII (which HTTP/2 does not allow anyway): lower-case every name the
         // long way.
         return layout(
-            fixed: fixed, headers: headers.map { ($0.0.lowercased(), $0.1) }, contentLength: contentLength,
-            namesLowercased: true)
+            fixedSize: fixedSize, headers: headers.map { ($0.0.lowercased(), $0.1) }, contentLength: contentLength,
+            namesLowercased: true, writeFixed: writeFixed)
     }
 
     /// Writes fields into a buffer known to be large enough.
@@ -137,8 +157,10 @@ struct HeaderBlock: Sendable {
                     if byte &- UInt8(ascii: "A") < 26 { base[index] = byte | 0x20 }
                 }
             }
-            let isContentLength = UnsafeBufferPointer(start: base + nameStart, count: at - nameStart).elementsEqual(
-                HeaderBlock.contentLengthName)
+            let isContentLength =
+                at - nameStart == HeaderBlock.contentLengthName.count
+                && UnsafeBufferPointer(start: base + nameStart, count: at - nameStart).elementsEqual(
+                    HeaderBlock.contentLengthName)
             let nameLength = at - nameStart
             copy(value)
             let valueLength = at - nameStart - nameLength
