@@ -61,6 +61,9 @@ final class ProviderConnections: Sendable {
     let configuration: Configuration
     private let now: @Sendable () -> ContinuousClock.Instant
     private let clients = Mutex<[String: Entry]>([:])
+    /// The last host found in the allowlist and its pool key: a worker sends to one or two hosts, so the check and the
+    /// key (string work on every send) are done once per host change.
+    private let lastAllowed = Mutex<(host: String, port: Int, key: String)?>(nil)
 
     init(_ configuration: Configuration, now: @escaping @Sendable () -> ContinuousClock.Instant = { .now }) {
         self.configuration = configuration
@@ -92,10 +95,7 @@ final class ProviderConnections: Sendable {
     private func acquire(
         host: String, port: Int
     ) throws -> (Result<HTTP2Client, any Error>, key: String, evicted: [HTTP2Client]) {
-        guard configuration.allowedHosts.allows(host: host, port: port) else {
-            throw ProviderConnectionError.hostNotAllowed
-        }
-        let key = ProviderHosts.poolKey(host: host, port: port)
+        let key = try allowedKey(host: host, port: port)
         let current = now()
         let (result, evicted): (Result<HTTP2Client, any Error>, [HTTP2Client]) = clients.withLock { clients in
             var evicted: [HTTP2Client] = []
@@ -130,6 +130,17 @@ final class ProviderConnections: Sendable {
             }
         }
         return (result, key, evicted)
+    }
+
+    /// The pool key of `host:port`, or `hostNotAllowed` when the allowlist does not have it.
+    private func allowedKey(host: String, port: Int) throws -> String {
+        if let last = lastAllowed.withLock({ $0 }), last.port == port, last.host == host { return last.key }
+        guard configuration.allowedHosts.allows(host: host, port: port) else {
+            throw ProviderConnectionError.hostNotAllowed
+        }
+        let key = ProviderHosts.poolKey(host: host, port: port)
+        lastAllowed.withLock { $0 = (host, port, key) }
+        return key
     }
 
     /// Ends one use of the pool `key`.
