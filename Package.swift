@@ -30,6 +30,8 @@ let package = Package(
             pkgConfig: "libnghttp2",
             providers: [.apt(["libnghttp2-dev"])]
         ),
+        // glibc's malloc.h (mallopt), which Swift's Glibc module does not include.
+        .systemLibrary(name: "CMalloc"),
         .systemLibrary(
             name: "CMicroHTTPD",
             pkgConfig: "libmicrohttpd",
@@ -68,7 +70,7 @@ let package = Package(
             name: "marquee",
             dependencies: [
                 "MarqueeCore", "MarqueeStore", "MarqueeAPI", "PostgresClient", "HTTPServer", "Crypto",
-                "Observability", "ProcessLifecycle", "MarqueeDelivery", "HTTP2", "MarqueeSimulators",
+                "Observability", "ProcessLifecycle", "MarqueeDelivery", "HTTP2", "MarqueeSimulators", "CMalloc",
             ],
             swiftSettings: swiftSettings
         ),

@@ -3,10 +3,19 @@ import COpenSSL
 import Foundation
 import Synchronization
 
-/// What a client connection keeps per request.
-struct ClientPayload: Sendable {
-    let request: HTTP2Request
+/// What a client connection keeps per request. A class: entries are copied through the state machine's actions and
+/// tables several times per request, and one reference is one retain where the request's fields were six.
+final class ClientPayload: Sendable {
+    /// The request's header list, built by the sender so that the loop thread only hands it to nghttp2.
+    let headers: HeaderBlock
+    let body: [UInt8]
     let continuation: CheckedContinuation<HTTP2Response, any Error>
+
+    init(headers: HeaderBlock, body: [UInt8], continuation: CheckedContinuation<HTTP2Response, any Error>) {
+        self.headers = headers
+        self.body = body
+        self.continuation = continuation
+    }
 }
 
 typealias ClientEntry = ConnectionStateMachine<ClientPayload>.Entry
@@ -50,6 +59,8 @@ final class ClientConnection: TLSConnection, LoopHandler {
     private var machine: ConnectionStateMachine<ClientPayload>
     private var phase = Phase.waiting
     private var streams: [Int32: ClientStream] = [:]
+    /// The stream found by the last `stream(_:)`: a response's header and data callbacks come for one stream in a row.
+    private var lastStream: (id: Int32, stream: ClientStream)?
     private var closeReason: ConnectionStateMachine<ClientPayload>.CloseReason?
     private var failure: HTTP2Error?
     private var publishedActive = 0
@@ -70,7 +81,7 @@ final class ClientConnection: TLSConnection, LoopHandler {
     }
 
     func enqueue(_ entry: ClientEntry) {
-        run(machine.enqueue(entry, now: .now))
+        run(machine.enqueue(entry, now: context.now))
     }
 
     /// Client shutdown: GOAWAY and close.
@@ -260,7 +271,7 @@ final class ClientConnection: TLSConnection, LoopHandler {
             case .startStream(let entry):
                 work.append(contentsOf: submit(entry))
             case .succeed(let entry, let streamID):
-                let stream = streams.removeValue(forKey: streamID)
+                let stream = removeStream(streamID)
                 if let stream, let status = stream.status {
                     let response = HTTP2Response(status: status, headers: stream.headers, body: stream.responseBody)
                     finish(entry, .success(response))
@@ -304,22 +315,10 @@ final class ClientConnection: TLSConnection, LoopHandler {
         guard let session else {
             return machine.streamStartFailed(entry, HTTP2Error(.connectionClosed, "no session"), now: .now)
         }
-        let request = entry.payload.request
-        let configuration = core.configuration
-        let authority =
-            request.authority
-            ?? (configuration.port == 443 ? configuration.host : "\(configuration.host):\(configuration.port)")
-        var headers: [(String, String)] = [
-            (":method", request.method), (":scheme", "https"), (":authority", authority), (":path", request.path),
-        ]
-        headers.reserveCapacity(request.headers.count + 5)
-        for (name, value) in request.headers { headers.append((name.lowercased(), value)) }
-        if !request.body.isEmpty && !request.headers.contains(where: { $0.0.lowercased() == "content-length" }) {
-            headers.append(("content-length", String(request.body.count)))
-        }
-        let stream = ClientStream(body: request.body)
-        let streamID = withNameValues(headers) { nva, count -> Int32 in
-            if request.body.isEmpty {
+        let body = entry.payload.body
+        let stream = ClientStream(body: body)
+        let streamID = entry.payload.headers.withNameValues { nva, count -> Int32 in
+            if body.isEmpty {
                 return nghttp2_submit_request(session, nil, nva, count, nil, nil)
             }
             var provider = nghttp2_data_provider()
@@ -371,6 +370,7 @@ final class ClientConnection: TLSConnection, LoopHandler {
         phase = .closed
         releaseResources()
         streams.removeAll()
+        lastStream = nil
         context.remove(id: id)
         publishStatistics()
         let failedToConnect = !machine.didConnect && (failure != nil || closeReason == .connectTimeout)
@@ -381,23 +381,37 @@ final class ClientConnection: TLSConnection, LoopHandler {
 
     // MARK: nghttp2 callbacks (via the free functions below)
 
-    fileprivate func onHeader(streamID: Int32, name: String, value: String) {
-        guard let stream = streams[streamID], !stream.tooLarge else { return }
-        stream.headerBytes += name.utf8.count + value.utf8.count
+    private func stream(_ id: Int32) -> ClientStream? {
+        if let last = lastStream, last.id == id { return last.stream }
+        guard let found = streams[id] else { return nil }
+        lastStream = (id, found)
+        return found
+    }
+
+    private func removeStream(_ id: Int32) -> ClientStream? {
+        if lastStream?.id == id { lastStream = nil }
+        return streams.removeValue(forKey: id)
+    }
+
+    /// `name` is ASCII: nghttp2 checks response header names before this callback.
+    fileprivate func onHeader(streamID: Int32, name: UnsafeBufferPointer<UInt8>, value: UnsafeBufferPointer<UInt8>) {
+        guard let stream = stream(streamID), !stream.tooLarge else { return }
+        let value = String(decoding: value, as: UTF8.self)
+        stream.headerBytes += name.count + value.utf8.count
         // Headers count against the same limit as the body: a hostile server cannot grow them without bound.
         if let limit = core.configuration.maxResponseBodySize, stream.headerBytes > limit {
             refuseOversized(stream, streamID: streamID)
             return
         }
-        if name == ":status" {
-            stream.status = Int(value)
-        } else if !name.hasPrefix(":") {
-            stream.headers.append((name, value))
+        if name.first == UInt8(ascii: ":") {
+            if name.elementsEqual(":status".utf8) { stream.status = Int(value) }
+        } else {
+            stream.headers.append((String(decoding: name, as: UTF8.self), value))
         }
     }
 
     fileprivate func onData(streamID: Int32, _ data: UnsafePointer<UInt8>?, _ length: Int) {
-        guard let data, let stream = streams[streamID], !stream.tooLarge else { return }
+        guard let data, let stream = stream(streamID), !stream.tooLarge else { return }
         if let limit = core.configuration.maxResponseBodySize, stream.responseBody.count + length > limit {
             refuseOversized(stream, streamID: streamID)
             return
@@ -438,18 +452,19 @@ final class ClientConnection: TLSConnection, LoopHandler {
 
     fileprivate func onStreamClose(streamID: Int32, errorCode: UInt32) {
         let tooLarge =
-            streams[streamID]?.tooLarge == true
+            stream(streamID)?.tooLarge == true
             ? HTTP2Error(.responseTooLarge, "the response body exceeded the limit", mayHaveBeenProcessed: true) : nil
         run(
             machine.streamClosed(
-                streamID: streamID, errorCode: HTTP2ErrorCode(rawValue: errorCode), now: .now, failing: tooLarge))
-        streams.removeValue(forKey: streamID)
+                streamID: streamID, errorCode: HTTP2ErrorCode(rawValue: errorCode), now: context.now, failing: tooLarge)
+        )
+        _ = removeStream(streamID)
     }
 
     fileprivate func readBody(
         streamID: Int32, _ buffer: UnsafeMutablePointer<UInt8>?, _ length: Int, _ flags: UnsafeMutablePointer<UInt32>?
     ) -> Int {
-        guard let stream = streams[streamID] else { return Int(NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE.rawValue) }
+        guard let stream = stream(streamID) else { return Int(NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE.rawValue) }
         return provideBody(stream.body, offset: &stream.bodyOffset, buffer: buffer, length: length, flags: flags)
     }
 }
@@ -465,7 +480,9 @@ private func clientOnHeader(
 ) -> Int32 {
     guard let frame else { return 0 }
     connection(user).onHeader(
-        streamID: frame.pointee.hd.stream_id, name: string(name, nameLength), value: string(value, valueLength))
+        streamID: frame.pointee.hd.stream_id,
+        name: UnsafeBufferPointer(start: name, count: name == nil ? 0 : nameLength),
+        value: UnsafeBufferPointer(start: value, count: value == nil ? 0 : valueLength))
     return 0
 }
 

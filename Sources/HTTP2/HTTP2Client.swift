@@ -176,6 +176,8 @@ final class ClientCore: Sendable {
     let configuration: HTTP2Client.Configuration
     let machineConfiguration: ConnectionStateMachine<ClientPayload>.Configuration
     let tls: TLSContext
+    /// The `:authority` of requests without their own: the host, and the port unless it is 443.
+    let defaultAuthority: String
     private let loops: [EventLoop]
     private let state: Mutex<State>
     private let outstanding = Atomic<Int>(0)
@@ -202,6 +204,8 @@ final class ClientCore: Sendable {
         machine.idleTimeout = configuration.idleTimeout
         machineConfiguration = machine
         tls = try TLSContext.client(configuration.tls)
+        defaultAuthority =
+            configuration.port == 443 ? configuration.host : "\(configuration.host):\(configuration.port)"
         let threadCount = min(configuration.ioThreads, configuration.connections)
         loops = try (0..<threadCount).map { try EventLoop(name: "http2-client-\($0)") }
         let slot = Slot(
@@ -215,9 +219,10 @@ final class ClientCore: Sendable {
         }
         outstanding.wrappingAdd(1, ordering: .sequentiallyConsistent)
         let deadline = ContinuousClock.now + (request.timeout ?? configuration.requestTimeout)
+        let headers = HeaderBlock(request: request, authority: request.authority ?? defaultAuthority)
         return try await withCheckedThrowingContinuation { continuation in
-            dispatch(
-                ClientEntry(payload: ClientPayload(request: request, continuation: continuation), deadline: deadline))
+            let payload = ClientPayload(headers: headers, body: request.body, continuation: continuation)
+            dispatch(ClientEntry(payload: payload, deadline: deadline))
         }
     }
 

@@ -45,7 +45,7 @@ public struct HTTP2Response: Sendable {
 
     /// The first value of header `name` (case-insensitive).
     public func header(_ name: String) -> String? {
-        let lowered = name.lowercased()
+        let lowered = lowercasedHeaderName(name)
         return headers.first { $0.0 == lowered }?.1
     }
 }
@@ -86,7 +86,7 @@ public struct HTTP2ServerRequest: Sendable {
 
     /// The first value of header `name` (case-insensitive).
     public func header(_ name: String) -> String? {
-        let lowered = name.lowercased()
+        let lowered = lowercasedHeaderName(name)
         return headers.first { $0.0 == lowered }?.1
     }
 }

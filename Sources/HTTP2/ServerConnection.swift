@@ -70,14 +70,9 @@ final class ServerConnection: TLSConnection, LoopHandler {
         if let last = goAwayLastStreamID, streamID > last { return }
         switch response.kind {
         case .response(let status, let headers, let body):
-            var fields: [(String, String)] = [(":status", String(status))]
-            fields.reserveCapacity(headers.count + 2)
-            for (name, value) in headers { fields.append((name.lowercased(), value)) }
-            if !headers.contains(where: { $0.0.lowercased() == "content-length" }) {
-                fields.append(("content-length", String(body.count)))
-            }
+            let fields = HeaderBlock(status: status, headers: headers, bodyCount: body.count)
             stream.responseBody = body
-            _ = withNameValues(fields) { nva, count -> Int32 in
+            _ = fields.withNameValues { nva, count -> Int32 in
                 if body.isEmpty {
                     return nghttp2_submit_response(session, streamID, nva, count, nil)
                 }

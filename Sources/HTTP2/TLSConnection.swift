@@ -207,31 +207,6 @@ class TLSConnection {
     }
 }
 
-/// Runs `body` with `headers` as an `nghttp2_nv` array (nghttp2 copies names and values while submitting).
-func withNameValues<R>(_ headers: [(String, String)], _ body: (UnsafePointer<nghttp2_nv>, Int) -> R) -> R {
-    var storage: [UInt8] = []
-    var spans: [(name: Int, nameLength: Int, value: Int, valueLength: Int)] = []
-    spans.reserveCapacity(headers.count)
-    for (name, value) in headers {
-        let nameStart = storage.count
-        storage.append(contentsOf: name.utf8)
-        let valueStart = storage.count
-        storage.append(contentsOf: value.utf8)
-        spans.append((nameStart, valueStart - nameStart, valueStart, storage.count - valueStart))
-    }
-    storage.append(0)
-    return storage.withUnsafeMutableBufferPointer { buffer in
-        let base = buffer.baseAddress!
-        let flags = UInt8(NGHTTP2_NV_FLAG_NONE.rawValue)
-        let entries = spans.map { span in
-            nghttp2_nv(
-                name: base + span.name, value: base + span.value, namelen: span.nameLength,
-                valuelen: span.valueLength, flags: flags)
-        }
-        return entries.withUnsafeBufferPointer { body($0.baseAddress!, $0.count) }
-    }
-}
-
 func string(_ pointer: UnsafePointer<UInt8>?, _ length: Int) -> String {
     guard let pointer else { return "" }
     return String(decoding: UnsafeBufferPointer(start: pointer, count: length), as: UTF8.self)

@@ -79,11 +79,21 @@ public struct ProviderHosts: Sendable, Equatable, CustomStringConvertible {
         case hostNotAllowed = "host_not_allowed"
     }
 
+    /// The key under which a worker pools connections to `host:port`: the host in lower case, then the port.
+    public static func poolKey(host: String, port: Int) -> String {
+        lowercased(host) + ":" + String(port)
+    }
+
     static func normalize(_ host: String) -> String {
-        var h = host.lowercased()
+        var h = lowercased(host)
         if h.hasPrefix("[") && h.hasSuffix("]") { h = String(h.dropFirst().dropLast()) }
         if h.hasSuffix(".") { h = String(h.dropLast()) }
         return h
+    }
+
+    /// `host.lowercased()`, without making a new string when there is nothing to change (every send checks its host).
+    private static func lowercased(_ host: String) -> String {
+        host.utf8.contains { $0 &- UInt8(ascii: "A") < 26 || $0 >= 0x80 } ? host.lowercased() : host
     }
 
     static func parseEntry(_ item: String) -> Entry? {

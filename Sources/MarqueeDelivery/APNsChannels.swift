@@ -138,12 +138,12 @@ public final class APNsChannelClient: Sendable {
 
     private func log(_ operation: String, _ target: APNsChannelTarget, requestID: UUID, response: HTTP2Response) {
         var metadata: LogMetadata = [
-            "apns.operation": .string("channel." + operation), "apns.request_id": .string(requestID.lowercased),
+            "apns.operation": .string("channel." + operation), "apns.request_id": .string(requestID.lowercasedString),
             "apns.bundle_id": .string(target.bundleID), "http.status": .int(response.status),
         ]
         // The echoed ID only when it is a UUID (it is the host's text).
         if let echoed = response.header("apns-request-id"), echoed.utf8.count == 36, UUID(uuidString: echoed) != nil,
-            echoed.lowercased() != requestID.lowercased
+            echoed.lowercased() != requestID.lowercasedString
         {
             metadata["apns.request_id_echoed"] = .string(echoed.lowercased())
         }
@@ -160,7 +160,7 @@ public final class APNsChannelClient: Sendable {
     static func basePath(_ bundleID: String) -> String { "/1/apps/" + bundleID }
 
     static func headers(providerToken: String, requestID: UUID) -> [(String, String)] {
-        [("authorization", "bearer " + providerToken), ("apns-request-id", requestID.lowercased)]
+        [("authorization", "bearer " + providerToken), ("apns-request-id", requestID.lowercasedString)]
     }
 
     static func createRequest(
@@ -327,12 +327,8 @@ public final class APNsChannelManager: BroadcastChannelManaging {
             caches.withLock { $0[tenant] = Entry(updatedAt: info.updatedAt, tokens: tokens) }
             return (info, tokens)
         } catch {
-            logger?.error("the APNs key cannot be used", metadata: ["tenant.id": .string(tenant.lowercased)])
+            logger?.error("the APNs key cannot be used", metadata: ["tenant.id": .string(tenant.lowercasedString)])
             throw ChannelManagementError(.refused(status: 0, reason: "credential_unusable"))
         }
     }
-}
-
-extension UUID {
-    fileprivate var lowercased: String { uuidString.lowercased() }
 }

@@ -119,7 +119,7 @@ public final class APNsProvider: Sendable {
                     ("authorization", "bearer " + providerToken), ("apns-channel-id", broadcast.channelID),
                     ("apns-push-type", "liveactivity"), ("apns-priority", String(push.priority)),
                     ("apns-expiration", String(push.expiration)),
-                    ("apns-request-id", push.apnsID.uuidString.lowercased()), ("content-type", "application/json"),
+                    ("apns-request-id", push.apnsID.lowercasedString), ("content-type", "application/json"),
                 ], body: push.payload, timeout: configuration.requestTimeout)
         }
         return HTTP2Request(
@@ -127,7 +127,7 @@ public final class APNsProvider: Sendable {
             headers: [
                 ("authorization", "bearer " + providerToken), ("apns-push-type", "liveactivity"),
                 ("apns-topic", push.topic), ("apns-priority", String(push.priority)),
-                ("apns-expiration", String(push.expiration)), ("apns-id", push.apnsID.uuidString.lowercased()),
+                ("apns-expiration", String(push.expiration)), ("apns-id", push.apnsID.lowercasedString),
                 ("content-type", "application/json"),
             ], body: push.payload, timeout: configuration.requestTimeout)
     }

@@ -61,6 +61,9 @@ final class ProviderConnections: Sendable {
     let configuration: Configuration
     private let now: @Sendable () -> ContinuousClock.Instant
     private let clients = Mutex<[String: Entry]>([:])
+    /// The last host found in the allowlist and its pool key: a worker sends to one or two hosts, so the check and the
+    /// key (string work on every send) are done once per host change.
+    private let lastAllowed = Mutex<(host: String, port: Int, key: String)?>(nil)
 
     init(_ configuration: Configuration, now: @escaping @Sendable () -> ContinuousClock.Instant = { .now }) {
         self.configuration = configuration
@@ -69,17 +72,30 @@ final class ProviderConnections: Sendable {
 
     /// Sends `request` to `host:port` over that host's pool.
     func send(_ request: HTTP2Request, host: String, port: Int) async throws -> HTTP2Response {
-        let (client, key) = try await lease(host: host, port: port)
+        let (result, key, evicted) = try acquire(host: host, port: port)
+        if !evicted.isEmpty { await shutdown(evicted) }
+        let client = try result.get()
         defer { release(key) }
         return try await client.send(request)
     }
 
     /// The pool for `host:port`, counted as in use until `release(key)`. Closes pools evicted on the way.
     func lease(host: String, port: Int) async throws -> (HTTP2Client, key: String) {
-        guard configuration.allowedHosts.allows(host: host, port: port) else {
-            throw ProviderConnectionError.hostNotAllowed
-        }
-        let key = "\(host.lowercased()):\(port)"
+        let (result, key, evicted) = try acquire(host: host, port: port)
+        await shutdown(evicted)
+        return (try result.get(), key)
+    }
+
+    private func shutdown(_ clients: [HTTP2Client]) async {
+        for client in clients { await client.shutdown() }
+    }
+
+    /// `lease` without waiting: the pool (counted as in use when there is one) and the pools evicted to make room,
+    /// which the caller closes. Synchronous, so that a send does not pay for another async frame.
+    private func acquire(
+        host: String, port: Int
+    ) throws -> (Result<HTTP2Client, any Error>, key: String, evicted: [HTTP2Client]) {
+        let key = try allowedKey(host: host, port: port)
         let current = now()
         let (result, evicted): (Result<HTTP2Client, any Error>, [HTTP2Client]) = clients.withLock { clients in
             var evicted: [HTTP2Client] = []
@@ -113,8 +129,18 @@ final class ProviderConnections: Sendable {
                 return (.failure(error), evicted)
             }
         }
-        for client in evicted { await client.shutdown() }
-        return (try result.get(), key)
+        return (result, key, evicted)
+    }
+
+    /// The pool key of `host:port`, or `hostNotAllowed` when the allowlist does not have it.
+    private func allowedKey(host: String, port: Int) throws -> String {
+        if let last = lastAllowed.withLock({ $0 }), last.port == port, last.host == host { return last.key }
+        guard configuration.allowedHosts.allows(host: host, port: port) else {
+            throw ProviderConnectionError.hostNotAllowed
+        }
+        let key = ProviderHosts.poolKey(host: host, port: port)
+        lastAllowed.withLock { $0 = (host, port, key) }
+        return key
     }
 
     /// Ends one use of the pool `key`.

@@ -237,7 +237,7 @@ final class APNsCore: Sendable {
         }
         return HTTP2ServerResponse(
             status: 200,
-            headers: [("apns-id", push.apnsID), ("apns-unique-id", SecureRandom.uuid().uuidString.lowercased())])
+            headers: [("apns-id", push.apnsID), ("apns-unique-id", SecureRandom.uuid().lowercasedString)])
     }
 
     private func injected(_ rule: FaultRule, push: APNsAcceptedPush, now: Date) -> HTTP2ServerResponse {

@@ -40,6 +40,25 @@ struct ProviderConnectionsTests {
         await pools.shutdown()
     }
 
+    @Test("an allowed host does not let another port or host through after it; its case does not make a new pool")
+    func allowedThenRefused() async throws {
+        let pools = connections(maxHosts: 4, clock: HandClock())
+        let (_, d) = try await pools.lease(host: "d.test", port: 8443)
+        pools.release(d)
+        await #expect(throws: ProviderConnectionError.hostNotAllowed) {
+            _ = try await pools.lease(host: "d.test", port: 443)
+        }
+        await #expect(throws: ProviderConnectionError.hostNotAllowed) {
+            _ = try await pools.lease(host: "e.test", port: 8443)
+        }
+        let (_, a) = try await pools.lease(host: "a.test", port: 443)
+        pools.release(a)
+        let (_, upper) = try await pools.lease(host: "A.Test", port: 443)
+        pools.release(upper)
+        #expect(pools.hosts == ["a.test:443", "d.test:8443"])
+        await pools.shutdown()
+    }
+
     @Test("pools unused for the idle period are closed on the next lease")
     func idleEviction() async throws {
         let clock = HandClock()

@@ -10,11 +10,15 @@
 # thread, TLS, a self-signed certificate) answering 200 to every POST /3/device/<token> (an empty file per token in
 # its document root), so the client's own ceiling shows without our simulator's cost. aioapns is compared against
 # the simulator only: against nghttpd it gives up with MaxAttemptsExceeded (not investigated).
+# Against nghttpd it also prints each client's CPU time per request (user + system, from the shell's `time`) and
+# nghttpd's over the same request (from /proc/<pid>/stat): on a busy machine the rates move with the load, the CPU
+# per request much less.
 # Env: N (200000), CONNECTIONS (2), CONCURRENCY (CONNECTIONS*100), AIOAPNS_N (20000), TOKENS (10000), SIM_PORT,
-#      NGHTTPD (1), NGHTTPD_PORT.
+#      NGHTTPD (1), NGHTTPD_PORT, MARQUEE_BIN (a prebuilt `marquee` whose directory also has `marquee-bench`, e.g.
+#      another commit's build, instead of building this tree).
 source "$(dirname "$0")/../lib.sh"
 MARQUEE_EXTRA_PACKAGES="nghttp2-client nghttp2-server" "$root/Deploy/local/deps.sh"
-bench_build
+if [ -n "${MARQUEE_BIN:-}" ]; then bin=$(dirname "$MARQUEE_BIN"); else bench_build; fi
 n=${N:-200000}
 c=${CONNECTIONS:-2}
 k=${CONCURRENCY:-$((c * 100))}
@@ -114,18 +118,30 @@ if [ "${NGHTTPD:-1}" = 1 ]; then
       "https://127.0.0.1:$ng_port/3/device/$(head -1 "$work/uris.txt" | sed 's#.*/3/device/##')" && break
     sleep 0.1
   done
+  TIMEFORMAT='cpu %U %S'
+  ng_ticks() { awk '{ print $14 + $15 }' "/proc/$ng/stat"; }
+  # cpu_per_request CPU_FILE NGHTTPD_TICKS_BEFORE REQUESTS: "client X µs, nghttpd Y µs"
+  cpu_per_request() {
+    awk -v hz="$(getconf CLK_TCK)" -v t0="$2" -v t1="$(ng_ticks)" -v n="$3" '/^cpu / { c = $2 + $3 } END {
+      printf "client %.1f µs, nghttpd %.1f µs", c * 1e6 / n, (t1 - t0) / hz * 1e6 / n }' "$1"
+  }
   echo "== against nghttpd (one thread, TLS): marquee-bench transport (APNsProvider)"
-  ours_ng=$("$bin/marquee-bench" transport --host 127.0.0.1 --port "$ng_port" --ca "$work/nghttpd/cert.pem" \
+  t0=$(ng_ticks)
+  ours_ng=$( { time "$bin/marquee-bench" transport --host 127.0.0.1 --port "$ng_port" --ca "$work/nghttpd/cert.pem" \
     --key "$work/key.p8" --kid "$kid" --team "$team" --topic "$topic" --payload "$work/payload.json" --n "$n" \
-    --connections "$c" --concurrency "$k" --tokens "$tokens" --warmup 1000)
+    --connections "$c" --concurrency "$k" --tokens "$tokens" --warmup 1000; } 2>"$work/ours-nghttpd.cpu")
   echo "$ours_ng"
+  cpu_ours=$(cpu_per_request "$work/ours-nghttpd.cpu" "$t0" $((n + 1000)))
+  echo "CPU per request (process total, setup and warm-up included): $cpu_ours"
   echo "== against nghttpd: h2load -n $n -c $c -m $((k / c)) -t 1 (same requests)"
   sed "s#:$port/#:$ng_port/#" "$work/uris.txt" >"$work/uris-nghttpd.txt"
-  h2load -n "$n" -c "$c" -m $((k / c)) -t 1 -i "$work/uris-nghttpd.txt" -d "$work/payload.json" \
+  t0=$(ng_ticks)
+  { time h2load -n "$n" -c "$c" -m $((k / c)) -t 1 -i "$work/uris-nghttpd.txt" -d "$work/payload.json" \
     -H "authorization: bearer $jwt" -H "apns-push-type: liveactivity" -H "apns-topic: $topic" \
     -H "apns-priority: 10" -H "apns-expiration: $(($(date +%s) + 3600))" -H "content-type: application/json" \
-    >"$work/h2load-nghttpd.out" 2>&1 || true
+    >"$work/h2load-nghttpd.out" 2>&1 || true; } 2>"$work/h2load-nghttpd.cpu"
   grep -E "^finished in|^requests:|^status codes:" "$work/h2load-nghttpd.out"
+  echo "CPU per request: $(cpu_per_request "$work/h2load-nghttpd.cpu" "$t0" "$n")"
   h2_ng=$(sed -n 's/^finished in [^,]*, \([0-9.]*\) req\/s.*/\1/p' "$work/h2load-nghttpd.out" | cut -d. -f1)
   r_ours_ng=$(echo "$ours_ng" | rate)
   echo "== against nghttpd, pushes/s: APNsProvider $r_ours_ng, h2load ${h2_ng:-?}; aioapns (against the simulator) $r_aio"

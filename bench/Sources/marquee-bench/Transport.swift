@@ -11,7 +11,8 @@ import MarqueeDelivery
 ///         --topic com.example.bench.push-type.liveactivity --payload payload.json
 ///         [--n 200000] [--connections 2] [--concurrency 200] [--tokens 10000] [--warmup 1000]
 ///
-/// Push i goes to `benchToken(i % tokens)`. A warm-up of `--warmup` pushes (not counted) opens the connections and
+/// Push i goes to `benchToken(i % tokens)`, with an `apns-id` made from its index (the worker sends its delivery ID,
+/// read from the database; Foundation's `UUID()` opens `/dev/urandom` on every call, which would be measured here). A warm-up of `--warmup` pushes (not counted) opens the connections and
 /// signs the provider token before the clock starts.
 func transport(_ arguments: [String]) async throws {
     let n = option("--n", arguments, default: 200_000)
@@ -51,7 +52,7 @@ func transport(_ arguments: [String]) async throws {
                     for i in stride(from: k, to: total, by: senders) {
                         let push = APNsPush(
                             token: tokens[i % tokens.count], topic: topic, priority: 10, expiration: expiration,
-                            apnsID: UUID(), payload: payload)
+                            apnsID: pushID(round: total, i), payload: payload)
                         let started = clock.now
                         let decision = await provider.send(push, to: target)
                         latencies.append(seconds(clock.now - started))
@@ -92,4 +93,16 @@ func transport(_ arguments: [String]) async throws {
     if let first = measured.firstFailure {
         FileHandle.standardError.write(Data("transport: first push not sent: \(first)\n".utf8))
     }
+}
+
+/// A distinct version-4-shaped UUID for push `i` of the round of `round` pushes (so warm-up and measured IDs differ).
+private func pushID(round: Int, _ i: Int) -> UUID {
+    let a = UInt64(truncatingIfNeeded: round)
+    let b = UInt64(truncatingIfNeeded: i)
+    func byte(_ value: UInt64, _ shift: UInt64) -> UInt8 { UInt8(truncatingIfNeeded: value >> shift) }
+    return UUID(
+        uuid: (
+            byte(a, 24), byte(a, 16), byte(a, 8), byte(a, 0), 0, 0, 0x40, 0, 0x80, 0,
+            byte(b, 40), byte(b, 32), byte(b, 24), byte(b, 16), byte(b, 8), byte(b, 0)
+        ))
 }
