@@ -20,6 +20,11 @@ cleanup() {
       fi
     done
   fi
+  # Browsers of the console tests (each has a profile under this run's TMPDIR) if a test process died before
+  # stopping them.
+  for pid in $(pgrep -f -- "--user-data-dir=$work/tmp/chromium-" || true); do
+    kill -9 "$pid" 2>/dev/null || true
+  done
   Deploy/local/pg.sh stop "$work/pg" || true
   rm -rf "$work"
 }

@@ -122,19 +122,29 @@ struct ConsoleBrowserTests {
         let instance = "order-42-" + Fake.hex(6)
         try await t.start(instance, person: person, state: ["status": "preparing", "eta_minutes": 25])
         try await t.waitForDelivery(instance, status: "sent")
+        // 25 newer ones of the same person, so her list has two pages.
+        for index in 0..<25 { try await t.start("order-\(index)-" + Fake.hex(6), person: person) }
 
         try await Browser.run("activities") { browser in
             try await t.signIn(browser)
             try await browser.wait(for: "nav a[data-section=activities]").click()
-            try await browser.wait(for: "[data-testid=activities-table]", containing: instance)
-            // Filter by person: the list holds only that person's instance.
+            try await browser.wait(for: "[data-testid=activities-table]", containing: "order-")
+            // Filter by person: only hers, 26, so a page of 25, then the next page has the oldest one, and back.
             let field = try await browser.wait(for: "#filter-person")
             try await field.type(person)
             try await browser.wait(for: "form.filters button[type=submit]").click()
             try await browser.wait(until: "location.hash.includes('person=')")
-            try await browser.wait(for: "[data-testid=activities-table]", containing: instance)
-            #expect(try await browser.findAll("[data-testid=activities-table] tbody tr").count == 1)
+            let rows = "document.querySelectorAll('[data-testid=activities-table] tbody tr').length"
+            try await browser.wait(until: "\(rows) === 25")
             try await browser.screenshot("activities")
+            try await browser.wait(for: "nav.pager button:not([disabled])", containing: "Next page").click()
+            try await browser.wait(until: "location.hash.includes('cursor=')")
+            try await browser.wait(until: "\(rows) === 1")
+            try await browser.wait(for: "[data-testid=activities-table]", containing: instance)
+            try await browser.wait(for: "nav.pager button:not([disabled])", containing: "Previous page").click()
+            try await browser.wait(until: "\(rows) === 25 && !location.hash.includes('cursor=')")
+            try await browser.wait(for: "nav.pager button:not([disabled])", containing: "Next page").click()
+            try await browser.wait(until: "\(rows) === 1")
 
             try await browser.wait(for: "[data-testid=activities-table] a[href*='\(instance)']").click()
             try await browser.wait(for: "[data-testid=content-state]", containing: "preparing")
@@ -306,16 +316,35 @@ struct ConsoleBrowserTests {
             #expect(try await browser.execute("return sessionStorage.length;") as? Int == 0)
             try await browser.screenshot("sign-in-error")
 
+            // Signed out, the sections are not offered.
+            #expect(
+                try await browser.execute("return document.getElementById('nav').offsetParent === null;") as? Bool
+                    == true)
+
             let field = try await browser.wait(for: "#app-key")
             try await field.type(t.tenant.sdk)
             try await browser.wait(for: "form button[type=submit]").click()
             try await browser.wait(for: "[data-testid=sign-in-error]", containing: "not an app key")
             #expect(try await browser.execute("return sessionStorage.length;") as? Int == 0)
 
+            // With the keyboard alone: the field has the focus after an error, Enter submits.
+            #expect(try await browser.execute("return document.activeElement.id;") as? String == "app-key")
             try await field.clear()
-            try await field.type(t.tenant.app)
-            try await browser.wait(for: "form button[type=submit]").click()
+            try await field.type(t.tenant.app + "\u{E007}")
             try await browser.wait(for: "[data-testid=instances-total]")
+            #expect(
+                try await browser.execute("return document.getElementById('nav').offsetParent !== null;") as? Bool
+                    == true)
+            // Each screen starts with the focus on its heading; Tab goes on to its controls, with a focus ring; links
+            // work with Enter.
+            try await browser.wait(until: "document.activeElement.tagName === 'H1'")
+            try await browser.press(Browser.tab)
+            #expect(try await browser.execute("return document.activeElement.textContent;") as? String == "Refresh")
+            let ring = try await browser.execute("return getComputedStyle(document.activeElement).outlineStyle;")
+            #expect(ring as? String == "solid", "a visible focus ring")
+            try await browser.execute("document.querySelector('nav a[data-section=activities]').focus();")
+            try await browser.press(Browser.enter)
+            try await browser.wait(for: "h1", containing: "Live activities")
             // Signing out forgets the key.
             try await browser.wait(for: "#sign-out").click()
             try await browser.wait(for: "#app-key")

@@ -217,6 +217,23 @@ struct Browser: Sendable {
         throw TestFailure("waited \(timeout) for \(condition)")
     }
 
+    static let tab = "\u{E004}"
+    static let enter = "\u{E007}"
+
+    /// Presses and releases `key` (a character or a WebDriver key code such as `Browser.tab`) where the focus is.
+    func press(_ key: String) async throws {
+        try await command(
+            "POST", "/actions",
+            [
+                "actions": [
+                    [
+                        "type": "key", "id": "keyboard",
+                        "actions": [["type": "keyDown", "value": key], ["type": "keyUp", "value": key]],
+                    ]
+                ]
+            ])
+    }
+
     /// Saves a PNG of the viewport to `artifacts/<name>.png` and returns its path.
     @discardableResult
     func screenshot(_ name: String) async throws -> String {

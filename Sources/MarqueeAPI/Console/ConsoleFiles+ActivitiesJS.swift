@@ -117,6 +117,7 @@ extension ConsoleFiles {
             previousCursors.push(cursor);
             navigate('activities', { ...filters, cursor: next });
           });
+          if (!cursor && !next) return null;
           return h('nav', { class: 'pager', 'aria-label': 'Pages' }, previous, following);
         }
 

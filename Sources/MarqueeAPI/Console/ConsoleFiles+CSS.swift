@@ -68,6 +68,8 @@ extension ConsoleFiles {
           }
         }
         * { box-sizing: border-box; }
+        /* `hidden` wins over any display rule below (the nav is display: flex). */
+        [hidden] { display: none !important; }
         body { margin: 0; background: var(--bg); color: var(--text); }
         a { color: var(--accent); }
         a:hover { text-decoration-thickness: 2px; }
@@ -188,7 +190,7 @@ extension ConsoleFiles {
           max-width: 36rem; width: calc(100% - 2rem); padding: 1.25rem;
         }
         dialog::backdrop { background: rgba(0, 0, 0, 0.45); }
-        .failure-group h3 { display: flex; gap: 0.5rem; align-items: center; flex-wrap: wrap; }
+        .failure-group h2 { display: flex; gap: 0.5rem; align-items: center; flex-wrap: wrap; }
         .loading { color: var(--muted); }
         @media (prefers-reduced-motion: no-preference) {
           .top-bar nav a, .button { transition: background-color 0.15s ease; }

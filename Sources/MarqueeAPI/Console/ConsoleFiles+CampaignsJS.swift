@@ -8,7 +8,7 @@ extension ConsoleFiles {
         import { barChart } from './charts.js';
         import {
           h, heading, replace, setTitle, formatNumber, formatTime, time, badge, emptyState, code, errorNotice, table, pretty,
-          every, announce,
+          every, announce, plural,
         } from './ui.js';
 
         let previousCursors = [];
@@ -53,7 +53,7 @@ extension ConsoleFiles {
                     page.data,
                     { 'data-testid': 'campaigns-table' },
                   ),
-                  h('nav', { class: 'pager', 'aria-label': 'Pages' }, previous, next),
+                  cursor || page.next_cursor ? h('nav', { class: 'pager', 'aria-label': 'Pages' }, previous, next) : null,
                 );
               }
             } catch (error) {
@@ -238,7 +238,7 @@ extension ConsoleFiles {
           const review = h('button', { class: operation === 'end' ? 'button danger' : 'button', type: 'submit', text: operation === 'end' ? 'Review end…' : 'Review update…', 'data-testid': 'change-review' });
           const back = h('button', { class: 'button secondary', type: 'button', text: 'Cancel' });
           back.addEventListener('click', cancel);
-          const open = Object.values(campaign.instances ?? {}).reduce((a, b) => a + b, 0);
+          const open = (campaign.instances?.pending ?? 0) + (campaign.instances?.active ?? 0);
           const form = h(
             'form',
             { class: 'card', 'aria-labelledby': 'change-h', novalidate: true },
@@ -258,7 +258,7 @@ extension ConsoleFiles {
             'dialog',
             { 'aria-labelledby': 'confirm-h', 'data-testid': 'confirm-dialog' },
             h('h2', { id: 'confirm-h', text: operation === 'update' ? 'Send this update to the whole campaign?' : 'End the whole campaign?' }),
-            h('p', {}, `This ${operation === 'update' ? 'updates' : 'ends'} every open live activity of “${campaign.name}” (${formatNumber(open)} instances so far) on every device. It cannot be undone.`),
+            h('p', {}, `This ${operation === 'update' ? 'updates' : 'ends'} every open live activity of “${campaign.name}” (${plural(open, 'open instance')} now, and any that start before the change runs) on every device. It cannot be undone.`),
             h('pre', { class: 'json', tabindex: '0' }),
             h('div', { class: 'actions' },
               h('button', { class: operation === 'end' ? 'button danger' : 'button', type: 'button', value: 'confirm', text: operation === 'update' ? 'Send update' : 'End campaign', 'data-testid': 'change-confirm' }),

@@ -5,7 +5,7 @@ extension ConsoleFiles {
     static let failuresJS = #"""
         // Failures: the last failed and undeliverable deliveries, grouped by provider, outcome and reason.
         import { api, query, segment } from './api.js';
-        import { h, heading, replace, setTitle, formatNumber, time, badge, emptyState, errorNotice, table, every } from './ui.js';
+        import { h, heading, replace, setTitle, formatNumber, plural, time, badge, emptyState, errorNotice, table, every } from './ui.js';
 
         const WINDOWS = [
           [1, 'last hour'],
@@ -77,7 +77,7 @@ extension ConsoleFiles {
             h(
               'p',
               { class: 'muted' },
-              `${formatNumber(failures.total)} failed or undeliverable deliveries in the ${period}, in ${failures.groups.length} groups.`,
+              `${plural(failures.total, 'failed or undeliverable delivery', 'failed or undeliverable deliveries')} in the ${period}, in ${plural(failures.groups.length, 'group')}.`,
               failures.truncated ? ' Only the newest are counted: narrow the period for exact numbers.' : '',
             ),
             failures.groups.map((group, index) =>

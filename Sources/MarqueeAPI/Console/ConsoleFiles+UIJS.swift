@@ -62,6 +62,9 @@ extension ConsoleFiles {
         const numberFormat = new Intl.NumberFormat();
         export const formatNumber = (n) => numberFormat.format(n ?? 0);
 
+        /** "1 group", "3 groups". */
+        export const plural = (n, one, many = `${one}s`) => `${formatNumber(n)} ${n === 1 ? one : many}`;
+
         const timeFormat = new Intl.DateTimeFormat(undefined, { dateStyle: 'medium', timeStyle: 'medium' });
 
         /** A date-time in the browser's time zone, or an em dash. */
