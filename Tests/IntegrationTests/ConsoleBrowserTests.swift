@@ -107,6 +107,16 @@ struct ConsoleBrowserTests {
             let severe = try await browser.severeLogs()
             #expect(severe.isEmpty, "\(severe)")
             try await browser.screenshot("overview")
+
+            // Dark mode follows the system: other colours, the same page.
+            let background = "return getComputedStyle(document.body).backgroundColor;"
+            let light = try await browser.execute(background) as? String
+            try await browser.emulateColorScheme("dark")
+            try await browser.wait(until: "matchMedia('(prefers-color-scheme: dark)').matches")
+            let dark = try await browser.execute(background) as? String
+            #expect(light != nil && dark != nil && light != dark, "\(light ?? "?") / \(dark ?? "?")")
+            try await browser.wait(for: "[data-state=pending]", containing: "2")
+            try await browser.screenshot("overview-dark")
         }
         // The fragment never reached the server, so the key is in no log line.
         #expect(!t.fixture.serve.log.contains(t.tenant.app))

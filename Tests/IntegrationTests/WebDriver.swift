@@ -217,6 +217,16 @@ struct Browser: Sendable {
         throw TestFailure("waited \(timeout) for \(condition)")
     }
 
+    /// Makes the page see `prefers-color-scheme: <scheme>` (Chromium's DevTools protocol through chromedriver).
+    func emulateColorScheme(_ scheme: String) async throws {
+        try await command(
+            "POST", "/goog/cdp/execute",
+            [
+                "cmd": "Emulation.setEmulatedMedia",
+                "params": ["features": [["name": "prefers-color-scheme", "value": scheme]]],
+            ])
+    }
+
     static let tab = "\u{E004}"
     static let enter = "\u{E007}"
 

@@ -7,7 +7,7 @@ extension ConsoleFiles {
         import { api, query, segment } from './api.js';
         import {
           h, heading, replace, setTitle, formatNumber, formatTime, time, badge, emptyState, code, errorNotice, table, pretty,
-          every, announce,
+          every, announce, providerName,
         } from './ui.js';
 
         const STATES = ['pending', 'active', 'ended', 'expired', 'failed'];
@@ -228,7 +228,7 @@ extension ConsoleFiles {
                     [
                       { label: 'Created', cell: (d) => time(d.created_at) },
                       { label: 'Operation', cell: (d) => `${d.operation} (v${d.instance_version})` },
-                      { label: 'Provider', cell: (d) => `${d.provider.toUpperCase()} · ${d.token_kind.replace(/_/g, ' ')}` },
+                      { label: 'Provider', cell: (d) => `${providerName(d.provider)} · ${d.token_kind.replace(/_/g, ' ')}` },
                       { label: 'Device', cell: (d) => h('span', { class: 'mono small', text: d.device_token }) },
                       { label: 'Status', cell: (d) => badge(d.status) },
                       { label: 'Attempts', className: 'num', cell: (d) => String(d.attempts) },

@@ -125,7 +125,7 @@ extension ConsoleFiles {
             ['State', badge(campaign.state)],
             ['Campaign ID', h('span', { class: 'mono', text: campaign.campaign_id })],
             ['Activity type', h('span', { class: 'mono', text: campaign.notification_type })],
-            ['Audience', h('span', { class: 'mono', text: JSON.stringify(campaign.audience) })],
+            ['Audience', audience(campaign.audience)],
             ['Audience size', campaign.audience_size == null ? 'resolved when it starts' : formatNumber(campaign.audience_size)],
             ['Start', formatTime(campaign.start_at)],
             ['Started', formatTime(campaign.started_at)],
@@ -155,6 +155,13 @@ extension ConsoleFiles {
             schedulesSection(campaign.schedules ?? []),
             h('details', { class: 'card' }, h('summary', { text: 'Content state and attributes template' }), h('pre', { class: 'json', tabindex: '0', text: pretty({ content_state: campaign.content_state, attributes: campaign.attributes }) })),
           ];
+        }
+
+        function audience(value) {
+          if (value?.segment) return h('span', {}, 'segment ', code(value.segment));
+          if (Array.isArray(value?.people)) return `${plural(value.people.length, 'person', 'people')} named in the request`;
+          if (value?.all) return 'everyone';
+          return h('span', { class: 'mono', text: JSON.stringify(value) });
         }
 
         const STEPS = ['targeted', 'sent', 'delivered', 'opened'];

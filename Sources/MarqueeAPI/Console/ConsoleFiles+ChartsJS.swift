@@ -7,7 +7,7 @@ extension ConsoleFiles {
         // Each chart carries a text alternative (<title>/<desc>) and a data table behind a disclosure.
         import { h, s, formatNumber, table } from './ui.js';
 
-        const WIDTH = 720;
+        const WIDTH = 1000;
         let counter = 0;
         const uniqueID = (prefix) => `${prefix}-${(counter += 1)}`;
 
@@ -20,53 +20,67 @@ extension ConsoleFiles {
         }
 
         /**
-         * Lines over time. `series`: [{ label, values: [numbers, oldest first] }]; `start`: the first bucket's Date;
-         * `bucketSeconds`: each value's span. Returns a figure with the SVG, a legend and a table.
+         * Stacked columns over time, one column per bucket. `series`: [{ label, values: [numbers, oldest first] }];
+         * `start`: the first bucket's Date; `bucketSeconds`: each value's span. Returns a figure with the SVG, a legend
+         * and a table.
          */
-        export function lineChart({ title, series, start, bucketSeconds }) {
+        export function timeChart({ title, series, start, bucketSeconds }) {
+          const width = 1000;
           const height = 220;
-          const margin = { top: 12, right: 16, bottom: 28, left: 44 };
-          const plotWidth = WIDTH - margin.left - margin.right;
+          const margin = { top: 12, right: 12, bottom: 28, left: 44 };
+          const plotWidth = width - margin.left - margin.right;
           const plotHeight = height - margin.top - margin.bottom;
           const buckets = Math.max(1, ...series.map((line) => line.values.length));
-          const top = niceMax(Math.max(0, ...series.flatMap((line) => line.values)));
-          const x = (index) => margin.left + (buckets === 1 ? 0 : (index / (buckets - 1)) * plotWidth);
+          const stacked = Array.from({ length: buckets }, (_, i) => series.reduce((sum, line) => sum + (line.values[i] ?? 0), 0));
+          const top = niceMax(Math.max(0, ...stacked));
+          const slot = plotWidth / buckets;
+          const x = (index) => margin.left + index * slot;
           const y = (value) => margin.top + plotHeight - (value / top) * plotHeight;
           const totals = series.map((line) => line.values.reduce((a, b) => a + b, 0));
           const description = series.length
             ? series.map((line, i) => `${line.label}: ${formatNumber(totals[i])}`).join('; ')
             : 'No deliveries in this period.';
-
-          const id = uniqueID('lines');
-          const svg = s(
-            'svg',
-            { class: 'chart', viewBox: `0 0 ${WIDTH} ${height}`, role: 'img', 'aria-labelledby': `${id}-t ${id}-d` },
-            s('title', { id: `${id}-t`, text: title }),
-            s('desc', { id: `${id}-d`, text: description }),
-          );
-          for (const fraction of [0, 0.5, 1]) {
-            const value = top * fraction;
-            svg.append(
-              s('line', { class: 'grid-line', x1: margin.left, x2: WIDTH - margin.right, y1: y(value), y2: y(value) }),
-              s('text', { x: margin.left - 6, y: y(value) + 4, 'text-anchor': 'end', text: formatNumber(value) }),
-            );
-          }
-          svg.append(
-            s('line', { class: 'axis', x1: margin.left, x2: WIDTH - margin.right, y1: y(0), y2: y(0) }),
-            s('line', { class: 'axis', x1: margin.left, x2: margin.left, y1: margin.top, y2: y(0) }),
-          );
           const label = (index) =>
             new Date(start.getTime() + index * bucketSeconds * 1000).toLocaleTimeString(undefined, {
               hour: '2-digit',
               minute: '2-digit',
             });
-          for (const index of [0, Math.floor((buckets - 1) / 2), buckets - 1]) {
-            svg.append(s('text', { x: x(index), y: height - 8, 'text-anchor': 'middle', text: label(index) }));
+
+          const id = uniqueID('columns');
+          const svg = s(
+            'svg',
+            { class: 'chart', viewBox: `0 0 ${width} ${height}`, role: 'img', 'aria-labelledby': `${id}-t ${id}-d` },
+            s('title', { id: `${id}-t`, text: title }),
+            s('desc', { id: `${id}-d`, text: description }),
+          );
+          // Counts are whole: a half-way line only where it is a whole number.
+          for (const value of [0, top / 2, top].filter(Number.isInteger)) {
+            svg.append(
+              s('line', { class: 'grid-line', x1: margin.left, x2: width - margin.right, y1: y(value), y2: y(value) }),
+              s('text', { x: margin.left - 6, y: y(value) + 4, 'text-anchor': 'end', text: formatNumber(value) }),
+            );
           }
-          series.forEach((line, i) => {
-            const points = line.values.map((value, index) => `${x(index).toFixed(1)},${y(value).toFixed(1)}`).join(' ');
-            svg.append(s('polyline', { class: `line s${i % 8}`, points }, s('title', { text: line.label })));
-          });
+          for (let index = 0; index < buckets; index += 1) {
+            let base = 0;
+            series.forEach((line, i) => {
+              const value = line.values[index] ?? 0;
+              if (!value) return;
+              svg.append(
+                s(
+                  'rect',
+                  { class: `s${i % 8}`, x: x(index) + 1, y: y(base + value), width: Math.max(1, slot - 2), height: y(base) - y(base + value) },
+                  s('title', { text: `${label(index)} ${line.label}: ${formatNumber(value)}` }),
+                ),
+              );
+              base += value;
+            });
+          }
+          svg.append(s('line', { class: 'axis', x1: margin.left, x2: width - margin.right, y1: y(0), y2: y(0) }));
+          svg.append(
+            s('text', { x: x(0), y: height - 8, 'text-anchor': 'start', text: label(0) }),
+            s('text', { x: x(Math.floor(buckets / 2)) + slot / 2, y: height - 8, 'text-anchor': 'middle', text: label(Math.floor(buckets / 2)) }),
+            s('text', { x: x(buckets), y: height - 8, 'text-anchor': 'end', text: label(buckets - 1) }),
+          );
 
           const legend = h(
             'ul',
@@ -75,9 +89,7 @@ extension ConsoleFiles {
               h('li', {}, h('span', { class: `swatch s${i % 8}`, 'aria-hidden': 'true' }), `${line.label} (${formatNumber(totals[i])})`),
             ),
           );
-          const rows = Array.from({ length: buckets }, (_, index) => index).filter((index) =>
-            series.some((line) => line.values[index] > 0),
-          );
+          const rows = Array.from({ length: buckets }, (_, index) => index).filter((index) => stacked[index] > 0);
           const details = h(
             'details',
             {},
@@ -93,7 +105,7 @@ extension ConsoleFiles {
                 )
               : h('p', { class: 'muted', text: 'No deliveries in this period.' }),
           );
-          return h('figure', { class: 'chart-figure' }, svg, legend, details);
+          return h('figure', { class: 'chart-figure' }, svg, series.length ? legend : h('p', { class: 'muted small', text: 'No deliveries in the last hour.' }), details);
         }
 
         /**
@@ -103,7 +115,7 @@ extension ConsoleFiles {
           const barHeight = 22;
           const gap = 6;
           const groupGap = 18;
-          const labelWidth = 130;
+          const labelWidth = 120;
           const right = 70;
           const rowsCount = groups.reduce((n, group) => n + group.bars.length, 0);
           const height = rowsCount * (barHeight + gap) + groups.length * (groupGap + 18) + 8;

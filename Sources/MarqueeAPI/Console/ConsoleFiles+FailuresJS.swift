@@ -5,7 +5,9 @@ extension ConsoleFiles {
     static let failuresJS = #"""
         // Failures: the last failed and undeliverable deliveries, grouped by provider, outcome and reason.
         import { api, query, segment } from './api.js';
-        import { h, heading, replace, setTitle, formatNumber, plural, time, badge, emptyState, errorNotice, table, every } from './ui.js';
+        import {
+          h, heading, replace, setTitle, formatNumber, plural, time, badge, emptyState, errorNotice, table, every, providerName,
+        } from './ui.js';
 
         const WINDOWS = [
           [1, 'last hour'],
@@ -89,7 +91,7 @@ extension ConsoleFiles {
                   { id: `group-${index}` },
                   h('span', { class: 'mono', text: group.reason ?? 'no reason recorded' }),
                   badge(group.status),
-                  h('span', { class: 'badge', text: group.provider.toUpperCase() }),
+                  h('span', { class: 'badge', text: providerName(group.provider) }),
                   h('span', { class: 'muted small', text: `${formatNumber(group.count)} × · last ` }),
                   time(group.last_at),
                 ),

@@ -5,8 +5,10 @@ extension ConsoleFiles {
     static let overviewJS = #"""
         // Overview: instances by state, deliveries per minute by provider and outcome, the queue, credential health.
         import { api, apiOrNull } from './api.js';
-        import { lineChart } from './charts.js';
-        import { h, heading, replace, setTitle, formatNumber, time, badge, emptyState, code, errorNotice, every } from './ui.js';
+        import { timeChart } from './charts.js';
+        import {
+          h, heading, replace, setTitle, formatNumber, time, badge, emptyState, code, errorNotice, every, providerName,
+        } from './ui.js';
 
         const STATES = ['pending', 'active', 'ended', 'expired', 'failed'];
 
@@ -83,9 +85,9 @@ extension ConsoleFiles {
               { class: 'card', 'aria-labelledby': 'deliveries-h', 'data-testid': 'deliveries-chart' },
               h('h2', { id: 'deliveries-h', text: 'Deliveries per minute, last hour' }),
               h('p', { class: 'muted small', text: 'Pushes queued each minute, by provider and what became of them.' }),
-              lineChart({
+              timeChart({
                 title: 'Deliveries per minute by provider and outcome',
-                series: deliveries.series.map((line) => ({ label: `${line.provider.toUpperCase()} ${line.status}`, values: line.counts })),
+                series: deliveries.series.map((line) => ({ label: `${providerName(line.provider)} ${line.status}`, values: line.counts })),
                 start: new Date(deliveries.since),
                 bucketSeconds: deliveries.bucket_seconds,
               }),
@@ -107,14 +109,14 @@ extension ConsoleFiles {
               h('li', {}, h('span', { text: 'Waiting for a later attempt' }), h('span', { class: 'stat-value', text: formatNumber(queue.later) })),
               h('li', {}, h('span', { text: 'Oldest due since' }), h('span', { class: 'stat-value' }, queue.oldest_due_at ? time(queue.oldest_due_at) : 'nothing due')),
               providers.map(([provider, n]) =>
-                h('li', {}, h('span', { text: `${provider.toUpperCase()} queued` }), h('span', { class: 'stat-value', text: formatNumber(n) })),
+                h('li', {}, h('span', { text: `${providerName(provider)} queued` }), h('span', { class: 'stat-value', text: formatNumber(n) })),
               ),
             ),
           );
         }
 
         function credentialsCard(apns, fcm) {
-          const row = (name, credential, missing, describe) =>
+          const row = (name, credential, describe) =>
             h(
               'li',
               { 'data-credential': name.toLowerCase() },
@@ -136,8 +138,8 @@ extension ConsoleFiles {
             h(
               'ul',
               { class: 'stat-list' },
-              row('APNs', apns, 'PUT /v1/credentials/apns', (c) => `${c.bundle_id} · ${c.environment}`),
-              row('FCM', fcm, 'PUT /v1/credentials/fcm', (c) => c.project_id),
+              row('APNs', apns, (c) => `${c.bundle_id} · ${c.environment}`),
+              row('FCM', fcm, (c) => c.project_id),
             ),
             reasons,
             !apns || !fcm

@@ -62,6 +62,9 @@ extension ConsoleFiles {
         const numberFormat = new Intl.NumberFormat();
         export const formatNumber = (n) => numberFormat.format(n ?? 0);
 
+        /** `apns` → APNs, `fcm` → FCM. */
+        export const providerName = (provider) => ({ apns: 'APNs', fcm: 'FCM' })[provider] ?? String(provider).toUpperCase();
+
         /** "1 group", "3 groups". */
         export const plural = (n, one, many = `${one}s`) => `${formatNumber(n)} ${n === 1 ? one : many}`;
 
