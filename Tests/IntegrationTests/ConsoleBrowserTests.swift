@@ -288,6 +288,24 @@ struct ConsoleBrowserTests {
             }
             try await browser.wait(for: "[data-testid=schedules-table]", containing: "update")
             try await browser.screenshot("campaign-update")
+
+            // End all: going back from the confirmation sends nothing; confirming ends every instance.
+            try await browser.wait(for: "[data-testid=campaign-end]:not([disabled])").click()
+            try await browser.wait(for: "[data-testid=change-review]").click()
+            try await browser.wait(for: "[data-testid=confirm-dialog]", containing: "End the whole campaign")
+            try await browser.wait(for: "[data-testid=confirm-dialog] button[value=cancel]").click()
+            try await browser.wait(until: "!document.querySelector('[data-testid=confirm-dialog]').open")
+            #expect(try await t.campaign(campaign.id).array("schedules").count == 2, "nothing was scheduled")
+            try await browser.wait(for: "[data-testid=change-review]").click()
+            try await browser.wait(for: "[data-testid=change-confirm]").click()
+            try await browser.wait(for: "[data-testid=change-result]", containing: "end accepted")
+            try await eventually("the end at the simulator") {
+                t.fixture.apns.pushes(token: activityToken).contains {
+                    $0["payload"]?["aps"]?["event"]?.stringValue == "end"
+                }
+            }
+            // Over: the page refreshes to ended and offers no more changes.
+            try await browser.wait(for: "[data-testid=campaign-update][disabled]", timeout: .seconds(60))
         }
     }
 
@@ -355,6 +373,24 @@ struct ConsoleBrowserTests {
             try await browser.execute("document.querySelector('nav a[data-section=activities]').focus();")
             try await browser.press(Browser.enter)
             try await browser.wait(for: "h1", containing: "Live activities")
+            // A key revoked while the console is open signs it out at its next call, saying why.
+            let keys = try await t.api.call(
+                "GET", "/admin/v1/tenants/\(t.tenant.id)/keys", key: MarqueeProcess.adminToken
+            ).json().array("keys")
+            let appKey = try #require(keys.first { $0.string("kind") == "app" }?.string("id"))
+            try ok(
+                await t.api.call(
+                    "DELETE", "/admin/v1/tenants/\(t.tenant.id)/keys/\(appKey)", key: MarqueeProcess.adminToken))
+            try await browser.open(t.console + "#/overview")
+            try await browser.wait(for: "[data-testid=sign-in-error]", containing: "no longer accepted")
+            #expect(try await browser.execute("return sessionStorage.length;") as? Int == 0)
+            let fresh = try await t.api.call(
+                "POST", "/admin/v1/tenants/\(t.tenant.id)/keys", key: MarqueeProcess.adminToken, json: ["kind": "app"]
+            ).json()
+            let newKey = try #require(fresh.string("key"), "\(fresh)")
+            try await browser.wait(for: "#app-key").type(newKey + Browser.enter)
+            try await browser.wait(for: "[data-testid=instances-total]")
+
             // Signing out forgets the key.
             try await browser.wait(for: "#sign-out").click()
             try await browser.wait(for: "#app-key")

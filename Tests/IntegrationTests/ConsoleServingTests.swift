@@ -1,4 +1,5 @@
 import Foundation
+import HTTPServer
 import PostgresClient
 import Testing
 
@@ -76,6 +77,39 @@ struct ConsoleServingTests {
         // Only GET and HEAD.
         let post = try await api.call("POST", "/console/app.js", json: [:])
         #expect(post.status == 405)
+    }
+
+    @Test("in process: the router sends /console paths to the file table only; If-None-Match lists and W/ match")
+    func inProcess() async throws {
+        let routes = try RegisteredRoutes()
+        func get(_ target: String, _ headers: HTTPHeaders = [:]) async throws -> (Int, HTTPHeaders, [UInt8]) {
+            var request = HTTPRequest(method: .GET, target: target, headers: headers)
+            switch routes.router.route(request) {
+            case .problem(let problem):
+                return (problem.status, problem.headers, [])
+            case .matched(let match):
+                request.pathParameters = match.parameters
+                let response = try await match.handler(request)
+                return (response.status, response.headers, response.body)
+            }
+        }
+        let (status, headers, body) = try await get("/console/app.js")
+        #expect(status == 200 && !body.isEmpty)
+        let etag = try #require(headers["ETag"])
+        for matching in [etag, "W/" + etag, "\"a\", " + etag, "*"] {
+            #expect(try await get("/console/app.js", ["If-None-Match": matching]).0 == 304, "\(matching)")
+        }
+        #expect(try await get("/console/app.js", ["If-None-Match": "\"a\", \"b\""]).0 == 200)
+        // Another file has another validator.
+        #expect(try await get("/console/ui.js").1["ETag"] != etag)
+        for target in [
+            "/console/..%2Fapp.js", "/console/%2E%2E%2F%2E%2E%2FPackage.swift", "/console/./app.js", "/console/..",
+            "/console/app.js/", "/console//", "/console/Console/ConsoleFiles.swift",
+        ] {
+            let (code, _, bytes) = try await get(target)
+            let allowed: Set<Int> = target == "/console/app.js/" || target == "/console//" ? [200] : [404]
+            #expect(allowed.contains(code), "\(target): \(code) \(String(decoding: bytes.prefix(80), as: UTF8.self))")
+        }
     }
 
     @Test("the page loads only its own files: no inline script or style, no third-party URL, every import is served")
