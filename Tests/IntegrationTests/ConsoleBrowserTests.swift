@@ -1,6 +1,7 @@
 import Foundation
 import MarqueeCore
 import MarqueeSimulators
+import PostgresClient
 import Testing
 
 /// The operator console in headless Chromium (WebDriver), against `marquee serve`, a worker and the simulators: the
@@ -107,6 +108,17 @@ struct ConsoleBrowserTests {
             let severe = try await browser.severeLogs()
             #expect(severe.isEmpty, "\(severe)")
             try await browser.screenshot("overview")
+
+            // A credential Apple refused shows as broken, with the reason.
+            _ = try await t.fixture.pool.query(
+                """
+                UPDATE apns_credentials SET status = 'broken', status_reason = 'InvalidProviderToken'
+                WHERE tenant_id = \(t.tenant.uuid)
+                """)
+            try await browser.wait(for: ".page-head button").click()
+            try await browser.wait(for: "[data-credential=apns]", containing: "broken")
+            try await browser.wait(for: "[data-testid=credentials]", containing: "InvalidProviderToken")
+            try await browser.wait(for: "[data-credential=fcm]", containing: "ok")
 
             // Dark mode follows the system: other colours, the same page.
             let background = "return getComputedStyle(document.body).backgroundColor;"
