@@ -151,6 +151,8 @@ struct ConsoleBrowserTests {
             try await t.signIn(browser)
             try await browser.wait(for: "nav a[data-section=activities]").click()
             try await browser.wait(for: "[data-testid=activities-table]", containing: "order-")
+            // The activity type field suggests the tenant's types.
+            try await browser.wait(until: "document.querySelector('#activity-types option[value=\"\(t.type)\"]')")
             // Filter by person: only hers, 26, so a page of 25, then the next page has the oldest one, and back.
             let field = try await browser.wait(for: "#filter-person")
             try await field.type(person)

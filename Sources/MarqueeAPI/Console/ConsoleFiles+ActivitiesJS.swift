@@ -54,13 +54,18 @@ extension ConsoleFiles {
         }
 
         function filterForm(values, submit) {
-          const input = (name, label, hint) =>
+          const input = (name, label, hint, list) =>
             h(
               'div',
               { class: 'field' },
               h('label', { for: `filter-${name}`, text: label }),
-              h('input', { id: `filter-${name}`, name, value: values[name], placeholder: hint, autocomplete: 'off', spellcheck: 'false' }),
+              h('input', { id: `filter-${name}`, name, value: values[name], placeholder: hint, autocomplete: 'off', spellcheck: 'false', list }),
             );
+          // The tenant's activity types as suggestions for that field (typing any identifier still works).
+          const types = h('datalist', { id: 'activity-types' });
+          api('/v1/activity_types')
+            .then((body) => replace(types, (body.activity_types ?? []).map((t) => h('option', { value: t.identifier }))))
+            .catch(() => {});
           const form = h(
             'form',
             { class: 'filters', role: 'search', 'aria-label': 'Filter live activities' },
@@ -75,7 +80,8 @@ extension ConsoleFiles {
                 STATES.map((state) => h('option', { value: state, selected: values.state === state, text: state })),
               ),
             ),
-            input('notification_type', 'Activity type', 'com.example.delivery'),
+            input('notification_type', 'Activity type', 'com.example.delivery', 'activity-types'),
+            types,
             input('person', 'Person ID', 'user-42'),
             input('campaign', 'Campaign ID', 'match-day'),
             h('div', { class: 'actions' }, h('button', { class: 'button', type: 'submit', text: 'Apply filters' }), h('button', { class: 'button secondary', type: 'reset', text: 'Clear' })),
