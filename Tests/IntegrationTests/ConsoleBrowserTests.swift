@@ -188,7 +188,7 @@ struct ConsoleBrowserTests {
             try await browser.wait(for: "[data-testid=instance-version]", containing: "2")
             try await browser.wait(for: "[data-testid=content-state]", containing: "on_the_way")
             try await browser.wait(for: "[data-testid=deliveries-table]", containing: "update")
-            try await browser.screenshot("activity")
+            try await browser.screenshot("activity", fullPage: true)
             let severe = try await browser.severeLogs()
             #expect(severe.isEmpty, "\(severe)")
         }
@@ -256,7 +256,7 @@ struct ConsoleBrowserTests {
                     until: "document.querySelector('[data-bar=\"iOS/\(bar)\"]')?.textContent === '\(value)'")
             }
             try await browser.wait(for: "[data-testid=schedules-table]", containing: "done")
-            try await browser.screenshot("campaign")
+            try await browser.screenshot("campaign", fullPage: true)
             let severe = try await browser.severeLogs()
             #expect(severe.isEmpty, "\(severe)")
         }
@@ -342,7 +342,7 @@ struct ConsoleBrowserTests {
             try await browser.wait(for: "nav a[data-section=failures]").click()
             let group = try await browser.wait(for: "[data-testid=failure-group]", containing: "Unregistered")
             #expect(try await group.text.contains(instance))
-            try await browser.screenshot("failures")
+            try await browser.screenshot("failures", fullPage: true)
             try await browser.wait(for: "[data-testid=failure-group] a[href*='\(instance)']").click()
             try await browser.wait(for: "[data-testid=deliveries-table]", containing: "undeliverable")
         }

@@ -244,11 +244,21 @@ struct Browser: Sendable {
             ])
     }
 
-    /// Saves a PNG of the viewport to `artifacts/<name>.png` and returns its path.
+    /// Saves a PNG of the viewport (or, with `fullPage`, of the whole page up to 2,400 pixels high, by making the
+    /// window that tall for the shot) to `artifacts/<name>.png` and returns its path.
     @discardableResult
-    func screenshot(_ name: String) async throws -> String {
-        guard let base64 = try await command("GET", "/screenshot") as? String, let png = Data(base64Encoded: base64)
-        else { throw TestFailure("no screenshot") }
+    func screenshot(_ name: String, fullPage: Bool = false) async throws -> String {
+        var restore: [String: Any]?
+        if fullPage, let rect = try await command("GET", "/window/rect") as? [String: Any],
+            let height = try await execute("return document.documentElement.scrollHeight;") as? Int
+        {
+            restore = ["width": rect["width"] ?? 1280, "height": rect["height"] ?? 960]
+            try await command(
+                "POST", "/window/rect", ["width": rect["width"] ?? 1280, "height": min(height + 140, 2400)])
+        }
+        let shot = try await command("GET", "/screenshot") as? String
+        if let restore { try await command("POST", "/window/rect", restore) }
+        guard let base64 = shot, let png = Data(base64Encoded: base64) else { throw TestFailure("no screenshot") }
         let path = Browser.artifacts + "/" + name + ".png"
         try png.write(to: URL(fileURLWithPath: path))
         return path
