@@ -37,7 +37,8 @@ struct Browser: Sendable {
         // If this test process dies before cleaning up, the driver's group goes too.
         let watchdog = try? Subprocess(
             "/bin/sh",
-            ["-c", "while kill -0 \(getpid()) 2>/dev/null; do sleep 1; done; kill -9 -- -\(driver.pid) 2>/dev/null"],
+            // dash's `kill` takes no `--`: `-9 -<pgid>` names the group.
+            ["-c", "while kill -0 \(getpid()) 2>/dev/null; do sleep 1; done; kill -9 -\(driver.pid) 2>/dev/null"],
             environment: [:], outputPath: "/dev/null")
         var browser: Browser?
         do {
