@@ -20,6 +20,16 @@ cleanup() {
       fi
     done
   fi
+  # The console tests' chromedriver groups and browsers, if a test process died before stopping them: the drivers
+  # this run started (TMPDIR in their environment) with their process groups, and browsers with a profile here.
+  for pid in $(pgrep -x chromedriver || true); do
+    if { tr '\0' '\n' <"/proc/$pid/environ"; } 2>/dev/null | grep -qx "TMPDIR=$work/tmp"; then
+      kill -9 -- "-$pid" 2>/dev/null || kill -9 "$pid" 2>/dev/null || true
+    fi
+  done
+  for pid in $(pgrep -f -- "--user-data-dir=$work/tmp/chromium-" || true); do
+    kill -9 "$pid" 2>/dev/null || true
+  done
   Deploy/local/pg.sh stop "$work/pg" || true
   rm -rf "$work"
 }

@@ -6,7 +6,8 @@ import MarqueeStore
 import Observability
 import PostgresClient
 
-/// Every route of `marquee serve`: system, admin, app and SDK APIs, and the Customer.io-compatible ingest.
+/// Every route of `marquee serve`: system, admin, app and SDK APIs, the Customer.io-compatible ingest, and the
+/// operator console's static files.
 public struct MarqueeAPI: Sendable {
     let system: SystemRoutes
     let admin: AdminRoutes
@@ -20,6 +21,8 @@ public struct MarqueeAPI: Sendable {
     let segments: SegmentRoutes
     let peopleImport: PeopleImportRoutes
     let campaigns: CampaignRoutes
+    let overview: OverviewRoutes
+    let console: ConsoleRoutes
     /// The group committer of lifecycle writes (exposed for metrics).
     public let committer: GroupCommitter
 
@@ -57,6 +60,9 @@ public struct MarqueeAPI: Sendable {
             store: CampaignStore(database: database, notifyChannel: groupCommit.notifyChannel ?? "marquee_deliveries"),
             registry: registryStore, segments: SegmentStore(database: database),
             channels: ChannelStore(database: database), channelRoutes: channels, now: { Date() })
+        overview = OverviewRoutes(
+            authenticator: authenticator, store: OverviewStore(database: database), now: { Date() })
+        console = ConsoleRoutes()
         let batchSizes = metrics.histogram(
             "marquee_group_commit_batch_size", help: "Requests per transaction of the lifecycle group committer.",
             buckets: [1, 2, 4, 8, 16, 32, 64, 128, 256])
@@ -91,6 +97,8 @@ public struct MarqueeAPI: Sendable {
         segments.register(in: &router)
         peopleImport.register(in: &router)
         campaigns.register(in: &router)
+        overview.register(in: &router)
+        console.register(in: &router)
         router.wrapHandlers(guarded)
     }
 }

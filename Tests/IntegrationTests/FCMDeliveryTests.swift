@@ -15,6 +15,8 @@ actor FCMDeliveryFixture {
     static let shared = FCMDeliveryFixture()
     /// The campaign suite's own: its three workers never claim this suite's deliveries.
     static let campaigns = FCMDeliveryFixture()
+    /// The console's browser tests' own.
+    static let console = FCMDeliveryFixture()
 
     static let projectID = "marquee-sim"
     static let clientEmail = "live-updates@marquee-sim.iam.gserviceaccount.com"

@@ -375,6 +375,12 @@ struct IsolationTests {
                     "audience": ["all": true], "attributes": ["o": "b"], "content_state": ["step": 1],
                     "push_payload": ["alert": ["title": "B", "body": "b"]],
                 ], expect: .invalid(field: "notification_type")),
+            // The console's aggregates count B's own only (B has nothing: no A identifier may appear), and its files
+            // hold no tenant data at all.
+            Probe(method: "GET", path: "/v1/overview", key: b.app, expect: .noLeak),
+            Probe(method: "GET", path: "/v1/delivery_failures?hours=168", key: b.app, expect: .noLeak),
+            Probe(method: "GET", path: "/console", key: nil, expect: .noLeak),
+            Probe(method: "GET", path: "/console/app.js", key: b.app, expect: .noLeak),
             // Metrics: B's report is B's own (not a duplicate of A's), and A's delivery token is not B's.
             Probe(
                 method: "POST", path: "/v1/deliveries/\(a.delivery)/metrics", key: b.sdk,

@@ -353,8 +353,23 @@ enum HTTP {
             if n == 0 { break }
             guard n > 0 else { throw TestFailure("recv failed (errno \(errno))") }
             response.append(contentsOf: chunk[0..<n])
+            // Some servers (chromedriver) answer `Connection: close` and keep the connection open: a response whose
+            // Content-Length has arrived in full is complete.
+            if isComplete(response) { break }
         }
         return response
+    }
+
+    /// Whether `raw` holds a whole response with a `Content-Length` body.
+    static func isComplete(_ raw: [UInt8]) -> Bool {
+        let separator: [UInt8] = [13, 10, 13, 10]
+        guard raw.count >= 4, let end = (0...(raw.count - 4)).first(where: { Array(raw[$0..<$0 + 4]) == separator })
+        else { return false }
+        let head = String(decoding: raw[0..<end], as: UTF8.self).lowercased()
+        guard let line = head.components(separatedBy: "\r\n").first(where: { $0.hasPrefix("content-length:") }),
+            let length = Int(line.dropFirst("content-length:".count).trimmingCharacters(in: .whitespaces))
+        else { return false }
+        return raw.count - (end + 4) >= length
     }
 
     static func parse(_ raw: [UInt8]) throws -> Response {
