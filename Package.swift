@@ -56,6 +56,8 @@ let package = Package(
         .target(
             name: "MarqueeAPI",
             dependencies: ["MarqueeCore", "MarqueeStore", "HTTPServer", "Observability", "PostgresClient", "Crypto"],
+            // The README's pictures of the console, taken by its browser tests; the console itself is Swift source.
+            exclude: ["Console/screenshots"],
             swiftSettings: swiftSettings
         ),
         .target(
