@@ -17,6 +17,18 @@ public enum DeliveryDecision: Sendable, Equatable {
     case fail(reason: String)
 }
 
+/// One send's decision and the provider's HTTP status, when it answered (nil when no answer came: a connection or
+/// transport failure). The status is recorded with the delivery, for attribution.
+public struct SendOutcome: Sendable, Equatable {
+    public var decision: DeliveryDecision
+    public var httpStatus: Int?
+
+    public init(_ decision: DeliveryDecision, httpStatus: Int? = nil) {
+        self.decision = decision
+        self.httpStatus = httpStatus
+    }
+}
+
 /// APNs error reasons (the `reason` of a non-200 response body), each classified.
 public enum APNsReason: Sendable, Equatable, CustomStringConvertible {
     case badDeviceToken

@@ -86,7 +86,7 @@ public final class APNsProvider: Sendable {
     public var statistics: (connections: Int, streams: Int) { connections.statistics }
 
     /// Sends one push and classifies the answer. An `ExpiredProviderToken` refreshes the token once and retries.
-    public func send(_ push: APNsPush, to target: APNsTarget) async -> DeliveryDecision {
+    public func send(_ push: APNsPush, to target: APNsTarget) async -> SendOutcome {
         do {
             var token = try target.tokens.token()
             for attempt in 0..<2 {
@@ -97,15 +97,18 @@ public final class APNsProvider: Sendable {
                     token = try target.tokens.refresh(rejected: token)
                     continue
                 }
-                if case .refreshProviderToken(let reason) = decision { return .credentialBroken(reason: reason) }
-                return decision
+                if case .refreshProviderToken(let reason) = decision {
+                    return SendOutcome(.credentialBroken(reason: reason), httpStatus: response.status)
+                }
+                return SendOutcome(decision, httpStatus: response.status)
             }
-            return .retry(reason: "provider token refresh loop", retryAfter: nil)
+            return SendOutcome(.retry(reason: "provider token refresh loop", retryAfter: nil))
         } catch let error as CryptoError {
-            return .credentialBroken(reason: "signing failed: \(error.code)")
+            return SendOutcome(.credentialBroken(reason: "signing failed: \(error.code)"))
         } catch {
-            return TransportFailure.decision(
-                error, provider: "apns", host: target.host, port: target.port, logger: logger)
+            return SendOutcome(
+                TransportFailure.decision(
+                    error, provider: "apns", host: target.host, port: target.port, logger: logger))
         }
     }
 

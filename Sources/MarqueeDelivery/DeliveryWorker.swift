@@ -352,7 +352,7 @@ public final class DeliveryWorker: Sendable {
 
         let clock = ContinuousClock()
         let started = clock.now
-        let decision: DeliveryDecision
+        let outcome: SendOutcome
         let priority = options.apnsPriority(frequentUpdates: d.activityType.frequentUpdates)
         switch d.provider {
         case .apns:
@@ -379,7 +379,7 @@ public final class DeliveryWorker: Sendable {
                 push.broadcast = .init(bundleID: channel.bundleID, channelID: channel.apnsChannelID)
                 if channel.storagePolicy == .none { push.expiration = 0 }
             }
-            decision = await apns.send(push, to: target.target)
+            outcome = await apns.send(push, to: target.target)
         case .fcm:
             let tokens: FCMAccessTokens
             do {
@@ -393,16 +393,17 @@ public final class DeliveryWorker: Sendable {
             }
             let ttl = FCMMessage.ttlSeconds(
                 event: content.event, staleDate: options.staleDate, expiresAt: d.instance.expiresAt, now: Date())
-            decision = await fcm.send(
+            outcome = await fcm.send(
                 token: d.token, data: FCMData.compose(content, attribution: attribution), ttlSeconds: ttl,
                 collapseKey: FCMMessage.collapseKey(instanceID: d.instanceID), via: tokens)
         }
         metrics.sendLatency.observe(clock.now - started, [d.provider.rawValue])
 
-        switch decision {
+        let http = outcome.httpStatus
+        switch outcome.decision {
         case .sent(let providerID):
             log.debug("sent", metadata: ["provider.id": .string(providerID ?? "")])
-            var sent = result(d, .sent, providerID: providerID ?? d.id.lowercasedString, http: 200)
+            var sent = result(d, .sent, providerID: providerID ?? d.id.lowercasedString, http: http ?? 200)
             if d.provider == .apns {
                 sent.apnsPriority = priority
                 metrics.apnsPushes.inc(1, [d.tenantID.lowercasedString, String(priority)])
@@ -413,24 +414,26 @@ public final class DeliveryWorker: Sendable {
                 d.tokenKind == .channel ? "channel gone" : "token retired",
                 metadata: ["provider.reason": .string(reason)])
             return (
-                result(d, d.tokenKind == .channel ? .failed : .undeliverable, reason: reason),
+                result(d, d.tokenKind == .channel ? .failed : .undeliverable, http: http, reason: reason),
                 TokenRetirement(
                     tenantID: d.tenantID, kind: d.tokenKind, deviceToken: d.deviceToken, token: d.token,
                     reason: reason, unregisteredAt: at), nil
             )
         case .retry(let reason, let after):
-            return (retry(d, reason: reason, retryAfter: after), nil, nil)
+            var retried = retry(d, reason: reason, retryAfter: after)
+            retried.httpStatus = http
+            return (retried, nil, nil)
         case .credentialBroken(let reason):
             // Parked, not failed: out of the queue until the credential is replaced (migration 0006's trigger).
             return (
-                DeliveryResult(tenantID: d.tenantID, id: d.id, status: .parked, reason: reason), nil,
+                DeliveryResult(tenantID: d.tenantID, id: d.id, status: .parked, httpStatus: http, reason: reason), nil,
                 BrokenCredential(tenant: d.tenantID, provider: d.provider, reason: reason)
             )
         case .refreshProviderToken(let reason):
             return (retry(d, reason: reason, retryAfter: nil), nil, nil)
         case .fail(let reason):
             log.warning("failed", metadata: ["provider.reason": .string(reason)])
-            return (result(d, .failed, reason: reason), nil, nil)
+            return (result(d, .failed, http: http, reason: reason), nil, nil)
         }
     }
 

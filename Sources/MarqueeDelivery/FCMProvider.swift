@@ -180,7 +180,7 @@ public final class FCMProvider: Sendable {
     public func send(
         token: String, data: [String: String], ttlSeconds: Int, collapseKey: String?, via tokens: FCMAccessTokens
     )
-        async -> DeliveryDecision
+        async -> SendOutcome
     {
         let account = tokens.account
         let body = FCMMessage.body(token: token, data: data, ttlSeconds: ttlSeconds, collapseKey: collapseKey)
@@ -209,20 +209,22 @@ public final class FCMProvider: Sendable {
                         accessToken = try await tokens.token(rejecting: accessToken)
                         continue
                     }
-                    return .credentialBroken(reason: "\(reason) twice")
+                    return SendOutcome(.credentialBroken(reason: "\(reason) twice"), httpStatus: response.status)
                 }
-                return decision
+                return SendOutcome(decision, httpStatus: response.status)
             }
-            return .retry(reason: "token refresh loop", retryAfter: nil)
+            return SendOutcome(.retry(reason: "token refresh loop", retryAfter: nil))
         } catch let error as FCMAuthError {
-            // 400 invalid_grant and friends break the credential; 429, 5xx and the like are retried.
-            return error.decision
+            // 400 invalid_grant and friends break the credential; 429, 5xx and the like are retried. (The status is the
+            // token endpoint's, not FCM's: not recorded as the delivery's.)
+            return SendOutcome(error.decision)
         } catch let error as CryptoError {
-            return .credentialBroken(reason: "signing failed: \(error.code)")
+            return SendOutcome(.credentialBroken(reason: "signing failed: \(error.code)"))
         } catch {
             let target = try? Self.target(account.endpoint)
-            return TransportFailure.decision(
-                error, provider: "fcm", host: target?.host ?? "", port: target?.port ?? 0, logger: logger)
+            return SendOutcome(
+                TransportFailure.decision(
+                    error, provider: "fcm", host: target?.host ?? "", port: target?.port ?? 0, logger: logger))
         }
     }
 

@@ -573,6 +573,7 @@ struct DeliveryTests {
         #expect(settled[0].string("status") == "undeliverable")
         #expect(settled[0]["attempts"] as? Int == 1)
         #expect(settled[0].string("reason") == "Unregistered")
+        #expect(settled[0]["http_status"] as? Int == 410, "Apple's answer is kept for attribution")
         let person = try await t.api.call("GET", "/v1/people/\(t.person)", key: t.tenant.app).json()
         let tokens = person.array("devices").flatMap { $0.array("tokens") }
         #expect(tokens.map { $0.string("status") } == ["retired"])

@@ -69,7 +69,7 @@ struct FCMTokenEndpointTests {
     }
 
     private func send(_ provider: FCMProvider, _ tokens: FCMAccessTokens) async -> DeliveryDecision {
-        await provider.send(token: "t", data: ["k": "v"], ttlSeconds: 60, collapseKey: nil, via: tokens)
+        await provider.send(token: "t", data: ["k": "v"], ttlSeconds: 60, collapseKey: nil, via: tokens).decision
     }
 
     @Test("429 (hostile Retry-After), 503 and 500 from the token endpoint are retried; then a token works")

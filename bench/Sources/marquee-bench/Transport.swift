@@ -54,7 +54,7 @@ func transport(_ arguments: [String]) async throws {
                             token: tokens[i % tokens.count], topic: topic, priority: 10, expiration: expiration,
                             apnsID: pushID(round: total, i), payload: payload)
                         let started = clock.now
-                        let decision = await provider.send(push, to: target)
+                        let decision = await provider.send(push, to: target).decision
                         latencies.append(seconds(clock.now - started))
                         if case .sent = decision { continue }
                         failed += 1
