@@ -370,25 +370,12 @@ struct CampaignTests {
         #expect(created.status == 202, "\(created.text)")
         // The run must not be able to commit before its worker dies, however slow this machine is: another session
         // holds campaign_schedules in SHARE mode, so the run's last step (marking its schedule done) waits.
-        async let holder = runCommand(
-            "/usr/bin/psql",
-            [
-                "-X", "-q", t.fixture.databaseURL, "-c",
-                "BEGIN; LOCK TABLE campaign_schedules IN SHARE MODE; SELECT pg_sleep(300)",
-            ])
+        let lock = try await TableLock.take(url: t.fixture.databaseURL, table: "campaign_schedules", mode: "SHARE")
         let clock = ContinuousClock()
-        var deadline = clock.now + .seconds(60)
-        let lockHeld = """
-            SELECT count(*)::int AS n FROM pg_locks
-            WHERE relation = 'campaign_schedules'::regclass AND mode = 'ShareLock' AND granted
-            """
-        while try await t.fixture.pool.count(PostgresQuery(unsafeSQL: lockHeld)) == 0 && clock.now < deadline {
-            try await Task.sleep(for: .milliseconds(10))
-        }
         var workers = try (0..<2).map { _ in try t.fixture.worker() }
         defer { for w in workers { w.signal(SIGKILL) } }
         // The run's big statement is under way (its transaction open): kill every worker.
-        deadline = clock.now + .seconds(60)
+        let deadline = clock.now + .seconds(60)
         var caught = false
         while clock.now < deadline {
             let running = try await t.fixture.pool.count(
@@ -405,10 +392,7 @@ struct CampaignTests {
         for w in workers { w.signal(SIGKILL) }
         for w in workers { _ = try? await w.waitForExit(timeout: .seconds(20)) }
         // Let the run's transaction go on: its client is gone, so it can only roll back.
-        _ = try await t.fixture.pool.query(
-            "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE relation = 'campaign_schedules'::regclass AND mode = 'ShareLock' AND granted"
-        )
-        _ = try await holder
+        try await lock.release()
         try #require(caught, "the start run was not seen running")
         // Nothing of the run was committed; a new worker runs it (once the dead connection's locks are gone).
         #expect(

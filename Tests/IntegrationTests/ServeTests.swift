@@ -36,25 +36,11 @@ struct ServeTests {
         let api = API(baseURL: serve.baseURL)
         let tenant = try await api.createTenant()
         // Another session holds the activity types table: the write waits for it, past the 1-second timeout.
-        async let holder = runCommand(
-            "/usr/bin/psql",
-            ["-X", "-q", url, "-c", "BEGIN; LOCK TABLE activity_types IN ACCESS EXCLUSIVE MODE; SELECT pg_sleep(6)"])
-        let pool = PostgresPool(try PostgresConfiguration(url: url), options: .init(maxConnections: 1))
-        defer { pool.close() }
-        let deadline = ContinuousClock.now + .seconds(30)
-        while ContinuousClock.now < deadline {
-            let held = try await pool.query(
-                """
-                SELECT count(*)::int AS n FROM pg_locks
-                WHERE relation = 'activity_types'::regclass AND mode = 'AccessExclusiveLock' AND granted
-                """)
-            if try held[0].decode(Int.self, "n") > 0 { break }
-            try await Task.sleep(for: .milliseconds(20))
-        }
+        let lock = try await TableLock.take(url: url, table: "activity_types", mode: "ACCESS EXCLUSIVE")
         let blocked = try await api.call(
             "PUT", "/v1/activity_types/com.example.slow", key: tenant.app, json: ["attributes_type": "SlowAttributes"],
             timeout: 60)
-        _ = try await holder
+        try await lock.release()
         #expect(blocked.status == 503, "\(blocked.text)")
         #expect(try blocked.json()["type"] as? String == "https://marquee.dev/problems/database-timeout")
         #expect(blocked.header("Retry-After") == "5")

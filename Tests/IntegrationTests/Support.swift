@@ -428,3 +428,58 @@ enum HTTP {
 private func spawnActionsAddCloseFrom(
     _ actions: UnsafeMutablePointer<posix_spawn_file_actions_t>, _ from: Int32
 ) -> Int32
+
+/// Another session holding `table` in lock `mode` (e.g. `SHARE`, `ACCESS EXCLUSIVE`) until `release()`: a psql
+/// process whose transaction sleeps. `take` returns once PostgreSQL has granted the lock.
+struct TableLock: Sendable {
+    let url: String
+    let table: String
+    /// pg_locks' name of the mode: `ACCESS EXCLUSIVE` → `AccessExclusiveLock`.
+    let lockName: String
+    let holder: Task<CommandResult, any Error>
+
+    static func take(url: String, table: String, mode: String) async throws -> TableLock {
+        let holder = Task {
+            try await runCommand(
+                "/usr/bin/psql",
+                ["-X", "-q", url, "-c", "BEGIN; LOCK TABLE \(table) IN \(mode) MODE; SELECT pg_sleep(300)"])
+        }
+        let lockName = mode.split(separator: " ").map { $0.prefix(1) + $0.dropFirst().lowercased() }.joined() + "Lock"
+        let lock = TableLock(url: url, table: table, lockName: lockName, holder: holder)
+        let deadline = ContinuousClock.now + .seconds(60)
+        while try await lock.holders() == 0 {
+            guard ContinuousClock.now < deadline else { throw TestFailure("\(mode) lock on \(table) not granted") }
+            try await Task.sleep(for: .milliseconds(10))
+        }
+        return lock
+    }
+
+    /// Ends the holding session (its transaction rolls back) and waits for psql.
+    func release() async throws {
+        try await withPool { pool in
+            _ = try await pool.query(
+                """
+                SELECT pg_terminate_backend(pid) FROM pg_locks
+                WHERE relation = \(table)::regclass AND mode = \(lockName) AND granted
+                """)
+        }
+        _ = try await holder.value
+    }
+
+    private func holders() async throws -> Int {
+        try await withPool { pool in
+            let rows = try await pool.query(
+                """
+                SELECT count(*)::int AS n FROM pg_locks
+                WHERE relation = \(table)::regclass AND mode = \(lockName) AND granted
+                """)
+            return try rows[0].decode(Int.self, "n")
+        }
+    }
+
+    private func withPool<T>(_ body: (PostgresPool) async throws -> T) async throws -> T {
+        let pool = PostgresPool(try PostgresConfiguration(url: url), options: .init(maxConnections: 1))
+        defer { pool.close() }
+        return try await body(pool)
+    }
+}
