@@ -57,3 +57,26 @@ rss() { awk '/^VmHWM/ { p = $2 } /^VmRSS/ { r = $2 } END { printf "peak %.0f MiB
 # so that a run starts from the same state and no queued delivery of an earlier run (sealed with another master key)
 # is left for this run's workers.
 bench_reset_tenants() { psql -q -v ON_ERROR_STOP=1 "$DATABASE_URL" -c "TRUNCATE tenants CASCADE" 2>&1 | grep -v "^NOTICE" >&2 || true; }
+
+# The yardstick of issues 10 and 11: pgbench of a naive transaction (one UPDATE of a random row of ROWS, one INSERT),
+# 64 clients, 10 s, prepared; prints its tps line. Usage: bench_naive_pgbench ROWS
+bench_naive_pgbench() {
+  local rows=$1
+  psql -q "$DATABASE_URL" <<SQL
+DROP TABLE IF EXISTS naive, naive_log;
+CREATE TABLE naive (id int PRIMARY KEY, v bigint NOT NULL DEFAULT 0);
+INSERT INTO naive (id) SELECT generate_series(0, $((rows - 1)));
+CREATE TABLE naive_log (id bigserial PRIMARY KEY, k int NOT NULL, at timestamptz NOT NULL DEFAULT now());
+VACUUM ANALYZE naive;
+SQL
+  cat >"$out/naive.sql" <<SQL
+\\set i random(0, $((rows - 1)))
+BEGIN;
+UPDATE naive SET v = v + 1 WHERE id = :i;
+INSERT INTO naive_log (k) VALUES (:i);
+COMMIT;
+SQL
+  echo "== pgbench -M prepared -c 64 -j 2 -T 10 (naive: one UPDATE + one INSERT per transaction)"
+  pgbench -n -M prepared -h 127.0.0.1 -p "$PGPORT" -U postgres -c 64 -j 2 -T 10 -f "$out/naive.sql" marquee \
+    2>&1 | grep -E "^(tps|latency average|number of failed)"
+}

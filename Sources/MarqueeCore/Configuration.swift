@@ -103,8 +103,9 @@ public struct MarqueeConfiguration: Sendable, Equatable {
     public var workerBatch: Int
     /// `MARQUEE_WORKER_LOOPS`: concurrent claim–send–record loops per worker. Default 2.
     public var workerLoops: Int
-    /// `MARQUEE_WORKER_LEASE_SECONDS`: how long a claim is held before another worker may take it over. Default 60.
-    public var workerLeaseSeconds: Int
+    /// `MARQUEE_WORKER_HOLD_SECONDS`: the longest a worker holds a claim (its sends get three quarters of it; a
+    /// worker stuck longer is disconnected by PostgreSQL, which releases the claim). Default 60.
+    public var workerHoldSeconds: Int
     /// `MARQUEE_APNS_CONNECTIONS`: HTTP/2 connections per APNs host per worker. Default 2.
     public var apnsConnections: Int
     /// `MARQUEE_RETENTION_DAYS`: days lifecycle events, delivery metrics and finished instances are kept; 0 keeps
@@ -262,7 +263,7 @@ public struct MarqueeConfiguration: Sendable, Equatable {
             "MARQUEE_WORKERS", default: max(1, ProcessInfo.processInfo.activeProcessorCount), range: 0...64)
         workerBatch = integer("MARQUEE_WORKER_BATCH", default: 256, range: 1...5000)
         workerLoops = integer("MARQUEE_WORKER_LOOPS", default: 2, range: 1...64)
-        workerLeaseSeconds = integer("MARQUEE_WORKER_LEASE_SECONDS", default: 60, range: 1...3600)
+        workerHoldSeconds = integer("MARQUEE_WORKER_HOLD_SECONDS", default: 60, range: 2...3600)
         apnsConnections = integer("MARQUEE_APNS_CONNECTIONS", default: 2, range: 1...64)
         retentionDays = integer("MARQUEE_RETENTION_DAYS", default: 30, range: 0...3650)
         retryInitialMilliseconds = integer("MARQUEE_RETRY_INITIAL_MS", default: 8000, range: 10...600_000)

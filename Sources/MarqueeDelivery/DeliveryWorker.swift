@@ -9,21 +9,23 @@ import Synchronization
 /// `marquee worker`: claims due deliveries in batches, composes each push from the instance's current state, sends
 /// them concurrently over pooled HTTP/2 connections, and records the results in batches.
 ///
-/// Woken by LISTEN/NOTIFY (one notification per committed batch of API writes), with a polling fallback. A crashed
-/// worker's claims come back once their lease runs out (at-least-once delivery; duplicates bounded by one batch).
-/// On `beginShutdown()` (SIGTERM, through the service group's graceful shutdown) it stops claiming, finishes and
-/// records what it holds, and returns; nothing it holds is cancelled. Cancellation stops it at once (its leases
-/// run out and other workers take the deliveries over).
+/// Woken by LISTEN/NOTIFY (one notification per committed batch of API writes), with a polling fallback. A claim locks
+/// its rows for as long as the worker sends them (`DeliveryQueue.claim`): a crashed worker's session ends and its
+/// claims are due again at once (at-least-once delivery; duplicates bounded by one batch). On `beginShutdown()`
+/// (SIGTERM, through the service group's graceful shutdown) it stops claiming, finishes and records what it holds, and
+/// returns; nothing it holds is cancelled. Cancellation stops it at once (its claims roll back, other workers take the
+/// deliveries over).
 public final class DeliveryWorker: Sendable {
     public struct Configuration: Sendable {
-        /// Identifies this worker's leases (`locked_by`).
+        /// Identifies this worker in its logs.
         public var workerID: String
         /// Deliveries per claim. Default 256.
         public var batchSize: Int
         /// Claim–send–record loops running at once. Default 2.
         public var loops: Int
-        /// How long a claim is held before another worker may take it over. Default 60 s.
-        public var lease: Duration
+        /// The longest a claim is held: sends get three quarters of it, and PostgreSQL ends a worker that keeps its
+        /// claim open longer (stuck), which releases the claim's rows. Default 60 s.
+        public var hold: Duration
         /// Longest sleep between claims without a notification. Default 1 s.
         public var pollInterval: Duration
         /// Backoff for retryable failures.
@@ -32,14 +34,14 @@ public final class DeliveryWorker: Sendable {
         public var channel: String
 
         public init(
-            workerID: String, batchSize: Int = 256, loops: Int = 2, lease: Duration = .seconds(60),
+            workerID: String, batchSize: Int = 256, loops: Int = 2, hold: Duration = .seconds(60),
             pollInterval: Duration = .seconds(1), retryPolicy: RetryPolicy = RetryPolicy(),
             channel: String = "marquee_deliveries"
         ) {
             self.workerID = workerID
             self.batchSize = batchSize
             self.loops = loops
-            self.lease = lease
+            self.hold = hold
             self.pollInterval = pollInterval
             self.retryPolicy = retryPolicy
             self.channel = channel
@@ -100,21 +102,38 @@ public final class DeliveryWorker: Sendable {
 
     /// Runs until `beginShutdown()` (or cancellation), then drains.
     public func run() async throws {
-        try await withThrowingTaskGroup(of: Void.self) { group in
-            group.addTask { try await self.listener.run() }
+        // Children say whether they were a claim loop: the drain waits for those, not for whichever tasks end first
+        // (the campaign runner also returns at shutdown, and cancelling a loop that is still draining would end its
+        // waits early).
+        try await withThrowingTaskGroup(of: Bool.self) { group in
+            group.addTask {
+                try await self.listener.run()
+                return false
+            }
             group.addTask {
                 for await _ in self.listener.notifications {
                     self.wakeup.signal()
                     self.campaignWakeup.signal()
                 }
+                return false
             }
-            group.addTask { await self.sampleQueue() }
-            group.addTask { await self.runCampaignSchedules() }
+            group.addTask {
+                await self.sampleQueue()
+                return false
+            }
+            group.addTask {
+                await self.runCampaignSchedules()
+                return false
+            }
             for index in 0..<configuration.loops {
-                group.addTask { await self.loop(index) }
+                group.addTask {
+                    await self.loop(index)
+                    return true
+                }
             }
-            for _ in 0..<configuration.loops {
-                try await group.next()
+            var drained = 0
+            while drained < configuration.loops, let wasLoop = try await group.next() {
+                if wasLoop { drained += 1 }
             }
             // Every loop has drained; stop the listener and the sampler.
             group.cancelAll()
@@ -128,26 +147,34 @@ public final class DeliveryWorker: Sendable {
     /// One claim–send–record loop. Returns when cancelled, after finishing the batch in hand.
     func loop(_ index: Int) async {
         while running {
-            let claimed: [ClaimedDelivery]
+            var late: LateSends?
+            let claimed: Int
             do {
-                claimed = try await queue.claim(
-                    worker: configuration.workerID, limit: configuration.batchSize, lease: configuration.lease)
+                claimed = try await queue.claim(limit: configuration.batchSize, hold: configuration.hold) { batch in
+                    self.metrics.claimed.inc(Double(batch.count))
+                    for d in batch { self.metrics.inFlight.add(1, [d.provider.rawValue]) }
+                    // Shutdown is not cancellation: what was claimed is sent and recorded before the loop looks again.
+                    let sending = await self.send(batch)
+                    late = sending.late
+                    return sending.results
+                }
             } catch {
+                // Nothing of a failed claim was recorded: its deliveries are due again (at-least-once).
                 logger.warning("claim failed", metadata: ["error": .string(String(describing: error))])
+                await late?.finish()
                 // A claim stopped by its statement timeout was planned on stale statistics (a burst just queued):
                 // refresh them now rather than at the next tick, so the next claim is planned on the burst.
                 if (try? await queue.refreshStatistics()) == true { logger.info("queue statistics refreshed") }
                 try? await Task.sleep(for: .milliseconds(500))
                 continue
             }
-            if claimed.isEmpty {
+            if claimed == 0 {
                 await wakeup.wait(timeout: configuration.pollInterval)
                 continue
             }
-            metrics.claimed.inc(Double(claimed.count))
-            // Shutdown is not cancellation: what was claimed is sent and recorded before the loop looks again.
-            await process(claimed)
-            if claimed.count == configuration.batchSize { wakeup.signal() }  // more is likely waiting
+            if claimed == configuration.batchSize { wakeup.signal() }  // more is likely waiting
+            // The slow ones (a tenant's endpoint taking its time) finish here, after the claim committed the others.
+            await late?.finish()
         }
     }
 
@@ -195,65 +222,108 @@ public final class DeliveryWorker: Sendable {
     }
 
     /// How long one delivery may take, everything included (credential and token fetch, send, refresh, resend):
-    /// three quarters of the lease, so that its result is recorded while the lease still holds.
-    static func sendDeadline(lease: Duration) -> Duration { lease * 3 / 4 }
+    /// three quarters of the claim's hold, so that its result is recorded while the claim still holds.
+    static func sendDeadline(hold: Duration) -> Duration { hold * 3 / 4 }
 
-    /// Sends a batch concurrently and records outcomes in small groups as they finish (at least every 200 ms, or
-    /// every 64), so a slow endpoint holds back only its own deliveries and no lease runs out on finished work.
-    func process(_ batch: [ClaimedDelivery]) async {
-        enum Event: Sendable {
-            case done(Outcome)
-            case tick
+    /// How long a claim waits for its slowest sends before it commits the others' results and leaves the rest to
+    /// finish on their own (`LateSends`): a slow endpoint holds back only its own deliveries.
+    static let straggleAfter = Duration.milliseconds(500)
+
+    /// Deliveries of a claim still being sent when it committed, recorded when they finish. It keeps the iterator the
+    /// claim read the finished ones from: an AsyncStream ends when its iterator is dropped.
+    final class LateSends {
+        let worker: DeliveryWorker
+        var iterator: AsyncStream<Outcome>.Iterator
+        let remaining: Int
+        let heldUntil: Date
+        let providers: [UUID: PlannedDelivery.Provider]
+
+        init(
+            worker: DeliveryWorker, iterator: AsyncStream<Outcome>.Iterator, remaining: Int, heldUntil: Date,
+            providers: [UUID: PlannedDelivery.Provider]
+        ) {
+            self.worker = worker
+            self.iterator = iterator
+            self.remaining = remaining
+            self.heldUntil = heldUntil
+            self.providers = providers
         }
+
+        /// Waits for the remaining sends (each ends by the batch's deadline) and records them.
+        func finish() async {
+            var outcomes: [Outcome] = []
+            while outcomes.count < remaining, let outcome = await iterator.next() { outcomes.append(outcome) }
+            await worker.settleBroken(outcomes)
+            let late = ClaimResults(
+                results: outcomes.map(\.0), retirements: outcomes.compactMap(\.1), heldUntil: heldUntil)
+            do {
+                try await worker.queue.recordLate(late)
+            } catch {
+                // Their lease runs out and they are sent again (at-least-once).
+                worker.logger.warning("recording late results failed", metadata: ["error": .string("\(error)")])
+            }
+            worker.countSettled(outcomes, providers: providers)
+        }
+    }
+
+    /// Sends a claimed batch concurrently. Returns the results to commit with the claim once every send finished, or
+    /// after `straggleAfter` with the ones finished so far; the rest are then leased to this worker (until the
+    /// claim's hold ends) and handed back as `late`.
+    func send(_ batch: [ClaimedDelivery]) async -> (results: ClaimResults, late: LateSends?) {
         // One timer for the batch's deadline, not one per delivery: a cancelled `Task.sleep` leaves its sleeping task
         // (about 1.2 KiB) queued until the sleep would have ended, so a timer per send kept 45 s of sends' worth of
         // them alive (60 MiB of a worker's RSS after 50,000 pushes).
         let deadline = SendDeadline<ClaimedDelivery, Outcome>()
-        let timer = Task {
-            try? await Task.sleep(for: Self.sendDeadline(lease: configuration.lease))
-            if Task.isCancelled { return }
+        let sendDeadline = Self.sendDeadline(hold: configuration.hold)
+        // Stragglers are leased to this worker until the claim's hold ends: due again then if it never records them.
+        let heldUntil = Date().addingTimeInterval(
+            Double(configuration.hold.components.seconds) + Double(configuration.hold.components.attoseconds) / 1e18)
+        Task {
+            try? await Task.sleep(for: sendDeadline)
             deadline.expire { (self.retry($0, reason: "deadline", retryAfter: nil), nil, nil) }
         }
-        defer { timer.cancel() }
-        let tick = Duration.milliseconds(200)
-        await withTaskGroup(of: Event.self) { group in
-            for delivery in batch {
-                group.addTask { .done(await self.send(delivery, within: deadline)) }
-            }
-            group.addTask {
-                try? await Task.sleep(for: tick)
-                return .tick
-            }
-            var pending = batch.count
-            var buffer: [Outcome] = []
-            for await event in group {
-                var flush = false
-                switch event {
-                case .done(let outcome):
-                    buffer.append(outcome)
-                    pending -= 1
-                    flush = pending == 0 || buffer.count >= 64
-                case .tick:
-                    flush = true
-                    if pending > 0 {
-                        group.addTask {
-                            try? await Task.sleep(for: tick)
-                            return .tick
-                        }
-                    }
+        let (stream, continuation) = AsyncStream.makeStream(of: Outcome.self)
+        let (straggle, straggleContinuation) = AsyncStream.makeStream(of: Void.self)
+        let remaining = Countdown(batch.count)
+        for delivery in batch {
+            Task {
+                continuation.yield(await self.send(delivery, within: deadline))
+                if remaining.decrement() == 0 {
+                    continuation.finish()
+                    straggleContinuation.finish()
                 }
-                if flush && !buffer.isEmpty {
-                    await record(buffer)
-                    buffer.removeAll()
-                }
-                if pending == 0 { group.cancelAll() }
             }
         }
+        let timer = Task {
+            try? await Task.sleep(for: Self.straggleAfter)
+            straggleContinuation.finish()
+        }
+        defer { timer.cancel() }
+        for await _ in straggle {}
+        // Every send finished, or it is time to commit what did: what is in the stream now is finished.
+        var outcomes: [Outcome] = []
+        var iterator = stream.makeAsyncIterator()
+        let done = batch.count - remaining.value
+        while outcomes.count < done, let outcome = await iterator.next() { outcomes.append(outcome) }
+        await settleBroken(outcomes)
+        let providers = Dictionary(batch.map { ($0.id, $0.provider) }, uniquingKeysWith: { first, _ in first })
+        countSettled(outcomes, providers: providers)
+        let finishedIDs = Set(outcomes.map(\.0.id))
+        let still = batch.filter { !finishedIDs.contains($0.id) }
+        let results = ClaimResults(
+            results: outcomes.map(\.0), retirements: outcomes.compactMap(\.1),
+            stillSending: still.map { ($0.tenantID, $0.id) }, heldUntil: heldUntil)
+        guard !still.isEmpty else { return (results, nil) }
+        return (
+            results,
+            LateSends(
+                worker: self, iterator: iterator, remaining: still.count, heldUntil: heldUntil, providers: providers)
+        )
     }
 
     /// Sends one delivery within the batch's `deadline`; past it the delivery is retried later (the request may still
     /// complete: at-least-once). The send runs unstructured so that a provider call that ignores cancellation cannot
-    /// hold the batch, and with it every other tenant's results, past the lease.
+    /// hold the batch, and with it every other tenant's results, past the deadline.
     func send(_ d: ClaimedDelivery, within deadline: SendDeadline<ClaimedDelivery, Outcome>) async -> Outcome {
         let once = Once<Outcome>()
         return await withCheckedContinuation { continuation in
@@ -270,10 +340,9 @@ public final class DeliveryWorker: Sendable {
         }
     }
 
-    /// Records one group of outcomes: marks broken credentials first, then writes the results in one transaction.
-    func record(_ outcomes: [Outcome]) async {
-        let results = outcomes.map(\.0)
-        let retirements = outcomes.compactMap(\.1)
+    /// Marks the credentials the providers rejected broken (their tenants' queued deliveries park), before the
+    /// outcomes that found them are recorded (as parked).
+    func settleBroken(_ outcomes: [Outcome]) async {
         for broken in Set(outcomes.compactMap(\.2)) {
             do {
                 try await queue.markCredentialBroken(
@@ -290,19 +359,15 @@ public final class DeliveryWorker: Sendable {
                 logger.error("could not mark credential broken", metadata: ["error": .string("\(error)")])
             }
         }
-        for attempt in 0..<5 {
-            do {
-                try await queue.record(worker: configuration.workerID, results, retire: retirements)
-                break
-            } catch {
-                // The leases still hold: keep trying, then leave them to expire (at-least-once).
-                logger.warning(
-                    "recording results failed", metadata: ["error": .string("\(error)"), "attempt": .int(attempt)])
-                try? await Task.sleep(for: .milliseconds(200 * (attempt + 1)))
+    }
+
+    /// Counts finished deliveries out of the in-flight gauge, and the retirements among them.
+    func countSettled(_ outcomes: [Outcome], providers: [UUID: PlannedDelivery.Provider]) {
+        for outcome in outcomes {
+            if let provider = providers[outcome.0.id] { metrics.inFlight.add(-1, [provider.rawValue]) }
+            if let retirement = outcome.1 {
+                metrics.retired.inc(1, [retirement.kind == .fcm ? "fcm" : "apns", retirement.kind.rawValue])
             }
-        }
-        for retirement in retirements {
-            metrics.retired.inc(1, [retirement.kind == .fcm ? "fcm" : "apns", retirement.kind.rawValue])
         }
     }
 
@@ -475,7 +540,6 @@ public final class DeliveryWorker: Sendable {
                 for (provider, stats) in byProvider {
                     metrics.queueDue.set(Double(stats.due), [provider.rawValue])
                     metrics.oldestDue.set(stats.oldestDueAge, [provider.rawValue])
-                    metrics.leased.set(Double(stats.inFlight), [provider.rawValue])
                 }
             }
             if ticks % 300 == 0, let removed = try? await queue.expireIdempotencyKeys(), removed > 0 {
@@ -495,7 +559,7 @@ struct WorkerMetrics: Sendable {
     let connections: Gauge
     let queueDue: Gauge
     let oldestDue: Gauge
-    let leased: Gauge
+    let inFlight: Gauge
     let acceptToSent: Histogram
     let apnsPushes: Counter
     let retries: Counter
@@ -518,12 +582,15 @@ struct WorkerMetrics: Sendable {
         connections = registry.gauge(
             "marquee_open_connections", help: "Open HTTP/2 connections to providers.", labels: ["provider"])
         queueDue = registry.gauge(
-            "marquee_queue_due", help: "Deliveries due and not leased, by provider.", labels: ["provider"])
+            "marquee_queue_due", help: "Deliveries due (those being sent included), by provider.",
+            labels: ["provider"])
         oldestDue = registry.gauge(
             "marquee_queue_oldest_due_seconds", help: "Age of the oldest due delivery, by provider.",
             labels: ["provider"])
-        leased = registry.gauge(
-            "marquee_queue_leased", help: "Deliveries leased by workers right now, by provider.", labels: ["provider"])
+        inFlight = registry.gauge(
+            "marquee_queue_in_flight", help: "Deliveries this worker claimed and has not recorded yet, by provider.",
+            labels: ["provider"])
+        for provider in PlannedDelivery.Provider.allCases { inFlight.set(0, [provider.rawValue]) }
         apnsPushes = registry.counter(
             "marquee_apns_pushes_total",
             help: "APNs pushes sent, by tenant and apns-priority (Apple budgets high-priority updates per user).",
@@ -684,6 +751,23 @@ final class SendDeadline<Key: Sendable, Value: Sendable>: Sendable {
         }
         for (once, key) in waiting { once.resume(value(key)) }
     }
+}
+
+/// A shared count down, from the tasks that finish a batch's sends.
+final class Countdown: Sendable {
+    private let count: Mutex<Int>
+
+    init(_ count: Int) { self.count = Mutex(count) }
+
+    /// Counts one down; returns what is left.
+    func decrement() -> Int {
+        count.withLock {
+            $0 -= 1
+            return $0
+        }
+    }
+
+    var value: Int { count.withLock { $0 } }
 }
 
 /// Wakes waiting loops: `signal()` releases every current waiter; `wait(timeout:)` returns on a signal or timeout.

@@ -530,23 +530,27 @@ public struct CampaignRunner: Sendable {
                 JOIN marquee_instance_targets(\(tenant), (SELECT array_agg(id) FROM upd)) x ON x.instance_id = u.id
             ), sup AS (
                 -- An end cancels every unsent push of the instance; an update supersedes older ones to its tokens.
-                -- Rows a worker holds are left to finish.
+                -- Rows a worker holds (claimed, being sent) are skipped, never waited on, and left to finish.
                 UPDATE deliveries d SET status = 'superseded', updated_at = now()
-                FROM (SELECT u.id, NULL::text AS token FROM upd u WHERE \(isEnd)
-                      UNION ALL
-                      SELECT tg.id, tg.token FROM tg WHERE NOT \(isEnd)) x
-                WHERE d.tenant_id = \(tenant) AND d.instance_id = x.id AND d.status IN ('queued', 'parked')
-                  AND (d.locked_until IS NULL OR d.locked_until < now())
-                  AND (x.token IS NULL OR (d.operation <> 'start' AND d.token = x.token))
+                WHERE d.tenant_id = \(tenant) AND d.id IN (
+                    SELECT q.id
+                    FROM deliveries q
+                    JOIN (SELECT u.id, NULL::text AS token FROM upd u WHERE \(isEnd)
+                          UNION ALL
+                          SELECT tg.id, tg.token FROM tg WHERE NOT \(isEnd)) x ON q.instance_id = x.id
+                    WHERE q.tenant_id = \(tenant) AND q.status IN ('queued', 'parked')
+                      AND (x.token IS NULL OR (q.operation <> 'start' AND q.token = x.token))
+                    FOR NO KEY UPDATE OF q SKIP LOCKED)
                 RETURNING 1
             ), bsup AS (
                 -- The campaign's older queued broadcasts (on whichever instance carried them): latest wins.
                 UPDATE deliveries d SET status = 'superseded', updated_at = now()
-                FROM instances i
-                WHERE \(broadcast) AND NOT \(isEnd)
-                  AND d.tenant_id = \(tenant) AND d.token_kind = 'channel' AND d.token = \(apnsChannelID)
-                  AND d.status IN ('queued', 'parked') AND (d.locked_until IS NULL OR d.locked_until < now())
-                  AND i.tenant_id = d.tenant_id AND i.id = d.instance_id AND i.campaign_id = \(campaignID)
+                WHERE \(broadcast) AND NOT \(isEnd) AND d.tenant_id = \(tenant) AND d.id IN (
+                    SELECT q.id FROM deliveries q
+                    JOIN instances i ON i.tenant_id = q.tenant_id AND i.id = q.instance_id
+                    WHERE q.tenant_id = \(tenant) AND q.token_kind = 'channel' AND q.token = \(apnsChannelID)
+                      AND q.status IN ('queued', 'parked') AND i.campaign_id = \(campaignID)
+                    FOR NO KEY UPDATE OF q SKIP LOCKED)
                 RETURNING 1
             ), bc AS (
                 -- One broadcast, carried by one of the changed instances (its content is the change's).

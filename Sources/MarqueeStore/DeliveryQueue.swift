@@ -84,20 +84,49 @@ public struct TokenRetirement: Sendable {
     }
 }
 
-/// Queue depth for metrics, for one provider.
+/// Queue depth for metrics, for one provider: deliveries due (those being sent right now included, whose claims
+/// hold them) and the age of the oldest.
 public struct QueueStatistics: Sendable, Equatable {
     public var due: Int
     public var oldestDueAge: Double
-    public var inFlight: Int
 
-    public init(due: Int = 0, oldestDueAge: Double = 0, inFlight: Int = 0) {
+    public init(due: Int = 0, oldestDueAge: Double = 0) {
         self.due = due
         self.oldestDueAge = oldestDueAge
-        self.inFlight = inFlight
     }
 }
 
-/// The delivery queue as workers see it: claims with `FOR UPDATE SKIP LOCKED` and a lease, results in batches.
+/// What a worker did with a claim, to record in the claim's transaction.
+public struct ClaimResults: Sendable {
+    public var results: [DeliveryResult]
+    public var retirements: [TokenRetirement]
+    /// Claimed deliveries still being sent (a slow endpoint): the claim commits without them, and they are leased
+    /// until `heldUntil` instead (due again then, if the worker never records them), to be recorded with
+    /// `recordLate`. Their lock is not held, so one slow tenant does not hold back the others' results.
+    public var stillSending: [(tenant: UUID, id: UUID)]
+    public var heldUntil: Date
+
+    public init(
+        results: [DeliveryResult], retirements: [TokenRetirement] = [],
+        stillSending: [(tenant: UUID, id: UUID)] = [], heldUntil: Date = Date()
+    ) {
+        self.results = results
+        self.retirements = retirements
+        self.stillSending = stillSending
+        self.heldUntil = heldUntil
+    }
+
+    /// `heldUntil` to the millisecond: the lease's value, written and later compared.
+    var heldUntilMilliseconds: Int64 { Int64((heldUntil.timeIntervalSince1970 * 1000).rounded()) }
+}
+
+/// The delivery queue as workers see it: claims that lock their rows (`FOR UPDATE SKIP LOCKED`) for as long as the
+/// worker sends them, results recorded and committed in the same transaction.
+///
+/// A claimed row carries no lease: it is "in flight" while its claim's transaction holds its lock. A worker that dies
+/// loses its session and with it its locks, so its deliveries are due again at once; one that hangs is ended by
+/// PostgreSQL after `hold` (idle_in_transaction_session_timeout). Other writers never wait on a held row (they lock
+/// what they change with SKIP LOCKED, migration 0055).
 ///
 /// Workers work across tenants, so these statements run as `marquee_system` (the worker's sessions start as that
 /// role, migration 0010), which row-level security lets see every tenant; each still names `tenant_id` in its keys.
@@ -108,56 +137,173 @@ public struct DeliveryQueue: Sendable {
         self.pool = pool
     }
 
-    /// Claims up to `limit` due deliveries for `worker`, leased until `lease` from now (`next_attempt_at` moves to the
-    /// lease's end too, so that a dead worker's claims become due again by themselves). Takes at most one delivery
-    /// per (instance, token), the oldest, and none for a token that has one in flight already, so a token never gets
-    /// version N+1 while N is in flight or waiting for a retry. Deliveries of a broken credential are `parked`, outside
-    /// the due index, so no claim walks past them. (Deliveries of ended or expired instances are claimed and settled
-    /// by the worker without a send, from the joined instance row.)
     /// The statement timeout of a claim's statements, in milliseconds (as text, for `set_config`).
     static let claimTimeoutMilliseconds = "2000"
 
+    /// Claims up to `limit` due deliveries and hands them to `send` while their rows stay locked; what `send` returns
+    /// is recorded and committed with the claim, then tokens are retired and instances marked `active` (one more
+    /// short transaction). Returns how many were claimed (0: nothing was due; `send` was not called).
+    ///
+    /// Takes at most one delivery per (instance, token), the oldest version queued, so a token never gets version N+1
+    /// while N is in flight or waiting for a retry. Tenants are interleaved (a skip scan over the tenants with due
+    /// deliveries, an equal share of each, round robin), so one tenant's backlog never holds back another's update,
+    /// and each tenant's send rate limit is spent before its rows are locked. Deliveries of a broken credential are
+    /// `parked`, outside the due index, so no claim walks past them. Ended or expired instances' deliveries are
+    /// claimed and settled by the worker without a send, from the joined instance row.
+    ///
+    /// If anything fails after the claim (the record, the commit, the connection), the transaction rolls back and the
+    /// deliveries are due again: at-least-once, duplicates bounded by one claim. `tenants`, when given, restricts the
+    /// claim to those tenants (a worker dedicated to some tenants; tests).
+    @discardableResult
     public func claim(
-        worker: String, limit: Int, lease: Duration, providers: [PlannedDelivery.Provider] = [.apns, .fcm]
-    ) async throws -> [ClaimedDelivery] {
+        limit: Int, hold: Duration, providers: [PlannedDelivery.Provider] = [.apns, .fcm], tenants only: [UUID]? = nil,
+        _ send: ([ClaimedDelivery]) async -> ClaimResults
+    ) async throws -> Int {
         let providerNames = providers.map(\.rawValue)
-        let leaseSeconds = Double(lease.components.seconds)
-        return try await pool.transaction { connection in
-            // A claim takes milliseconds. One planned on statistics from before a burst of queued rows can scan the
-            // whole burst per claimed row (seconds to minutes): it is stopped, and the worker refreshes the
-            // statistics (marquee_refresh_queue_statistics) and claims again.
-            try connection.query("SELECT set_config('statement_timeout', \(Self.claimTimeoutMilliseconds), true)")
-            // Fairness: the tenants with due deliveries (a skip scan over deliveries_due_by_tenant, starting at a
-            // random tenant and wrapping around, at most `limit` of them), then the oldest due deliveries of each,
-            // an equal share, interleaved below, so one tenant's backlog never holds back another's update.
-            // Leased rows carry next_attempt_at = lease end, so they are not due: no scan wades through them.
-            let pivot = SecureRandom.uuid()
-            let tenantRows = try connection.query(
+        // A worker stuck past `hold` with its claim open is ended by PostgreSQL, which releases its rows.
+        let holdMilliseconds = String(max(1000, Int(hold.components.seconds) * 1000))
+        return try await pool.withSession { session in
+            let (tenants, shares, allowance) = try await session.run { connection in
+                try Self.dueTenants(connection, limit: limit, providers: providerNames, only: only)
+            }
+            guard !tenants.isEmpty else { return 0 }
+            let claimed = try await session.run { connection -> [ClaimedDelivery] in
+                try connection.execute("BEGIN")
+                // A claim takes milliseconds. One planned on statistics from before a burst of queued rows can scan
+                // the whole burst per claimed row (seconds to minutes): it is stopped, and the worker refreshes the
+                // statistics (marquee_refresh_queue_statistics) and claims again.
+                try connection.query(
+                    """
+                    SELECT set_config('statement_timeout', \(Self.claimTimeoutMilliseconds), true),
+                           set_config('idle_in_transaction_session_timeout', \(holdMilliseconds), true)
+                    """)
+                var claimed = try Self.lock(
+                    connection, tenants: tenants, shares: shares, excluding: [], providers: providerNames)
+                // A second pass when the batch came back short because some tenants had fewer due than their share:
+                // what is left goes to those that filled theirs.
+                if claimed.count < limit {
+                    var taken: [UUID: Int] = [:]
+                    for d in claimed { taken[d.tenantID, default: 0] += 1 }
+                    let full = zip(tenants, shares).filter { taken[$0.0, default: 0] >= $0.1 }.map(\.0)
+                    if !full.isEmpty {
+                        let room = limit - claimed.count
+                        let more = Self.shares(count: full.count, limit: room).enumerated().map { index, share in
+                            min(share, allowance[full[index]].map { $0 - (taken[full[index]] ?? 0) } ?? share)
+                        }
+                        let pairs = zip(full, more).filter { $0.1 > 0 }
+                        if !pairs.isEmpty {
+                            claimed += try Self.lock(
+                                connection, tenants: pairs.map(\.0), shares: pairs.map(\.1),
+                                excluding: claimed.map(\.id), providers: providerNames)
+                        }
+                    }
+                }
+                try connection.execute("SET LOCAL statement_timeout TO DEFAULT")
+                return Self.roundRobin(claimed, tenants: tenants)
+            }
+            // What a limited tenant was allowed and did not use goes back to its bucket (not under this claim's
+            // transaction: the bucket row is not held while the claim sends).
+            if !allowance.isEmpty {
+                var used: [UUID: Int] = [:]
+                for d in claimed where allowance[d.tenantID] != nil { used[d.tenantID, default: 0] += 1 }
+                let unused = allowance.map { ($0.key, $0.value - (used[$0.key] ?? 0)) }.filter { $0.1 > 0 }
+                if !unused.isEmpty {
+                    try await pool.execute(
+                        """
+                        UPDATE send_limits l SET tokens = LEAST(l.rate_per_second::float8, l.tokens + u.unused)
+                        FROM unnest(\(unused.map(\.0))::uuid[], \(unused.map(\.1))::int[]) AS u(tenant_id, unused)
+                        WHERE l.tenant_id = u.tenant_id
+                        """)
+                }
+            }
+            guard !claimed.isEmpty else {
+                try await session.execute("COMMIT")
+                return 0
+            }
+            let outcome = await send(claimed)
+            try await session.run { connection in
+                try Self.record(connection, outcome.results)
+                if !outcome.stillSending.isEmpty {
+                    try connection.execute(
+                        """
+                        UPDATE deliveries d
+                        SET next_attempt_at = to_timestamp(\(outcome.heldUntilMilliseconds)::bigint / 1000.0)
+                        FROM unnest(\(outcome.stillSending.map(\.tenant))::uuid[], \(outcome.stillSending.map(\.id))::uuid[])
+                             AS v(tenant_id, id)
+                        WHERE d.tenant_id = v.tenant_id AND d.id = v.id
+                        """)
+                }
+                try connection.execute("COMMIT")
+            }
+            try await session.run { connection in
+                try connection.transaction { connection in
+                    try Self.settle(connection, outcome.results, retire: outcome.retirements)
+                }
+            }
+            return claimed.count
+        }
+    }
+
+    /// Records the results of deliveries a claim committed while they were still being sending (`stillSending`),
+    /// with the retirements among them. Only rows still queued under that lease are written: one another worker took
+    /// over after the lease ran out (or holds now) keeps its own result, and one the API superseded meanwhile stays
+    /// superseded.
+    public func recordLate(_ late: ClaimResults) async throws {
+        guard !late.results.isEmpty else { return }
+        try await pool.transaction { connection in
+            try Self.record(connection, late.results, leasedUntilMilliseconds: late.heldUntilMilliseconds)
+            try Self.settle(connection, late.results, retire: late.retirements)
+        }
+    }
+
+    /// An equal share of `limit` for each of `count` tenants (the first ones get the remainder), at least one each.
+    static func shares(count: Int, limit: Int) -> [Int] {
+        guard count > 0 else { return [] }
+        let base = max(1, limit / count)
+        let extra = limit > count ? limit % count : 0
+        return (0..<count).map { base + ($0 < extra ? 1 : 0) }
+    }
+
+    /// The tenants with due deliveries (a skip scan over deliveries_due_by_tenant, starting at a random tenant and
+    /// wrapping around, at most `limit` of them), each one's share of the claim, and what the rate-limited ones among
+    /// them may send now — taken from their buckets here, in a statement of its own (committed at once).
+    static func dueTenants(
+        _ connection: PostgresConnection, limit: Int, providers: [String], only: [UUID]?
+    ) throws -> (tenants: [UUID], shares: [Int], allowance: [UUID: Int]) {
+        let pivot = SecureRandom.uuid()
+        let tenantRows = try connection.query(
+            only.map { only in
                 """
+                SELECT DISTINCT d.tenant_id FROM deliveries d
+                WHERE d.tenant_id = ANY(\(only)::uuid[]) AND d.status = 'queued' AND d.next_attempt_at <= now()
+                  AND d.next_attempt_at > '-infinity' AND d.provider = ANY(\(providers)::text[])
+                LIMIT \(limit)
+                """
+            } ?? """
                 WITH RECURSIVE hi AS (
                     SELECT (SELECT d.tenant_id FROM deliveries d
                             WHERE d.status = 'queued' AND d.next_attempt_at <= now()
                               AND d.next_attempt_at > '-infinity' AND d.tenant_id >= \(pivot)
-                              AND d.provider = ANY(\(providerNames)::text[])
+                              AND d.provider = ANY(\(providers)::text[])
                             ORDER BY d.tenant_id LIMIT 1) AS tenant_id, 1 AS n
                     UNION ALL
                     SELECT (SELECT d.tenant_id FROM deliveries d
                             WHERE d.status = 'queued' AND d.next_attempt_at <= now()
                               AND d.next_attempt_at > '-infinity' AND d.tenant_id > hi.tenant_id
-                              AND d.provider = ANY(\(providerNames)::text[])
+                              AND d.provider = ANY(\(providers)::text[])
                             ORDER BY d.tenant_id LIMIT 1), hi.n + 1
                     FROM hi WHERE hi.tenant_id IS NOT NULL AND hi.n < \(limit)
                 ), lo AS (
                     SELECT (SELECT d.tenant_id FROM deliveries d
                             WHERE d.status = 'queued' AND d.next_attempt_at <= now()
                               AND d.next_attempt_at > '-infinity' AND d.tenant_id < \(pivot)
-                              AND d.provider = ANY(\(providerNames)::text[])
+                              AND d.provider = ANY(\(providers)::text[])
                             ORDER BY d.tenant_id LIMIT 1) AS tenant_id, 1 AS n
                     UNION ALL
                     SELECT (SELECT d.tenant_id FROM deliveries d
                             WHERE d.status = 'queued' AND d.next_attempt_at <= now()
                               AND d.next_attempt_at > '-infinity' AND d.tenant_id > lo.tenant_id
-                              AND d.tenant_id < \(pivot) AND d.provider = ANY(\(providerNames)::text[])
+                              AND d.tenant_id < \(pivot) AND d.provider = ANY(\(providers)::text[])
                             ORDER BY d.tenant_id LIMIT 1), lo.n + 1
                     FROM lo WHERE lo.tenant_id IS NOT NULL AND lo.n < \(limit)
                 )
@@ -166,158 +312,132 @@ public struct DeliveryQueue: Sendable {
                     UNION ALL SELECT tenant_id, n + \(limit) FROM lo WHERE tenant_id IS NOT NULL
                 ) t ORDER BY n LIMIT \(limit)
                 """)
-            var dueTenants = try tenantRows.map { try $0.decode(UUID.self, "tenant_id") }
-            guard !dueTenants.isEmpty else { return [] }
-            let share = max(1, (limit * 2 + dueTenants.count - 1) / dueTenants.count)
-            // Send rate limits: the buckets of the limited tenants among them, locked in tenant order (two claims
-            // never deadlock) until this claim commits, and refilled to now. A tenant gets at most its whole tokens.
-            let buckets = try connection.query(
-                """
-                WITH locked AS (
-                    SELECT tenant_id FROM send_limits WHERE tenant_id = ANY(\(dueTenants)::uuid[])
-                    ORDER BY tenant_id FOR UPDATE
-                )
-                UPDATE send_limits l
-                SET tokens = LEAST(l.rate_per_second::float8,
-                                   l.tokens + l.rate_per_second
-                                       * GREATEST(0, EXTRACT(epoch FROM clock_timestamp() - l.refilled_at))::float8),
-                    refilled_at = GREATEST(l.refilled_at, clock_timestamp())
-                FROM locked WHERE l.tenant_id = locked.tenant_id
-                RETURNING l.tenant_id, floor(l.tokens)::int AS allowance
-                """)
-            var allowance: [UUID: Int] = [:]
-            for row in buckets {
-                allowance[try row.decode(UUID.self, "tenant_id")] = try row.decode(Int.self, "allowance")
-            }
-            dueTenants.removeAll { allowance[$0] == 0 }
-            guard !dueTenants.isEmpty else { return [] }
-            let shares = dueTenants.map { min(share, allowance[$0] ?? share) }
-            let candidates = try connection.query(
-                """
-                SELECT c.tenant_id, c.id, c.instance_id, c.token, c.instance_version
-                FROM unnest(\(dueTenants)::uuid[], \(shares)::int[]) WITH ORDINALITY AS t(tenant_id, share, position)
+        var tenants = try tenantRows.map { try $0.decode(UUID.self, "tenant_id") }
+        guard !tenants.isEmpty else { return ([], [], [:]) }
+        var shares = Self.shares(count: tenants.count, limit: limit)
+        // Send rate limits: each limited tenant's bucket, refilled to now, gives at most its share in whole tokens,
+        // spent at once (what the claim does not use is given back). Locked in tenant order, for this statement only.
+        let buckets = try connection.query(
+            """
+            WITH want AS (
+                SELECT * FROM unnest(\(tenants)::uuid[], \(shares)::int[]) AS w(tenant_id, share)
+            ), locked AS (
+                -- FOR UPDATE returns each row as it is once locked: what another claim just spent is seen.
+                SELECT l.tenant_id, l.tokens, l.rate_per_second, l.refilled_at FROM send_limits l
+                WHERE l.tenant_id = ANY(\(tenants)::uuid[])
+                ORDER BY l.tenant_id FOR UPDATE
+            ), refilled AS (
+                SELECT k.tenant_id, w.share, k.refilled_at,
+                       LEAST(k.rate_per_second::float8,
+                             k.tokens + k.rate_per_second
+                                 * GREATEST(0, EXTRACT(epoch FROM clock_timestamp() - k.refilled_at))::float8) AS tokens
+                FROM locked k JOIN want w USING (tenant_id)
+            )
+            UPDATE send_limits l
+            SET tokens = r.tokens - LEAST(r.share, floor(r.tokens)::int),
+                refilled_at = GREATEST(r.refilled_at, clock_timestamp())
+            FROM refilled r WHERE l.tenant_id = r.tenant_id
+            RETURNING l.tenant_id, LEAST(r.share, floor(r.tokens)::int) AS allowance
+            """)
+        var allowance: [UUID: Int] = [:]
+        for row in buckets {
+            allowance[try row.decode(UUID.self, "tenant_id")] = try row.decode(Int.self, "allowance")
+        }
+        for (index, tenant) in tenants.enumerated() {
+            if let allowed = allowance[tenant] { shares[index] = min(shares[index], allowed) }
+        }
+        let keep = shares.indices.filter { shares[$0] > 0 }
+        tenants = keep.map { tenants[$0] }
+        shares = keep.map { shares[$0] }
+        return (tenants, shares, allowance.filter { $0.value > 0 })
+    }
+
+    /// Locks up to each tenant's share of its oldest due deliveries that are the oldest version queued for their
+    /// (instance, token), skipping rows another claim holds, and reads what sending them needs. Rows that fail the
+    /// version check are never locked, so a claim holds only what it sends.
+    static func lock(
+        _ connection: PostgresConnection, tenants: [UUID], shares: [Int], excluding: [UUID], providers: [String]
+    ) throws -> [ClaimedDelivery] {
+        let rows = try connection.query(
+            """
+            WITH claimed AS (
+                SELECT c.*
+                FROM unnest(\(tenants)::uuid[], \(shares)::int[]) AS t(tenant_id, share)
                 CROSS JOIN LATERAL (
-                    SELECT d.tenant_id, d.id, d.instance_id, d.token, d.instance_version, d.next_attempt_at
-                    FROM deliveries d
+                    SELECT d.* FROM deliveries d
                     WHERE d.tenant_id = t.tenant_id AND d.status = 'queued' AND d.next_attempt_at <= now()
                       AND d.next_attempt_at > '-infinity'
-                      AND d.provider = ANY(\(providerNames)::text[])
-                    ORDER BY d.next_attempt_at
-                    LIMIT t.share
-                    FOR UPDATE OF d SKIP LOCKED
-                ) c
-                ORDER BY t.position, c.next_attempt_at
-                """)
-            // Round robin: each tenant's first candidate, then each tenant's second, and so on.
-            var rank: [UUID: Int] = [:]
-            var ranked: [(rank: Int, tenantPosition: Int, row: PostgresRow)] = []
-            let position = Dictionary(uniqueKeysWithValues: dueTenants.enumerated().map { ($1, $0) })
-            for row in candidates {
-                let tenant = try row.decode(UUID.self, "tenant_id")
-                let r = rank[tenant, default: 0]
-                rank[tenant] = r + 1
-                ranked.append((r, position[tenant] ?? 0, row))
-            }
-            ranked.sort { ($0.rank, $0.tenantPosition) < ($1.rank, $1.tenantPosition) }
-            // Per (instance, token) the oldest version among the candidates: a newer one is not claimed while an
-            // older one is queued, so picking it would claim nothing for that token.
-            var slot: [String: Int] = [:]
-            var picked: [(tenant: UUID, id: UUID, version: Int)] = []
-            for row in ranked.map(\.row) {
-                let tenant = try row.decode(UUID.self, "tenant_id")
-                let key =
-                    "\(tenant)|\(try row.decode(String.self, "instance_id"))|\(try row.decode(String.self, "token"))"
-                let candidate = (tenant, try row.decode(UUID.self, "id"), try row.decode(Int.self, "instance_version"))
-                if let index = slot[key] {
-                    if candidate.2 < picked[index].version { picked[index] = candidate }
-                    continue
-                }
-                guard picked.count < limit else { continue }
-                slot[key] = picked.count
-                picked.append(candidate)
-            }
-            let tenants = picked.map(\.tenant)
-            let ids = picked.map(\.id)
-            guard !ids.isEmpty else { return [] }
-            let rows = try connection.query(
-                """
-                WITH claimed AS (
-                    UPDATE deliveries d
-                    SET locked_until = now() + make_interval(secs => \(leaseSeconds)),
-                        next_attempt_at = now() + make_interval(secs => \(leaseSeconds)), locked_by = \(worker),
-                        attempts = attempts + 1, updated_at = now()
-                    FROM unnest(\(tenants)::uuid[], \(ids)::uuid[]) AS c(tenant_id, id)
-                    WHERE d.tenant_id = c.tenant_id AND d.id = c.id
+                      AND d.provider = ANY(\(providers)::text[]) AND d.id <> ALL(\(excluding)::uuid[])
                       -- A token never gets version N+1 while N is in flight or waiting for its retry.
                       AND NOT EXISTS (
                           SELECT 1 FROM deliveries o
                           WHERE o.tenant_id = d.tenant_id AND o.instance_id = d.instance_id AND o.token = d.token
-                            AND o.status = 'queued' AND o.id <> d.id
-                            AND (o.locked_until >= now() OR o.instance_version < d.instance_version))
-                    RETURNING d.*
-                )
-                SELECT c.tenant_id, c.id AS delivery_id, c.instance_id, c.device_token, c.provider, c.token_kind,
-                       c.token, c.operation, c.attempts, c.created_at AS delivery_created_at,
-                       COALESCE(c.attributes, i.attributes) AS snap_attributes,
-                       COALESCE(c.content_state, i.content_state) AS snap_content_state,
-                       COALESCE(c.options, i.options) AS snap_options,
-                       COALESCE(c.content_timestamp, i.content_timestamp) AS snap_content_timestamp,
-                       \(unsafeRaw: LiveActivityStore.instanceColumns("i")), \(unsafeRaw: LiveActivityStore.typeColumnsJoined),
-                       \(unsafeRaw: LiveActivityStore.channelColumnsJoined),
-                       CASE WHEN i.channel_id IS NOT NULL AND c.token_kind = 'push_to_start' THEN
-                           (SELECT dv.os_version FROM devices dv
-                            WHERE dv.tenant_id = c.tenant_id AND dv.token = c.device_token)
-                       END AS device_os_version
-                FROM claimed c
-                JOIN instances i ON i.tenant_id = c.tenant_id AND i.id = c.instance_id
-                JOIN activity_types t ON t.tenant_id = i.tenant_id AND t.identifier = i.activity_type
-                LEFT JOIN channels ch ON ch.tenant_id = i.tenant_id AND ch.id = i.channel_id
-                """)
-            if !allowance.isEmpty {
-                // Spend what was claimed, under the locks taken above.
-                var used: [UUID: Int] = [:]
-                for row in rows {
-                    let tenant = try row.decode(UUID.self, "tenant_id")
-                    if allowance[tenant] != nil { used[tenant, default: 0] += 1 }
-                }
-                if !used.isEmpty {
-                    try connection.execute(
-                        """
-                        UPDATE send_limits l SET tokens = GREATEST(0, l.tokens - u.used)
-                        FROM unnest(\(Array(used.keys))::uuid[], \(Array(used.values))::int[]) AS u(tenant_id, used)
-                        WHERE l.tenant_id = u.tenant_id
-                        """)
-                }
-            }
-            return try rows.map { row in
-                ClaimedDelivery(
-                    tenantID: try row.decode(UUID.self, "tenant_id"), id: try row.decode(UUID.self, "delivery_id"),
-                    instanceID: try row.decode(String.self, "instance_id"),
-                    deviceToken: try row.decode(String.self, "device_token"),
-                    provider: try row.decodeRaw(PlannedDelivery.Provider.self, "provider"),
-                    tokenKind: try row.decodeRaw(PlannedDelivery.TokenKind.self, "token_kind"),
-                    token: try row.decode(String.self, "token"),
-                    operation: try row.decodeRaw(LiveActivityEvent.self, "operation"),
-                    attempts: try row.decode(Int.self, "attempts"),
-                    createdAt: try row.decode(Date.self, "delivery_created_at"),
-                    instance: try LiveActivityStore.instance(row), activityType: try RegistryStore.activityType(row),
-                    attributes: try row.decode(JSONValue.self, "snap_attributes"),
-                    contentState: try row.decode(JSONValue.self, "snap_content_state"),
-                    options: try row.decode(JSONValue.self, "snap_options"),
-                    contentTimestamp: try row.decode(Int64.self, "snap_content_timestamp"),
-                    channel: try ChannelBinding.decode(row),
-                    deviceOSVersion: try row.decode(String?.self, "device_os_version"))
-            }
+                            AND o.status = 'queued' AND o.instance_version < d.instance_version)
+                    ORDER BY d.next_attempt_at
+                    LIMIT t.share
+                    FOR UPDATE OF d SKIP LOCKED
+                ) c
+            )
+            SELECT c.tenant_id, c.id AS delivery_id, c.instance_id, c.device_token, c.provider, c.token_kind,
+                   c.token, c.operation, c.attempts + 1 AS attempt, c.created_at AS delivery_created_at,
+                   c.next_attempt_at AS delivery_due_at,
+                   COALESCE(c.attributes, i.attributes) AS snap_attributes,
+                   COALESCE(c.content_state, i.content_state) AS snap_content_state,
+                   COALESCE(c.options, i.options) AS snap_options,
+                   COALESCE(c.content_timestamp, i.content_timestamp) AS snap_content_timestamp,
+                   \(unsafeRaw: LiveActivityStore.instanceColumns("i")), \(unsafeRaw: LiveActivityStore.typeColumnsJoined),
+                   \(unsafeRaw: LiveActivityStore.channelColumnsJoined),
+                   CASE WHEN i.channel_id IS NOT NULL AND c.token_kind = 'push_to_start' THEN
+                       (SELECT dv.os_version FROM devices dv
+                        WHERE dv.tenant_id = c.tenant_id AND dv.token = c.device_token)
+                   END AS device_os_version
+            FROM claimed c
+            JOIN instances i ON i.tenant_id = c.tenant_id AND i.id = c.instance_id
+            JOIN activity_types t ON t.tenant_id = i.tenant_id AND t.identifier = i.activity_type
+            LEFT JOIN channels ch ON ch.tenant_id = i.tenant_id AND ch.id = i.channel_id
+            ORDER BY c.next_attempt_at
+            """)
+        return try rows.map { row in
+            ClaimedDelivery(
+                tenantID: try row.decode(UUID.self, "tenant_id"), id: try row.decode(UUID.self, "delivery_id"),
+                instanceID: try row.decode(String.self, "instance_id"),
+                deviceToken: try row.decode(String.self, "device_token"),
+                provider: try row.decodeRaw(PlannedDelivery.Provider.self, "provider"),
+                tokenKind: try row.decodeRaw(PlannedDelivery.TokenKind.self, "token_kind"),
+                token: try row.decode(String.self, "token"),
+                operation: try row.decodeRaw(LiveActivityEvent.self, "operation"),
+                attempts: try row.decode(Int.self, "attempt"),
+                createdAt: try row.decode(Date.self, "delivery_created_at"),
+                instance: try LiveActivityStore.instance(row), activityType: try RegistryStore.activityType(row),
+                attributes: try row.decode(JSONValue.self, "snap_attributes"),
+                contentState: try row.decode(JSONValue.self, "snap_content_state"),
+                options: try row.decode(JSONValue.self, "snap_options"),
+                contentTimestamp: try row.decode(Int64.self, "snap_content_timestamp"),
+                channel: try ChannelBinding.decode(row),
+                deviceOSVersion: try row.decode(String?.self, "device_os_version"))
         }
     }
 
-    /// Records results, retires dead tokens, and marks instances `active` once something reached a device — one
-    /// transaction for the whole batch. Only rows still leased by `worker` are written (a lease that ran out and was
-    /// claimed again belongs to the new claimant). A retry is superseded when a newer version for the same token
-    /// exists (so N never reaches a token after N+1); a row to park is queued instead if its credential was replaced
-    /// meanwhile.
-    public func record(worker: String, _ results: [DeliveryResult], retire: [TokenRetirement]) async throws {
-        guard !results.isEmpty || !retire.isEmpty else { return }
+    /// Round robin over the tenants, in their claim order: each tenant's first delivery (oldest due), then each
+    /// tenant's second, and so on — the order the worker starts the sends in.
+    static func roundRobin(_ claimed: [ClaimedDelivery], tenants: [UUID]) -> [ClaimedDelivery] {
+        let position = Dictionary(tenants.enumerated().map { ($1, $0) }, uniquingKeysWith: { first, _ in first })
+        var rank: [UUID: Int] = [:]
+        let ranked = claimed.map { d -> (Int, Int, ClaimedDelivery) in
+            let r = rank[d.tenantID, default: 0]
+            rank[d.tenantID] = r + 1
+            return (r, position[d.tenantID] ?? 0, d)
+        }
+        return ranked.sorted { ($0.0, $0.1) < ($1.0, $1.1) }.map(\.2)
+    }
+
+    /// Records results of held deliveries, in the claim's transaction. A retry is superseded when a newer version for
+    /// the same token exists (so N never reaches a token after N+1); a row to park is queued instead if its credential
+    /// was replaced meanwhile.
+    static func record(
+        _ connection: PostgresConnection, _ results: [DeliveryResult], leasedUntilMilliseconds: Int64? = nil
+    ) throws {
+        guard !results.isEmpty else { return }
         let tenants = results.map(\.tenantID)
         let ids = results.map(\.id)
         let statuses = results.map(\.status.rawValue)
@@ -326,79 +446,98 @@ public struct DeliveryQueue: Sendable {
         let reasons = results.map(\.reason)
         let nextAt = results.map { r in r.nextAttemptAt.map { String(format: "%.6f", $0.timeIntervalSince1970) } }
         let priorities = results.map { $0.apnsPriority.map(String.init) }
-        try await pool.transaction { connection in
-            if !ids.isEmpty {
+        // Late results write only rows still queued under their lease; a row another worker holds is skipped,
+        // never waited on. (In a claim's own transaction the rows are this transaction's: nothing is skipped.)
+        try connection.execute(
+            """
+            WITH v AS (
+                SELECT * FROM unnest(\(tenants)::uuid[], \(ids)::uuid[], \(statuses)::text[], \(providerIDs)::text[],
+                                     \(httpStatuses)::text[], \(reasons)::text[], \(nextAt)::text[], \(priorities)::text[])
+                     AS v(tenant_id, id, status, provider_id, http_status, reason, next_at, apns_priority)
+            ), held AS (
+                SELECT q.tenant_id, q.id FROM deliveries q JOIN v ON q.tenant_id = v.tenant_id AND q.id = v.id
+                WHERE \(leasedUntilMilliseconds)::bigint IS NULL
+                   OR (q.status = 'queued'
+                       AND q.next_attempt_at = to_timestamp(\(leasedUntilMilliseconds)::bigint / 1000.0))
+                FOR NO KEY UPDATE OF q SKIP LOCKED
+            )
+            UPDATE deliveries d SET
+                status = CASE
+                    WHEN v.status = 'queued' AND EXISTS (
+                        SELECT 1 FROM deliveries n
+                        WHERE n.tenant_id = d.tenant_id AND n.instance_id = d.instance_id
+                          AND n.token = d.token AND n.instance_version > d.instance_version
+                          AND n.status IN ('queued', 'parked', 'sent')) THEN 'superseded'
+                    WHEN v.status = 'parked' AND NOT marquee_credential_broken(d.tenant_id, d.provider)
+                        THEN 'queued'
+                    ELSE v.status END,
+                provider_id = COALESCE(v.provider_id, d.provider_id),
+                http_status = v.http_status::int, reason = v.reason, attempts = d.attempts + 1,
+                next_attempt_at = COALESCE(to_timestamp(v.next_at::double precision), d.next_attempt_at),
+                sent_at = CASE WHEN v.status = 'sent' THEN now() ELSE d.sent_at END, updated_at = now(),
+                apns_priority = COALESCE(v.apns_priority::smallint, d.apns_priority)
+            FROM v JOIN held h ON h.tenant_id = v.tenant_id AND h.id = v.id
+            WHERE d.tenant_id = v.tenant_id AND d.id = v.id
+            """)
+    }
+
+    /// After a claim committed: marks instances `active` once something reached a device, and retires the tokens the
+    /// providers called dead. Nothing here touches a held delivery except through SKIP LOCKED.
+    static func settle(_ connection: PostgresConnection, _ results: [DeliveryResult], retire: [TokenRetirement]) throws
+    {
+        let sent = results.filter { $0.status == .sent }
+        if !sent.isEmpty {
+            try connection.execute(
+                """
+                UPDATE instances i SET state = 'active', updated_at = now()
+                FROM (SELECT DISTINCT d.tenant_id, d.instance_id FROM deliveries d
+                      JOIN unnest(\(sent.map(\.tenantID))::uuid[], \(sent.map(\.id))::uuid[]) AS v(tenant_id, id)
+                        ON d.tenant_id = v.tenant_id AND d.id = v.id) s
+                WHERE i.tenant_id = s.tenant_id AND i.id = s.instance_id AND i.state IN ('pending', 'failed')
+                """)
+        }
+        for r in retire {
+            let before = r.unregisteredAt ?? Date.distantFuture
+            switch r.kind {
+            case .pushToStart:
                 try connection.execute(
                     """
-                    UPDATE deliveries d SET
-                        status = CASE
-                            WHEN v.status = 'queued' AND EXISTS (
-                                SELECT 1 FROM deliveries n
-                                WHERE n.tenant_id = d.tenant_id AND n.instance_id = d.instance_id
-                                  AND n.token = d.token AND n.instance_version > d.instance_version
-                                  AND n.status IN ('queued', 'parked', 'sent')) THEN 'superseded'
-                            WHEN v.status = 'parked' AND NOT marquee_credential_broken(d.tenant_id, d.provider)
-                                THEN 'queued'
-                            ELSE v.status END,
-                        provider_id = COALESCE(v.provider_id, d.provider_id),
-                        http_status = v.http_status::int, reason = v.reason, locked_until = NULL,
-                        next_attempt_at = COALESCE(to_timestamp(v.next_at::double precision), d.next_attempt_at),
-                        sent_at = CASE WHEN v.status = 'sent' THEN now() ELSE d.sent_at END, updated_at = now(),
-                        apns_priority = COALESCE(v.apns_priority::smallint, d.apns_priority)
-                    FROM unnest(\(tenants)::uuid[], \(ids)::uuid[], \(statuses)::text[], \(providerIDs)::text[],
-                                \(httpStatuses)::text[], \(reasons)::text[], \(nextAt)::text[], \(priorities)::text[])
-                         AS v(tenant_id, id, status, provider_id, http_status, reason, next_at, apns_priority)
-                    WHERE d.tenant_id = v.tenant_id AND d.id = v.id AND d.locked_by = \(worker)
+                    UPDATE push_to_start_tokens SET status = 'retired', retired_reason = \(r.reason), retired_at = now()
+                    WHERE tenant_id = \(r.tenantID) AND device_token = \(r.deviceToken) AND token = \(r.token)
+                      AND status = 'active' AND updated_at <= \(before)
+                    """)
+            case .activity:
+                try connection.execute(
+                    """
+                    UPDATE activity_tokens SET status = 'retired', retired_reason = \(r.reason), retired_at = now()
+                    WHERE tenant_id = \(r.tenantID) AND device_token = \(r.deviceToken) AND token = \(r.token)
+                      AND status = 'active' AND updated_at <= \(before)
+                    """)
+            case .channel:
+                // Apple no longer knows the channel (ChannelNotRegistered / BadChannelId): it is gone, and the
+                // broadcasts still waiting on it fail with the same reason (one another worker holds is recorded by
+                // it). Later changes plan none on it.
+                try connection.execute(
+                    """
+                    UPDATE channels SET status = 'gone', status_reason = \(r.reason)
+                    WHERE tenant_id = \(r.tenantID) AND apns_channel_id = \(r.token) AND status = 'active'
                     """)
                 try connection.execute(
                     """
-                    UPDATE instances i SET state = 'active', updated_at = now()
-                    FROM (SELECT DISTINCT d.tenant_id, d.instance_id FROM deliveries d
-                          JOIN unnest(\(tenants)::uuid[], \(ids)::uuid[], \(statuses)::text[]) AS v(tenant_id, id, status)
-                            ON d.tenant_id = v.tenant_id AND d.id = v.id
-                          WHERE v.status = 'sent') s
-                    WHERE i.tenant_id = s.tenant_id AND i.id = s.instance_id AND i.state IN ('pending', 'failed')
-                    """)
-            }
-            for r in retire {
-                let before = r.unregisteredAt ?? Date.distantFuture
-                switch r.kind {
-                case .pushToStart:
-                    try connection.execute(
-                        """
-                        UPDATE push_to_start_tokens SET status = 'retired', retired_reason = \(r.reason), retired_at = now()
-                        WHERE tenant_id = \(r.tenantID) AND device_token = \(r.deviceToken) AND token = \(r.token)
-                          AND status = 'active' AND updated_at <= \(before)
-                        """)
-                case .activity:
-                    try connection.execute(
-                        """
-                        UPDATE activity_tokens SET status = 'retired', retired_reason = \(r.reason), retired_at = now()
-                        WHERE tenant_id = \(r.tenantID) AND device_token = \(r.deviceToken) AND token = \(r.token)
-                          AND status = 'active' AND updated_at <= \(before)
-                        """)
-                case .channel:
-                    // Apple no longer knows the channel (ChannelNotRegistered / BadChannelId): it is gone, and the
-                    // broadcasts still waiting on it fail with the same reason. Later changes plan none on it.
-                    try connection.execute(
-                        """
-                        UPDATE channels SET status = 'gone', status_reason = \(r.reason)
-                        WHERE tenant_id = \(r.tenantID) AND apns_channel_id = \(r.token) AND status = 'active'
-                        """)
-                    try connection.execute(
-                        """
-                        UPDATE deliveries SET status = 'failed', reason = \(r.reason), updated_at = now()
+                    UPDATE deliveries SET status = 'failed', reason = \(r.reason), updated_at = now()
+                    WHERE tenant_id = \(r.tenantID) AND id IN (
+                        SELECT id FROM deliveries
                         WHERE tenant_id = \(r.tenantID) AND token_kind = 'channel' AND token = \(r.token)
-                          AND status IN ('queued', 'parked') AND (locked_until IS NULL OR locked_until < now())
-                        """)
-                case .fcm:
-                    // An FCM registration token is the Android device's token: the device is gone.
-                    try connection.execute(
-                        """
-                        DELETE FROM devices
-                        WHERE tenant_id = \(r.tenantID) AND token = \(r.token) AND updated_at <= \(before)
-                        """)
-                }
+                          AND status IN ('queued', 'parked')
+                        FOR NO KEY UPDATE SKIP LOCKED)
+                    """)
+            case .fcm:
+                // An FCM registration token is the Android device's token: the device is gone.
+                try connection.execute(
+                    """
+                    DELETE FROM devices
+                    WHERE tenant_id = \(r.tenantID) AND token = \(r.token) AND updated_at <= \(before)
+                    """)
             }
         }
     }
@@ -410,17 +549,6 @@ public struct DeliveryQueue: Sendable {
             """
             UPDATE \(unsafeRaw: table) SET status = 'broken', status_reason = \(reason)
             WHERE tenant_id = \(tenant) AND status <> 'broken'
-            """)
-    }
-
-    /// Returns leased deliveries to the queue at once (used when a worker stops before sending them).
-    public func release(worker: String, ids: [(UUID, UUID)]) async throws {
-        guard !ids.isEmpty else { return }
-        try await pool.execute(
-            """
-            UPDATE deliveries d SET locked_until = NULL, attempts = greatest(attempts - 1, 0), updated_at = now()
-            FROM unnest(\(ids.map(\.0))::uuid[], \(ids.map(\.1))::uuid[]) AS v(tenant_id, id)
-            WHERE d.tenant_id = v.tenant_id AND d.id = v.id AND d.locked_by = \(worker) AND d.status = 'queued'
             """)
     }
 
@@ -444,16 +572,13 @@ public struct DeliveryQueue: Sendable {
             """)
     }
 
-    /// Per provider: due deliveries, the age of the oldest, and how many are leased now. Every provider is present
+    /// Per provider: due deliveries and the age of the oldest. Every provider is present
     /// (zeros when it has nothing queued), so gauges keep their series.
     public func statistics() async throws -> [PlannedDelivery.Provider: QueueStatistics] {
         let rows = try await pool.query(
             """
-            SELECT provider,
-                   count(*) FILTER (WHERE locked_until IS NULL OR locked_until < now())::int AS due,
-                   COALESCE(extract(epoch FROM now() - min(next_attempt_at)
-                       FILTER (WHERE locked_until IS NULL OR locked_until < now())), 0)::float8 AS oldest,
-                   count(*) FILTER (WHERE locked_until >= now())::int AS in_flight
+            SELECT provider, count(*)::int AS due,
+                   COALESCE(extract(epoch FROM now() - min(next_attempt_at)), 0)::float8 AS oldest
             FROM deliveries WHERE status = 'queued' AND next_attempt_at <= now()
             GROUP BY provider
             """)
@@ -464,8 +589,7 @@ public struct DeliveryQueue: Sendable {
                 continue
             }
             byProvider[provider] = QueueStatistics(
-                due: try row.decode(Int.self, "due"), oldestDueAge: try row.decode(Double.self, "oldest"),
-                inFlight: try row.decode(Int.self, "in_flight"))
+                due: try row.decode(Int.self, "due"), oldestDueAge: try row.decode(Double.self, "oldest"))
         }
         return byProvider
     }

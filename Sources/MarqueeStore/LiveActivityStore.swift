@@ -349,7 +349,8 @@ public struct LiveActivityStore: Sendable {
                                FROM deliveries p
                                WHERE p.tenant_id = \(tenant) AND p.instance_id = \(write.instanceID)
                                  AND p.operation = 'update'
-                                 AND (p.status = 'sent' OR (p.status = 'queued' AND p.locked_until >= now()))
+                                 AND (p.status = 'sent'
+                                      OR (p.status = 'queued' AND marquee_delivery_in_flight(p.tenant_id, p.id)))
                            ), '-infinity') + make_interval(secs => a.min_update_interval_ms / 1000.0))
                        ELSE now() END AS due,
                        CASE WHEN \(write.operation.rawValue) = 'update' THEN a.min_update_interval_ms ELSE 0 END
@@ -384,19 +385,20 @@ public struct LiveActivityStore: Sendable {
                 RETURNING version
             ), cand AS (
                 -- An end cancels every unsent delivery of the instance; an update supersedes older ones to its
-                -- tokens (rows waiting for a retry included). Rows a worker holds are left to finish (the worker
-                -- supersedes an interrupted one of an ended instance, and a retry of an older version).
+                -- tokens (rows waiting for a retry included).
                 SELECT id FROM deliveries
                 WHERE tenant_id = \(tenant) AND instance_id = \(write.instanceID) AND status IN ('queued', 'parked')
                   AND (\(write.operation.rawValue) = 'end'
                        OR (operation <> 'start' AND token = ANY(\(d.tokens)::text[])))
-                  AND (locked_until IS NULL OR locked_until < now())
-            ), sup AS (
-                -- Rechecked on the row as it is when locked: one a worker claimed meanwhile is left to finish.
-                UPDATE deliveries SET status = 'superseded', updated_at = now()
+            ), free AS (
+                -- Rows a worker holds (claimed, being sent) are skipped, never waited on, and left to finish (the
+                -- worker supersedes an interrupted one of an ended instance, and a retry of an older version).
+                SELECT id FROM deliveries
                 WHERE tenant_id = \(tenant) AND id IN (SELECT id FROM cand) AND status IN ('queued', 'parked')
-                  AND (locked_until IS NULL OR locked_until < now())
-                  AND EXISTS (SELECT 1 FROM upd)
+                FOR NO KEY UPDATE SKIP LOCKED
+            ), sup AS (
+                UPDATE deliveries SET status = 'superseded', updated_at = now()
+                WHERE tenant_id = \(tenant) AND id IN (SELECT id FROM free) AND EXISTS (SELECT 1 FROM upd)
                 RETURNING 1
             ), paced AS (
                 -- Pacing, second half: an older update a worker claimed after this statement's snapshot (so `pace`

@@ -62,29 +62,53 @@ final class PoolSlot: @unchecked Sendable {
         _ body: (PostgresConnection) throws -> T
     ) -> SlotOutcome<T> {
         dispatchPrecondition(condition: .onQueue(queue))
+        let current: PostgresConnection
+        switch prepare(preparation, configuration) {
+        case .success(let connection): current = connection
+        case .failure(let error): return .connectFailed(error)
+        }
+        let result = Result { try body(current) }
+        return .finished(result, reusable: finish())
+    }
+
+    /// The first step of a checkout: the connection to use, validated or freshly opened.
+    func prepare(_ preparation: Preparation, _ configuration: PostgresConfiguration) -> Result<
+        PostgresConnection, PostgresError
+    > {
+        dispatchPrecondition(condition: .onQueue(queue))
         if case .reuse(let ping) = preparation, let existing = connection {
             if !existing.validate(forcePing: ping) {
                 connection = nil
             }
         }
-        let current: PostgresConnection
-        if let connection {
-            current = connection
-        } else {
-            do {
-                current = try PostgresConnection(connecting: configuration)
-                connection = current
-            } catch {
-                return .connectFailed(
-                    error as? PostgresError ?? PostgresError(code: .connectionFailed, underlying: "\(error)"))
-            }
+        if let connection { return .success(connection) }
+        do {
+            let fresh = try PostgresConnection(connecting: configuration)
+            connection = fresh
+            return .success(fresh)
+        } catch {
+            return .failure(error as? PostgresError ?? PostgresError(code: .connectionFailed, underlying: "\(error)"))
         }
-        let result = Result { try body(current) }
-        let reusable = current.resetForReuse()
+    }
+
+    /// A step of a held checkout (`PostgresSession`) on the connection `prepare` gave.
+    func step<T>(_ body: (PostgresConnection) throws -> T) -> Result<T, any Error> {
+        dispatchPrecondition(condition: .onQueue(queue))
+        guard let connection else {
+            return .failure(PostgresError(code: .connectionLost, context: "the held connection was dropped"))
+        }
+        return Result { try body(connection) }
+    }
+
+    /// The last step of a checkout: rolls back a transaction left open; whether the connection can be reused.
+    func finish() -> Bool {
+        dispatchPrecondition(condition: .onQueue(queue))
+        guard let connection else { return false }
+        let reusable = connection.resetForReuse()
         if !reusable {
-            connection = nil
+            self.connection = nil
         }
-        return .finished(result, reusable: reusable)
+        return reusable
     }
 
     /// A round-trip health check; drops the connection if it fails.
@@ -226,6 +250,45 @@ public final class PostgresPool: Sendable {
             release(slot, reusable: reusable)
             return try result.get()
         }
+    }
+
+    /// Holds one connection for `body`, across suspension points: what `body` runs through the session goes to the
+    /// same connection, on its own thread, one step at a time. For a transaction that spans async work — a worker's
+    /// claim, whose row locks are held while it sends. A transaction left open is rolled back when `body` returns
+    /// or throws, and a broken connection is discarded.
+    public func withSession<T: Sendable>(_ body: (PostgresSession) async throws -> T) async throws -> T {
+        let grant = try await acquire()
+        let slot: PoolSlot
+        let preparation: PoolSlot.Preparation
+        switch grant {
+        case .create:
+            slot = makeSlot()
+            preparation = .connect
+        case .connection(let idleSlot, let idleSince):
+            slot = idleSlot
+            preparation = .reuse(ping: ContinuousClock.now - idleSince >= options.validateAfterIdle)
+        }
+        let configuration = self.configuration
+        let prepared = await withCheckedContinuation { continuation in
+            slot.queue.async {
+                continuation.resume(returning: slot.prepare(preparation, configuration).map { _ in () })
+            }
+        }
+        if case .failure(let error) = prepared {
+            release(slot, reusable: false)
+            throw error
+        }
+        let result: Result<T, any Error>
+        do {
+            result = .success(try await body(PostgresSession(slot: slot)))
+        } catch {
+            result = .failure(error)
+        }
+        let reusable = await withCheckedContinuation { continuation in
+            slot.queue.async { continuation.resume(returning: slot.finish()) }
+        }
+        release(slot, reusable: reusable)
+        return try result.get()
     }
 
     /// Runs one statement and returns its rows.
@@ -392,5 +455,32 @@ public final class PostgresPool: Sendable {
         for waiter in waiters {
             waiter.resume(throwing: PostgresError(code: .poolClosed))
         }
+    }
+}
+
+/// A pooled connection held by `PostgresPool.withSession`: each `run` executes on the connection's own thread, in
+/// order. Valid only inside the `withSession` body that made it.
+public struct PostgresSession: Sendable {
+    let slot: PoolSlot
+
+    /// Runs `body` on the held connection and returns what it returns.
+    public func run<T: Sendable>(_ body: @escaping @Sendable (PostgresConnection) throws -> T) async throws -> T {
+        let slot = self.slot
+        let result: Result<T, any Error> = await withCheckedContinuation { continuation in
+            slot.queue.async { continuation.resume(returning: slot.step(body)) }
+        }
+        return try result.get()
+    }
+
+    /// Runs one statement and returns its rows.
+    @discardableResult
+    public func query(_ query: PostgresQuery) async throws -> PostgresRows {
+        try await run { try $0.query(query) }
+    }
+
+    /// Runs one statement and returns the number of affected rows.
+    @discardableResult
+    public func execute(_ query: PostgresQuery) async throws -> Int {
+        try await run { try $0.execute(query) }
     }
 }

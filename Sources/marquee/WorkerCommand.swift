@@ -53,7 +53,7 @@ struct WorkerCommand {
             keyRing: keyRing,
             configuration: .init(
                 workerID: workerID, batchSize: configuration.workerBatch, loops: configuration.workerLoops,
-                lease: .seconds(configuration.workerLeaseSeconds),
+                hold: .seconds(configuration.workerHoldSeconds),
                 retryPolicy: RetryPolicy(
                     maxAttempts: configuration.retryMaxAttempts,
                     initialDelay: .milliseconds(configuration.retryInitialMilliseconds))),

@@ -409,7 +409,7 @@ struct CampaignTests {
                 "SELECT count(*)::int AS n FROM instances WHERE tenant_id = \(t.tenant.uuid) AND campaign_id = \(id)")
                 == 5_000)
         let counts = Dictionary(grouping: tokens.prefix(2_000)) { t.fixture.apns.pushes(token: $0).count }
-        #expect(counts.keys.sorted() == [1], "pushes per token: \(counts.mapValues(\.count))")
+        #expect(counts.keys.sorted() == [1], "pushes per token: \(counts.mapValues(\.count)) \(workers.map(\.log))")
     }
 
     @Test("a campaign's rate limit spreads its pushes: 20 a second are due 50 ms apart, then all go out")

@@ -217,7 +217,7 @@ struct DeliveryTests {
             if metrics.contains(#"marquee_queue_due{provider="fcm"}"#) { break }
             try await Task.sleep(for: .milliseconds(200))
         } while clock.now < deadline
-        for family in ["marquee_queue_due", "marquee_queue_oldest_due_seconds", "marquee_queue_leased"] {
+        for family in ["marquee_queue_due", "marquee_queue_oldest_due_seconds", "marquee_queue_in_flight"] {
             for provider in ["apns", "fcm"] {
                 #expect(metrics.contains("\(family){provider=\"\(provider)\"}"), "\(family) for \(provider)")
             }
@@ -455,7 +455,7 @@ struct DeliveryTests {
         _ = try await slow.start(slowInstance)
         _ = try await fast.start(fastInstance)
         // One claim takes both; the lease (3 s) is far shorter than the slow answer (8 s).
-        let worker = try slow.fixture.worker(["MARQUEE_WORKER_LEASE_SECONDS": "3", "MARQUEE_WORKER_LOOPS": "2"])
+        let worker = try slow.fixture.worker(["MARQUEE_WORKER_HOLD_SECONDS": "3", "MARQUEE_WORKER_LOOPS": "2"])
         defer { worker.signal(SIGKILL) }
         let settled = try await fast.settled(fastInstance, count: 1, timeout: .seconds(20))
         #expect(settled[0].string("status") == "sent")
@@ -617,13 +617,16 @@ struct DeliveryTests {
         _ = try await t.api.call(
             "POST", "/v1/live_notifications/update", key: t.tenant.app,
             json: ["instance_id": instance, "content_state_patch": ["step": 1]])
-        // Wait until the first update is in flight, then queue the second (it cannot supersede a leased one).
+        // Wait until the first update is in flight, then queue the second (it cannot supersede one a worker holds).
         let clock = ContinuousClock()
         let deadline = clock.now + .seconds(10)
         while clock.now < deadline {
-            let leased = try await t.fixture.pool.count(
-                "SELECT count(*)::int AS n FROM deliveries WHERE instance_id = \(instance) AND locked_until > now()")
-            if leased > 0 { break }
+            let held = try await t.fixture.pool.count(
+                """
+                SELECT count(*)::int AS n FROM deliveries
+                WHERE instance_id = \(instance) AND status = 'queued' AND marquee_delivery_in_flight(tenant_id, id)
+                """)
+            if held > 0 { break }
             try await Task.sleep(for: .milliseconds(10))
         }
         _ = try await t.api.call(
@@ -729,7 +732,7 @@ struct DeliveryTests {
         // One claim loop: the killed worker then holds at most one batch (with the default two loops it can hold
         // two, and all 20 were seen re-sent on a loaded machine).
         let doomed = try t.fixture.worker([
-            "MARQUEE_WORKER_LEASE_SECONDS": "2", "MARQUEE_WORKER_BATCH": "16", "MARQUEE_WORKER_LOOPS": "1",
+            "MARQUEE_WORKER_HOLD_SECONDS": "2", "MARQUEE_WORKER_BATCH": "16", "MARQUEE_WORKER_LOOPS": "1",
         ])
         var tokens: [String] = []
         for _ in 0..<20 { tokens.append(try await t.iphone(tokenPrefix: "de1a").1) }
@@ -739,7 +742,7 @@ struct DeliveryTests {
         doomed.signal(SIGKILL)
         _ = try await doomed.waitForExit()
         t.fixture.simulator.setFaults([])
-        let rescuer = try t.fixture.worker(["MARQUEE_WORKER_LEASE_SECONDS": "2", "MARQUEE_WORKER_BATCH": "16"])
+        let rescuer = try t.fixture.worker(["MARQUEE_WORKER_HOLD_SECONDS": "2", "MARQUEE_WORKER_BATCH": "16"])
         defer { rescuer.signal(SIGKILL) }
         let settled = try await t.settled(instance, count: 20, timeout: .seconds(60))
         #expect(settled.allSatisfy { $0.string("status") == "sent" })
@@ -756,13 +759,16 @@ struct DeliveryTests {
         for _ in 0..<10 { _ = try await t.iphone(tokenPrefix: "d4a1") }
         let instance = Fake.id("drain")
         _ = try await t.start(instance)
-        // Wait until the worker holds the batch (leased), then ask it to stop.
+        // Wait until the worker holds the batch (claimed, its rows locked), then ask it to stop.
         let clock = ContinuousClock()
         let deadline = clock.now + .seconds(10)
         while clock.now < deadline {
-            let leased = try await t.fixture.pool.count(
-                "SELECT count(*)::int AS n FROM deliveries WHERE instance_id = \(instance) AND locked_until > now()")
-            if leased > 0 { break }
+            let held = try await t.fixture.pool.count(
+                """
+                SELECT count(*)::int AS n FROM deliveries
+                WHERE instance_id = \(instance) AND status = 'queued' AND marquee_delivery_in_flight(tenant_id, id)
+                """)
+            if held > 0 { break }
             try await Task.sleep(for: .milliseconds(20))
         }
         worker.signal(SIGTERM)

@@ -118,28 +118,21 @@ struct LifecycleGuaranteeTests {
         let w = try await LifecycleTests.world()
         let instance = Fake.id("order")
         #expect(try await w.start(["instance_id": instance, "platform": "android"]).status == 200)
-        // A worker holds the start to the Android phone…
-        let worker = "test-worker-" + Fake.hex(8)
-        let held = try await w.fixture.pool.query(
-            """
-            UPDATE deliveries SET locked_by = \(worker), locked_until = now() + interval '60 seconds',
-                   next_attempt_at = now() + interval '60 seconds', attempts = 1
-            WHERE tenant_id = \(w.tenant.uuid) AND instance_id = \(instance) RETURNING id
-            """)
-        try #require(held.count == 1)
-        let id = try held[0].decode(UUID.self, "id")
-        // …an update is queued for the same token meanwhile…
-        let update = try await w.update(["instance_id": instance, "content_state": ["status": "ready", "eta": 0]])
-        #expect(update.status == 200, "\(update.text)")
-        // …and the start fails with a retryable error: it must not be sent after the update.
+        // A worker holds the start to the Android phone (its claim's row lock)…
         let queue = DeliveryQueue(pool: w.fixture.pool)
-        try await queue.record(
-            worker: worker,
-            [
-                DeliveryResult(
-                    tenantID: w.tenant.uuid, id: id, status: .queued, reason: "Unavailable",
-                    nextAttemptAt: Date().addingTimeInterval(1))
-            ], retire: [])
+        let claimed = try await queue.claim(limit: 10, hold: .seconds(60), tenants: [w.tenant.uuid]) { batch in
+            // …an update is queued for the same token meanwhile: it skips the held start rather than wait for it…
+            let update = try? await w.update(["instance_id": instance, "content_state": ["status": "ready", "eta": 0]])
+            #expect(update?.status == 200, "\(update?.text ?? "no answer")")
+            // …and the start fails with a retryable error: it must not be sent after the update.
+            return ClaimResults(
+                results: batch.map {
+                    DeliveryResult(
+                        tenantID: $0.tenantID, id: $0.id, status: .queued, reason: "Unavailable",
+                        nextAttemptAt: Date().addingTimeInterval(1))
+                })
+        }
+        #expect(claimed == 1)
         let rows = try await Self.statuses(w, instance)
         #expect(rows.first { $0.0 == "start" }?.2 == "superseded", "\(rows)")
         #expect(rows.first { $0.0 == "update" }?.2 == "queued", "\(rows)")

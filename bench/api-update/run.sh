@@ -176,11 +176,14 @@ WITH upd AS (
   UPDATE instances SET content_state = jsonb_set(content_state, '{step}', to_jsonb(:i::int)), version = version + 1,
          content_timestamp = content_timestamp + 1, updated_at = now()
   WHERE tenant_id = '$tenant' AND id = 'bench-' || :i RETURNING version
+), free AS (
+  SELECT id FROM deliveries
+  WHERE tenant_id = '$tenant' AND instance_id = 'bench-' || :i AND status = 'queued' AND operation <> 'start'
+    AND token = ANY(ARRAY[md5(:i::text) || md5((:i::int + 1)::text)])
+  FOR NO KEY UPDATE SKIP LOCKED
 ), sup AS (
   UPDATE deliveries SET status = 'superseded', updated_at = now()
-  WHERE tenant_id = '$tenant' AND instance_id = 'bench-' || :i AND status = 'queued' AND operation <> 'start'
-    AND token = ANY(ARRAY[md5(:i::text) || md5((:i::int + 1)::text)]) AND (locked_until IS NULL OR locked_until < now())
-    AND EXISTS (SELECT 1 FROM upd) RETURNING 1
+  WHERE tenant_id = '$tenant' AND id IN (SELECT id FROM free) AND EXISTS (SELECT 1 FROM upd) RETURNING 1
 ), dels AS (
   INSERT INTO deliveries (tenant_id, id, instance_id, device_token, provider, token_kind, token, operation, instance_version)
   SELECT '$tenant', gen_random_uuid(), 'bench-' || :i, repeat(lpad(to_hex(:i::int), 8, '0'), 8), 'apns', 'activity',
@@ -196,19 +199,4 @@ pgbench -n -M prepared -h 127.0.0.1 -p "$PGPORT" -U postgres -c 16 -j 2 -T 10 -f
   | grep -E "^(tps|latency average|number of failed)"
 
 # Issue 11's yardstick: a naive transaction, one UPDATE and one INSERT, 64 clients.
-psql -q "$DATABASE_URL" <<SQL
-CREATE TABLE naive (id int PRIMARY KEY, v bigint NOT NULL DEFAULT 0);
-INSERT INTO naive (id) SELECT generate_series(0, $((instances - 1)));
-CREATE TABLE naive_log (id bigserial PRIMARY KEY, k int NOT NULL, at timestamptz NOT NULL DEFAULT now());
-VACUUM ANALYZE naive;
-SQL
-cat >"$out/api-update-naive.sql" <<SQL
-\\set i random(0, $((instances - 1)))
-BEGIN;
-UPDATE naive SET v = v + 1 WHERE id = :i;
-INSERT INTO naive_log (k) VALUES (:i);
-COMMIT;
-SQL
-echo "== pgbench -M prepared -c 64 -j 2 -T 10 (naive: one UPDATE + one INSERT per transaction)"
-pgbench -n -M prepared -h 127.0.0.1 -p "$PGPORT" -U postgres -c 64 -j 2 -T 10 -f "$out/api-update-naive.sql" marquee \
-  2>&1 | grep -E "^(tps|latency average|number of failed)"
+bench_naive_pgbench "$instances"

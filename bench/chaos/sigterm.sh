@@ -44,8 +44,10 @@ for w in $(seq 1 "$workers"); do
   [ "$stopped_code" = 0 ] || exits_ok=no
 done
 tdown=$(now)
-left=$(sql -c "SELECT count(*) FROM deliveries WHERE status = 'queued' AND locked_until > now()
-  AND ($(printf "locked_by LIKE '%%-%s' OR " "${old_workers[@]}") false)")
+# Left behind by the stopped workers: a claim still open (none can be: their sessions are gone) or a slow send's
+# lease never recorded (queued, due in the future, no retry reason).
+left=$(sql -c "SELECT count(*) FROM deliveries WHERE status = 'queued'
+  AND (marquee_delivery_in_flight(tenant_id, id) OR (next_attempt_at > now() AND reason IS NULL))")
 sleep "${DOWN:-2}"
 start_api
 for w in $(seq 1 "$workers"); do start_worker "$w"; done

@@ -193,55 +193,43 @@ for p in "${worker_pids[@]}"; do wait "$p" || true; done
 clients=$((workers * loops))
 cat >"$out/fanout-claim-record.sql" <<SQL
 BEGIN;
-SELECT COALESCE((array_agg(c.tenant_id ORDER BY c.next_attempt_at))[1:$batch], '{}') AS tenants,
-       COALESCE((array_agg(c.id ORDER BY c.next_attempt_at))[1:$batch], '{}') AS ids
+SELECT COALESCE(array_agg(c.tenant_id), '{}') AS tenants, COALESCE(array_agg(c.id), '{}') AS ids
 FROM (
-  SELECT d.tenant_id, d.id, d.instance_id, d.token, d.next_attempt_at
+  SELECT d.tenant_id, d.id
   FROM deliveries d
-  WHERE d.status = 'queued' AND d.next_attempt_at <= now()
+  WHERE d.status = 'queued' AND d.next_attempt_at <= now() AND d.next_attempt_at > '-infinity'
     AND d.provider = ANY('{apns,fcm}'::text[])
-    AND NOT (d.provider = 'apns' AND d.tenant_id = ANY('{}'::uuid[]))
-    AND NOT (d.provider = 'fcm' AND d.tenant_id = ANY('{}'::uuid[]))
+    AND NOT EXISTS (
+        SELECT 1 FROM deliveries o
+        WHERE o.tenant_id = d.tenant_id AND o.instance_id = d.instance_id AND o.token = d.token
+          AND o.status = 'queued' AND o.instance_version < d.instance_version)
   ORDER BY d.next_attempt_at
-  LIMIT $((batch * 2))
+  LIMIT $batch
   FOR UPDATE OF d SKIP LOCKED
 ) c \\gset
-WITH claimed AS (
-    UPDATE deliveries d
-    SET locked_until = now() + make_interval(secs => 60), next_attempt_at = now() + make_interval(secs => 60),
-        locked_by = 'pgbench-' || :client_id, attempts = attempts + 1, updated_at = now()
-    FROM unnest(:tenants::uuid[], :ids::uuid[]) AS c(tenant_id, id)
-    WHERE d.tenant_id = c.tenant_id AND d.id = c.id
-      AND NOT EXISTS (
-          SELECT 1 FROM deliveries o
-          WHERE o.tenant_id = d.tenant_id AND o.instance_id = d.instance_id AND o.token = d.token
-            AND o.status = 'queued' AND o.locked_until >= now() AND o.id <> d.id)
-    RETURNING d.*
-)
 SELECT c.tenant_id, c.id AS delivery_id, c.instance_id, c.device_token, c.provider, c.token_kind,
-       c.token, c.operation, c.attempts, c.created_at AS delivery_created_at, i.*,
+       c.token, c.operation, c.attempts + 1, c.created_at AS delivery_created_at, i.*,
        t.identifier, t.attributes_type, t.content_state_schema, t.date_fields, t.payload_profile, t.auto_created,
        t.created_at AS type_created_at, t.updated_at AS type_updated_at
-FROM claimed c
+FROM deliveries c
+JOIN unnest(:tenants::uuid[], :ids::uuid[]) AS k(tenant_id, id) ON c.tenant_id = k.tenant_id AND c.id = k.id
 JOIN instances i ON i.tenant_id = c.tenant_id AND i.id = c.instance_id
 JOIN activity_types t ON t.tenant_id = i.tenant_id AND t.identifier = i.activity_type;
-COMMIT;
-BEGIN;
 UPDATE deliveries d SET
     status = v.status, provider_id = COALESCE(v.provider_id, d.provider_id),
-    http_status = v.http_status::int, reason = v.reason, locked_until = NULL,
+    http_status = v.http_status::int, reason = v.reason, attempts = d.attempts + 1,
     next_attempt_at = COALESCE(to_timestamp(v.next_at::double precision), d.next_attempt_at),
     sent_at = CASE WHEN v.status = 'sent' THEN now() ELSE d.sent_at END, updated_at = now()
 FROM unnest(:tenants::uuid[], :ids::uuid[], array_fill('sent'::text, ARRAY[cardinality(:ids::uuid[])]),
             :ids::text[], array_fill('200'::text, ARRAY[cardinality(:ids::uuid[])]),
             array_fill(NULL::text, ARRAY[cardinality(:ids::uuid[])]), array_fill(NULL::text, ARRAY[cardinality(:ids::uuid[])]))
      AS v(tenant_id, id, status, provider_id, http_status, reason, next_at)
-WHERE d.tenant_id = v.tenant_id AND d.id = v.id AND d.locked_by = 'pgbench-' || :client_id;
+WHERE d.tenant_id = v.tenant_id AND d.id = v.id;
+COMMIT;
+BEGIN;
 UPDATE instances i SET state = 'active', updated_at = now()
 FROM (SELECT DISTINCT d.tenant_id, d.instance_id FROM deliveries d
-      JOIN unnest(:tenants::uuid[], :ids::uuid[], array_fill('sent'::text, ARRAY[cardinality(:ids::uuid[])]))
-        AS v(tenant_id, id, status) ON d.tenant_id = v.tenant_id AND d.id = v.id
-      WHERE v.status = 'sent') s
+      JOIN unnest(:tenants::uuid[], :ids::uuid[]) AS v(tenant_id, id) ON d.tenant_id = v.tenant_id AND d.id = v.id) s
 WHERE i.tenant_id = s.tenant_id AND i.id = s.instance_id AND i.state IN ('pending', 'failed');
 COMMIT;
 SQL
@@ -258,5 +246,7 @@ s1=$(date +%s.%N)
 read -r psent pqueued pother < <(round_counts 3)
 ceiling=$(awk -v n="$psent" -v a="$s0" -v b="$s1" 'BEGIN { printf "%d", n / (b - a) }')
 echo "pgbench: $psent of $instances recorded sent ($pqueued still queued) in $(awk -v a="$s0" -v b="$s1" 'BEGIN { printf "%.2f", b - a }') s: $ceiling deliveries/s"
-awk -v o="$ours" -v c="$ceiling" 'BEGIN { printf "== %s: marquee %d pushes/s, database ceiling %d/s, ratio %.2f (target 25,000 pushes/s)\n", "'"$mode"'", o, c, (c ? o / c : 0) }'
+# Issue 10's yardstick, same run: a naive transaction (one UPDATE + one INSERT), 64 clients.
+naive=$(bench_naive_pgbench "$instances" | tee /dev/stderr | sed -n 's/^tps = \([0-9.]*\).*/\1/p')
+awk -v o="$ours" -v c="$ceiling" -v n="$naive" 'BEGIN { printf "== %s: marquee %d pushes/s, database ceiling %d/s (ratio %.2f), naive pgbench %d tps (ratio %.2f; target 6x and 25,000 pushes/s)\n", "'"$mode"'", o, c, (c ? o / c : 0), n, (n ? o / n : 0) }'
 echo "API RSS at the end: $(rss "$api")"
