@@ -62,8 +62,8 @@ bench_reset_tenants() { psql -q -v ON_ERROR_STOP=1 "$DATABASE_URL" -c "TRUNCATE 
 # 64 clients, 10 s, prepared; prints its tps line. Usage: bench_naive_pgbench ROWS
 bench_naive_pgbench() {
   local rows=$1
+  psql -q "$DATABASE_URL" -c "SET client_min_messages = warning; DROP TABLE IF EXISTS naive, naive_log"
   psql -q "$DATABASE_URL" <<SQL
-DROP TABLE IF EXISTS naive, naive_log;
 CREATE TABLE naive (id int PRIMARY KEY, v bigint NOT NULL DEFAULT 0);
 INSERT INTO naive (id) SELECT generate_series(0, $((rows - 1)));
 CREATE TABLE naive_log (id bigserial PRIMARY KEY, k int NOT NULL, at timestamptz NOT NULL DEFAULT now());

@@ -251,8 +251,21 @@ public struct DeliveryQueue: Sendable {
     public func recordLate(_ late: ClaimResults) async throws {
         guard !late.results.isEmpty else { return }
         try await pool.transaction { connection in
-            try Self.record(connection, late.results, leasedUntilMilliseconds: late.heldUntilMilliseconds)
-            try Self.settle(connection, late.results, retire: late.retirements)
+            // The rows still queued under that lease, locked; one another worker holds is skipped, never waited on.
+            let leased = try connection.query(
+                """
+                SELECT d.id FROM deliveries d
+                JOIN unnest(\(late.results.map(\.tenantID))::uuid[], \(late.results.map(\.id))::uuid[]) AS v(tenant_id, id)
+                  ON d.tenant_id = v.tenant_id AND d.id = v.id
+                WHERE d.status = 'queued'
+                  AND d.next_attempt_at = to_timestamp(\(late.heldUntilMilliseconds)::bigint / 1000.0)
+                FOR NO KEY UPDATE OF d SKIP LOCKED
+                """
+            ).map { try $0.decode(UUID.self, "id") }
+            let kept = Set(leased)
+            let results = late.results.filter { kept.contains($0.id) }
+            try Self.record(connection, results)
+            try Self.settle(connection, results, retire: late.retirements)
         }
     }
 
@@ -434,9 +447,7 @@ public struct DeliveryQueue: Sendable {
     /// Records results of held deliveries, in the claim's transaction. A retry is superseded when a newer version for
     /// the same token exists (so N never reaches a token after N+1); a row to park is queued instead if its credential
     /// was replaced meanwhile.
-    static func record(
-        _ connection: PostgresConnection, _ results: [DeliveryResult], leasedUntilMilliseconds: Int64? = nil
-    ) throws {
+    static func record(_ connection: PostgresConnection, _ results: [DeliveryResult]) throws {
         guard !results.isEmpty else { return }
         let tenants = results.map(\.tenantID)
         let ids = results.map(\.id)
@@ -446,21 +457,8 @@ public struct DeliveryQueue: Sendable {
         let reasons = results.map(\.reason)
         let nextAt = results.map { r in r.nextAttemptAt.map { String(format: "%.6f", $0.timeIntervalSince1970) } }
         let priorities = results.map { $0.apnsPriority.map(String.init) }
-        // Late results write only rows still queued under their lease; a row another worker holds is skipped,
-        // never waited on. (In a claim's own transaction the rows are this transaction's: nothing is skipped.)
         try connection.execute(
             """
-            WITH v AS (
-                SELECT * FROM unnest(\(tenants)::uuid[], \(ids)::uuid[], \(statuses)::text[], \(providerIDs)::text[],
-                                     \(httpStatuses)::text[], \(reasons)::text[], \(nextAt)::text[], \(priorities)::text[])
-                     AS v(tenant_id, id, status, provider_id, http_status, reason, next_at, apns_priority)
-            ), held AS (
-                SELECT q.tenant_id, q.id FROM deliveries q JOIN v ON q.tenant_id = v.tenant_id AND q.id = v.id
-                WHERE \(leasedUntilMilliseconds)::bigint IS NULL
-                   OR (q.status = 'queued'
-                       AND q.next_attempt_at = to_timestamp(\(leasedUntilMilliseconds)::bigint / 1000.0))
-                FOR NO KEY UPDATE OF q SKIP LOCKED
-            )
             UPDATE deliveries d SET
                 status = CASE
                     WHEN v.status = 'queued' AND EXISTS (
@@ -476,7 +474,9 @@ public struct DeliveryQueue: Sendable {
                 next_attempt_at = COALESCE(to_timestamp(v.next_at::double precision), d.next_attempt_at),
                 sent_at = CASE WHEN v.status = 'sent' THEN now() ELSE d.sent_at END, updated_at = now(),
                 apns_priority = COALESCE(v.apns_priority::smallint, d.apns_priority)
-            FROM v JOIN held h ON h.tenant_id = v.tenant_id AND h.id = v.id
+            FROM unnest(\(tenants)::uuid[], \(ids)::uuid[], \(statuses)::text[], \(providerIDs)::text[],
+                        \(httpStatuses)::text[], \(reasons)::text[], \(nextAt)::text[], \(priorities)::text[])
+                 AS v(tenant_id, id, status, provider_id, http_status, reason, next_at, apns_priority)
             WHERE d.tenant_id = v.tenant_id AND d.id = v.id
             """)
     }

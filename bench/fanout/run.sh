@@ -154,6 +154,10 @@ busy() { awk '/^cpu / { print $2 + $3 + $4 + $7 + $8 }' /proc/stat; }
 declare -A cpu0
 for p in "${worker_pids[@]}" "$api" "$sim"; do cpu0[$p]=$(ticks "$p"); done
 busy0=$(busy)
+if [ -n "${PGSS:-}" ]; then
+  psql -q "$DATABASE_URL" -c "CREATE EXTENSION IF NOT EXISTS pg_stat_statements" \
+    -c "SELECT pg_stat_statements_reset()" >/dev/null
+fi
 t0=$(enqueue)
 deadline=$(($(date +%s) + timeout))
 last=-1
@@ -185,6 +189,12 @@ for p in "${worker_pids[@]}"; do workers_cpu=$((workers_cpu + $(ticks "$p") - ${
 sim_cpu=$(($(ticks "$sim") - ${cpu0[$sim]}))
 echo "CPU seconds during the round: workers $(awk -v t=$workers_cpu -v h="$hz" 'BEGIN { printf "%.1f", t / h }'), simulator $(awk -v t=$sim_cpu -v h="$hz" 'BEGIN { printf "%.1f", t / h }'), everything else (PostgreSQL, psql polling, the OS) $(awk -v t=$((busy1 - busy0 - ours_cpu)) -v h="$hz" 'BEGIN { printf "%.1f", t / h }') of $(awk -v t=$((busy1 - busy0)) -v h="$hz" 'BEGIN { printf "%.1f", t / h }') busy"
 echo "per push: workers $(awk -v t=$workers_cpu -v h="$hz" -v n="$sent" 'BEGIN { printf "%.0f", t / h * 1e6 / n }') µs, simulator $(awk -v t=$sim_cpu -v h="$hz" -v n="$sent" 'BEGIN { printf "%.0f", t / h * 1e6 / n }') µs, rest $(awk -v t=$((busy1 - busy0 - ours_cpu)) -v h="$hz" -v n="$sent" 'BEGIN { printf "%.0f", t / h * 1e6 / n }') µs"
+if [ -n "${PGSS:-}" ]; then
+  # PGSS=1 (with PG_OPTIONS="-c shared_preload_libraries=pg_stat_statements"): where PostgreSQL's time went.
+  psql -q "$DATABASE_URL" -c "SELECT calls, round(total_exec_time) AS total_ms, round(mean_exec_time::numeric, 2) AS mean_ms,
+    rows, left(regexp_replace(query, '\s+', ' ', 'g'), 110) AS query
+    FROM pg_stat_statements ORDER BY total_exec_time DESC LIMIT 12"
+fi
 echo "worker warnings/errors: $(cat "$work"/worker-*.log | grep -c '"level":"\(warning\|error\)"' || true)"
 for p in "${worker_pids[@]}"; do kill -TERM "$p"; done
 for p in "${worker_pids[@]}"; do wait "$p" || true; done
@@ -247,6 +257,8 @@ read -r psent pqueued pother < <(round_counts 3)
 ceiling=$(awk -v n="$psent" -v a="$s0" -v b="$s1" 'BEGIN { printf "%d", n / (b - a) }')
 echo "pgbench: $psent of $instances recorded sent ($pqueued still queued) in $(awk -v a="$s0" -v b="$s1" 'BEGIN { printf "%.2f", b - a }') s: $ceiling deliveries/s"
 # Issue 10's yardstick, same run: a naive transaction (one UPDATE + one INSERT), 64 clients.
-naive=$(bench_naive_pgbench "$instances" | tee /dev/stderr | sed -n 's/^tps = \([0-9.]*\).*/\1/p')
+naive_out=$(bench_naive_pgbench "$instances" 2>&1)
+echo "$naive_out"
+naive=$(echo "$naive_out" | sed -n 's/^tps = \([0-9.]*\).*/\1/p')
 awk -v o="$ours" -v c="$ceiling" -v n="$naive" 'BEGIN { printf "== %s: marquee %d pushes/s, database ceiling %d/s (ratio %.2f), naive pgbench %d tps (ratio %.2f; target 6x and 25,000 pushes/s)\n", "'"$mode"'", o, c, (c ? o / c : 0), n, (n ? o / n : 0) }'
 echo "API RSS at the end: $(rss "$api")"

@@ -1,0 +1,200 @@
+import Foundation
+import MarqueeCore
+import MarqueeStore
+import PostgresClient
+import Synchronization
+import Testing
+
+/// Claims by row lock (migration 0055): what a claim holds while it sends, what other writers do with held rows, and
+/// what happens to a claim whose worker dies or whose sends are slow. Against the real database, without a worker.
+@Suite("Claims by row lock")
+struct ClaimTests {
+    /// A pool whose sessions carry `name` as their application_name, so a test can end them as a crash would.
+    static func namedPool(_ w: LifecycleTests.World, _ name: String) throws -> PostgresPool {
+        var configuration = try PostgresConfiguration(url: w.fixture.databaseURL)
+        configuration.startupSettings["application_name"] = name
+        return PostgresPool(configuration, options: .init(maxConnections: 2))
+    }
+
+    /// Statuses of the instance's deliveries of `operation` (all when nil), counted.
+    static func statuses(
+        _ w: LifecycleTests.World, _ instance: String, operation: String? = nil
+    ) async throws -> [String: Int] {
+        let rows = try await w.fixture.pool.query(
+            """
+            SELECT status, count(*)::int AS n FROM deliveries
+            WHERE tenant_id = \(w.tenant.uuid) AND instance_id = \(instance)
+              AND (\(operation)::text IS NULL OR operation = \(operation))
+            GROUP BY status
+            """)
+        var counts: [String: Int] = [:]
+        for row in rows { counts[try row.decode(String.self, "status")] = try row.decode(Int.self, "n") }
+        return counts
+    }
+
+    @Test("held rows: other claims skip them, an end never waits on them, and they are due again once the claimer dies")
+    func heldRows() async throws {
+        let w = try await LifecycleTests.world()
+        let instance = Fake.id("held")
+        #expect(try await w.start(["instance_id": instance]).status == 200)
+        let name = "claim-test-" + Fake.hex(8)
+        let claimer = try Self.namedPool(w, name)
+        defer { claimer.close() }
+        let held = AsyncGate()
+        let dead = AsyncGate()
+        let holding = Task {
+            try await DeliveryQueue(pool: claimer).claim(limit: 10, hold: .seconds(60), tenants: [w.tenant.uuid]) {
+                batch in
+                held.open(batch.count)
+                await dead.wait()
+                return ClaimResults(
+                    results: batch.map { DeliveryResult(tenantID: $0.tenantID, id: $0.id, status: .sent) })
+            }
+        }
+        #expect(try await held.value(within: .seconds(30)) == 3, "the claim holds the start's three deliveries")
+        let queue = DeliveryQueue(pool: w.fixture.pool)
+        // Another claim skips them rather than wait.
+        let other = try await queue.claim(limit: 10, hold: .seconds(60), tenants: [w.tenant.uuid]) { batch in
+            ClaimResults(results: [])
+        }
+        #expect(other == 0)
+        // The end answers at once and leaves the held starts to finish (they may be reaching devices now).
+        let clock = ContinuousClock()
+        let began = clock.now
+        let end = try await w.end(["instance_id": instance])
+        #expect(end.status == 200, "\(end.text)")
+        #expect(clock.now - began < .seconds(10), "the end did not wait for the held rows")
+        #expect(try await Self.statuses(w, instance, operation: "start") == ["queued": 3])
+        // The claimer dies (its session ends as a killed process's would): its rows are due at once, not after a lease.
+        _ = try await w.fixture.pool.query(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = \(name)")
+        let deadline = clock.now + .seconds(20)
+        var rescued = 0
+        while rescued == 0 && clock.now < deadline {
+            rescued = try await queue.claim(limit: 10, hold: .seconds(60), tenants: [w.tenant.uuid]) { batch in
+                ClaimResults(
+                    results: batch.map {
+                        DeliveryResult(tenantID: $0.tenantID, id: $0.id, status: .superseded, reason: "instance_ended")
+                    })
+            }
+            if rescued == 0 { try await Task.sleep(for: .milliseconds(50)) }
+        }
+        #expect(rescued == 3)
+        dead.open(0)
+        // The dead claim's record and commit failed: nothing it held was written by it.
+        await #expect(throws: (any Error).self) { try await holding.value }
+        #expect(try await Self.statuses(w, instance, operation: "start") == ["superseded": 3])
+    }
+
+    @Test("a claim locks only what it sends: of two versions queued for one token it holds the older alone")
+    func locksOnlyWhatItSends() async throws {
+        let w = try await LifecycleTests.world()
+        let instance = Fake.id("versions")
+        #expect(try await w.start(["instance_id": instance, "platform": "android"]).status == 200)
+        #expect(
+            try await w.update(["instance_id": instance, "content_state": ["status": "ready", "eta": 0]]).status == 200)
+        let queue = DeliveryQueue(pool: w.fixture.pool)
+        let probe = try await queue.claim(limit: 10, hold: .seconds(60), tenants: [w.tenant.uuid]) { batch in
+            #expect(batch.map(\.operation.rawValue) == ["start"])
+            // Seen from another session while the claim is open: the start is held, the newer update is not.
+            var held: [(String, Bool)] = []
+            if let rows = try? await w.fixture.pool.query(
+                """
+                SELECT operation, marquee_delivery_in_flight(tenant_id, id) AS held FROM deliveries
+                WHERE tenant_id = \(w.tenant.uuid) AND instance_id = \(instance) ORDER BY instance_version
+                """)
+            {
+                for row in rows {
+                    held.append(
+                        (
+                            (try? row.decode(String.self, "operation")) ?? "",
+                            (try? row.decode(Bool.self, "held")) ?? false
+                        ))
+                }
+            }
+            #expect(held.map(\.0) == ["start", "update"] && held.map(\.1) == [true, false], "\(held)")
+            return ClaimResults(
+                results: batch.map { DeliveryResult(tenantID: $0.tenantID, id: $0.id, status: .sent) })
+        }
+        #expect(probe == 1)
+        // Once the start is recorded, the update is next.
+        let next = try await queue.claim(limit: 10, hold: .seconds(60), tenants: [w.tenant.uuid]) { batch in
+            #expect(batch.map(\.operation.rawValue) == ["update"])
+            return ClaimResults(
+                results: batch.map { DeliveryResult(tenantID: $0.tenantID, id: $0.id, status: .sent) })
+        }
+        #expect(next == 1)
+        #expect(try await Self.statuses(w, instance) == ["sent": 2])
+    }
+
+    @Test("a slow send is leased past the claim's commit, and its late result is written only under that lease")
+    func lateResults() async throws {
+        let w = try await LifecycleTests.world()
+        let instance = Fake.id("late")
+        #expect(try await w.start(["instance_id": instance, "platform": "android"]).status == 200)
+        let queue = DeliveryQueue(pool: w.fixture.pool)
+        let lease = Date().addingTimeInterval(60)
+        var slow: ClaimedDelivery?
+        let claimed = try await queue.claim(limit: 10, hold: .seconds(60), tenants: [w.tenant.uuid]) { batch in
+            slow = batch.first
+            return ClaimResults(results: [], stillSending: batch.map { ($0.tenantID, $0.id) }, heldUntil: lease)
+        }
+        #expect(claimed == 1)
+        let d = try #require(slow)
+        // Committed without it: not held, not due until the lease ends, so no other claim takes it.
+        #expect(
+            try await queue.claim(limit: 10, hold: .seconds(60), tenants: [w.tenant.uuid]) { _ in .init(results: []) }
+                == 0)
+        // A result under another lease (one that ran out and was taken over) is not written…
+        try await queue.recordLate(
+            ClaimResults(
+                results: [DeliveryResult(tenantID: d.tenantID, id: d.id, status: .failed, reason: "stale")],
+                heldUntil: lease.addingTimeInterval(-30)))
+        #expect(try await Self.statuses(w, instance) == ["queued": 1])
+        // …the one under this lease is.
+        try await queue.recordLate(
+            ClaimResults(
+                results: [DeliveryResult(tenantID: d.tenantID, id: d.id, status: .sent, providerID: "p1")],
+                heldUntil: lease))
+        #expect(try await Self.statuses(w, instance) == ["sent": 1])
+        let attempts = try await w.fixture.pool.count(
+            "SELECT attempts AS n FROM deliveries WHERE tenant_id = \(w.tenant.uuid) AND id = \(d.id)")
+        #expect(attempts == 1)
+    }
+}
+
+/// Opens once with a value; waiters get it (or time out).
+final class AsyncGate: Sendable {
+    private let state = Mutex<(value: Int?, waiters: [CheckedContinuation<Int, Never>])>((nil, []))
+
+    func open(_ value: Int) {
+        let waiters = state.withLock { state -> [CheckedContinuation<Int, Never>] in
+            guard state.value == nil else { return [] }
+            state.value = value
+            defer { state.waiters = [] }
+            return state.waiters
+        }
+        for waiter in waiters { waiter.resume(returning: value) }
+    }
+
+    func wait() async {
+        _ = await withCheckedContinuation { (continuation: CheckedContinuation<Int, Never>) in
+            let value = state.withLock { state -> Int? in
+                if state.value == nil { state.waiters.append(continuation) }
+                return state.value
+            }
+            if let value { continuation.resume(returning: value) }
+        }
+    }
+
+    /// The value once opened, polling until `within` has passed.
+    func value(within limit: Duration) async throws -> Int {
+        let clock = ContinuousClock()
+        let deadline = clock.now + limit
+        while clock.now < deadline {
+            if let value = state.withLock({ $0.value }) { return value }
+            try await Task.sleep(for: .milliseconds(10))
+        }
+        throw TestFailure("not opened within \(limit)")
+    }
+}
