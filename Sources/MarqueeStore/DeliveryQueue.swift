@@ -169,13 +169,16 @@ public struct DeliveryQueue: Sendable {
             guard !tenants.isEmpty else { return 0 }
             let claimed = try await session.run { connection -> [ClaimedDelivery] in
                 try connection.execute("BEGIN")
-                // A claim takes milliseconds. One planned on statistics from before a burst of queued rows can scan
-                // the whole burst per claimed row (seconds to minutes): it is stopped, and the worker refreshes the
-                // statistics (marquee_refresh_queue_statistics) and claims again.
+                // A claim takes milliseconds. Planned on statistics from before a burst of queued rows (the table
+                // "tiny"), its version check and the record's read the whole burst per claimed row (seconds to
+                // minutes; auto_explain: 101,000 rows read per row, by sequential scan or by a whole index): both are
+                // per-row lookups (OFFSET 0) planned without sequential scans, and a claim still slow is stopped,
+                // after which the worker refreshes the statistics (marquee_refresh_queue_statistics) and claims again.
                 try connection.query(
                     """
                     SELECT set_config('statement_timeout', \(Self.claimTimeoutMilliseconds), true),
-                           set_config('idle_in_transaction_session_timeout', \(holdMilliseconds), true)
+                           set_config('idle_in_transaction_session_timeout', \(holdMilliseconds), true),
+                           set_config('enable_seqscan', 'off', true)
                     """)
                 var claimed = try Self.lock(
                     connection, tenants: tenants, shares: shares, excluding: [], providers: providerNames)
@@ -251,6 +254,7 @@ public struct DeliveryQueue: Sendable {
     public func recordLate(_ late: ClaimResults) async throws {
         guard !late.results.isEmpty else { return }
         try await pool.transaction { connection in
+            try connection.query("SELECT set_config('enable_seqscan', 'off', true)")  // as in the claim
             // The rows still queued under that lease, locked; one another worker holds is skipped, never waited on.
             let leased = try connection.query(
                 """
@@ -381,11 +385,14 @@ public struct DeliveryQueue: Sendable {
                     WHERE d.tenant_id = t.tenant_id AND d.status = 'queued' AND d.next_attempt_at <= now()
                       AND d.next_attempt_at > '-infinity'
                       AND d.provider = ANY(\(providers)::text[]) AND d.id <> ALL(\(excluding)::uuid[])
-                      -- A token never gets version N+1 while N is in flight or waiting for its retry.
+                      -- A token never gets version N+1 while N is in flight or waiting for its retry. OFFSET 0 keeps
+                      -- this a per-row lookup of the token: as an anti-join, planned on statistics from before a burst
+                      -- (the queue "empty"), it read the whole burst once per claimed row.
                       AND NOT EXISTS (
                           SELECT 1 FROM deliveries o
                           WHERE o.tenant_id = d.tenant_id AND o.instance_id = d.instance_id AND o.token = d.token
-                            AND o.status = 'queued' AND o.instance_version < d.instance_version)
+                            AND o.status = 'queued' AND o.instance_version < d.instance_version
+                          OFFSET 0)
                     ORDER BY d.next_attempt_at
                     LIMIT t.share
                     FOR UPDATE OF d SKIP LOCKED
@@ -465,7 +472,8 @@ public struct DeliveryQueue: Sendable {
                         SELECT 1 FROM deliveries n
                         WHERE n.tenant_id = d.tenant_id AND n.instance_id = d.instance_id
                           AND n.token = d.token AND n.instance_version > d.instance_version
-                          AND n.status IN ('queued', 'parked', 'sent')) THEN 'superseded'
+                          AND n.status IN ('queued', 'parked', 'sent')
+                        OFFSET 0) THEN 'superseded'
                     WHEN v.status = 'parked' AND NOT marquee_credential_broken(d.tenant_id, d.provider)
                         THEN 'queued'
                     ELSE v.status END,
@@ -579,7 +587,7 @@ public struct DeliveryQueue: Sendable {
             """
             SELECT provider, count(*)::int AS due,
                    COALESCE(extract(epoch FROM now() - min(next_attempt_at)), 0)::float8 AS oldest
-            FROM deliveries WHERE status = 'queued' AND next_attempt_at <= now()
+            FROM deliveries WHERE status = 'queued' AND next_attempt_at <= now() AND next_attempt_at > '-infinity'
             GROUP BY provider
             """)
         var byProvider = Dictionary(

@@ -34,7 +34,7 @@ struct ClaimTests {
 
     @Test("held rows: other claims skip them, an end never waits on them, and they are due again once the claimer dies")
     func heldRows() async throws {
-        let w = try await LifecycleTests.world()
+        let w = try await LifecycleTests.world(fixture: .holding)
         let instance = Fake.id("held")
         #expect(try await w.start(["instance_id": instance]).status == 200)
         let name = "claim-test-" + Fake.hex(8)
@@ -88,7 +88,7 @@ struct ClaimTests {
 
     @Test("a claim locks only what it sends: of two versions queued for one token it holds the older alone")
     func locksOnlyWhatItSends() async throws {
-        let w = try await LifecycleTests.world()
+        let w = try await LifecycleTests.world(fixture: .holding)
         let instance = Fake.id("versions")
         #expect(try await w.start(["instance_id": instance, "platform": "android"]).status == 200)
         #expect(
@@ -129,7 +129,7 @@ struct ClaimTests {
 
     @Test("a slow send is leased past the claim's commit, and its late result is written only under that lease")
     func lateResults() async throws {
-        let w = try await LifecycleTests.world()
+        let w = try await LifecycleTests.world(fixture: .holding)
         let instance = Fake.id("late")
         #expect(try await w.start(["instance_id": instance, "platform": "android"]).status == 200)
         let queue = DeliveryQueue(pool: w.fixture.pool)

@@ -115,7 +115,7 @@ struct LifecycleGuaranteeTests {
 
     @Test("a retry of version N is superseded when N+1 is queued for the same token")
     func retryDoesNotOvertakeNewerVersion() async throws {
-        let w = try await LifecycleTests.world()
+        let w = try await LifecycleTests.world(fixture: .holding)
         let instance = Fake.id("order")
         #expect(try await w.start(["instance_id": instance, "platform": "android"]).status == 200)
         // A worker holds the start to the Android phone (its claim's row lock)…

@@ -66,9 +66,10 @@ struct LifecycleTests {
     }
 
     static func world(
-        schema: [String: Any]? = nil, dateFields: [String: String] = [:], profile: String = "marquee"
+        schema: [String: Any]? = nil, dateFields: [String: String] = [:], profile: String = "marquee",
+        fixture shared: RegistryFixture = .shared
     ) async throws -> World {
-        let fixture = try await RegistryFixture.get()
+        let fixture = try await shared.running()
         let api = fixture.api
         let tenant = try await api.createTenant()
         let type = Fake.activityType()

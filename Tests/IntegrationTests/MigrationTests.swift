@@ -167,4 +167,83 @@ struct LookupPlanTests {
             #expect(plan.contains(index), "\(table): \(plan)")
         }
     }
+
+    /// A claim takes each tenant's share in due order (DeliveryQueue.lock). Planned while one tenant's burst makes up
+    /// most of the queue, a small tenant's share must still come from (tenant_id, next_attempt_at): read in the global
+    /// due order with the tenant as a filter, it walked the other tenant's whole burst (migration 0056).
+    @Test("a tenant's share of a claim is read by tenant and due time, whatever another tenant's burst")
+    func claimScan() async throws {
+        let url = try await TestEnvironment.makeDatabase()
+        let pool = PostgresPool(try PostgresConfiguration(url: url), options: .init(maxConnections: 1))
+        defer { pool.close() }
+        _ = try await Migrator(
+            pool: pool, migrations: MigrationFiles.load(directory: TestEnvironment.migrationsDirectory)
+        )
+        .migrate()
+        let (big, small) = (UUID(), UUID())
+        try await pool.execute(
+            """
+            WITH t AS (
+                INSERT INTO tenants (id, name, sealed_delivery_secret)
+                VALUES (\(big), 'big', '\\x00'::bytea), (\(small), 'small', '\\x00'::bytea) RETURNING id
+            ), i AS (
+                INSERT INTO instances (tenant_id, id, activity_type, state, attributes, content_state,
+                                       content_timestamp, expires_at)
+                SELECT id, 'i', 'match', 'active', '{}', '{}', 0, now() + interval '1 hour' FROM t RETURNING tenant_id
+            )
+            INSERT INTO deliveries (tenant_id, id, instance_id, device_token, provider, token_kind, token,
+                                    operation, instance_version, next_attempt_at)
+            SELECT i.tenant_id, gen_random_uuid(), 'i', 'd' || n, 'apns', 'activity', md5(n::text), 'update', 1,
+                   now() - interval '1 hour' + n * interval '1 ms'
+            FROM i, generate_series(1, CASE WHEN i.tenant_id = \(big) THEN 20000 ELSE 5 END) n
+            """)
+        try await pool.execute("ANALYZE")
+        let plan = try await pool.withConnection { c in
+            try c.execute("SET plan_cache_mode = force_generic_plan")
+            try c.execute(
+                """
+                PREPARE share(uuid, int) AS
+                SELECT d.id FROM deliveries d
+                WHERE d.tenant_id = $1 AND d.status = 'queued' AND d.next_attempt_at <= now()
+                  AND d.next_attempt_at > '-infinity' AND d.provider = ANY('{apns,fcm}'::text[])
+                ORDER BY d.next_attempt_at LIMIT $2
+                FOR UPDATE OF d SKIP LOCKED
+                """)
+            defer { _ = try? c.execute("DEALLOCATE share") }
+            let rows = try c.query(
+                "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) EXECUTE share('\(unsafeRaw: small.uuidString)', 128)")
+            return try rows.map { try $0.decode(String.self, "QUERY PLAN") }.joined(separator: "\n")
+        }
+        #expect(plan.contains("deliveries_due_by_tenant"), "\(plan)")
+        #expect(!plan.contains("Rows Removed by Filter: 2"), "no other tenant's rows read: \(plan)")
+    }
+    /// The worker's supersede check on a retry (a newer version of the same instance and token queued, parked or sent)
+    /// must look the token up: by (tenant_id, instance_id) alone it read every delivery the instance ever had per
+    /// recorded row (migration 0056).
+    @Test("the retry's supersede check looks the token up, not every delivery of the instance")
+    func supersedeCheck() async throws {
+        let url = try await TestEnvironment.makeDatabase()
+        let pool = PostgresPool(try PostgresConfiguration(url: url), options: .init(maxConnections: 1))
+        defer { pool.close() }
+        _ = try await Migrator(
+            pool: pool, migrations: MigrationFiles.load(directory: TestEnvironment.migrationsDirectory)
+        )
+        .migrate()
+        let plan = try await pool.withConnection { c in
+            try c.execute("SET plan_cache_mode = force_generic_plan")
+            try c.execute("SET enable_seqscan = off")
+            try c.execute(
+                """
+                PREPARE newer(uuid, text, text, int) AS
+                SELECT 1 FROM deliveries n
+                WHERE n.tenant_id = $1 AND n.instance_id = $2 AND n.token = $3 AND n.instance_version > $4
+                  AND n.status IN ('queued', 'parked', 'sent')
+                """)
+            defer { _ = try? c.execute("DEALLOCATE newer") }
+            let rows = try c.query("EXPLAIN EXECUTE newer('00000000-0000-0000-0000-000000000000', 'i', 't', 1)")
+            return try rows.map { try $0.decode(String.self, "QUERY PLAN") }.joined(separator: "\n")
+        }
+        let conditions = plan.split(separator: "\n").filter { $0.contains("Index Cond") }
+        #expect(conditions.contains { $0.contains("token") }, "the token is an index condition: \(plan)")
+    }
 }

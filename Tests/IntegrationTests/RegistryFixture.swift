@@ -49,6 +49,11 @@ actor RegistryFixture {
     /// The running fixture (started once; later callers share it).
     static func get() async throws -> Running { try await shared.running() }
 
+    /// A second fixture, for tests that hold a worker's claim open while they call the API: in the shared one, a test
+    /// that alters `deliveries` (a trigger created and dropped) queues its lock behind the open claim, every other
+    /// statement on the table queues behind it, and the API call the claim waits for never returns.
+    static let holding = RegistryFixture()
+
     func running() async throws -> Running {
         if let starting { return try await starting.value }
         let task = Task { try await Self.start() }
