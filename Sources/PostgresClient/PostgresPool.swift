@@ -214,17 +214,7 @@ public final class PostgresPool: Sendable {
     /// - Throws: `.poolTimeout`, `.poolClosed`, `.connectionFailed`, `CancellationError` while waiting, or
     ///   whatever `body` throws.
     public func withConnection<T: Sendable>(_ body: @Sendable (PostgresConnection) throws -> T) async throws -> T {
-        let grant = try await acquire()
-        let slot: PoolSlot
-        let preparation: PoolSlot.Preparation
-        switch grant {
-        case .create:
-            slot = makeSlot()
-            preparation = .connect
-        case .connection(let idleSlot, let idleSince):
-            slot = idleSlot
-            preparation = .reuse(ping: ContinuousClock.now - idleSince >= options.validateAfterIdle)
-        }
+        let (slot, preparation) = try await checkout()
         let configuration = self.configuration
         let outcome: SlotOutcome<T> = await withoutActuallyEscaping(body) { escapingBody in
             // The dispatch block must not keep the closure alive after we resume (withoutActuallyEscaping
@@ -257,17 +247,7 @@ public final class PostgresPool: Sendable {
     /// claim, whose row locks are held while it sends. A transaction left open is rolled back when `body` returns
     /// or throws, and a broken connection is discarded.
     public func withSession<T: Sendable>(_ body: (PostgresSession) async throws -> T) async throws -> T {
-        let grant = try await acquire()
-        let slot: PoolSlot
-        let preparation: PoolSlot.Preparation
-        switch grant {
-        case .create:
-            slot = makeSlot()
-            preparation = .connect
-        case .connection(let idleSlot, let idleSince):
-            slot = idleSlot
-            preparation = .reuse(ping: ContinuousClock.now - idleSince >= options.validateAfterIdle)
-        }
+        let (slot, preparation) = try await checkout()
         let configuration = self.configuration
         let prepared = await withCheckedContinuation { continuation in
             slot.queue.async {
@@ -326,6 +306,16 @@ public final class PostgresPool: Sendable {
                 try await Task.sleep(for: .seconds(ceiling * Double.random(in: 0.5...1)))
                 attempt += 1
             }
+        }
+    }
+
+    /// Waits for a grant: a new slot to connect, or an idle one to reuse (pinged first if it sat idle long enough).
+    private func checkout() async throws -> (PoolSlot, PoolSlot.Preparation) {
+        switch try await acquire() {
+        case .create:
+            return (makeSlot(), .connect)
+        case .connection(let idleSlot, let idleSince):
+            return (idleSlot, .reuse(ping: ContinuousClock.now - idleSince >= options.validateAfterIdle))
         }
     }
 

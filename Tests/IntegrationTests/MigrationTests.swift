@@ -110,19 +110,25 @@ struct MigrationTests {
 
 @Suite("Query plans under tenant skew")
 struct LookupPlanTests {
+    /// A new database with every migration applied, and a one-connection pool on it as its owner.
+    static func migratedDatabase() async throws -> PostgresPool {
+        let url = try await TestEnvironment.makeDatabase()
+        let pool = PostgresPool(try PostgresConfiguration(url: url), options: .init(maxConnections: 1))
+        _ = try await Migrator(
+            pool: pool, migrations: MigrationFiles.load(directory: TestEnvironment.migrationsDirectory)
+        )
+        .migrate()
+        return pool
+    }
+
     /// The foreign-key checks PostgreSQL runs for every token and delivery row look rows up by (tenant_id, key). Planned
     /// generically (once per session, as PostgreSQL plans them) while the statistics say each tenant has a row or two,
     /// they must still use the primary key: any other index that starts with tenant_id would read a big tenant's
     /// every row per check (an import of 100,000 people took more than 20 minutes that way).
     @Test("lookups by tenant and key use the primary key even when statistics say tenants are tiny")
     func keyLookups() async throws {
-        let url = try await TestEnvironment.makeDatabase()
-        let pool = PostgresPool(try PostgresConfiguration(url: url), options: .init(maxConnections: 1))
+        let pool = try await Self.migratedDatabase()
         defer { pool.close() }
-        _ = try await Migrator(
-            pool: pool, migrations: MigrationFiles.load(directory: TestEnvironment.migrationsDirectory)
-        )
-        .migrate()
         // Many small tenants, each with a person, a device and an instance: statistics of tiny tenants.
         try await pool.execute(
             """
@@ -173,13 +179,8 @@ struct LookupPlanTests {
     /// due order with the tenant as a filter, it walked the other tenant's whole burst (migration 0056).
     @Test("a tenant's share of a claim is read by tenant and due time, whatever another tenant's burst")
     func claimScan() async throws {
-        let url = try await TestEnvironment.makeDatabase()
-        let pool = PostgresPool(try PostgresConfiguration(url: url), options: .init(maxConnections: 1))
+        let pool = try await Self.migratedDatabase()
         defer { pool.close() }
-        _ = try await Migrator(
-            pool: pool, migrations: MigrationFiles.load(directory: TestEnvironment.migrationsDirectory)
-        )
-        .migrate()
         let (big, small) = (UUID(), UUID())
         try await pool.execute(
             """
@@ -222,13 +223,8 @@ struct LookupPlanTests {
     /// recorded row (migration 0056).
     @Test("the retry's supersede check looks the token up, not every delivery of the instance")
     func supersedeCheck() async throws {
-        let url = try await TestEnvironment.makeDatabase()
-        let pool = PostgresPool(try PostgresConfiguration(url: url), options: .init(maxConnections: 1))
+        let pool = try await Self.migratedDatabase()
         defer { pool.close() }
-        _ = try await Migrator(
-            pool: pool, migrations: MigrationFiles.load(directory: TestEnvironment.migrationsDirectory)
-        )
-        .migrate()
         let plan = try await pool.withConnection { c in
             try c.execute("SET plan_cache_mode = force_generic_plan")
             try c.execute("SET enable_seqscan = off")

@@ -8,21 +8,31 @@ import Testing
 /// so the claim is not planned for the empty table autovacuum last saw.
 @Suite("Queue statistics refresh")
 struct QueueStatisticsTests {
-    @Test("a burst of 5,000 queued deliveries is analysed once, as the worker's role; a quiet table is left alone")
-    func refreshAfterBurst() async throws {
+    /// A new database migrated by `marquee migrate`, and a one-connection pool on it as its owner.
+    static func migratedDatabase() async throws -> (url: String, owner: PostgresPool) {
         let url = try await TestEnvironment.makeDatabase()
         let migrate = try await runCommand(
             TestEnvironment.marqueeBinary, ["migrate"],
             environment: ["DATABASE_URL": url, "MARQUEE_MIGRATIONS_DIR": TestEnvironment.migrationsDirectory])
-        try #require(migrate.status == 0, "\(migrate.output)")
-        let owner = PostgresPool(try PostgresConfiguration(url: url), options: .init(maxConnections: 1))
+        guard migrate.status == 0 else { throw TestFailure("marquee migrate: \(migrate.output)") }
+        return (url, PostgresPool(try PostgresConfiguration(url: url), options: .init(maxConnections: 1)))
+    }
+
+    /// A pool as a worker's: marquee_app in the marquee_system role (every tenant's rows).
+    static func workerPool(_ url: String) throws -> PostgresPool {
+        var configuration = try PostgresConfiguration(
+            url: url.replacingOccurrences(of: "postgres@", with: "marquee_app@"))
+        configuration.startupSettings["role"] = "marquee_system"
+        return PostgresPool(configuration, options: .init(maxConnections: 2))
+    }
+
+    @Test("a burst of 5,000 queued deliveries is analysed once, as the worker's role; a quiet table is left alone")
+    func refreshAfterBurst() async throws {
+        let (url, owner) = try await Self.migratedDatabase()
         defer { owner.close() }
         // Autovacuum must not analyse behind the test's back.
         try await owner.execute("ALTER TABLE deliveries SET (autovacuum_enabled = false)")
-        var workerConfiguration = try PostgresConfiguration(
-            url: url.replacingOccurrences(of: "postgres@", with: "marquee_app@"))
-        workerConfiguration.startupSettings["role"] = "marquee_system"
-        let workerPool = PostgresPool(workerConfiguration, options: .init(maxConnections: 1))
+        let workerPool = try Self.workerPool(url)
         defer { workerPool.close() }
         let queue = DeliveryQueue(pool: workerPool)
         #expect(try await queue.refreshStatistics() == false, "nothing changed yet")
@@ -57,12 +67,7 @@ struct QueueStatisticsTests {
     }
     @Test("a claim planned on statistics from before a burst of 50,000 on one instance does not scan the burst per row")
     func claimAfterBurst() async throws {
-        let url = try await TestEnvironment.makeDatabase()
-        let migrate = try await runCommand(
-            TestEnvironment.marqueeBinary, ["migrate"],
-            environment: ["DATABASE_URL": url, "MARQUEE_MIGRATIONS_DIR": TestEnvironment.migrationsDirectory])
-        try #require(migrate.status == 0, "\(migrate.output)")
-        let owner = PostgresPool(try PostgresConfiguration(url: url), options: .init(maxConnections: 1))
+        let (url, owner) = try await Self.migratedDatabase()
         defer { owner.close() }
         try await owner.execute("ALTER TABLE deliveries SET (autovacuum_enabled = false)")
         let tenant = UUID()
@@ -87,10 +92,7 @@ struct QueueStatisticsTests {
                 FROM generate_series(1, 50000) i
                 """)
         }
-        var workerConfiguration = try PostgresConfiguration(
-            url: url.replacingOccurrences(of: "postgres@", with: "marquee_app@"))
-        workerConfiguration.startupSettings["role"] = "marquee_system"
-        let workerPool = PostgresPool(workerConfiguration, options: .init(maxConnections: 2))
+        let workerPool = try Self.workerPool(url)
         defer { workerPool.close() }
         // With sequential scans for the version check (one per claimed row, each reading the burst) the claim ran into
         // its 2 s statement timeout and threw; it records 256 here, as a claim on fresh statistics does.
