@@ -57,6 +57,8 @@ public final class DeliveryWorker: Sendable {
     let logger: Logger
     let metrics: WorkerMetrics
     let wakeup = Wakeup()
+    /// Deliveries this worker's claims hold (their transactions open): its other claims skip them by ID.
+    let inHand = Mutex<Set<UUID>>([])
     /// Set by `beginShutdown()`: the loops stop claiming.
     let stopping = Atomic<Bool>(false)
     let credentials: CredentialCache
@@ -148,9 +150,18 @@ public final class DeliveryWorker: Sendable {
     func loop(_ index: Int) async {
         while running {
             var late: LateSends?
+            var claimedIDs: [UUID] = []
+            // Once the claim committed (or failed), its rows are no longer held (slow sends are leased, not due).
+            defer { inHand.withLock { $0.subtract(claimedIDs) } }
             let claimed: Int
             do {
-                claimed = try await queue.claim(limit: configuration.batchSize, hold: configuration.hold) { batch in
+                // This worker's other claims are skipped by a filter rather than by failed lock attempts.
+                let held = inHand.withLock { Array($0) }
+                claimed = try await queue.claim(
+                    limit: configuration.batchSize, hold: configuration.hold, skipping: held
+                ) { batch in
+                    claimedIDs = batch.map(\.id)
+                    self.inHand.withLock { $0.formUnion(claimedIDs) }
                     self.metrics.claimed.inc(Double(batch.count))
                     for d in batch { self.metrics.inFlight.add(1, [d.provider.rawValue]) }
                     // Shutdown is not cancellation: what was claimed is sent and recorded before the loop looks again.

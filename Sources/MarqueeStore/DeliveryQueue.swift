@@ -157,7 +157,7 @@ public struct DeliveryQueue: Sendable {
     @discardableResult
     public func claim(
         limit: Int, hold: Duration, providers: [PlannedDelivery.Provider] = [.apns, .fcm], tenants only: [UUID]? = nil,
-        _ send: ([ClaimedDelivery]) async -> ClaimResults
+        skipping held: [UUID] = [], _ send: ([ClaimedDelivery]) async -> ClaimResults
     ) async throws -> Int {
         let providerNames = providers.map(\.rawValue)
         // A worker stuck past `hold` with its claim open is ended by PostgreSQL, which releases its rows.
@@ -181,7 +181,7 @@ public struct DeliveryQueue: Sendable {
                            set_config('enable_seqscan', 'off', true)
                     """)
                 var claimed = try Self.lock(
-                    connection, tenants: tenants, shares: shares, excluding: [], providers: providerNames)
+                    connection, tenants: tenants, shares: shares, excluding: held, providers: providerNames)
                 // A second pass when the batch came back short because some tenants had fewer due than their share:
                 // what is left goes to those that filled theirs.
                 if claimed.count < limit {

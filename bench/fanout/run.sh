@@ -207,12 +207,12 @@ SELECT COALESCE(array_agg(c.tenant_id), '{}') AS tenants, COALESCE(array_agg(c.i
 FROM (
   SELECT d.tenant_id, d.id
   FROM deliveries d
-  WHERE d.status = 'queued' AND d.next_attempt_at <= now() AND d.next_attempt_at > '-infinity'
-    AND d.provider = ANY('{apns,fcm}'::text[])
+  WHERE d.tenant_id = '$tenant' AND d.status = 'queued' AND d.next_attempt_at <= now()
+    AND d.next_attempt_at > '-infinity' AND d.provider = ANY('{apns,fcm}'::text[])
     AND NOT EXISTS (
         SELECT 1 FROM deliveries o
         WHERE o.tenant_id = d.tenant_id AND o.instance_id = d.instance_id AND o.token = d.token
-          AND o.status = 'queued' AND o.instance_version < d.instance_version)
+          AND o.status = 'queued' AND o.instance_version < d.instance_version OFFSET 0)
   ORDER BY d.next_attempt_at
   LIMIT $batch
   FOR UPDATE OF d SKIP LOCKED
