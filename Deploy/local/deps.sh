@@ -6,8 +6,8 @@ set -euo pipefail
 # nghttp2-client: h2load and nghttp, spawned by Tests/HTTP2Tests; python3 with cryptography and jwt: the crypto
 # tests cross-check signatures and sealing with them (they are skipped without those modules); chromium and
 # chromium-driver: the console's browser tests (Tests/IntegrationTests/ConsoleBrowserTests) drive headless Chromium
-# through chromedriver's WebDriver protocol; postgresql-client: psql, which tests spawn to hold a lock from another session.
-packages=(postgresql postgresql-client libpq-dev libssl-dev openssl libnghttp2-dev libmicrohttpd-dev nghttp2-client python3 python3-cryptography python3-jwt pkg-config make curl ca-certificates chromium chromium-driver)
+# through chromedriver's WebDriver protocol; postgresql-client and postgresql-client-common (/usr/bin/psql): psql, which tests spawn to hold a lock from another session.
+packages=(postgresql postgresql-client postgresql-client-common libpq-dev libssl-dev openssl libnghttp2-dev libmicrohttpd-dev nghttp2-client python3 python3-cryptography python3-jwt pkg-config make curl ca-certificates chromium chromium-driver)
 [ -n "${MARQUEE_EXTRA_PACKAGES:-}" ] && read -r -a extra <<<"$MARQUEE_EXTRA_PACKAGES" && packages+=("${extra[@]}")
 
 missing=()

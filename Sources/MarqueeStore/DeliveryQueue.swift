@@ -197,7 +197,7 @@ public struct DeliveryQueue: Sendable {
                         if !pairs.isEmpty {
                             claimed += try Self.lock(
                                 connection, tenants: pairs.map(\.0), shares: pairs.map(\.1),
-                                excluding: claimed.map(\.id), providers: providerNames)
+                                excluding: held + claimed.map(\.id), providers: providerNames)
                         }
                     }
                 }

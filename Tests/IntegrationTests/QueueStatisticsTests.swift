@@ -18,6 +18,20 @@ struct QueueStatisticsTests {
         return (url, PostgresPool(try PostgresConfiguration(url: url), options: .init(maxConnections: 1)))
     }
 
+    /// A tenant named `name` with activity type `a` and one active instance `i`, to queue deliveries on.
+    static func seedInstance(_ connection: PostgresConnection, tenant: UUID, name: String) throws {
+        try connection.execute(
+            "INSERT INTO tenants (id, name, sealed_delivery_secret) VALUES (\(tenant), \(name), '\\x00')")
+        try connection.execute(
+            "INSERT INTO activity_types (tenant_id, identifier, attributes_type) VALUES (\(tenant), 'a', 'A')")
+        try connection.execute(
+            """
+            INSERT INTO instances (tenant_id, id, activity_type, state, attributes, content_state,
+                                   content_timestamp, expires_at)
+            VALUES (\(tenant), 'i', 'a', 'active', '{}', '{}', 1, now() + interval '1 hour')
+            """)
+    }
+
     /// A pool as a worker's: marquee_app in the marquee_system role (every tenant's rows).
     static func workerPool(_ url: String) throws -> PostgresPool {
         var configuration = try PostgresConfiguration(
@@ -39,16 +53,7 @@ struct QueueStatisticsTests {
 
         let tenant = UUID()
         try await owner.withConnection { connection in
-            try connection.execute(
-                "INSERT INTO tenants (id, name, sealed_delivery_secret) VALUES (\(tenant), 'stats', '\\x00')")
-            try connection.execute(
-                "INSERT INTO activity_types (tenant_id, identifier, attributes_type) VALUES (\(tenant), 'a', 'A')")
-            try connection.execute(
-                """
-                INSERT INTO instances (tenant_id, id, activity_type, state, attributes, content_state,
-                                       content_timestamp, expires_at)
-                VALUES (\(tenant), 'i', 'a', 'active', '{}', '{}', 1, now() + interval '1 hour')
-                """)
+            try Self.seedInstance(connection, tenant: tenant, name: "stats")
             try connection.execute(
                 """
                 INSERT INTO deliveries (tenant_id, id, instance_id, device_token, provider, token_kind, token,
@@ -72,16 +77,7 @@ struct QueueStatisticsTests {
         try await owner.execute("ALTER TABLE deliveries SET (autovacuum_enabled = false)")
         let tenant = UUID()
         try await owner.withConnection { connection in
-            try connection.execute(
-                "INSERT INTO tenants (id, name, sealed_delivery_secret) VALUES (\(tenant), 'burst', '\\x00')")
-            try connection.execute(
-                "INSERT INTO activity_types (tenant_id, identifier, attributes_type) VALUES (\(tenant), 'a', 'A')")
-            try connection.execute(
-                """
-                INSERT INTO instances (tenant_id, id, activity_type, state, attributes, content_state,
-                                       content_timestamp, expires_at)
-                VALUES (\(tenant), 'i', 'a', 'active', '{}', '{}', 1, now() + interval '1 hour')
-                """)
+            try Self.seedInstance(connection, tenant: tenant, name: "burst")
             // Statistics of an empty queue, then the burst: one instance, 50,000 tokens.
             try connection.execute("ANALYZE deliveries")
             try connection.execute(
