@@ -134,7 +134,7 @@ public struct CampaignRunner: Sendable {
                                     AND i.state IN ('pending', 'active') AND i.expires_at > now())
                   AND NOT EXISTS (SELECT 1 FROM campaign_schedules s
                                   WHERE s.tenant_id = c.tenant_id AND s.campaign_id = c.id AND s.state = 'pending')
-                  AND NOT EXISTS (SELECT 1 FROM instances i JOIN deliveries d
+                  AND NOT EXISTS (SELECT 1 FROM instances i JOIN delivery_queue d
                                     ON d.tenant_id = i.tenant_id AND d.instance_id = i.id AND d.status = 'queued'
                                   WHERE i.tenant_id = c.tenant_id AND i.campaign_id = c.id)
                 """)
@@ -326,7 +326,7 @@ public struct CampaignRunner: Sendable {
                 ON CONFLICT (tenant_id, id) DO NOTHING
                 RETURNING id, attributes
             ), dels AS (
-                INSERT INTO deliveries (tenant_id, id, instance_id, device_token, provider, token_kind, token,
+                INSERT INTO delivery_queue (tenant_id, id, instance_id, device_token, provider, token_kind, token,
                                         operation, instance_version, attributes, content_state, options,
                                         content_timestamp, next_attempt_at)
                 SELECT \(tenant), marquee_new_ulid(), t.instance_id, t.device_token,
@@ -528,33 +528,34 @@ public struct CampaignRunner: Sendable {
                 SELECT u.*, x.device_token, x.platform, x.token
                 FROM upd u
                 JOIN marquee_instance_targets(\(tenant), (SELECT array_agg(id) FROM upd)) x ON x.instance_id = u.id
+            ), gone AS (
+                -- An end cancels every unsent push of the instance; an update supersedes older ones to its tokens;
+                -- and the campaign's older queued broadcasts (on whichever instance carried them): latest wins. Rows
+                -- a worker holds (claimed, being sent) are skipped, never waited on, and left to finish.
+                DELETE FROM delivery_queue d
+                WHERE d.tenant_id = \(tenant) AND (
+                    d.id IN (
+                        SELECT q.id
+                        FROM delivery_queue q
+                        JOIN (SELECT u.id, NULL::text AS token FROM upd u WHERE \(isEnd)
+                              UNION ALL
+                              SELECT tg.id, tg.token FROM tg WHERE NOT \(isEnd)) x ON q.instance_id = x.id
+                        WHERE q.tenant_id = \(tenant)
+                          AND (x.token IS NULL OR (q.operation <> 'start' AND q.token = x.token))
+                        FOR UPDATE OF q SKIP LOCKED)
+                    OR (\(broadcast) AND NOT \(isEnd) AND d.id IN (
+                        SELECT q.id FROM delivery_queue q
+                        JOIN instances i ON i.tenant_id = q.tenant_id AND i.id = q.instance_id
+                        WHERE q.tenant_id = \(tenant) AND q.token_kind = 'channel' AND q.token = \(apnsChannelID)
+                          AND i.campaign_id = \(campaignID)
+                        FOR UPDATE OF q SKIP LOCKED)))
+                RETURNING d
             ), sup AS (
-                -- An end cancels every unsent push of the instance; an update supersedes older ones to its tokens.
-                -- Rows a worker holds (claimed, being sent) are skipped, never waited on, and left to finish.
-                UPDATE deliveries d SET status = 'superseded', updated_at = now()
-                WHERE d.tenant_id = \(tenant) AND d.id IN (
-                    SELECT q.id
-                    FROM deliveries q
-                    JOIN (SELECT u.id, NULL::text AS token FROM upd u WHERE \(isEnd)
-                          UNION ALL
-                          SELECT tg.id, tg.token FROM tg WHERE NOT \(isEnd)) x ON q.instance_id = x.id
-                    WHERE q.tenant_id = \(tenant) AND q.status IN ('queued', 'parked')
-                      AND (x.token IS NULL OR (q.operation <> 'start' AND q.token = x.token))
-                    FOR NO KEY UPDATE OF q SKIP LOCKED)
-                RETURNING 1
-            ), bsup AS (
-                -- The campaign's older queued broadcasts (on whichever instance carried them): latest wins.
-                UPDATE deliveries d SET status = 'superseded', updated_at = now()
-                WHERE \(broadcast) AND NOT \(isEnd) AND d.tenant_id = \(tenant) AND d.id IN (
-                    SELECT q.id FROM deliveries q
-                    JOIN instances i ON i.tenant_id = q.tenant_id AND i.id = q.instance_id
-                    WHERE q.tenant_id = \(tenant) AND q.token_kind = 'channel' AND q.token = \(apnsChannelID)
-                      AND q.status IN ('queued', 'parked') AND i.campaign_id = \(campaignID)
-                    FOR NO KEY UPDATE OF q SKIP LOCKED)
+                INSERT INTO delivery_history SELECT h.* FROM gone, marquee_history_row(gone.d, 'superseded') h
                 RETURNING 1
             ), bc AS (
                 -- One broadcast, carried by one of the changed instances (its content is the change's).
-                INSERT INTO deliveries (tenant_id, id, instance_id, device_token, provider, token_kind, token,
+                INSERT INTO delivery_queue (tenant_id, id, instance_id, device_token, provider, token_kind, token,
                                         operation, instance_version, attributes, content_state, options,
                                         content_timestamp)
                 SELECT \(tenant), marquee_new_ulid(), u.id, \(channelDevice), 'apns', 'channel', \(apnsChannelID),
@@ -564,7 +565,7 @@ public struct CampaignRunner: Sendable {
                 WHERE \(broadcast)
                 RETURNING 1
             ), dels AS (
-                INSERT INTO deliveries (tenant_id, id, instance_id, device_token, provider, token_kind, token,
+                INSERT INTO delivery_queue (tenant_id, id, instance_id, device_token, provider, token_kind, token,
                                         operation, instance_version, attributes, content_state, options,
                                         content_timestamp, next_attempt_at)
                 SELECT \(tenant), marquee_new_ulid(), tg.id, tg.device_token,
@@ -578,7 +579,7 @@ public struct CampaignRunner: Sendable {
             SELECT (SELECT count(*) FROM upd)::int AS instances,
                    (SELECT count(*) FROM dels WHERE provider = 'apns')::int AS apns,
                    (SELECT count(*) FROM dels WHERE provider = 'fcm')::int AS fcm,
-                   (SELECT count(*) FROM sup)::int + (SELECT count(*) FROM bsup)::int AS superseded,
+                   (SELECT count(*) FROM sup)::int AS superseded,
                    (SELECT count(*) FROM bc)::int AS broadcasts
             """)[0]
         if isEnd {

@@ -319,7 +319,7 @@ public struct CampaignStore: Sendable {
                 WHEN EXISTS (SELECT 1 FROM instances i
                              WHERE i.tenant_id = c.tenant_id AND i.campaign_id = c.id
                                AND i.state IN ('pending', 'active') AND i.expires_at > now()) THEN 'active'
-                WHEN EXISTS (SELECT 1 FROM instances i JOIN deliveries d
+                WHEN EXISTS (SELECT 1 FROM instances i JOIN delivery_queue d
                                ON d.tenant_id = i.tenant_id AND d.instance_id = i.id AND d.status = 'queued'
                              WHERE i.tenant_id = c.tenant_id AND i.campaign_id = c.id) THEN 'ending'
                 ELSE 'ended' END

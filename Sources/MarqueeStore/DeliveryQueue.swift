@@ -224,12 +224,12 @@ public struct DeliveryQueue: Sendable {
                 return 0
             }
             let outcome = await send(claimed)
-            try await session.run { connection in
-                try Self.record(connection, outcome.results)
+            let sentTo = try await session.run { connection in
+                let sentTo = try Self.record(connection, outcome.results)
                 if !outcome.stillSending.isEmpty {
                     try connection.execute(
                         """
-                        UPDATE deliveries d
+                        UPDATE delivery_queue d
                         SET next_attempt_at = to_timestamp(\(outcome.heldUntilMilliseconds)::bigint / 1000.0)
                         FROM unnest(\(outcome.stillSending.map(\.tenant))::uuid[], \(outcome.stillSending.map(\.id))::uuid[])
                              AS v(tenant_id, id)
@@ -237,10 +237,11 @@ public struct DeliveryQueue: Sendable {
                         """)
                 }
                 try connection.execute("COMMIT")
+                return sentTo
             }
             try await session.run { connection in
                 try connection.transaction { connection in
-                    try Self.settle(connection, outcome.results, retire: outcome.retirements)
+                    try Self.settle(connection, sentTo: sentTo, retire: outcome.retirements)
                 }
             }
             return claimed.count
@@ -258,7 +259,7 @@ public struct DeliveryQueue: Sendable {
             // The rows still queued under that lease, locked; one another worker holds is skipped, never waited on.
             let leased = try connection.query(
                 """
-                SELECT d.id FROM deliveries d
+                SELECT d.id FROM delivery_queue d
                 JOIN unnest(\(late.results.map(\.tenantID))::uuid[], \(late.results.map(\.id))::uuid[]) AS v(tenant_id, id)
                   ON d.tenant_id = v.tenant_id AND d.id = v.id
                 WHERE d.status = 'queued'
@@ -268,8 +269,8 @@ public struct DeliveryQueue: Sendable {
             ).map { try $0.decode(UUID.self, "id") }
             let kept = Set(leased)
             let results = late.results.filter { kept.contains($0.id) }
-            try Self.record(connection, results)
-            try Self.settle(connection, results, retire: late.retirements)
+            let sentTo = try Self.record(connection, results)
+            try Self.settle(connection, sentTo: sentTo, retire: late.retirements)
         }
     }
 
@@ -291,33 +292,33 @@ public struct DeliveryQueue: Sendable {
         let tenantRows = try connection.query(
             only.map { only in
                 """
-                SELECT DISTINCT d.tenant_id FROM deliveries d
+                SELECT DISTINCT d.tenant_id FROM delivery_queue d
                 WHERE d.tenant_id = ANY(\(only)::uuid[]) AND d.status = 'queued' AND d.next_attempt_at <= now()
                   AND d.next_attempt_at > '-infinity' AND d.provider = ANY(\(providers)::text[])
                 LIMIT \(limit)
                 """
             } ?? """
                 WITH RECURSIVE hi AS (
-                    SELECT (SELECT d.tenant_id FROM deliveries d
+                    SELECT (SELECT d.tenant_id FROM delivery_queue d
                             WHERE d.status = 'queued' AND d.next_attempt_at <= now()
                               AND d.next_attempt_at > '-infinity' AND d.tenant_id >= \(pivot)
                               AND d.provider = ANY(\(providers)::text[])
                             ORDER BY d.tenant_id LIMIT 1) AS tenant_id, 1 AS n
                     UNION ALL
-                    SELECT (SELECT d.tenant_id FROM deliveries d
+                    SELECT (SELECT d.tenant_id FROM delivery_queue d
                             WHERE d.status = 'queued' AND d.next_attempt_at <= now()
                               AND d.next_attempt_at > '-infinity' AND d.tenant_id > hi.tenant_id
                               AND d.provider = ANY(\(providers)::text[])
                             ORDER BY d.tenant_id LIMIT 1), hi.n + 1
                     FROM hi WHERE hi.tenant_id IS NOT NULL AND hi.n < \(limit)
                 ), lo AS (
-                    SELECT (SELECT d.tenant_id FROM deliveries d
+                    SELECT (SELECT d.tenant_id FROM delivery_queue d
                             WHERE d.status = 'queued' AND d.next_attempt_at <= now()
                               AND d.next_attempt_at > '-infinity' AND d.tenant_id < \(pivot)
                               AND d.provider = ANY(\(providers)::text[])
                             ORDER BY d.tenant_id LIMIT 1) AS tenant_id, 1 AS n
                     UNION ALL
-                    SELECT (SELECT d.tenant_id FROM deliveries d
+                    SELECT (SELECT d.tenant_id FROM delivery_queue d
                             WHERE d.status = 'queued' AND d.next_attempt_at <= now()
                               AND d.next_attempt_at > '-infinity' AND d.tenant_id > lo.tenant_id
                               AND d.tenant_id < \(pivot) AND d.provider = ANY(\(providers)::text[])
@@ -381,7 +382,7 @@ public struct DeliveryQueue: Sendable {
                 SELECT c.*
                 FROM unnest(\(tenants)::uuid[], \(shares)::int[]) AS t(tenant_id, share)
                 CROSS JOIN LATERAL (
-                    SELECT d.* FROM deliveries d
+                    SELECT d.* FROM delivery_queue d
                     WHERE d.tenant_id = t.tenant_id AND d.status = 'queued' AND d.next_attempt_at <= now()
                       AND d.next_attempt_at > '-infinity'
                       AND d.provider = ANY(\(providers)::text[]) AND d.id <> ALL(\(excluding)::uuid[])
@@ -389,7 +390,7 @@ public struct DeliveryQueue: Sendable {
                       -- this a per-row lookup of the token: as an anti-join, planned on statistics from before a burst
                       -- (the queue "empty"), it read the whole burst once per claimed row.
                       AND NOT EXISTS (
-                          SELECT 1 FROM deliveries o
+                          SELECT 1 FROM delivery_queue o
                           WHERE o.tenant_id = d.tenant_id AND o.instance_id = d.instance_id AND o.token = d.token
                             AND o.status = 'queued' AND o.instance_version < d.instance_version
                           OFFSET 0)
@@ -451,11 +452,15 @@ public struct DeliveryQueue: Sendable {
         return ranked.sorted { ($0.0, $0.1) < ($1.0, $1.1) }.map(\.2)
     }
 
-    /// Records results of held deliveries, in the claim's transaction. A retry is superseded when a newer version for
-    /// the same token exists (so N never reaches a token after N+1); a row to park is queued instead if its credential
-    /// was replaced meanwhile.
-    static func record(_ connection: PostgresConnection, _ results: [DeliveryResult]) throws {
-        guard !results.isEmpty else { return }
+    /// Records results of held deliveries, in the claim's transaction. An outcome moves the row from the queue to the
+    /// history (`marquee_history_row`, migration 0057), in one statement for the batch; a retry or a park stays
+    /// queued. A retry is superseded when a newer version for the same token exists (so N never reaches a token after
+    /// N+1); a row to park is queued instead if its credential was replaced meanwhile. Returns the instances something
+    /// was sent to.
+    static func record(_ connection: PostgresConnection, _ results: [DeliveryResult]) throws -> [(
+        tenant: UUID, instance: String
+    )] {
+        guard !results.isEmpty else { return [] }
         let tenants = results.map(\.tenantID)
         let ids = results.map(\.id)
         let statuses = results.map(\.status.rawValue)
@@ -464,43 +469,61 @@ public struct DeliveryQueue: Sendable {
         let reasons = results.map(\.reason)
         let nextAt = results.map { r in r.nextAttemptAt.map { String(format: "%.6f", $0.timeIntervalSince1970) } }
         let priorities = results.map { $0.apnsPriority.map(String.init) }
-        try connection.execute(
+        let rows = try connection.query(
             """
-            UPDATE deliveries d SET
-                status = CASE
-                    WHEN v.status = 'queued' AND EXISTS (
-                        SELECT 1 FROM deliveries n
-                        WHERE n.tenant_id = d.tenant_id AND n.instance_id = d.instance_id
-                          AND n.token = d.token AND n.instance_version > d.instance_version
-                          AND n.status IN ('queued', 'parked', 'sent')
-                        OFFSET 0) THEN 'superseded'
-                    WHEN v.status = 'parked' AND NOT marquee_credential_broken(d.tenant_id, d.provider)
-                        THEN 'queued'
-                    ELSE v.status END,
-                provider_id = COALESCE(v.provider_id, d.provider_id),
-                http_status = v.http_status::int, reason = v.reason, attempts = d.attempts + 1,
-                next_attempt_at = COALESCE(to_timestamp(v.next_at::double precision), d.next_attempt_at),
-                sent_at = CASE WHEN v.status = 'sent' THEN now() ELSE d.sent_at END, updated_at = now(),
-                apns_priority = COALESCE(v.apns_priority::smallint, d.apns_priority)
-            FROM unnest(\(tenants)::uuid[], \(ids)::uuid[], \(statuses)::text[], \(providerIDs)::text[],
-                        \(httpStatuses)::text[], \(reasons)::text[], \(nextAt)::text[], \(priorities)::text[])
-                 AS v(tenant_id, id, status, provider_id, http_status, reason, next_at, apns_priority)
-            WHERE d.tenant_id = v.tenant_id AND d.id = v.id
+            WITH o AS (
+                SELECT d.tenant_id, d.id,
+                       CASE WHEN v.status = 'queued' AND EXISTS (
+                                SELECT 1 FROM deliveries n
+                                WHERE n.tenant_id = d.tenant_id AND n.instance_id = d.instance_id
+                                  AND n.token = d.token AND n.instance_version > d.instance_version
+                                  AND n.status IN ('queued', 'parked', 'sent')
+                                OFFSET 0) THEN 'superseded'
+                            WHEN v.status = 'parked' AND NOT marquee_credential_broken(d.tenant_id, d.provider)
+                                THEN 'queued'
+                            ELSE v.status END AS status,
+                       v.provider_id, v.http_status::int AS http_status, v.reason,
+                       to_timestamp(v.next_at::double precision) AS next_at, v.apns_priority::smallint AS apns_priority
+                FROM unnest(\(tenants)::uuid[], \(ids)::uuid[], \(statuses)::text[], \(providerIDs)::text[],
+                            \(httpStatuses)::text[], \(reasons)::text[], \(nextAt)::text[], \(priorities)::text[])
+                     AS v(tenant_id, id, status, provider_id, http_status, reason, next_at, apns_priority)
+                JOIN delivery_queue d ON d.tenant_id = v.tenant_id AND d.id = v.id
+            ), kept AS (
+                UPDATE delivery_queue d SET
+                    status = o.status, provider_id = COALESCE(o.provider_id, d.provider_id),
+                    http_status = o.http_status, reason = o.reason, attempts = d.attempts + 1,
+                    next_attempt_at = COALESCE(o.next_at, d.next_attempt_at), updated_at = now(),
+                    apns_priority = COALESCE(o.apns_priority, d.apns_priority)
+                FROM o
+                WHERE d.tenant_id = o.tenant_id AND d.id = o.id AND o.status IN ('queued', 'parked')
+                RETURNING 1
+            ), gone AS (
+                DELETE FROM delivery_queue d USING o
+                WHERE d.tenant_id = o.tenant_id AND d.id = o.id AND o.status NOT IN ('queued', 'parked')
+                RETURNING d, o.status, o.provider_id, o.http_status, o.reason, o.apns_priority
+            ), history AS (
+                INSERT INTO delivery_history
+                SELECT h.* FROM gone,
+                     marquee_history_row(gone.d, gone.status, true, gone.provider_id, gone.http_status, gone.reason,
+                                         gone.apns_priority) h
+                RETURNING tenant_id, instance_id, status
+            )
+            SELECT DISTINCT tenant_id, instance_id FROM history WHERE status = 'sent'
             """)
+        return try rows.map { (try $0.decode(UUID.self, "tenant_id"), try $0.decode(String.self, "instance_id")) }
     }
 
     /// After a claim committed: marks instances `active` once something reached a device, and retires the tokens the
     /// providers called dead. Nothing here touches a held delivery except through SKIP LOCKED.
-    static func settle(_ connection: PostgresConnection, _ results: [DeliveryResult], retire: [TokenRetirement]) throws
-    {
-        let sent = results.filter { $0.status == .sent }
-        if !sent.isEmpty {
+    static func settle(
+        _ connection: PostgresConnection, sentTo: [(tenant: UUID, instance: String)], retire: [TokenRetirement]
+    ) throws {
+        if !sentTo.isEmpty {
             try connection.execute(
                 """
                 UPDATE instances i SET state = 'active', updated_at = now()
-                FROM (SELECT DISTINCT d.tenant_id, d.instance_id FROM deliveries d
-                      JOIN unnest(\(sent.map(\.tenantID))::uuid[], \(sent.map(\.id))::uuid[]) AS v(tenant_id, id)
-                        ON d.tenant_id = v.tenant_id AND d.id = v.id) s
+                FROM unnest(\(sentTo.map(\.tenant))::uuid[], \(sentTo.map(\.instance))::text[])
+                     AS s(tenant_id, instance_id)
                 WHERE i.tenant_id = s.tenant_id AND i.id = s.instance_id AND i.state IN ('pending', 'failed')
                 """)
         }
@@ -532,12 +555,16 @@ public struct DeliveryQueue: Sendable {
                     """)
                 try connection.execute(
                     """
-                    UPDATE deliveries SET status = 'failed', reason = \(r.reason), updated_at = now()
-                    WHERE tenant_id = \(r.tenantID) AND id IN (
-                        SELECT id FROM deliveries
-                        WHERE tenant_id = \(r.tenantID) AND token_kind = 'channel' AND token = \(r.token)
-                          AND status IN ('queued', 'parked')
-                        FOR NO KEY UPDATE SKIP LOCKED)
+                    WITH gone AS (
+                        DELETE FROM delivery_queue d
+                        WHERE d.tenant_id = \(r.tenantID) AND d.id IN (
+                            SELECT id FROM delivery_queue
+                            WHERE tenant_id = \(r.tenantID) AND token_kind = 'channel' AND token = \(r.token)
+                            FOR UPDATE SKIP LOCKED)
+                        RETURNING d
+                    )
+                    INSERT INTO delivery_history
+                    SELECT h.* FROM gone, marquee_history_row(gone.d, 'failed', p_reason => \(r.reason)) h
                     """)
             case .fcm:
                 // An FCM registration token is the Android device's token: the device is gone.
@@ -587,7 +614,7 @@ public struct DeliveryQueue: Sendable {
             """
             SELECT provider, count(*)::int AS due,
                    COALESCE(extract(epoch FROM now() - min(next_attempt_at)), 0)::float8 AS oldest
-            FROM deliveries WHERE status = 'queued' AND next_attempt_at <= now() AND next_attempt_at > '-infinity'
+            FROM delivery_queue WHERE status = 'queued' AND next_attempt_at <= now() AND next_attempt_at > '-infinity'
             GROUP BY provider
             """)
         var byProvider = Dictionary(

@@ -305,7 +305,7 @@ public struct LiveActivityStore: Sendable {
                 ON CONFLICT (tenant_id, id) DO NOTHING
                 RETURNING id
             ), dels AS (
-                INSERT INTO deliveries (tenant_id, id, instance_id, device_token, provider, token_kind, token,
+                INSERT INTO delivery_queue (tenant_id, id, instance_id, device_token, provider, token_kind, token,
                                         operation, instance_version, attributes, content_state, options,
                                         content_timestamp)
                 SELECT \(tenant), d.id, \(request.instanceID), d.device_token, d.provider, d.token_kind, d.token,
@@ -386,19 +386,22 @@ public struct LiveActivityStore: Sendable {
             ), cand AS (
                 -- An end cancels every unsent delivery of the instance; an update supersedes older ones to its
                 -- tokens (rows waiting for a retry included).
-                SELECT id FROM deliveries
-                WHERE tenant_id = \(tenant) AND instance_id = \(write.instanceID) AND status IN ('queued', 'parked')
+                SELECT id FROM delivery_queue
+                WHERE tenant_id = \(tenant) AND instance_id = \(write.instanceID)
                   AND (\(write.operation.rawValue) = 'end'
                        OR (operation <> 'start' AND token = ANY(\(d.tokens)::text[])))
             ), free AS (
                 -- Rows a worker holds (claimed, being sent) are skipped, never waited on, and left to finish (the
                 -- worker supersedes an interrupted one of an ended instance, and a retry of an older version).
-                SELECT id FROM deliveries
-                WHERE tenant_id = \(tenant) AND id IN (SELECT id FROM cand) AND status IN ('queued', 'parked')
-                FOR NO KEY UPDATE SKIP LOCKED
+                SELECT id FROM delivery_queue
+                WHERE tenant_id = \(tenant) AND id IN (SELECT id FROM cand)
+                FOR UPDATE SKIP LOCKED
+            ), gone AS (
+                DELETE FROM delivery_queue d
+                WHERE d.tenant_id = \(tenant) AND d.id IN (SELECT id FROM free) AND EXISTS (SELECT 1 FROM upd)
+                RETURNING d
             ), sup AS (
-                UPDATE deliveries SET status = 'superseded', updated_at = now()
-                WHERE tenant_id = \(tenant) AND id IN (SELECT id FROM free) AND EXISTS (SELECT 1 FROM upd)
+                INSERT INTO delivery_history SELECT h.* FROM gone, marquee_history_row(gone.d, 'superseded') h
                 RETURNING 1
             ), paced AS (
                 -- Pacing, second half: an older update a worker claimed after this statement's snapshot (so `pace`
@@ -408,7 +411,7 @@ public struct LiveActivityStore: Sendable {
                             ELSE p.due END AS due
                 FROM pace p
             ), dels AS (
-                INSERT INTO deliveries (tenant_id, id, instance_id, device_token, provider, token_kind, token,
+                INSERT INTO delivery_queue (tenant_id, id, instance_id, device_token, provider, token_kind, token,
                                         operation, instance_version, attributes, content_state, options,
                                         content_timestamp, next_attempt_at)
                 SELECT \(tenant), d.id, \(write.instanceID), d.device_token, d.provider, d.token_kind, d.token,
@@ -476,7 +479,7 @@ public struct LiveActivityStore: Sendable {
                 WHERE tenant_id = \(tenant) AND instance_id = \(id) ORDER BY id DESC LIMIT 1
                 """,
                 """
-                SELECT count(*)::int AS n FROM deliveries
+                SELECT count(*)::int AS n FROM delivery_history
                 WHERE tenant_id = \(tenant) AND instance_id = \(id) AND apns_priority = 10
                   AND sent_at > now() - interval '1 hour'
                 """,

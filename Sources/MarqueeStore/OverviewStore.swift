@@ -106,7 +106,7 @@ public struct OverviewStore: Sendable {
                 SELECT provider, count(*) FILTER (WHERE next_attempt_at <= \(now))::int AS due,
                        count(*) FILTER (WHERE next_attempt_at > \(now))::int AS later,
                        min(next_attempt_at) FILTER (WHERE next_attempt_at <= \(now)) AS oldest_due
-                FROM (SELECT provider, next_attempt_at FROM deliveries
+                FROM (SELECT provider, next_attempt_at FROM delivery_queue
                       WHERE tenant_id = \(tenant) AND status = 'queued' AND next_attempt_at > '-infinity'
                       ORDER BY next_attempt_at LIMIT \(Self.queueCap + 1)) q
                 GROUP BY provider
@@ -161,11 +161,12 @@ public struct OverviewStore: Sendable {
                 SELECT * FROM (
                     SELECT f.*, count(*) OVER () AS total, count(*) OVER g AS n, max(updated_at) OVER g AS last_at,
                            row_number() OVER (g ORDER BY updated_at DESC, id DESC) AS pos
-                    FROM (SELECT id, instance_id, provider, status, reason, http_status, operation, updated_at
-                          FROM deliveries
+                    FROM (SELECT id, instance_id, provider, status, reason, http_status, operation,
+                                 recorded_at AS updated_at
+                          FROM delivery_history
                           WHERE tenant_id = \(tenant) AND status IN ('failed', 'undeliverable')
-                            AND updated_at >= \(since)
-                          ORDER BY updated_at DESC LIMIT \(Self.failureCap + 1)) f
+                            AND recorded_at >= \(since)
+                          ORDER BY recorded_at DESC LIMIT \(Self.failureCap + 1)) f
                     WINDOW g AS (PARTITION BY provider, status, reason)
                 ) r
                 WHERE pos <= \(Self.failuresPerGroup)

@@ -216,13 +216,23 @@ public struct RegistryStore: Sendable {
             let devices = try row.decode([String].self, "devices")
             let tokens = try row.decode([String].self, "tokens")
             let instances = try row.decode([String].self, "instances")
+            // Queued and recorded deliveries alike (the history is append-only, erasure is its one exception).
             let deliveries = try connection.query(
                 """
-                DELETE FROM deliveries
-                WHERE tenant_id = \(tenant)
-                  AND (instance_id = ANY(\(instances)::text[]) OR device_token = ANY(\(devices)::text[])
-                       OR token = ANY(\(tokens)::text[]))
-                RETURNING id::text AS id
+                WITH q AS (
+                    DELETE FROM delivery_queue
+                    WHERE tenant_id = \(tenant)
+                      AND (instance_id = ANY(\(instances)::text[]) OR device_token = ANY(\(devices)::text[])
+                           OR token = ANY(\(tokens)::text[]))
+                    RETURNING id
+                ), h AS (
+                    DELETE FROM delivery_history
+                    WHERE tenant_id = \(tenant)
+                      AND (instance_id = ANY(\(instances)::text[]) OR device_token = ANY(\(devices)::text[])
+                           OR token = ANY(\(tokens)::text[]))
+                    RETURNING id
+                )
+                SELECT id::text AS id FROM q UNION ALL SELECT id::text FROM h
                 """
             ).map { try $0.decode(String.self, "id") }
             try connection.execute(

@@ -92,12 +92,8 @@ struct ConsoleEndpointTests {
         let (a, ids) = try await Self.tenant(api, instances: 4)
         let (b, _) = try await Self.tenant(api, instances: 1)
         func fail(_ id: String, _ status: String, _ reason: String, ago: String = "1 second") async throws {
-            _ = try await fixture.pool.query(
-                """
-                UPDATE deliveries SET status = \(status), reason = \(reason), http_status = 410,
-                       updated_at = now() - \(ago)::interval
-                WHERE tenant_id = \(a.uuid) AND instance_id = \(id)
-                """)
+            try await fixture.pool.recordOutcome(
+                tenant: a.uuid, instance: id, status: status, reason: reason, httpStatus: 410, ago: ago)
         }
         try await fail(ids[0], "undeliverable", "Unregistered")
         try await fail(ids[1], "undeliverable", "Unregistered")

@@ -334,7 +334,7 @@ struct DeliveryTests {
         // A's backlog, older than anything B will queue: with first-in-first-out claims B would wait for all of it.
         try await a.fixture.pool.execute(
             """
-            INSERT INTO deliveries (tenant_id, id, instance_id, device_token, provider, token_kind, token, operation,
+            INSERT INTO delivery_queue (tenant_id, id, instance_id, device_token, provider, token_kind, token, operation,
                                     instance_version, next_attempt_at)
             SELECT \(a.tenant.uuid), gen_random_uuid(), \(backlogInstance), 'dev' || i, 'apns', 'activity',
                    md5(i::text) || md5((i + 1)::text), 'update', 1, now() - interval '1 minute'
@@ -374,7 +374,7 @@ struct DeliveryTests {
         let prefix = Fake.hex(8)
         try await a.fixture.pool.execute(
             """
-            INSERT INTO deliveries (tenant_id, id, instance_id, device_token, provider, token_kind, token, operation,
+            INSERT INTO delivery_queue (tenant_id, id, instance_id, device_token, provider, token_kind, token, operation,
                                     instance_version, next_attempt_at)
             SELECT \(a.tenant.uuid), gen_random_uuid(), \(backlogInstance), 'dev' || i, 'apns', 'activity',
                    \(prefix) || substr(md5(i::text) || md5((i + 1)::text), 1, 56), 'update', 1, now()
@@ -480,11 +480,7 @@ struct DeliveryTests {
         let instance = Fake.id("leftover")
         #expect(try await t.start(instance).status == 200)
         let pool = t.fixture.pool
-        try await pool.execute(
-            """
-            UPDATE deliveries SET status = 'sent', sent_at = now()
-            WHERE tenant_id = \(t.tenant.uuid) AND instance_id = \(instance)
-            """)
+        try await pool.recordOutcome(tenant: t.tenant.uuid, instance: instance, status: "sent")
         let activityToken = Fake.hex()
         _ = try await t.api.call(
             "PUT", "/v1/live_notifications/\(instance)/tokens/\(device)", key: t.tenant.sdk,
@@ -496,7 +492,7 @@ struct DeliveryTests {
         // What an update in flight during the end leaves behind when its send fails and is queued for a retry.
         try await pool.execute(
             """
-            INSERT INTO deliveries (tenant_id, id, instance_id, device_token, provider, token_kind, token, operation,
+            INSERT INTO delivery_queue (tenant_id, id, instance_id, device_token, provider, token_kind, token, operation,
                                     instance_version)
             VALUES (\(t.tenant.uuid), marquee_ulid_uuid(), \(instance), \(device), 'apns', 'activity',
                     \(activityToken), 'update', 1)

@@ -45,11 +45,7 @@ struct LifecycleGuaranteeTests {
         let instance = Fake.id("late-token")
         #expect(try await w.start(["instance_id": instance, "platform": "ios"]).status == 200)
         // The push-to-start starts went out (as a worker records them).
-        try await w.fixture.pool.execute(
-            """
-            UPDATE deliveries SET status = 'sent', sent_at = now()
-            WHERE tenant_id = \(w.tenant.uuid) AND instance_id = \(instance)
-            """)
+        try await w.fixture.pool.recordOutcome(tenant: w.tenant.uuid, instance: instance, status: "sent")
         let end = try await w.end(["instance_id": instance])
         #expect(end.status == 200, "\(end.text)")
         #expect(try end.json().string("state") == "ended", "not failed: the end is kept")

@@ -143,10 +143,10 @@ struct LifecycleTests {
                         END IF;
                         RETURN NEW;
                     END $$;
-                    CREATE TRIGGER \(fn) BEFORE INSERT ON deliveries FOR EACH ROW EXECUTE FUNCTION \(fn)();
+                    CREATE TRIGGER \(fn) BEFORE INSERT ON delivery_queue FOR EACH ROW EXECUTE FUNCTION \(fn)();
                     """))
         let r = try await w.start(["instance_id": instance])
-        try await w.fixture.pool.execute(PostgresQuery(unsafeSQL: "DROP TRIGGER \(fn) ON deliveries"))
+        try await w.fixture.pool.execute(PostgresQuery(unsafeSQL: "DROP TRIGGER \(fn) ON delivery_queue"))
         #expect(r.status == 500, "\(r.text)")
         #expect(!r.text.contains("forced failure"), "500s carry only the request ID")
         let counts = try await w.fixture.pool.query(

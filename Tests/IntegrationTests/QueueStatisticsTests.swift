@@ -45,7 +45,7 @@ struct QueueStatisticsTests {
         let (url, owner) = try await Self.migratedDatabase()
         defer { owner.close() }
         // Autovacuum must not analyse behind the test's back.
-        try await owner.execute("ALTER TABLE deliveries SET (autovacuum_enabled = false)")
+        try await owner.execute("ALTER TABLE delivery_queue SET (autovacuum_enabled = false)")
         let workerPool = try Self.workerPool(url)
         defer { workerPool.close() }
         let queue = DeliveryQueue(pool: workerPool)
@@ -56,7 +56,7 @@ struct QueueStatisticsTests {
             try Self.seedInstance(connection, tenant: tenant, name: "stats")
             try connection.execute(
                 """
-                INSERT INTO deliveries (tenant_id, id, instance_id, device_token, provider, token_kind, token,
+                INSERT INTO delivery_queue (tenant_id, id, instance_id, device_token, provider, token_kind, token,
                                         operation, instance_version)
                 SELECT \(tenant), gen_random_uuid(), 'i', 'd' || i, 'apns', 'activity', md5(i::text), 'update', 1
                 FROM generate_series(1, 5000) i
@@ -66,7 +66,7 @@ struct QueueStatisticsTests {
         }
         #expect(try await queue.refreshStatistics() == true, "5,000 new rows: analysed")
         let analysed = try await owner.query(
-            "SELECT last_analyze IS NOT NULL AS done FROM pg_stat_user_tables WHERE relid = 'deliveries'::regclass")
+            "SELECT last_analyze IS NOT NULL AS done FROM pg_stat_user_tables WHERE relid = 'delivery_queue'::regclass")
         #expect(try analysed[0].decode(Bool.self, "done"))
         #expect(try await queue.refreshStatistics() == false, "just analysed: nothing to do")
     }
@@ -74,15 +74,15 @@ struct QueueStatisticsTests {
     func claimAfterBurst() async throws {
         let (url, owner) = try await Self.migratedDatabase()
         defer { owner.close() }
-        try await owner.execute("ALTER TABLE deliveries SET (autovacuum_enabled = false)")
+        try await owner.execute("ALTER TABLE delivery_queue SET (autovacuum_enabled = false)")
         let tenant = UUID()
         try await owner.withConnection { connection in
             try Self.seedInstance(connection, tenant: tenant, name: "burst")
             // Statistics of an empty queue, then the burst: one instance, 50,000 tokens.
-            try connection.execute("ANALYZE deliveries")
+            try connection.execute("ANALYZE delivery_queue")
             try connection.execute(
                 """
-                INSERT INTO deliveries (tenant_id, id, instance_id, device_token, provider, token_kind, token,
+                INSERT INTO delivery_queue (tenant_id, id, instance_id, device_token, provider, token_kind, token,
                                         operation, instance_version)
                 SELECT \(tenant), gen_random_uuid(), 'i', 'd' || i, 'apns', 'activity', md5(i::text), 'update', 1
                 FROM generate_series(1, 50000) i

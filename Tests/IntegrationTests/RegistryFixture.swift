@@ -195,6 +195,26 @@ extension PostgresPool {
         let rows = try await self.query(query)
         return try rows[0].decode(Int.self, "n")
     }
+
+    /// Gives an instance's queued deliveries an outcome, as a worker's record does: they leave the queue for the
+    /// history (migration 0057), recorded `ago` before now.
+    func recordOutcome(
+        tenant: UUID, instance: String, status: String, reason: String? = nil, httpStatus: Int? = nil,
+        ago: String = "0 seconds"
+    ) async throws {
+        try await execute(
+            """
+            WITH gone AS (
+                DELETE FROM delivery_queue q WHERE q.tenant_id = \(tenant) AND q.instance_id = \(instance) RETURNING q
+            )
+            INSERT INTO delivery_history
+            SELECT (h).tenant_id, (h).id, (h).instance_id, (h).device_token, (h).provider, (h).token_kind, (h).token,
+                   (h).operation, (h).instance_version, (h).status, (h).attempts, (h).provider_id, (h).http_status,
+                   (h).reason, (h).created_at, (h).recorded_at - \(ago)::interval,
+                   (h).sent_at - \(ago)::interval, (h).content_timestamp, (h).apns_priority
+            FROM (SELECT marquee_history_row(gone.q, \(status)::text, true, NULL::text, \(httpStatus)::int, \(reason)::text) AS h FROM gone) x
+            """)
+    }
 }
 
 /// The routes `MarqueeAPI.register` adds, read from an in-process router.

@@ -81,6 +81,13 @@ struct RetentionTests {
                 INSERT INTO delivery_metrics (tenant_id, id, delivery_id, metric, at, recorded_at)
                 VALUES (\(db.tenant), \(UUID()), 'x', 'opened', \(receivedAt), \(receivedAt))
                 """)
+            try await db.system.execute(
+                """
+                INSERT INTO delivery_history (tenant_id, id, instance_id, device_token, provider, token_kind, token,
+                                              operation, instance_version, status, attempts, created_at, recorded_at)
+                VALUES (\(db.tenant), \(UUID()), 'i', 'd', 'apns', 'activity', 't', 'update', 1, 'sent', 1,
+                        \(receivedAt), \(receivedAt))
+                """)
         }
         #expect(try await db.count("activity_events_default") == 1)
         #expect(try await db.count("activity_events_\(Self.day(now))") == 1)
@@ -102,11 +109,13 @@ struct RetentionTests {
         #expect(report.cutoff.replacingOccurrences(of: "-", with: "") == Self.day(now + 10 * day))
         // Yesterday to today+7 were made by the migration (9 days per table) and today's pass; all are before the
         // cutoff except none: every one of them is dropped.
-        #expect(report.partitionsDropped >= 2 * 9)
-        #expect(report.defaultRowsDeleted == 2)
+        #expect(report.partitionsDropped >= 3 * 9)
+        #expect(report.defaultRowsDeleted == 3)
         #expect(report.instancesPurged == 2)
         #expect(try await db.count("activity_events") == 0)
         #expect(try await db.count("delivery_metrics") == 0)
+        #expect(try await db.count("delivery_history") == 0)
+        #expect(try await !db.exists("delivery_history_\(Self.day(now))"))
         #expect(try await !db.exists("activity_events_\(Self.day(now))"))
         #expect(try await !db.exists("delivery_metrics_\(Self.day(now))"))
         // Partitions ahead of the new day exist and are protected like their parent.
@@ -127,7 +136,7 @@ struct RetentionTests {
         try await db.instance("old", expiresAt: Date(), endedAt: Date())
         let report = try #require(try await RetentionStore(pool: db.system).apply(now: now, keepDays: 0))
         #expect(report.partitionsDropped == 0 && report.instancesPurged == 0)
-        #expect(report.partitionsCreated == 2 * 9)
+        #expect(report.partitionsCreated == 3 * 9, "events, metrics and delivery history, 9 days each")
         #expect(try await db.count("instances") == 1)
         #expect(try await db.exists("delivery_metrics_\(Self.day(now))"))
     }

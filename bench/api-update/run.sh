@@ -177,15 +177,17 @@ WITH upd AS (
          content_timestamp = content_timestamp + 1, updated_at = now()
   WHERE tenant_id = '$tenant' AND id = 'bench-' || :i RETURNING version
 ), free AS (
-  SELECT id FROM deliveries
-  WHERE tenant_id = '$tenant' AND instance_id = 'bench-' || :i AND status = 'queued' AND operation <> 'start'
+  SELECT id FROM delivery_queue
+  WHERE tenant_id = '$tenant' AND instance_id = 'bench-' || :i AND operation <> 'start'
     AND token = ANY(ARRAY[md5(:i::text) || md5((:i::int + 1)::text)])
-  FOR NO KEY UPDATE SKIP LOCKED
+  FOR UPDATE SKIP LOCKED
+), gone AS (
+  DELETE FROM delivery_queue d
+  WHERE d.tenant_id = '$tenant' AND d.id IN (SELECT id FROM free) AND EXISTS (SELECT 1 FROM upd) RETURNING d
 ), sup AS (
-  UPDATE deliveries SET status = 'superseded', updated_at = now()
-  WHERE tenant_id = '$tenant' AND id IN (SELECT id FROM free) AND EXISTS (SELECT 1 FROM upd) RETURNING 1
+  INSERT INTO delivery_history SELECT h.* FROM gone, marquee_history_row(gone.d, 'superseded') h RETURNING 1
 ), dels AS (
-  INSERT INTO deliveries (tenant_id, id, instance_id, device_token, provider, token_kind, token, operation, instance_version)
+  INSERT INTO delivery_queue (tenant_id, id, instance_id, device_token, provider, token_kind, token, operation, instance_version)
   SELECT '$tenant', gen_random_uuid(), 'bench-' || :i, repeat(lpad(to_hex(:i::int), 8, '0'), 8), 'apns', 'activity',
          md5(:i::text) || md5((:i::int + 1)::text), 'update', (SELECT version FROM upd)
   WHERE EXISTS (SELECT 1 FROM upd) RETURNING 1

@@ -120,7 +120,7 @@ BEGIN;
 UPDATE instances SET content_state = content_state || jsonb_build_object('step', version), version = version + 1,
        content_timestamp = content_timestamp + 1, updated_at = now()
 WHERE tenant_id = '$tenant';
-INSERT INTO deliveries (tenant_id, id, instance_id, device_token, provider, token_kind, token, operation, instance_version)
+INSERT INTO delivery_queue (tenant_id, id, instance_id, device_token, provider, token_kind, token, operation, instance_version)
 $plan;
 SELECT pg_notify('marquee_deliveries', '');
 SELECT extract(epoch FROM clock_timestamp());
@@ -206,11 +206,11 @@ BEGIN;
 SELECT COALESCE(array_agg(c.tenant_id), '{}') AS tenants, COALESCE(array_agg(c.id), '{}') AS ids
 FROM (
   SELECT d.tenant_id, d.id
-  FROM deliveries d
+  FROM delivery_queue d
   WHERE d.tenant_id = '$tenant' AND d.status = 'queued' AND d.next_attempt_at <= now()
     AND d.next_attempt_at > '-infinity' AND d.provider = ANY('{apns,fcm}'::text[])
     AND NOT EXISTS (
-        SELECT 1 FROM deliveries o
+        SELECT 1 FROM delivery_queue o
         WHERE o.tenant_id = d.tenant_id AND o.instance_id = d.instance_id AND o.token = d.token
           AND o.status = 'queued' AND o.instance_version < d.instance_version OFFSET 0)
   ORDER BY d.next_attempt_at
@@ -221,26 +221,26 @@ SELECT c.tenant_id, c.id AS delivery_id, c.instance_id, c.device_token, c.provid
        c.token, c.operation, c.attempts + 1, c.created_at AS delivery_created_at, i.*,
        t.identifier, t.attributes_type, t.content_state_schema, t.date_fields, t.payload_profile, t.auto_created,
        t.created_at AS type_created_at, t.updated_at AS type_updated_at
-FROM deliveries c
+FROM delivery_queue c
 JOIN unnest(:tenants::uuid[], :ids::uuid[]) AS k(tenant_id, id) ON c.tenant_id = k.tenant_id AND c.id = k.id
 JOIN instances i ON i.tenant_id = c.tenant_id AND i.id = c.instance_id
 JOIN activity_types t ON t.tenant_id = i.tenant_id AND t.identifier = i.activity_type;
-UPDATE deliveries d SET
-    status = v.status, provider_id = COALESCE(v.provider_id, d.provider_id),
-    http_status = v.http_status::int, reason = v.reason, attempts = d.attempts + 1,
-    next_attempt_at = COALESCE(to_timestamp(v.next_at::double precision), d.next_attempt_at),
-    sent_at = CASE WHEN v.status = 'sent' THEN now() ELSE d.sent_at END, updated_at = now()
-FROM unnest(:tenants::uuid[], :ids::uuid[], array_fill('sent'::text, ARRAY[cardinality(:ids::uuid[])]),
-            :ids::text[], array_fill('200'::text, ARRAY[cardinality(:ids::uuid[])]),
-            array_fill(NULL::text, ARRAY[cardinality(:ids::uuid[])]), array_fill(NULL::text, ARRAY[cardinality(:ids::uuid[])]))
-     AS v(tenant_id, id, status, provider_id, http_status, reason, next_at)
-WHERE d.tenant_id = v.tenant_id AND d.id = v.id;
+WITH gone AS (
+  DELETE FROM delivery_queue d USING unnest(:tenants::uuid[], :ids::uuid[]) AS v(tenant_id, id)
+  WHERE d.tenant_id = v.tenant_id AND d.id = v.id
+  RETURNING d, d.id::text AS provider_id
+), history AS (
+  INSERT INTO delivery_history
+  SELECT h.* FROM gone, marquee_history_row(gone.d, 'sent', true, gone.provider_id, 200, NULL, NULL) h
+  RETURNING tenant_id, instance_id
+)
+SELECT COALESCE(array_agg(DISTINCT tenant_id), '{}') AS sent_tenants, COALESCE(array_agg(DISTINCT instance_id), '{}') AS sent_instances
+FROM history \\gset
 COMMIT;
 BEGIN;
 UPDATE instances i SET state = 'active', updated_at = now()
-FROM (SELECT DISTINCT d.tenant_id, d.instance_id FROM deliveries d
-      JOIN unnest(:tenants::uuid[], :ids::uuid[]) AS v(tenant_id, id) ON d.tenant_id = v.tenant_id AND d.id = v.id) s
-WHERE i.tenant_id = s.tenant_id AND i.id = s.instance_id AND i.state IN ('pending', 'failed');
+FROM (SELECT :sent_tenants::uuid[] AS t, :sent_instances::text[] AS ids) s
+WHERE i.tenant_id = ANY(s.t) AND i.id = ANY(s.ids) AND i.state IN ('pending', 'failed');
 COMMIT;
 SQL
 # Slack: a claim can come back short while another client holds 2x batch rows locked; empty claims write nothing.
@@ -248,7 +248,7 @@ tx=$(((instances + batch * clients - 1) / (batch * clients) * 5 / 4 + 2))
 echo "== pgbench -M prepared -c $clients -j 2 -t $tx -f fanout-claim-record.sql (claim + record, batch $batch, no provider)"
 p0=$(enqueue)
 # What the workers' statistics refresh (marquee_refresh_queue_statistics, every second) would do after this burst.
-psql -q "$DATABASE_URL" -c "ANALYZE deliveries"
+psql -q "$DATABASE_URL" -c "ANALYZE delivery_queue"
 s0=$(date +%s.%N)
 pgbench -n -M prepared -h 127.0.0.1 -p "$PGPORT" -U postgres -c "$clients" -j 2 -t "$tx" \
   -f "$out/fanout-claim-record.sql" marquee 2>&1 | grep -E "^(tps|latency average|number of failed)" || true

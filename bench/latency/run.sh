@@ -109,7 +109,7 @@ INSERT INTO instances (tenant_id, id, activity_type, state, attributes, content_
 SQL
   echo "== backlog: $backlog pushes queued for another tenant, committed just before the paced run"
   psql -q -v ON_ERROR_STOP=1 "$DATABASE_URL" -c "
-    INSERT INTO deliveries (tenant_id, id, instance_id, device_token, provider, token_kind, token, operation,
+    INSERT INTO delivery_queue (tenant_id, id, instance_id, device_token, provider, token_kind, token, operation,
                             instance_version)
     SELECT '$tenant_b', gen_random_uuid(), 'backlog', 'dev' || i, 'apns', 'activity',
            md5('b' || i) || md5('c' || i), 'update', 1
