@@ -487,7 +487,11 @@ public struct DeliveryQueue: Sendable {
                 FROM unnest(\(tenants)::uuid[], \(ids)::uuid[], \(statuses)::text[], \(providerIDs)::text[],
                             \(httpStatuses)::text[], \(reasons)::text[], \(nextAt)::text[], \(priorities)::text[])
                      AS v(tenant_id, id, status, provider_id, http_status, reason, next_at, apns_priority)
-                JOIN delivery_queue d ON d.tenant_id = v.tenant_id AND d.id = v.id
+                -- A primary-key lookup per row (OFFSET 0): as a join it was planned as a hash join over the whole
+                -- queue (7 ms a batch with 20,000 queued).
+                CROSS JOIN LATERAL (
+                    SELECT * FROM delivery_queue q WHERE q.tenant_id = v.tenant_id AND q.id = v.id OFFSET 0
+                ) d
             ), kept AS (
                 UPDATE delivery_queue d SET
                     status = o.status, provider_id = COALESCE(o.provider_id, d.provider_id),

@@ -69,6 +69,25 @@ struct QueueStatisticsTests {
             "SELECT last_analyze IS NOT NULL AS done FROM pg_stat_user_tables WHERE relid = 'delivery_queue'::regclass")
         #expect(try analysed[0].decode(Bool.self, "done"))
         #expect(try await queue.refreshStatistics() == false, "just analysed: nothing to do")
+
+        // A queue draining (outcomes delete their rows, migration 0057) is not analysed again and again (0058); a
+        // second burst that doubles it is.
+        func write(_ sql: PostgresQuery) async throws {
+            try await owner.withConnection { connection in
+                try connection.execute(sql)
+                _ = try connection.query("SELECT pg_stat_force_next_flush()")
+            }
+        }
+        try await write("DELETE FROM delivery_queue WHERE id IN (SELECT id FROM delivery_queue LIMIT 4000)")
+        #expect(try await queue.refreshStatistics() == false, "4,000 of 5,000 sent: the plans need no new statistics")
+        try await write(
+            """
+            INSERT INTO delivery_queue (tenant_id, id, instance_id, device_token, provider, token_kind, token,
+                                        operation, instance_version)
+            SELECT \(tenant), gen_random_uuid(), 'i', 'e' || i, 'apns', 'activity', md5('e' || i), 'update', 1
+            FROM generate_series(1, 10000) i
+            """)
+        #expect(try await queue.refreshStatistics() == true, "11,000 queued where the plans expect 5,000: analysed")
     }
     @Test("a claim planned on statistics from before a burst of 50,000 on one instance does not scan the burst per row")
     func claimAfterBurst() async throws {
