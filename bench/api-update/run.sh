@@ -9,11 +9,11 @@
 #   - pgbench of a naive transaction (one UPDATE and one INSERT), 64 clients: the yardstick of issue 11.
 # HOT=1 adds the hot-instance variant: HOT_REQUESTS (20,000) updates over the first 10 instances from 64
 # connections, each with its own step; p50/p99, and whether every instance ended with the state of its
-# highest-versioned accepted update (nothing lost).
+# highest-versioned accepted update (nothing lost). PERF=1 samples the API process with linux perf during wrk.
 # APIS=N (default 1) runs N `marquee serve` processes on consecutive ports, with one wrk per process sharing the 64
 # connections, and reports the sum (scale-out: bench/scaleout).
 source "$(dirname "$0")/../lib.sh"
-MARQUEE_EXTRA_PACKAGES="wrk" "$root/Deploy/local/deps.sh"
+MARQUEE_EXTRA_PACKAGES="wrk$([ "${PERF:-0}" = 1 ] && echo " linux-perf")" "$root/Deploy/local/deps.sh"
 bench_build
 bench_pg
 port=${PORT:-18083}
@@ -87,7 +87,20 @@ busy0=$(busy)
 before=$(psql -qtA "$DATABASE_URL" -c "SELECT count(*) FROM deliveries WHERE tenant_id = '$tenant'")
 if [ "$apis" = 1 ]; then
   echo "== wrk -t2 -c64 -d10s POST /v1/live_notifications/update (10k instances, 1 token each)"
+  # PERF=1: where the API's CPU goes, sampled for 8 s of the run (call graphs; report below).
+  perf_pid=
+  if [ "${PERF:-0}" = 1 ]; then
+    perf record -q -F 999 -g -p "$pid" -o "$work/perf.data" -- sleep 8 >/dev/null 2>&1 &
+    perf_pid=$!
+  fi
   wrk -t2 -c64 -d10s -s "$root/bench/api-update/update.lua" "http://$MARQUEE_LISTEN"
+  if [ -n "$perf_pid" ]; then
+    wait "$perf_pid" || true
+    echo "== perf: the API's CPU by thread, then its hottest symbols (self time)"
+    perf report -i "$work/perf.data" --no-children --sort comm --stdio 2>/dev/null | grep -E "^ +[0-9]" | head -5
+    perf report -i "$work/perf.data" --no-children --sort symbol --stdio 2>/dev/null | grep -E "^ +[0-9]" \
+      | cut -c1-150 | head -30
+  fi
 else
   echo "== $apis x wrk -t1 -c$((64 / apis)) -d10s POST /v1/live_notifications/update, one per API process"
   wrk_pids=()

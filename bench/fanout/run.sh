@@ -8,9 +8,9 @@
 # Side by side: pgbench running the workers' claim + record SQL (DeliveryQueue.claim / record, same batch size,
 # WORKERS*LOOPS clients) over a second such round of updates, no provider in between: the database's ceiling.
 # Env: MODE (apns|fcm), INSTANCES (100000), WORKERS (2), BATCH (256), LOOPS (2), APNS_CONNECTIONS (2),
-#      TIMEOUT (600 s), PORT, SIM_PORT, METRICS_PORT.
+#      TIMEOUT (600 s), PORT, SIM_PORT, METRICS_PORT; PGSS=1 (pg_stat_statements), PERF=1 (perf of worker 1).
 source "$(dirname "$0")/../lib.sh"
-MARQUEE_EXTRA_PACKAGES="" "$root/Deploy/local/deps.sh"
+MARQUEE_EXTRA_PACKAGES="$([ "${PERF:-0}" = 1 ] && echo linux-perf)" "$root/Deploy/local/deps.sh"
 bench_build
 bench_pg
 mode=${MODE:-apns}
@@ -158,6 +158,12 @@ if [ -n "${PGSS:-}" ]; then
   psql -q "$DATABASE_URL" -c "CREATE EXTENSION IF NOT EXISTS pg_stat_statements" \
     -c "SELECT pg_stat_statements_reset()" >/dev/null
 fi
+perf_pid=
+if [ "${PERF:-0}" = 1 ]; then
+  # PERF=1: where worker 1's CPU goes during the round (linux perf, call graphs, 6 s).
+  perf record -q -F 999 -g -p "${worker_pids[0]}" -o "$work/perf-worker.data" -- sleep 6 >/dev/null 2>&1 &
+  perf_pid=$!
+fi
 t0=$(enqueue)
 deadline=$(($(date +%s) + timeout))
 last=-1
@@ -194,6 +200,13 @@ if [ -n "${PGSS:-}" ]; then
   psql -q "$DATABASE_URL" -c "SELECT calls, round(total_exec_time) AS total_ms, round(mean_exec_time::numeric, 2) AS mean_ms,
     rows, left(regexp_replace(query, '\s+', ' ', 'g'), 110) AS query
     FROM pg_stat_statements ORDER BY total_exec_time DESC LIMIT 12"
+fi
+if [ -n "$perf_pid" ]; then
+  wait "$perf_pid" || true
+  echo "== perf: worker 1's CPU by thread, then its hottest symbols (self time)"
+  perf report -i "$work/perf-worker.data" --no-children --sort comm --stdio 2>/dev/null | grep -E "^ +[0-9]" | head -5
+  perf report -i "$work/perf-worker.data" --no-children --sort symbol --stdio 2>/dev/null | grep -E "^ +[0-9]" \
+    | cut -c1-150 | head -30
 fi
 echo "worker warnings/errors: $(cat "$work"/worker-*.log | grep -c '"level":"\(warning\|error\)"' || true)"
 for p in "${worker_pids[@]}"; do kill -TERM "$p"; done
