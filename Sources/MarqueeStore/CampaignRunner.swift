@@ -4,21 +4,29 @@ import MarqueeCore
 import PostgresClient
 
 /// Runs due campaign schedules: starts and campaign-wide changes. Each run happens in the transaction that marks its
-/// schedule done, on a row claimed with `FOR UPDATE SKIP LOCKED`: whatever the number of workers, a schedule runs
-/// exactly once, and a worker that dies mid-run leaves it to another (its work rolls back with it).
+/// schedule done (or records how far it got), on a row claimed with `FOR UPDATE SKIP LOCKED`: whatever the number of
+/// workers, a schedule runs exactly once, and a worker that dies mid-run leaves it to another (its work rolls back
+/// with it).
+///
+/// A start writes its audience `startChunk` members at a time, one transaction each, in person order: each commits
+/// its instances and deliveries (so workers start sending them while the next are written) and the position reached,
+/// on the schedule, which stays pending until the last. Any worker continues from there.
 public struct CampaignRunner: Sendable {
     let database: TenantDatabase
     let notifyChannel: String
     /// The lifetime of an instance whose campaign named no expiration.
     let lifetime: TimeInterval
+    /// Members a start writes per transaction.
+    let startChunk: Int
 
     public init(
         database: TenantDatabase, notifyChannel: String = "marquee_deliveries",
-        lifetime: TimeInterval = Lifetime.maximum
+        lifetime: TimeInterval = Lifetime.maximum, startChunk: Int = 10_000
     ) {
         self.database = database
         self.notifyChannel = notifyChannel
         self.lifetime = lifetime
+        self.startChunk = max(1, startChunk)
     }
 
     /// A run's failure that is the campaign's, not the database's: recorded on the schedule, never retried.
@@ -33,6 +41,8 @@ public struct CampaignRunner: Sendable {
     /// held back by the bulk write: the first writes one instance and the broadcast, records that on the schedule
     /// (still pending) and commits; the second writes every other instance and marks the schedule done. A worker that
     /// dies between them leaves the schedule to another, which sees the first half recorded and runs the second.
+    ///
+    /// A start in progress (`state` "starting") returns after each chunk; calling again continues it.
     public func runDue() async throws -> CampaignRun? {
         guard let first = try await run(nil) else { return nil }
         guard first.state == "broadcast" else { return first }
@@ -45,15 +55,21 @@ public struct CampaignRunner: Sendable {
     func run(_ scheduleID: UUID?) async throws -> CampaignRun? {
         let lifetime = self.lifetime
         let channel = notifyChannel
+        let startChunk = self.startChunk
         do {
             return try await database.pool.transaction { c in
                 try c.enterSystem()
                 let due = try c.query(
                     """
-                    SELECT tenant_id, campaign_id, id, operation, change, result FROM campaign_schedules
+                    SELECT tenant_id, campaign_id, id, operation, change, result FROM campaign_schedules s
                     WHERE state = 'pending' AND due_at <= now() AND (\(scheduleID)::uuid IS NULL OR id = \(scheduleID))
+                      -- A campaign's changes wait for its start to finish (it runs in several transactions).
+                      AND (operation = 'start' OR NOT EXISTS (
+                          SELECT 1 FROM campaign_schedules b
+                          WHERE b.tenant_id = s.tenant_id AND b.campaign_id = s.campaign_id
+                            AND b.operation = 'start' AND b.state = 'pending'))
                     ORDER BY due_at, id LIMIT 1
-                    FOR UPDATE SKIP LOCKED
+                    FOR UPDATE OF s SKIP LOCKED
                     """)
                 guard let row = due.first else { return nil }
                 let tenant = try row.decode(UUID.self, "tenant_id")
@@ -69,7 +85,11 @@ public struct CampaignRunner: Sendable {
                 var result: JSONValue
                 do {
                     if operation == "start" {
-                        result = try Self.start(c, tenant, campaignID, change, lifetime: lifetime)
+                        let step = try Self.start(
+                            c, tenant, campaignID, change, lifetime: lifetime,
+                            progress: recorded?["phase"]?.stringValue == "starting" ? recorded : nil, chunk: startChunk)
+                        result = step.result
+                        if !step.done { state = "starting" }
                     } else {
                         let planned = CampaignChange(operation: operation == "update" ? .update : .end, json: change)
                         if recorded?["phase"]?.stringValue == "broadcast",
@@ -103,11 +123,13 @@ public struct CampaignRunner: Sendable {
                         tenant: tenant, campaignID: campaignID, scheduleID: scheduleID, operation: operation,
                         reason: refusal.reason, detail: refusal.detail)
                 }
+                // A first half ("broadcast") or a start still writing ("starting") stays pending with its progress.
+                let unfinished = state == "broadcast" || state == "starting"
                 try c.execute(
                     """
                     UPDATE campaign_schedules
-                    SET state = \(state == "broadcast" ? "pending" : state), result = \(result),
-                        executed_at = CASE WHEN \(state) = 'broadcast' THEN NULL ELSE clock_timestamp() END
+                    SET state = \(unfinished ? "pending" : state), result = \(result),
+                        executed_at = CASE WHEN \(unfinished) THEN NULL ELSE clock_timestamp() END
                     WHERE tenant_id = \(tenant) AND id = \(scheduleID)
                     """)
                 try c.query("SELECT pg_notify(\(channel), '')")
@@ -215,11 +237,15 @@ public struct CampaignRunner: Sendable {
 
     // MARK: Start
 
-    /// Resolves the audience into `campaign_members`, then writes one instance per member with its start deliveries
-    /// (push-to-start tokens of their iPhones, FCM tokens of their Android devices) in one statement.
+    /// One step of a start. The first resolves the audience into `campaign_members`; each writes the next `chunk`
+    /// members (in person order, after the position in `progress`) as instances with their start deliveries
+    /// (push-to-start tokens of their iPhones, FCM tokens of their Android devices) in one statement. The last (fewer
+    /// than `chunk` left) makes the campaign active and returns `done` with the counts of all steps; the others return
+    /// the position reached and the counts so far, kept on the schedule.
     static func start(
-        _ c: PostgresConnection, _ tenant: UUID, _ campaignID: String, _ plan: JSONValue, lifetime: TimeInterval
-    ) throws -> JSONValue {
+        _ c: PostgresConnection, _ tenant: UUID, _ campaignID: String, _ plan: JSONValue, lifetime: TimeInterval,
+        progress: JSONValue?, chunk: Int
+    ) throws -> (result: JSONValue, done: Bool) {
         let rows = try c.query(
             """
             SELECT \(unsafeRaw: CampaignStore.columns), c.state AS stored_state,
@@ -240,7 +266,7 @@ public struct CampaignRunner: Sendable {
             try row.decode(Bool?.self, "channel_active") == true ? try row.decode(UUID?.self, "channel_id") : nil
         let expiresAt =
             try row.decode(Date?.self, "expires_at") ?? Lifetime.defaultExpiration(now: Date(), maximum: lifetime)
-        guard expiresAt > Date() else {
+        guard expiresAt > Date() || progress != nil else {
             throw Refusal(reason: "expired", detail: "the campaign's expiration passed before it could start")
         }
         guard let audience = CampaignAudience(json: try row.decode(JSONValue.self, "audience")) else {
@@ -248,40 +274,20 @@ public struct CampaignRunner: Sendable {
         }
 
         try planForBulk(c)
-        // 1. The audience, resolved now and kept.
-        var q = SegmentSQL.Builder()
-        let t = q.parameter(tenant)
-        let cid = q.parameter(campaignID)
-        q.append(
-            """
-            INSERT INTO campaign_members (tenant_id, campaign_id, person_id, instance_id)
-            SELECT p.tenant_id, \(cid)::text, p.id,
-                   CASE WHEN p.id ~ '^[A-Za-z0-9._:-]+$' AND length(p.id) <= 127 - length(\(cid)::text)
-                        THEN \(cid)::text || '.' || p.id ELSE \(cid)::text || '.' || md5(p.id) END
-            FROM people p WHERE p.tenant_id = \(t)::uuid
-            """)
-        switch audience {
-        case .all:
-            break
-        case .people(let ids):
-            q.append(" AND p.id = ANY(")
-            q.append(bind: ids)
-            q.append("::text[])")
-        case .segment(let segmentID):
-            let found = try c.query(
-                "SELECT filter FROM segments WHERE tenant_id = \(tenant) AND id = \(segmentID)")
-            guard let filterJSON = try found.first?.decode(JSONValue.self, "filter"),
-                let filter = try? SegmentFilter(filterJSON)
-            else {
-                throw Refusal(
-                    reason: "segment_gone", detail: "segment \(segmentID) was deleted before the campaign started")
-            }
-            q.append(" AND ")
-            SegmentSQL.condition(filter, into: &q)
+        if progress == nil {
+            try resolveAudience(c, tenant, campaignID, audience)
         }
-        try c.execute(q.query)
+        // Where this step starts: after the last member the previous one wrote. Paced deliveries are due `rate` a
+        // second from the first step's start, counted over every step's rows.
+        let after = progress?["after"]?.stringValue ?? ""
+        let pacedFrom =
+            try progress?["paced_from"]?.doubleValue
+            ?? c.query("SELECT extract(epoch FROM clock_timestamp())::float8 AS t")[0].decode(Double.self, "t")
+        let pacedBefore = progress?["paced"]?.intValue.map(Int.init) ?? 0
+        let before = progress?["counts"] ?? .object([:])
 
-        // 2. Instances and deliveries for every member, in one statement.
+        // 2. Instances and deliveries for the next members, in one statement (none once the expiration passed: the
+        // start ends with what it wrote).
         let fills = plan["fills"] ?? .array([])
         let sample = plan["sample"] ?? .object([:])
         let headroom = plan["headroom"]?.intValue.map(Int.init) ?? 0
@@ -290,13 +296,16 @@ public struct CampaignRunner: Sendable {
         let template = try row.decode(JSONValue.self, "attributes")
         let rate = try row.decode(Int?.self, "rate_limit_per_second")
         let timestamp = Int64(Date().timeIntervalSince1970.rounded(.down))
+        let limit = expiresAt > Date() ? chunk : 0
         let written = try c.query(
             """
             WITH m AS (
                 SELECT m.person_id, m.instance_id, p.email,
                        marquee_fill_person(\(template)::jsonb, \(fills)::jsonb, p.attributes) AS attrs
-                FROM campaign_members m JOIN people p ON p.tenant_id = m.tenant_id AND p.id = m.person_id
-                WHERE m.tenant_id = \(tenant) AND m.campaign_id = \(campaignID)
+                FROM (SELECT person_id, instance_id FROM campaign_members
+                      WHERE tenant_id = \(tenant) AND campaign_id = \(campaignID) AND person_id > \(after)
+                      ORDER BY person_id LIMIT \(limit)) m
+                JOIN people p ON p.tenant_id = \(tenant) AND p.id = m.person_id
             ), ok AS (
                 SELECT * FROM m
                 WHERE attrs IS NOT NULL
@@ -334,7 +343,7 @@ public struct CampaignRunner: Sendable {
                        CASE t.platform WHEN 'ios' THEN 'push_to_start' ELSE 'fcm' END,
                        CASE t.platform WHEN 'ios' THEN t.pts ELSE t.device_token END,
                        'start', 1, ins.attributes, \(contentState), \(options), \(timestamp),
-                       \(unsafeRaw: Self.paced(rate, order: "t.instance_id, t.device_token"))
+                       \(unsafeRaw: Self.paced(rate, order: "t.instance_id, t.device_token", from: pacedFrom, after: pacedBefore))
                 FROM t JOIN ins ON ins.id = t.instance_id
                 RETURNING provider
             ), devs AS (
@@ -353,26 +362,74 @@ public struct CampaignRunner: Sendable {
                   AND ins.id IS NULL
                 RETURNING cm.skipped_reason
             )
-            SELECT (SELECT count(*) FROM m)::int AS audience, (SELECT count(*) FROM ins)::int AS instances,
+            SELECT (SELECT count(*) FROM m)::int AS audience, (SELECT max(person_id) FROM m) AS last_person,
+                   (SELECT count(*) FROM ins)::int AS instances,
                    (SELECT count(*) FROM dels WHERE provider = 'apns')::int AS apns,
                    (SELECT count(*) FROM dels WHERE provider = 'fcm')::int AS fcm,
                    (SELECT COALESCE(jsonb_object_agg(reason, n), '{}') FROM (
                        SELECT skipped_reason AS reason, count(*) AS n FROM skip GROUP BY 1) s) AS skipped
             """)[0]
-        let audienceSize = try written.decode(Int.self, "audience")
+        let step = try written.decode(Int.self, "audience")
+        let apns = try written.decode(Int.self, "apns")
+        let fcm = try written.decode(Int.self, "fcm")
+        let counts = merged(
+            before,
+            .object([
+                "audience": .int(Int64(step)), "instances": .int(Int64(try written.decode(Int.self, "instances"))),
+                "deliveries": .object(["apns": .int(Int64(apns)), "fcm": .int(Int64(fcm))]),
+                "skipped": try written.decode(JSONValue.self, "skipped"),
+            ]))
+        if step == limit, let last = try written.decode(String?.self, "last_person") {
+            return (
+                .object([
+                    "phase": .string("starting"), "after": .string(last), "paced_from": .double(pacedFrom),
+                    "paced": .int(Int64(pacedBefore + apns + fcm)), "counts": counts,
+                ]), false
+            )
+        }
         try c.execute(
             """
-            UPDATE campaigns SET state = 'active', started_at = now(), audience_size = \(audienceSize)
+            UPDATE campaigns SET state = 'active', started_at = now(), audience_size = \(counts["audience"]?.intValue ?? 0)
             WHERE tenant_id = \(tenant) AND id = \(campaignID)
             """)
-        return .object([
-            "audience": .int(Int64(audienceSize)), "instances": .int(Int64(try written.decode(Int.self, "instances"))),
-            "deliveries": .object([
-                "apns": .int(Int64(try written.decode(Int.self, "apns"))),
-                "fcm": .int(Int64(try written.decode(Int.self, "fcm"))),
-            ]),
-            "skipped": try written.decode(JSONValue.self, "skipped"),
-        ])
+        return (counts, true)
+    }
+
+    /// The first step of a start: the audience, resolved now and kept in `campaign_members`.
+    static func resolveAudience(
+        _ c: PostgresConnection, _ tenant: UUID, _ campaignID: String, _ audience: CampaignAudience
+    ) throws {
+        var q = SegmentSQL.Builder()
+        let t = q.parameter(tenant)
+        let cid = q.parameter(campaignID)
+        q.append(
+            """
+            INSERT INTO campaign_members (tenant_id, campaign_id, person_id, instance_id)
+            SELECT p.tenant_id, \(cid)::text, p.id,
+                   CASE WHEN p.id ~ '^[A-Za-z0-9._:-]+$' AND length(p.id) <= 127 - length(\(cid)::text)
+                        THEN \(cid)::text || '.' || p.id ELSE \(cid)::text || '.' || md5(p.id) END
+            FROM people p WHERE p.tenant_id = \(t)::uuid
+            """)
+        switch audience {
+        case .all:
+            break
+        case .people(let ids):
+            q.append(" AND p.id = ANY(")
+            q.append(bind: ids)
+            q.append("::text[])")
+        case .segment(let segmentID):
+            let found = try c.query(
+                "SELECT filter FROM segments WHERE tenant_id = \(tenant) AND id = \(segmentID)")
+            guard let filterJSON = try found.first?.decode(JSONValue.self, "filter"),
+                let filter = try? SegmentFilter(filterJSON)
+            else {
+                throw Refusal(
+                    reason: "segment_gone", detail: "segment \(segmentID) was deleted before the campaign started")
+            }
+            q.append(" AND ")
+            SegmentSQL.condition(filter, into: &q)
+        }
+        try c.execute(q.query)
     }
 
     /// For the statements that write a whole audience: they read rows this transaction just made (no statistics yet)
@@ -384,13 +441,15 @@ public struct CampaignRunner: Sendable {
     }
 
     /// `next_attempt_at` for a campaign's rows: now, or spread at `rate` a second in `order` (the tenant's own send
-    /// limit applies on top, at the claim).
-    static func paced(_ rate: Int?, order: String) -> String {
+    /// limit applies on top, at the claim), the first at `from` (epoch seconds) after `after` rows already spread, or
+    /// else as each row is written.
+    static func paced(_ rate: Int?, order: String, from: Double? = nil, after: Int = 0) -> String {
         guard let rate else { return "now()" }
-        // From the moment the row is written, not the transaction's start: a run that took a while would otherwise
-        // make its first rows due at once, all together.
+        // From the moment the run started (or the row is written), not the transaction's start: a run that took a
+        // while would otherwise make its first rows due at once, all together.
+        let origin = from.map { "to_timestamp(\($0))" } ?? "clock_timestamp()"
         return
-            "clock_timestamp() + make_interval(secs => (row_number() OVER (ORDER BY \(order)) - 1) / \(rate)::float8)"
+            "\(origin) + make_interval(secs => (\(after) + row_number() OVER (ORDER BY \(order)) - 1) / \(rate)::float8)"
     }
 
     // MARK: Campaign-wide update and end

@@ -178,7 +178,8 @@ public struct CampaignRun: Sendable, Equatable {
     public var campaignID: String
     public var scheduleID: UUID
     public var operation: String
-    /// `done`, or `failed` with the reason in the result.
+    /// `done`; `starting` (a start with more of its audience to write: run again) or `broadcast` (the first half of a
+    /// channel-backed change); or `failed` with the reason in the result.
     public var state: String
     public var result: JSONValue
 }
@@ -290,12 +291,22 @@ public struct CampaignStore: Sendable {
             let rows = try connection.query(
                 "SELECT state FROM campaigns WHERE tenant_id = \(tenant) AND id = \(campaignID) FOR UPDATE")
             guard let row = rows.first else { throw NotFound("campaign") }
-            let notStarted = try row.decode(String.self, "state") == "scheduled"
+            // A start that has begun writing its audience (CampaignRunner, a step at a time) has started: it runs to
+            // the end, and the campaign stays, to be updated and ended like any started one.
+            let starting = try !connection.query(
+                """
+                SELECT 1 FROM campaign_schedules
+                WHERE tenant_id = \(tenant) AND campaign_id = \(campaignID) AND operation = 'start'
+                  AND state = 'pending' AND result ->> 'phase' = 'starting'
+                """
+            ).isEmpty
+            let notStarted = try row.decode(String.self, "state") == "scheduled" && !starting
             // A schedule a worker is running is locked: its outcome decides, so wait for it (no SKIP LOCKED here).
             let cancelled = try connection.execute(
                 """
                 UPDATE campaign_schedules SET state = 'cancelled', executed_at = now()
                 WHERE tenant_id = \(tenant) AND campaign_id = \(campaignID) AND state = 'pending'
+                  AND NOT (operation = 'start' AND \(starting))
                 """)
             if notStarted {
                 try connection.execute(

@@ -1,0 +1,111 @@
+import Foundation
+import MarqueeCore
+import PostgresClient
+import Testing
+
+@testable import MarqueeStore
+
+/// A start writes its audience a chunk at a time (CampaignRunner): each step commits its instances and deliveries
+/// and where it got to.
+extension CampaignTests {
+    @Test(
+        "a start writes a chunk a step, committed and paced across steps; a cancel keeps a started start; changes wait")
+    func startInSteps() async throws {
+        let t = try await Self.tenant()
+        let pool = t.fixture.pool
+        let tenant = t.tenant.uuid
+        var lines: [[String: Any]] = []
+        for _ in 0..<8 { lines.append(Self.iosPerson(Fake.id("s"), type: t.type, attributes: ["team": "S"]).0) }
+        try await t.importPeople(lines)
+        let id = Fake.id("steps")
+        // An hour ahead: no worker runs it; the test runs its steps.
+        let created = try await t.create([
+            "campaign_id": id, "audience": ["people": lines.compactMap { $0.string("id") }],
+            "rate_limit_per_second": 10, "start_at": Date().timeIntervalSince1970 + 3600,
+        ])
+        #expect(created.status == 202, "\(created.text)")
+        let schedule = try await pool.query(
+            """
+            SELECT id, change FROM campaign_schedules
+            WHERE tenant_id = \(tenant) AND campaign_id = \(id) AND operation = 'start'
+            """)[0]
+        let scheduleID = try schedule.decode(UUID.self, "id")
+        let plan = try schedule.decode(JSONValue.self, "change")
+        func step(_ progress: JSONValue?) async throws -> (result: JSONValue, done: Bool) {
+            try await pool.transaction { c in
+                try c.enterSystem()
+                try c.enterTenant(tenant)
+                let step = try CampaignRunner.start(
+                    c, tenant, id, plan, lifetime: Lifetime.maximum, progress: progress, chunk: 3)
+                try c.execute(
+                    "UPDATE campaign_schedules SET result = \(step.result) WHERE tenant_id = \(tenant) AND id = \(scheduleID)"
+                )
+                return step
+            }
+        }
+        func written() async throws -> (instances: Int, queued: Int) {
+            let row = try await pool.query(
+                """
+                SELECT (SELECT count(*) FROM instances WHERE tenant_id = \(tenant) AND campaign_id = \(id))::int AS i,
+                       (SELECT count(*) FROM delivery_queue d JOIN instances i
+                          ON i.tenant_id = d.tenant_id AND i.id = d.instance_id
+                        WHERE i.tenant_id = \(tenant) AND i.campaign_id = \(id))::int AS q
+                """)[0]
+            return (try row.decode(Int.self, "i"), try row.decode(Int.self, "q"))
+        }
+
+        let first = try await step(nil)
+        #expect(!first.done && first.result["phase"]?.stringValue == "starting", "\(first.result)")
+        #expect(try await written() == (3, 3), "the first chunk is committed, its pushes queued")
+        #expect(try await t.campaign(id).string("state") == "scheduled", "stored state until the last step")
+
+        // Mid-start, a cancel keeps the start (the campaign has begun) and cancels nothing of it.
+        let cancelled = try await t.api.call("POST", "/v1/campaigns/\(id)/cancel", key: t.tenant.app)
+        #expect(cancelled.status == 200, "\(cancelled.text)")
+        #expect(try cancelled.json()["campaign_cancelled"] as? Bool == false)
+        #expect(try cancelled.json()["schedules_cancelled"] as? Int == 0)
+
+        // A campaign-wide change waits for the start: the runner does not take it while the start is pending. (Due
+        // now: a change is due at the campaign's start_at at the earliest.)
+        try await pool.execute("UPDATE campaigns SET start_at = now() WHERE tenant_id = \(tenant) AND id = \(id)")
+        let update = try await t.api.call(
+            "POST", "/v1/campaigns/\(id)/update", key: t.tenant.app, json: ["content_state_patch": ["home": 1]])
+        #expect(update.status == 202, "\(update.text)")
+        let updateID = try await pool.query(
+            """
+            SELECT id FROM campaign_schedules
+            WHERE tenant_id = \(tenant) AND campaign_id = \(id) AND operation = 'update'
+            """)[0].decode(UUID.self, "id")
+        let runner = CampaignRunner(database: TenantDatabase(pool: pool))
+        #expect(try await runner.run(updateID) == nil, "the update ran before the start finished")
+
+        let second = try await step(first.result)
+        #expect(!second.done)
+        #expect(try await written() == (6, 6))
+        let last = try await step(second.result)
+        #expect(last.done)
+        #expect(try await written() == (8, 8))
+        #expect(
+            last.result
+                == .object([
+                    "audience": .int(8), "instances": .int(8),
+                    "deliveries": .object(["apns": .int(8), "fcm": .int(0)]), "skipped": .object([:]),
+                ]), "\(last.result)")
+        let campaign = try await t.campaign(id)
+        #expect(campaign.string("state") == "active" && campaign["audience_size"] as? Int == 8, "\(campaign)")
+
+        // Paced at 10 a second over all three steps: eight distinct due times, 100 ms apart from the first.
+        let due = try await pool.query(
+            """
+            SELECT count(DISTINCT d.next_attempt_at)::int AS n,
+                   extract(epoch FROM max(d.next_attempt_at) - min(d.next_attempt_at))::float8 AS spread
+            FROM delivery_queue d JOIN instances i ON i.tenant_id = d.tenant_id AND i.id = d.instance_id
+            WHERE i.tenant_id = \(tenant) AND i.campaign_id = \(id)
+            """)[0]
+        #expect(try due.decode(Int.self, "n") == 8)
+        #expect(abs(try due.decode(Double.self, "spread") - 0.7) < 0.001)
+        try await pool.execute(
+            "UPDATE campaign_schedules SET state = 'done', executed_at = now() WHERE tenant_id = \(tenant) AND id = \(scheduleID)"
+        )
+    }
+}
