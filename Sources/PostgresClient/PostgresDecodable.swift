@@ -91,7 +91,7 @@ extension Float: PostgresDecodable {
 extension UUID: PostgresDecodable {
     public static func decodePostgres(from cell: PostgresCell) throws -> UUID {
         let bytes = try cell.requireBytes()
-        guard let value = UUID(uuidString: String(decoding: bytes, as: UTF8.self)) else {
+        guard let value = PostgresUUIDText.parse(bytes) else {
             throw cell.decodingError("not a UUID", raw: bytes)
         }
         return value

@@ -153,7 +153,9 @@ extension Float: PostgresEncodable {
 
 extension UUID: PostgresEncodable {
     public static var postgresTypeOID: UInt32 { PostgresOID.uuid }
-    public func encodePostgres() -> PostgresBind { PostgresBind(text: uuidString, oid: PostgresOID.uuid) }
+    public func encodePostgres() -> PostgresBind {
+        PostgresBind(text: PostgresUUIDText.format(self), oid: PostgresOID.uuid)
+    }
 }
 
 extension Date: PostgresEncodable {

@@ -66,6 +66,11 @@ struct MigrateCommand {
 
 /// Database set-up shared by commands.
 enum Database {
+    /// `jit` for the API's and the workers' sessions: off. Their statements are short and planned on estimates that
+    /// a burst makes large: a claim over 100,000 queued rows crossed `jit_above_cost` and spent 67 ms of its 75 in
+    /// LLVM compilation, every claim (auto_explain in bench/campaign; bench/RESULTS.md).
+    static let jit = "off"
+
     static func migrations(_ configuration: MarqueeConfiguration) throws -> [Migration] {
         guard let directory = MigrationFiles.locate(explicit: configuration.migrationsDirectory) else {
             throw MigrationError(code: .directoryNotFound, subject: "Migrations (set MARQUEE_MIGRATIONS_DIR)")

@@ -22,6 +22,7 @@ struct ServeCommand {
 
         var pgConfiguration = try PostgresConfiguration(url: try configuration.requireDatabaseURL())
         pgConfiguration.applicationName = "marquee-serve"
+        pgConfiguration.startupSettings["jit"] = Database.jit
         if configuration.databaseStatementTimeoutSeconds > 0 {
             pgConfiguration.startupSettings["statement_timeout"] = "\(configuration.databaseStatementTimeoutSeconds)s"
         }

@@ -34,6 +34,7 @@ struct WorkerCommand {
         // The worker's work is cross-tenant (claims, results, token retirement, clean-up): its sessions run as
         // marquee_system (migration 0010); tenant-scoped steps still switch to marquee_api per transaction.
         pgConfiguration.startupSettings["role"] = "marquee_system"
+        pgConfiguration.startupSettings["jit"] = Database.jit
         let pool = PostgresPool(
             pgConfiguration, options: .init(maxConnections: max(4, configuration.workerLoops * 2 + 2)))
         let metrics = MetricsRegistry()

@@ -106,4 +106,24 @@ struct TextFormatTests {
         #expect(throws: PostgresError.self) { try big.decode(Int16.self) }
         #expect(try big.decode(Int32.self) == 40000)
     }
+
+    @Test("uuid text: PostgreSQL's form both ways, as Foundation reads and writes it; anything else refused")
+    func uuidText() {
+        for _ in 0..<1_000 {
+            let id = UUID()
+            let text = PostgresUUIDText.format(id)
+            #expect(text == id.uuidString.lowercased())
+            #expect(PostgresUUIDText.parse(ArraySlice(text.utf8)) == id)
+            #expect(PostgresUUIDText.parse(ArraySlice(id.uuidString.utf8)) == id, "upper case")
+        }
+        let sample = "0190f3a2-7c1e-7d3b-9a4f-1e2d3c4b5a69"
+        #expect(PostgresUUIDText.parse(ArraySlice(sample.utf8)) == UUID(uuidString: sample))
+        for bad in [
+            "", "0190f3a2-7c1e-7d3b-9a4f-1e2d3c4b5a6", "0190f3a2-7c1e-7d3b-9a4f-1e2d3c4b5a690",
+            "0190f3a2x7c1e-7d3b-9a4f-1e2d3c4b5a69", "0190f3a2-7c1e-7d3b-9a4f-1e2d3c4b5a6g",
+            "0190f3a27c1e7d3b9a4f1e2d3c4b5a69----",
+        ] {
+            #expect(PostgresUUIDText.parse(ArraySlice(bad.utf8)) == nil, "\(bad)")
+        }
+    }
 }
