@@ -299,23 +299,36 @@ public struct CampaignRunner: Sendable {
         let limit = expiresAt > Date() ? chunk : 0
         let written = try c.query(
             """
+            -- A step's members, their people, devices and push-to-start tokens are looked up row by row (LATERAL
+            -- ... OFFSET 0 is a nested loop whatever the planner settings): hash joins, which planForBulk makes the
+            -- rest use, would read the tenant's whole people, devices and tokens in every step.
             WITH m AS (
                 SELECT m.person_id, m.instance_id, p.email,
                        marquee_fill_person(\(template)::jsonb, \(fills)::jsonb, p.attributes) AS attrs
                 FROM (SELECT person_id, instance_id FROM campaign_members
                       WHERE tenant_id = \(tenant) AND campaign_id = \(campaignID) AND person_id > \(after)
                       ORDER BY person_id LIMIT \(limit)) m
-                JOIN people p ON p.tenant_id = \(tenant) AND p.id = m.person_id
+                CROSS JOIN LATERAL (
+                    SELECT p.email, p.attributes FROM people p
+                    WHERE p.tenant_id = \(tenant) AND p.id = m.person_id OFFSET 0
+                ) p
             ), ok AS (
                 SELECT * FROM m
                 WHERE attrs IS NOT NULL
                   AND octet_length(attrs::text) - octet_length(\(sample)::jsonb::text) <= \(headroom)
             ), t AS MATERIALIZED (
                 SELECT ok.instance_id, d.token AS device_token, d.platform, s.token AS pts
-                FROM ok JOIN devices d ON d.tenant_id = \(tenant) AND d.person_id = ok.person_id
-                LEFT JOIN push_to_start_tokens s
-                  ON s.tenant_id = d.tenant_id AND s.device_token = d.token AND s.activity_type = \(activityType)
-                 AND s.status = 'active'
+                FROM ok
+                CROSS JOIN LATERAL (
+                    SELECT d.token, d.platform FROM devices d
+                    WHERE d.person_id = ok.person_id AND d.tenant_id = \(tenant) OFFSET 0
+                ) d
+                LEFT JOIN LATERAL (
+                    SELECT s.token FROM push_to_start_tokens s
+                    WHERE s.tenant_id = \(tenant) AND s.device_token = d.token AND s.activity_type = \(activityType)
+                      AND s.status = 'active'
+                    OFFSET 0
+                ) s ON true
                 WHERE (\(platform)::text IS NULL OR d.platform = \(platform)::text)
                   AND (d.platform = 'android' OR s.token IS NOT NULL)
             ), targeted AS (
