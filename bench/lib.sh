@@ -80,3 +80,9 @@ SQL
   pgbench -n -M prepared -h 127.0.0.1 -p "$PGPORT" -U postgres -c 64 -j 2 -T 10 -f "$out/naive.sql" marquee \
     2>&1 | grep -E "^(tps|latency average|number of failed)"
 }
+
+# Prints what a `perf record -g` file ($1) saw: CPU by thread, then the hottest symbols (self time).
+bench_perf_report() {
+  perf report -i "$1" --no-children --sort comm --stdio 2>/dev/null | grep -E "^ +[0-9]" | head -5
+  perf report -i "$1" --no-children --sort symbol --stdio 2>/dev/null | grep -E "^ +[0-9]" | cut -c1-150 | head -30
+}

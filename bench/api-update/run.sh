@@ -97,9 +97,7 @@ if [ "$apis" = 1 ]; then
   if [ -n "$perf_pid" ]; then
     wait "$perf_pid" || true
     echo "== perf: the API's CPU by thread, then its hottest symbols (self time)"
-    perf report -i "$work/perf.data" --no-children --sort comm --stdio 2>/dev/null | grep -E "^ +[0-9]" | head -5
-    perf report -i "$work/perf.data" --no-children --sort symbol --stdio 2>/dev/null | grep -E "^ +[0-9]" \
-      | cut -c1-150 | head -30
+    bench_perf_report "$work/perf.data"
   fi
 else
   echo "== $apis x wrk -t1 -c$((64 / apis)) -d10s POST /v1/live_notifications/update, one per API process"

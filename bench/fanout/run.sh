@@ -204,9 +204,7 @@ fi
 if [ -n "$perf_pid" ]; then
   wait "$perf_pid" || true
   echo "== perf: worker 1's CPU by thread, then its hottest symbols (self time)"
-  perf report -i "$work/perf-worker.data" --no-children --sort comm --stdio 2>/dev/null | grep -E "^ +[0-9]" | head -5
-  perf report -i "$work/perf-worker.data" --no-children --sort symbol --stdio 2>/dev/null | grep -E "^ +[0-9]" \
-    | cut -c1-150 | head -30
+  bench_perf_report "$work/perf-worker.data"
 fi
 echo "worker warnings/errors: $(cat "$work"/worker-*.log | grep -c '"level":"\(warning\|error\)"' || true)"
 for p in "${worker_pids[@]}"; do kill -TERM "$p"; done
