@@ -291,23 +291,18 @@ public struct CampaignStore: Sendable {
             let rows = try connection.query(
                 "SELECT state FROM campaigns WHERE tenant_id = \(tenant) AND id = \(campaignID) FOR UPDATE")
             guard let row = rows.first else { throw NotFound("campaign") }
-            // A start that has begun writing its audience (CampaignRunner, a step at a time) has started: it runs to
-            // the end, and the campaign stays, to be updated and ended like any started one.
-            let starting = try !connection.query(
-                """
-                SELECT 1 FROM campaign_schedules
-                WHERE tenant_id = \(tenant) AND campaign_id = \(campaignID) AND operation = 'start'
-                  AND state = 'pending' AND result ->> 'phase' = 'starting'
-                """
-            ).isEmpty
-            let notStarted = try row.decode(String.self, "state") == "scheduled" && !starting
-            // A schedule a worker is running is locked: its outcome decides, so wait for it (no SKIP LOCKED here).
-            let cancelled = try connection.execute(
+            // A schedule a worker is running is locked: its outcome decides, so wait for it (no SKIP LOCKED here). A
+            // start that has begun writing its audience (CampaignRunner, a step at a time) has started: it runs to the
+            // end, and the campaign stays, to be updated and ended like any started one.
+            let cancelled = try connection.query(
                 """
                 UPDATE campaign_schedules SET state = 'cancelled', executed_at = now()
                 WHERE tenant_id = \(tenant) AND campaign_id = \(campaignID) AND state = 'pending'
-                  AND NOT (operation = 'start' AND \(starting))
-                """)
+                  AND NOT (operation = 'start' AND COALESCE(result ->> 'phase', '') = 'starting')
+                RETURNING operation
+                """
+            ).map { try $0.decode(String.self, "operation") }
+            let notStarted = try row.decode(String.self, "state") == "scheduled" && cancelled.contains("start")
             if notStarted {
                 try connection.execute(
                     """
@@ -315,7 +310,7 @@ public struct CampaignStore: Sendable {
                     WHERE tenant_id = \(tenant) AND id = \(campaignID)
                     """)
             }
-            return (notStarted, cancelled)
+            return (notStarted, cancelled.count)
         }
     }
 

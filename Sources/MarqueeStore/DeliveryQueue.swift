@@ -116,8 +116,8 @@ public struct ClaimResults: Sendable {
         self.heldUntil = heldUntil
     }
 
-    /// `heldUntil` to the millisecond: the lease's value, written and later compared.
-    var heldUntilMilliseconds: Int64 { Int64((heldUntil.timeIntervalSince1970 * 1000).rounded()) }
+    /// `heldUntil` to the millisecond: the lease's value, written into `next_attempt_at` and later compared with it.
+    var lease: Date { Date(timeIntervalSince1970: (heldUntil.timeIntervalSince1970 * 1000).rounded() / 1000) }
 }
 
 /// The delivery queue as workers see it: claims that lock their rows (`FOR UPDATE SKIP LOCKED`) for as long as the
@@ -230,7 +230,7 @@ public struct DeliveryQueue: Sendable {
                     try connection.execute(
                         """
                         UPDATE delivery_queue d
-                        SET next_attempt_at = to_timestamp(\(outcome.heldUntilMilliseconds)::bigint / 1000.0)
+                        SET next_attempt_at = \(outcome.lease)
                         FROM unnest(\(outcome.stillSending.map(\.tenant))::uuid[], \(outcome.stillSending.map(\.id))::uuid[])
                              AS v(tenant_id, id)
                         WHERE d.tenant_id = v.tenant_id AND d.id = v.id
@@ -263,7 +263,7 @@ public struct DeliveryQueue: Sendable {
                 JOIN unnest(\(late.results.map(\.tenantID))::uuid[], \(late.results.map(\.id))::uuid[]) AS v(tenant_id, id)
                   ON d.tenant_id = v.tenant_id AND d.id = v.id
                 WHERE d.status = 'queued'
-                  AND d.next_attempt_at = to_timestamp(\(late.heldUntilMilliseconds)::bigint / 1000.0)
+                  AND d.next_attempt_at = \(late.lease)
                 FOR NO KEY UPDATE OF d SKIP LOCKED
                 """
             ).map { try $0.decode(UUID.self, "id") }
@@ -500,7 +500,6 @@ public struct DeliveryQueue: Sendable {
                     apns_priority = COALESCE(o.apns_priority, d.apns_priority)
                 FROM o
                 WHERE d.tenant_id = o.tenant_id AND d.id = o.id AND o.status IN ('queued', 'parked')
-                RETURNING 1
             ), gone AS (
                 DELETE FROM delivery_queue d USING o
                 WHERE d.tenant_id = o.tenant_id AND d.id = o.id AND o.status NOT IN ('queued', 'parked')

@@ -290,9 +290,24 @@ enum PostgresArrayText {
     }
 }
 
+/// Hex digits, both ways (bytea's hex format, uuid text).
+enum PostgresHex {
+    /// Lower-case digits by value.
+    static let digits: [UInt8] = Array("0123456789abcdef".utf8)
+
+    /// The value of a hex digit of either case; nil for anything else.
+    static func value(_ byte: UInt8) -> UInt8? {
+        switch byte {
+        case UInt8(ascii: "0")...UInt8(ascii: "9"): byte - UInt8(ascii: "0")
+        case UInt8(ascii: "a")...UInt8(ascii: "f"): byte - UInt8(ascii: "a") + 10
+        case UInt8(ascii: "A")...UInt8(ascii: "F"): byte - UInt8(ascii: "A") + 10
+        default: nil
+        }
+    }
+}
+
 /// `bytea` text output (hex and the older escape format).
 enum PostgresByteaText {
-    private static let hexDigits: [UInt8] = Array("0123456789abcdef".utf8)
 
     static func decode(_ slice: ArraySlice<UInt8>) -> [UInt8]? {
         let bytes = Array(slice)
@@ -302,7 +317,9 @@ enum PostgresByteaText {
             out.reserveCapacity((bytes.count - 2) / 2)
             var index = 2
             while index < bytes.count {
-                guard let high = hexValue(bytes[index]), let low = hexValue(bytes[index + 1]) else { return nil }
+                guard let high = PostgresHex.value(bytes[index]), let low = PostgresHex.value(bytes[index + 1]) else {
+                    return nil
+                }
                 out.append(high << 4 | low)
                 index += 2
             }
@@ -338,22 +355,13 @@ enum PostgresByteaText {
         return UInt8(exactly: value)
     }
 
-    private static func hexValue(_ byte: UInt8) -> UInt8? {
-        switch byte {
-        case UInt8(ascii: "0")...UInt8(ascii: "9"): return byte - UInt8(ascii: "0")
-        case UInt8(ascii: "a")...UInt8(ascii: "f"): return byte - UInt8(ascii: "a") + 10
-        case UInt8(ascii: "A")...UInt8(ascii: "F"): return byte - UInt8(ascii: "A") + 10
-        default: return nil
-        }
-    }
-
     /// Appends `\x…` hex text for `bytes`.
     static func appendHex(_ bytes: [UInt8], to out: inout [UInt8]) {
         out.append(UInt8(ascii: "\\"))
         out.append(UInt8(ascii: "x"))
         for byte in bytes {
-            out.append(hexDigits[Int(byte >> 4)])
-            out.append(hexDigits[Int(byte & 0x0F)])
+            out.append(PostgresHex.digits[Int(byte >> 4)])
+            out.append(PostgresHex.digits[Int(byte & 0x0F)])
         }
     }
 }
@@ -426,25 +434,12 @@ enum PostgresUUIDText {
                         out[at] = UInt8(ascii: "-")
                         at += 1
                     }
-                    out[at] = hexDigit(byte >> 4)
-                    out[at + 1] = hexDigit(byte & 0x0F)
+                    out[at] = PostgresHex.digits[Int(byte >> 4)]
+                    out[at + 1] = PostgresHex.digits[Int(byte & 0x0F)]
                     at += 2
                 }
                 return at
             }
-        }
-    }
-
-    private static func hexDigit(_ nibble: UInt8) -> UInt8 {
-        nibble < 10 ? UInt8(ascii: "0") + nibble : UInt8(ascii: "a") + nibble - 10
-    }
-
-    private static func nibble(_ c: UInt8) -> UInt8? {
-        switch c {
-        case UInt8(ascii: "0")...UInt8(ascii: "9"): c - UInt8(ascii: "0")
-        case UInt8(ascii: "a")...UInt8(ascii: "f"): c - UInt8(ascii: "a") + 10
-        case UInt8(ascii: "A")...UInt8(ascii: "F"): c - UInt8(ascii: "A") + 10
-        default: nil
         }
     }
 
@@ -459,9 +454,9 @@ enum PostgresUUIDText {
                     guard text[index] == UInt8(ascii: "-") else { return false }
                     index = text.index(after: index)
                 }
-                guard let high = nibble(text[index]) else { return false }
+                guard let high = PostgresHex.value(text[index]) else { return false }
                 index = text.index(after: index)
-                guard let low = nibble(text[index]) else { return false }
+                guard let low = PostgresHex.value(text[index]) else { return false }
                 index = text.index(after: index)
                 out[byte] = high << 4 | low
             }

@@ -52,18 +52,21 @@ struct QueueStatisticsTests {
         #expect(try await queue.refreshStatistics() == false, "nothing changed yet")
 
         let tenant = UUID()
-        try await owner.withConnection { connection in
-            try Self.seedInstance(connection, tenant: tenant, name: "stats")
-            try connection.execute(
-                """
-                INSERT INTO delivery_queue (tenant_id, id, instance_id, device_token, provider, token_kind, token,
-                                        operation, instance_version)
-                SELECT \(tenant), gen_random_uuid(), 'i', 'd' || i, 'apns', 'activity', md5(i::text), 'update', 1
-                FROM generate_series(1, 5000) i
-                """)
-            // The counters the function reads are published by the inserting session.
-            _ = try connection.query("SELECT pg_stat_force_next_flush()")
+        try await owner.withConnection { try Self.seedInstance($0, tenant: tenant, name: "stats") }
+        // Writes the queue; the counters the function reads are published by the writing session.
+        func write(_ sql: PostgresQuery) async throws {
+            try await owner.withConnection { connection in
+                try connection.execute(sql)
+                _ = try connection.query("SELECT pg_stat_force_next_flush()")
+            }
         }
+        try await write(
+            """
+            INSERT INTO delivery_queue (tenant_id, id, instance_id, device_token, provider, token_kind, token,
+                                        operation, instance_version)
+            SELECT \(tenant), gen_random_uuid(), 'i', 'd' || i, 'apns', 'activity', md5(i::text), 'update', 1
+            FROM generate_series(1, 5000) i
+            """)
         #expect(try await queue.refreshStatistics() == true, "5,000 new rows: analysed")
         let analysed = try await owner.query(
             "SELECT last_analyze IS NOT NULL AS done FROM pg_stat_user_tables WHERE relid = 'delivery_queue'::regclass")
@@ -72,12 +75,6 @@ struct QueueStatisticsTests {
 
         // A queue draining (outcomes delete their rows, migration 0057) is not analysed again and again (0058); a
         // second burst that doubles it is.
-        func write(_ sql: PostgresQuery) async throws {
-            try await owner.withConnection { connection in
-                try connection.execute(sql)
-                _ = try connection.query("SELECT pg_stat_force_next_flush()")
-            }
-        }
         try await write("DELETE FROM delivery_queue WHERE id IN (SELECT id FROM delivery_queue LIMIT 4000)")
         #expect(try await queue.refreshStatistics() == false, "4,000 of 5,000 sent: the plans need no new statistics")
         try await write(
