@@ -59,6 +59,7 @@ public struct CampaignRunner: Sendable {
         do {
             return try await database.pool.transaction { c in
                 try c.enterSystem()
+                try Self.planEachRun(c)
                 let due = try c.query(
                     """
                     SELECT tenant_id, campaign_id, id, operation, change, result FROM campaign_schedules s
@@ -443,6 +444,15 @@ public struct CampaignRunner: Sendable {
             SegmentSQL.condition(filter, into: &q)
         }
         try c.execute(q.query)
+    }
+
+    /// A runner's statements are planned at each execution, for the values and settings at hand. The connection's
+    /// statement cache would otherwise settle on one generic plan per statement text, and the same text serves a
+    /// whole audience (planned under `planForBulk`'s settings: hash joins over every row) and the one instance of a
+    /// channel change's first half, which then took 100–150 ms instead of 2 ms and held its broadcast back. Runs
+    /// are few; planning them costs little beside what they write.
+    static func planEachRun(_ c: PostgresConnection) throws {
+        try c.query("SELECT set_config('plan_cache_mode', 'force_custom_plan', true)")
     }
 
     /// For the statements that write a whole audience: they read rows this transaction just made (no statistics yet)

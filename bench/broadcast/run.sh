@@ -221,6 +221,24 @@ PY
            || round(max(s)::numeric, 2) || ' s after the call'
     FROM (SELECT result, extract(epoch FROM executed_at - created_at) AS s FROM campaign_schedules
           WHERE operation = 'update' AND state = 'done') x"
+  # Where each broadcast's time went, on PostgreSQL's clock: the API's schedule row (its transaction's start) → the
+  # worker's first half (the broadcast row's creation, that transaction's start) → the worker's record of the send.
+  # The n-th update schedule goes with the n-th broadcast of the campaign's instances.
+  psql -qtA "$DATABASE_URL" -c "
+    WITH s AS (SELECT row_number() OVER (ORDER BY created_at) AS n, created_at FROM campaign_schedules
+               WHERE campaign_id = 'final' AND operation = 'update'),
+         b AS (SELECT row_number() OVER (ORDER BY h.created_at) AS n, h.created_at, h.sent_at
+               FROM delivery_history h JOIN instances i ON i.tenant_id = h.tenant_id AND i.id = h.instance_id
+               WHERE i.campaign_id = 'final' AND h.token_kind = 'channel' AND h.operation = 'update'
+                 AND h.status = 'sent'),
+         x AS (SELECT extract(epoch FROM b.created_at - s.created_at) * 1000 AS wake,
+                      extract(epoch FROM b.sent_at - b.created_at) * 1000 AS send
+               FROM s JOIN b USING (n))
+    SELECT 'broadcast breakdown (ms): schedule → first half p50 ' || round(percentile_cont(0.5) WITHIN GROUP (ORDER BY wake)::numeric, 1)
+           || ' max ' || round(max(wake)::numeric, 1) || '; first half → send recorded p50 '
+           || round(percentile_cont(0.5) WITHIN GROUP (ORDER BY send)::numeric, 1) || ' max ' || round(max(send)::numeric, 1)
+           || '; per update (wake/send): ' || string_agg(round(wake::numeric) || '/' || round(send::numeric), ' ')
+    FROM x"
 fi
 for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
 for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
