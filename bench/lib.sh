@@ -86,3 +86,17 @@ bench_perf_report() {
   perf report -i "$1" --no-children --sort comm --stdio 2>/dev/null | grep -E "^ +[0-9]" | head -5
   perf report -i "$1" --no-children --sort symbol --stdio 2>/dev/null | grep -E "^ +[0-9]" | cut -c1-150 | head -30
 }
+
+# PGSS=1 (with PG_OPTIONS="-c shared_preload_libraries=pg_stat_statements"): where PostgreSQL's time went during a
+# measured part. bench_pgss_reset before it, bench_pgss_report after it (the 12 statements with the most time).
+bench_pgss_reset() {
+  [ -n "${PGSS:-}" ] || return 0
+  psql -q "$DATABASE_URL" -c "CREATE EXTENSION IF NOT EXISTS pg_stat_statements" \
+    -c "SELECT pg_stat_statements_reset()" >/dev/null
+}
+bench_pgss_report() {
+  [ -n "${PGSS:-}" ] || return 0
+  psql -q "$DATABASE_URL" -c "SELECT calls, round(total_exec_time) AS total_ms, round(mean_exec_time::numeric, 3) AS mean_ms,
+    rows, left(regexp_replace(query, '\s+', ' ', 'g'), 110) AS query
+    FROM pg_stat_statements ORDER BY total_exec_time DESC LIMIT 12"
+}

@@ -9,7 +9,8 @@
 #   - pgbench of a naive transaction (one UPDATE and one INSERT), 64 clients: the yardstick of issue 11.
 # HOT=1 adds the hot-instance variant: HOT_REQUESTS (20,000) updates over the first 10 instances from 64
 # connections, each with its own step; p50/p99, and whether every instance ended with the state of its
-# highest-versioned accepted update (nothing lost). PERF=1 samples the API process with linux perf during wrk.
+# highest-versioned accepted update (nothing lost). PERF=1 samples the API process with linux perf during wrk; PGSS=1
+# (with PG_OPTIONS="-c shared_preload_libraries=pg_stat_statements") lists PostgreSQL's time by statement during it.
 # APIS=N (default 1) runs N `marquee serve` processes on consecutive ports, with one wrk per process sharing the 64
 # connections, and reports the sum (scale-out: bench/scaleout).
 source "$(dirname "$0")/../lib.sh"
@@ -85,6 +86,7 @@ api_cpu0=0
 for p in "${api_pids[@]}"; do api_cpu0=$((api_cpu0 + $(ticks "$p"))); done
 busy0=$(busy)
 before=$(psql -qtA "$DATABASE_URL" -c "SELECT count(*) FROM deliveries WHERE tenant_id = '$tenant'")
+bench_pgss_reset
 if [ "$apis" = 1 ]; then
   echo "== wrk -t2 -c64 -d10s POST /v1/live_notifications/update (10k instances, 1 token each)"
   # PERF=1: where the API's CPU goes, sampled for 8 s of the run (call graphs; report below).
@@ -118,6 +120,8 @@ after=$(psql -qtA "$DATABASE_URL" -c "SELECT count(*) FROM deliveries WHERE tena
 hz=$(getconf CLK_TCK)
 echo "CPU seconds during the run: API $(awk -v t=$((api_cpu1 - api_cpu0)) -v h="$hz" 'BEGIN { printf "%.1f", t / h }'), everything else (PostgreSQL, wrk, the OS) $(awk -v t=$((busy1 - busy0 - api_cpu1 + api_cpu0)) -v h="$hz" 'BEGIN { printf "%.1f", t / h }') of $(awk -v t=$((busy1 - busy0)) -v h="$hz" 'BEGIN { printf "%.1f", t / h }') busy"
 echo "deliveries committed during the run: $((after - before))"
+# PGSS=1 (with PG_OPTIONS="-c shared_preload_libraries=pg_stat_statements"): PostgreSQL's time by statement.
+bench_pgss_report
 curl -s "http://$MARQUEE_LISTEN/metrics" | grep -E "^marquee_group_commit_(batches|statements)_total" || true
 echo "non-2xx in server logs: $(cat "$out"/api-update-serve-*.log | grep -c '"http.status":[45]' || true)"
 for p in "${api_pids[@]}"; do echo "server RSS after run: $(ps -o rss= -p "$p") KiB"; done

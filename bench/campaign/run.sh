@@ -153,16 +153,9 @@ measure start push-to-start POST /v1/campaigns '{"campaign_id":"cup","name":"Cup
 
 # PGSS=1 (with PG_OPTIONS="-c shared_preload_libraries=pg_stat_statements"): where PostgreSQL's time went during
 # the update (its run and its fan-out).
-if [ -n "${PGSS:-}" ]; then
-  psql -q "$DATABASE_URL" -c "CREATE EXTENSION IF NOT EXISTS pg_stat_statements" \
-    -c "SELECT pg_stat_statements_reset()" >/dev/null
-fi
+bench_pgss_reset
 measure update update POST /v1/campaigns/cup/update '{"content_state_patch":{"home":1}}'
-if [ -n "${PGSS:-}" ]; then
-  psql -q "$DATABASE_URL" -c "SELECT calls, round(total_exec_time) AS total_ms, round(mean_exec_time::numeric, 2) AS mean_ms,
-    rows, left(regexp_replace(query, '\s+', ' ', 'g'), 110) AS query
-    FROM pg_stat_statements ORDER BY total_exec_time DESC LIMIT 12"
-fi
+bench_pgss_report
 echo "simulator: $(sim_stats "$sim_port" "$work/ca.pem")"
 echo "deliveries: $(psql -qtA -F'=' -R' ' "$DATABASE_URL" -c "SELECT operation || ':' || status, count(*) FROM deliveries GROUP BY 1 ORDER BY 1")"
 for w in $(seq 1 "$workers"); do echo "worker $w: $(rss "${pids[$((w + 1))]}")"; done

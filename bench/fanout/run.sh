@@ -154,10 +154,7 @@ busy() { awk '/^cpu / { print $2 + $3 + $4 + $7 + $8 }' /proc/stat; }
 declare -A cpu0
 for p in "${worker_pids[@]}" "$api" "$sim"; do cpu0[$p]=$(ticks "$p"); done
 busy0=$(busy)
-if [ -n "${PGSS:-}" ]; then
-  psql -q "$DATABASE_URL" -c "CREATE EXTENSION IF NOT EXISTS pg_stat_statements" \
-    -c "SELECT pg_stat_statements_reset()" >/dev/null
-fi
+bench_pgss_reset
 perf_pid=
 if [ "${PERF:-0}" = 1 ]; then
   # PERF=1: where worker 1's CPU goes during the round (linux perf, call graphs, 6 s).
@@ -195,12 +192,8 @@ for p in "${worker_pids[@]}"; do workers_cpu=$((workers_cpu + $(ticks "$p") - ${
 sim_cpu=$(($(ticks "$sim") - ${cpu0[$sim]}))
 echo "CPU seconds during the round: workers $(awk -v t=$workers_cpu -v h="$hz" 'BEGIN { printf "%.1f", t / h }'), simulator $(awk -v t=$sim_cpu -v h="$hz" 'BEGIN { printf "%.1f", t / h }'), everything else (PostgreSQL, psql polling, the OS) $(awk -v t=$((busy1 - busy0 - ours_cpu)) -v h="$hz" 'BEGIN { printf "%.1f", t / h }') of $(awk -v t=$((busy1 - busy0)) -v h="$hz" 'BEGIN { printf "%.1f", t / h }') busy"
 echo "per push: workers $(awk -v t=$workers_cpu -v h="$hz" -v n="$sent" 'BEGIN { printf "%.0f", t / h * 1e6 / n }') µs, simulator $(awk -v t=$sim_cpu -v h="$hz" -v n="$sent" 'BEGIN { printf "%.0f", t / h * 1e6 / n }') µs, rest $(awk -v t=$((busy1 - busy0 - ours_cpu)) -v h="$hz" -v n="$sent" 'BEGIN { printf "%.0f", t / h * 1e6 / n }') µs"
-if [ -n "${PGSS:-}" ]; then
-  # PGSS=1 (with PG_OPTIONS="-c shared_preload_libraries=pg_stat_statements"): where PostgreSQL's time went.
-  psql -q "$DATABASE_URL" -c "SELECT calls, round(total_exec_time) AS total_ms, round(mean_exec_time::numeric, 2) AS mean_ms,
-    rows, left(regexp_replace(query, '\s+', ' ', 'g'), 110) AS query
-    FROM pg_stat_statements ORDER BY total_exec_time DESC LIMIT 12"
-fi
+# PGSS=1: where PostgreSQL's time went.
+bench_pgss_report
 if [ -n "$perf_pid" ]; then
   wait "$perf_pid" || true
   echo "== perf: worker 1's CPU by thread, then its hottest symbols (self time)"
