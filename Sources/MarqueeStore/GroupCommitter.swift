@@ -5,14 +5,12 @@ import Synchronization
 /// Commits many requests' writes in one transaction (group commit), so that throughput is not bounded by one
 /// commit — one WAL flush — per request.
 ///
-/// Each submission is one self-contained statement (typically a data-modifying CTE) for one tenant. There is no
-/// background loop: the first submitter that finds fewer than `writers` batches in progress becomes a writer and
-/// commits everything queued (its own statement included) in batches of up to `maxBatch`, then steps down when the
-/// queue is empty; the others just wait for their result. A batch is one pipelined round trip:
-/// `BEGIN; (enter tenant; statement)…; pg_notify(channel); COMMIT`. Every caller is answered only after COMMIT
-/// succeeded, so an accepted request is durable. If anything in a batch fails, the batch is rolled back and each
-/// statement is retried alone, so one bad request never fails the others. The single NOTIFY per batch is the
-/// coalesced wake-up for workers.
+/// Each submission is one self-contained statement (typically a data-modifying CTE) for one tenant. Batches form as
+/// `Batches` forms them (no background loop; up to `writers` at once, each of up to `maxBatch`). A batch is one
+/// pipelined round trip: `BEGIN; (enter tenant; statement)…; pg_notify(channel); COMMIT`. Every caller is answered
+/// only after COMMIT succeeded, so an accepted request is durable. If anything in a batch fails, the batch is rolled
+/// back and each statement is retried alone, so one bad request never fails the others. The single NOTIFY per batch
+/// is the coalesced wake-up for workers.
 public final class GroupCommitter: Sendable {
     public struct Configuration: Sendable {
         /// Batches committed at once (each on its own connection). Default 4.
@@ -36,22 +34,16 @@ public final class GroupCommitter: Sendable {
         public var fallbacks: Int = 0
     }
 
-    private struct Pending: Sendable {
+    private struct Submission: Sendable {
         var tenant: UUID
         var query: PostgresQuery
-        var promise: Promise<PostgresRows>
-    }
-
-    private struct State {
-        var queue: [Pending] = []
-        var activeWriters = 0
-        var statistics = Statistics()
     }
 
     private let pool: PostgresPool
-    private let configuration: Configuration
-    private let state = Mutex(State())
+    private let notifyChannel: String?
+    private let statisticsState = Mutex(Statistics())
     private let onBatch: @Sendable (_ statements: Int) -> Void
+    private let batches: Batches<Submission, PostgresRows>
 
     /// `onBatch` is told the size of every batch committed (for a histogram).
     public init(
@@ -59,50 +51,25 @@ public final class GroupCommitter: Sendable {
         onBatch: @escaping @Sendable (_ statements: Int) -> Void = { _ in }
     ) {
         self.pool = pool
-        self.configuration = configuration
+        self.notifyChannel = configuration.notifyChannel
         self.onBatch = onBatch
+        batches = Batches(concurrency: configuration.writers, maxBatch: configuration.maxBatch)
     }
 
-    public var statistics: Statistics { state.withLock { $0.statistics } }
+    public var statistics: Statistics { statisticsState.withLock { $0 } }
 
     /// Runs `query` for `tenant` in a shared transaction; returns its rows once that transaction has committed.
     public func submit(tenant: UUID, _ query: PostgresQuery) async throws -> PostgresRows {
-        let promise = Promise<PostgresRows>()
-        let lead = state.withLock { state in
-            state.queue.append(Pending(tenant: tenant, query: query, promise: promise))
-            guard state.activeWriters < configuration.writers else { return false }
-            state.activeWriters += 1
-            return true
-        }
-        if lead { await write() }
-        return try await promise.value()
+        try await batches.submit(Submission(tenant: tenant, query: query)) { await commit($0) }
     }
 
-    /// Commits batches until the queue is empty.
-    private func write() async {
-        while true {
-            let batch: [Pending]? = state.withLock { state in
-                if state.queue.isEmpty {
-                    state.activeWriters -= 1
-                    return nil
-                }
-                let count = min(configuration.maxBatch, state.queue.count)
-                let batch = Array(state.queue.prefix(count))
-                state.queue.removeFirst(count)
-                return batch
-            }
-            guard let batch else { return }
-            await commit(batch)
-        }
-    }
-
-    private func commit(_ batch: [Pending]) async {
+    private func commit(_ batch: [Submission]) async -> [Result<PostgresRows, any Error>] {
         var queries: [PostgresQuery] = ["BEGIN"]
         for item in batch {
             queries.append("SELECT marquee_enter_tenant(\(item.tenant))")
             queries.append(item.query)
         }
-        if let channel = configuration.notifyChannel {
+        if let channel = notifyChannel {
             queries.append("SELECT pg_notify(\(channel), '')")
         }
         queries.append("COMMIT")
@@ -118,28 +85,27 @@ public final class GroupCommitter: Sendable {
                 return results
             }
             if let results {
-                for (i, item) in batch.enumerated() {
-                    item.promise.fulfill(results[2 + 2 * i].mapError { $0 as any Error })
-                }
-                state.withLock {
-                    $0.statistics.batches += 1
-                    $0.statistics.statements += batch.count
+                statisticsState.withLock {
+                    $0.batches += 1
+                    $0.statements += batch.count
                 }
                 onBatch(batch.count)
-                return
+                return batch.indices.map { results[2 + 2 * $0].mapError { $0 as any Error } }
             }
         } catch {
             // The whole batch could not run (no connection, connection lost): fall through to one at a time, which
             // reports each caller's own error.
         }
-        state.withLock { $0.statistics.fallbacks += 1 }
+        statisticsState.withLock { $0.fallbacks += 1 }
+        var answers: [Result<PostgresRows, any Error>] = []
         for item in batch {
-            item.promise.fulfill(await commitAlone(item))
+            answers.append(await commitAlone(item))
         }
+        return answers
     }
 
-    private func commitAlone(_ item: Pending) async -> Result<PostgresRows, any Error> {
-        let channel = configuration.notifyChannel
+    private func commitAlone(_ item: Submission) async -> Result<PostgresRows, any Error> {
+        let channel = notifyChannel
         do {
             let rows = try await pool.transaction { connection in
                 try connection.enterTenant(item.tenant)
@@ -150,37 +116,6 @@ public final class GroupCommitter: Sendable {
             return .success(rows)
         } catch {
             return .failure(error)
-        }
-    }
-}
-
-/// A value produced once, awaited by one task.
-final class Promise<Value: Sendable>: Sendable {
-    private struct State {
-        var result: Result<Value, any Error>?
-        var waiter: CheckedContinuation<Value, any Error>?
-    }
-
-    private let state = Mutex(State())
-
-    func fulfill(_ result: Result<Value, any Error>) {
-        let waiter: CheckedContinuation<Value, any Error>? = state.withLock { state in
-            guard state.result == nil else { return nil }
-            state.result = result
-            defer { state.waiter = nil }
-            return state.waiter
-        }
-        waiter?.resume(with: result)
-    }
-
-    func value() async throws -> Value {
-        try await withCheckedThrowingContinuation { continuation in
-            let ready: Result<Value, any Error>? = state.withLock { state in
-                if let result = state.result { return result }
-                state.waiter = continuation
-                return nil
-            }
-            if let ready { continuation.resume(with: ready) }
         }
     }
 }
