@@ -67,8 +67,15 @@ public struct MarqueeAPI: Sendable {
             "marquee_group_commit_batch_size", help: "Requests per transaction of the lifecycle group committer.",
             buckets: [1, 2, 4, 8, 16, 32, 64, 128, 256])
         committer = GroupCommitter(pool: pool, configuration: groupCommit) { batchSizes.observe(Double($0)) }
+        let contextBatchSizes = metrics.histogram(
+            "marquee_change_context_batch_size",
+            help: "Updates and ends whose change contexts were read together, in one transaction.",
+            buckets: [1, 2, 4, 8, 16, 32, 64])
         lifecycle = LifecycleRoutes(
-            authenticator: authenticator, store: LiveActivityStore(database: database, committer: committer),
+            authenticator: authenticator,
+            store: LiveActivityStore(database: database, committer: committer) {
+                contextBatchSizes.observe(Double($0))
+            },
             now: { Date() })
         let statistics = committer
         let batches = metrics.counter(

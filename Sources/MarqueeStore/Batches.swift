@@ -30,6 +30,9 @@ final class Batches<Item: Sendable, Output: Sendable>: Sendable {
         self.maxBatch = maxBatch
     }
 
+    /// Items waiting for a runner.
+    var queued: Int { state.withLock { $0.queue.count } }
+
     /// Answers `item` once a batch with it ran. If this caller becomes a runner, `run` runs its batches (every caller
     /// of one `Batches` passes the same function); it answers every item of a batch, in order (a missing answer fails
     /// its item).

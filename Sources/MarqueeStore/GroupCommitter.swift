@@ -126,10 +126,17 @@ extension TenantDatabase {
     /// transaction never fails to serialize there): under READ COMMITTED each would take its own, and a read could
     /// see a campaign's run done in one query and not yet in the one before.
     public func tenantRead(_ tenant: UUID, _ queries: [PostgresQuery]) async throws -> [PostgresRows] {
-        var all: [PostgresQuery] = [
-            "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", "SELECT marquee_enter_tenant(\(tenant))",
-        ]
-        all.append(contentsOf: queries)
+        try await tenantReads([(tenant, queries)])[0]
+    }
+
+    /// `tenantRead` for several tenants in the same transaction and round trip: each tenant's queries run inside its
+    /// own row-level security (entered before them). Returns each tenant's rows, in order.
+    func tenantReads(_ reads: [(tenant: UUID, queries: [PostgresQuery])]) async throws -> [[PostgresRows]] {
+        var all: [PostgresQuery] = ["BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"]
+        for read in reads {
+            all.append("SELECT marquee_enter_tenant(\(read.tenant))")
+            all.append(contentsOf: read.queries)
+        }
         all.append("COMMIT")
         let statements = all
         let results = try await pool.withConnection { connection in
@@ -139,9 +146,13 @@ extension TenantDatabase {
             }
             return results
         }
-        var rows: [PostgresRows] = []
-        for result in results.dropFirst(2).dropLast() {
-            rows.append(try result.get())
+        var rows: [[PostgresRows]] = []
+        var next = 1
+        for read in reads {
+            _ = try results[next].get()  // entering the tenant
+            next += 1
+            rows.append(try results[next..<next + read.queries.count].map { try $0.get() })
+            next += read.queries.count
         }
         return rows
     }

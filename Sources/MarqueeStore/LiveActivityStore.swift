@@ -144,10 +144,16 @@ public struct DeliveryRecord: Sendable, Equatable {
 public struct LiveActivityStore: Sendable {
     let database: TenantDatabase
     let committer: GroupCommitter
+    let contexts: ChangeContexts
 
-    public init(database: TenantDatabase, committer: GroupCommitter) {
+    /// `onContextBatch` is told the size of every batch of change contexts read together (for a histogram).
+    public init(
+        database: TenantDatabase, committer: GroupCommitter,
+        onContextBatch: @escaping @Sendable (_ requests: Int) -> Void = { _ in }
+    ) {
         self.database = database
         self.committer = committer
+        contexts = ChangeContexts(database: database, onBatch: onContextBatch)
     }
 
     // MARK: Reads before writes
@@ -206,33 +212,11 @@ public struct LiveActivityStore: Sendable {
             channel: try rows[5].first.map(ChannelStore.channel))
     }
 
-    /// Everything an update or end needs, in one round trip and one snapshot: the instance with its activity type and
-    /// channel, its active targets (`marquee_instance_targets`, the rule shared with campaigns and the registry), and
-    /// the answer stored for the request's Idempotency-Key.
+    /// Everything an update or end needs, in one snapshot: the instance with its activity type and channel, its
+    /// active targets, and the answer stored for the request's Idempotency-Key. Read together with the other changes
+    /// in flight (`ChangeContexts`).
     public func changeContext(tenant: UUID, instanceID: String, idempotencyKey: String?) async throws -> ChangeContext {
-        let rows = try await database.tenantRead(
-            tenant,
-            [
-                """
-                SELECT \(unsafeRaw: Self.instanceColumns("i")), \(unsafeRaw: Self.typeColumnsJoined),
-                       \(unsafeRaw: Self.channelColumnsJoined)
-                FROM instances i
-                JOIN activity_types t ON t.tenant_id = i.tenant_id AND t.identifier = i.activity_type
-                LEFT JOIN channels ch ON ch.tenant_id = i.tenant_id AND ch.id = i.channel_id
-                WHERE i.tenant_id = \(tenant) AND i.id = \(instanceID)
-                """,
-                RegistryStore.activityTargetsQuery(tenant: tenant, instanceID: instanceID),
-                Self.idempotencyQuery(tenant, idempotencyKey),
-            ])
-        let idempotent = try Self.storedResponse(rows[2])
-        guard let row = rows[0].first else {
-            // No such instance (in this tenant); a replay of a key is answered from its own record.
-            return ChangeContext(instance: nil, activityType: nil, targets: [], idempotent: idempotent)
-        }
-        return ChangeContext(
-            instance: try Self.instance(row), activityType: try RegistryStore.activityType(row),
-            targets: try rows[1].map(RegistryStore.activityTarget), idempotent: idempotent,
-            channel: try ChannelBinding.decode(row))
+        try await contexts.read(.init(tenant: tenant, instanceID: instanceID, idempotencyKey: idempotencyKey))
     }
 
     /// The channel columns `ChannelBinding.decode` reads, for a join with `channels ch`.
@@ -259,15 +243,23 @@ public struct LiveActivityStore: Sendable {
     }
 
     static func idempotencyQuery(_ tenant: UUID, _ key: String?) -> PostgresQuery {
+        idempotencyQuery(tenant, keys: key.map { [$0] } ?? [])
+    }
+
+    /// The responses stored for `keys` in the last 24 hours, with their `key`.
+    static func idempotencyQuery(_ tenant: UUID, keys: [String]) -> PostgresQuery {
         """
-        SELECT status, response, request_hash FROM idempotency_keys
-        WHERE tenant_id = \(tenant) AND key = \(key) AND created_at > now() - interval '24 hours'
+        SELECT key, status, response, request_hash FROM idempotency_keys
+        WHERE tenant_id = \(tenant) AND key = ANY(\(keys)::text[]) AND created_at > now() - interval '24 hours'
         """
     }
 
     static func storedResponse(_ rows: PostgresRows) throws -> StoredResponse? {
-        guard let row = rows.first else { return nil }
-        return StoredResponse(
+        try rows.first.map(storedResponse)
+    }
+
+    static func storedResponse(_ row: PostgresRow) throws -> StoredResponse {
+        StoredResponse(
             status: try row.decode(Int.self, "status"), body: try row.decode(JSONValue.self, "response"),
             requestHash: try row.decode([UInt8].self, "request_hash"))
     }
@@ -473,7 +465,7 @@ public struct LiveActivityStore: Sendable {
             tenant,
             [
                 "SELECT \(unsafeRaw: Self.instanceColumns) FROM instances WHERE tenant_id = \(tenant) AND id = \(id)",
-                RegistryStore.activityTargetsQuery(tenant: tenant, instanceID: id),
+                RegistryStore.activityTargetsQuery(tenant: tenant, instanceIDs: [id]),
                 """
                 SELECT \(unsafeRaw: Self.deliveryColumns) FROM deliveries
                 WHERE tenant_id = \(tenant) AND instance_id = \(id) ORDER BY id DESC LIMIT 1

@@ -327,7 +327,7 @@ public struct RegistryStore: Sendable {
     /// the Android devices of the instance, leaving out devices that reported `ended` or `dismissed`.
     public func activityTargets(tenant: UUID, instanceID: String) async throws -> [ActivityTarget] {
         try await database.tenantTransaction(tenant) { connection in
-            try connection.query(Self.activityTargetsQuery(tenant: tenant, instanceID: instanceID)).map(
+            try connection.query(Self.activityTargetsQuery(tenant: tenant, instanceIDs: [instanceID])).map(
                 Self.activityTarget)
         }
     }
@@ -335,10 +335,10 @@ public struct RegistryStore: Sendable {
     /// The rule is `marquee_instance_targets` (migration 0049), shared with the set-based campaign writes. It is driven
     /// from the instance's own rows (its activity tokens and its devices), never from the tenant's whole device table,
     /// so it costs the same with ten devices or ten million.
-    static func activityTargetsQuery(tenant: UUID, instanceID: String) -> PostgresQuery {
+    static func activityTargetsQuery(tenant: UUID, instanceIDs: [String]) -> PostgresQuery {
         """
-        SELECT device_token, platform, token FROM marquee_instance_targets(\(tenant), ARRAY[\(instanceID)::text])
-        ORDER BY 1
+        SELECT instance_id, device_token, platform, token FROM marquee_instance_targets(\(tenant), \(instanceIDs)::text[])
+        ORDER BY instance_id, device_token
         """
     }
 
