@@ -7,7 +7,7 @@ import Synchronization
 ///
 /// Each submission is one self-contained statement (typically a data-modifying CTE) for one tenant. Batches form as
 /// `Batches` forms them (no background loop; up to `writers` at once, each of up to `maxBatch`). A batch is one
-/// pipelined round trip: `BEGIN; (enter tenant; statement)…; pg_notify(channel); COMMIT`. Every caller is answered
+/// pipelined round trip: `BEGIN; (enter tenant; its statements…)…; pg_notify(channel); COMMIT`. Every caller is answered
 /// only after COMMIT succeeded, so an accepted request is durable. If anything in a batch fails, the batch is rolled
 /// back and each statement is retried alone, so one bad request never fails the others. The single NOTIFY per batch
 /// is the coalesced wake-up for workers.
@@ -64,10 +64,23 @@ public final class GroupCommitter: Sendable {
     }
 
     private func commit(_ batch: [Submission]) async -> [Result<PostgresRows, any Error>] {
+        // Each tenant is entered once, its statements after it in the order they came (entering costs more than a
+        // short statement: it switches the role). Statements of one batch are independent requests, each committed
+        // with all the others or retried alone, so grouping them by tenant changes no outcome.
         var queries: [PostgresQuery] = ["BEGIN"]
-        for item in batch {
-            queries.append("SELECT marquee_enter_tenant(\(item.tenant))")
-            queries.append(item.query)
+        var resultIndex = [Int](repeating: 0, count: batch.count)
+        var tenants: [UUID] = []
+        var byTenant: [UUID: [Int]] = [:]
+        for (i, item) in batch.enumerated() {
+            if byTenant[item.tenant] == nil { tenants.append(item.tenant) }
+            byTenant[item.tenant, default: []].append(i)
+        }
+        for tenant in tenants {
+            queries.append("SELECT marquee_enter_tenant(\(tenant))")
+            for i in byTenant[tenant]! {
+                resultIndex[i] = queries.count
+                queries.append(batch[i].query)
+            }
         }
         if let channel = notifyChannel {
             queries.append("SELECT pg_notify(\(channel), '')")
@@ -90,7 +103,7 @@ public final class GroupCommitter: Sendable {
                     $0.statements += batch.count
                 }
                 onBatch(batch.count)
-                return batch.indices.map { results[2 + 2 * $0].mapError { $0 as any Error } }
+                return resultIndex.map { results[$0].mapError { $0 as any Error } }
             }
         } catch {
             // The whole batch could not run (no connection, connection lost): fall through to one at a time, which
