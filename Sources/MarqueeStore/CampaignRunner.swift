@@ -198,19 +198,34 @@ public struct CampaignRunner: Sendable {
         }
     }
 
-    /// A failed run's schedule state and result; a start that failed fails its campaign.
+    /// A failed run's schedule state and result. A start that failed before writing any instance fails its
+    /// campaign. One that failed in a later step (earlier steps committed instances, which are being sent) leaves the
+    /// campaign active with what it started and the reason kept, so that those instances can still be updated and
+    /// ended campaign-wide; the schedule's result says how many were started.
     static func failed(
         _ c: PostgresConnection, _ tenant: UUID, _ campaignID: String, _ operation: String, reason: String,
         detail: String
     ) throws -> (String, JSONValue) {
+        var result: [String: JSONValue] = ["reason": .string(reason), "detail": .string(detail)]
         if operation == "start" {
-            try c.execute(
+            let started = try c.query(
                 """
-                UPDATE campaigns SET state = 'failed', failure_reason = \(reason)
-                WHERE tenant_id = \(tenant) AND id = \(campaignID) AND state = 'scheduled'
+                WITH started AS (
+                    SELECT count(*)::int AS n FROM instances WHERE tenant_id = \(tenant) AND campaign_id = \(campaignID)
+                )
+                UPDATE campaigns c SET
+                    state = CASE WHEN s.n > 0 THEN 'active' ELSE 'failed' END, failure_reason = \(reason),
+                    started_at = CASE WHEN s.n > 0 THEN now() END,
+                    audience_size = CASE WHEN s.n > 0 THEN (
+                        SELECT count(*) FROM campaign_members m
+                        WHERE m.tenant_id = c.tenant_id AND m.campaign_id = c.id) END
+                FROM started s
+                WHERE c.tenant_id = \(tenant) AND c.id = \(campaignID) AND c.state = 'scheduled'
+                RETURNING s.n
                 """)
+            if let n = try started.first?.decode(Int.self, "n"), n > 0 { result["instances"] = .int(Int64(n)) }
         }
-        return ("failed", .object(["reason": .string(reason), "detail": .string(detail)]))
+        return ("failed", .object(result))
     }
 
     /// Errors of the statement itself (classes 22 data, 23 integrity, 42 syntax or access, 54 limits), not of the

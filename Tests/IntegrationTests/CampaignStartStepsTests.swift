@@ -32,16 +32,7 @@ extension CampaignTests {
         let scheduleID = try schedule.decode(UUID.self, "id")
         let plan = try schedule.decode(JSONValue.self, "change")
         func step(_ progress: JSONValue?) async throws -> (result: JSONValue, done: Bool) {
-            try await pool.transaction { c in
-                try c.enterSystem()
-                try c.enterTenant(tenant)
-                let step = try CampaignRunner.start(
-                    c, tenant, id, plan, lifetime: Lifetime.maximum, progress: progress, chunk: 3)
-                try c.execute(
-                    "UPDATE campaign_schedules SET result = \(step.result) WHERE tenant_id = \(tenant) AND id = \(scheduleID)"
-                )
-                return step
-            }
+            try await Self.startStep(pool, tenant, id, scheduleID, plan, progress: progress, chunk: 3)
         }
         func written() async throws -> (instances: Int, queued: Int) {
             let row = try await pool.query(
@@ -107,5 +98,88 @@ extension CampaignTests {
         try await pool.execute(
             "UPDATE campaign_schedules SET state = 'done', executed_at = now() WHERE tenant_id = \(tenant) AND id = \(scheduleID)"
         )
+    }
+
+    @Test("a start failing after its first steps leaves its campaign active with what it started, which can be ended")
+    func startFailingMidway() async throws {
+        let t = try await Self.tenant()
+        let pool = t.fixture.pool
+        let tenant = t.tenant.uuid
+        var lines: [[String: Any]] = []
+        for _ in 0..<5 { lines.append(Self.iosPerson(Fake.id("m"), type: t.type, attributes: ["team": "M"]).0) }
+        try await t.importPeople(lines)
+        let id = Fake.id("midway")
+        let created = try await t.create([
+            "campaign_id": id, "audience": ["people": lines.compactMap { $0.string("id") }],
+            "start_at": Date().timeIntervalSince1970 + 3600,
+        ])
+        #expect(created.status == 202, "\(created.text)")
+        let schedule = try await pool.query(
+            """
+            SELECT id, change FROM campaign_schedules
+            WHERE tenant_id = \(tenant) AND campaign_id = \(id) AND operation = 'start'
+            """)[0]
+        let scheduleID = try schedule.decode(UUID.self, "id")
+        // The first step (3 of 5) commits, as a worker's would; the schedule stays pending with its progress.
+        let first = try await Self.startStep(
+            pool, tenant, id, scheduleID, try schedule.decode(JSONValue.self, "change"), progress: nil, chunk: 3)
+        #expect(!first.done)
+        // The rest of the start can never succeed (its stored plan is corrupted, as a bug might); due now, it is run
+        // here or by any worker.
+        try await pool.execute(
+            """
+            UPDATE campaign_schedules SET change = jsonb_set(change, '{fills}', '"not an array"'), due_at = now()
+            WHERE tenant_id = \(tenant) AND id = \(scheduleID)
+            """)
+        let runner = CampaignRunner(database: TenantDatabase(pool: pool), startChunk: 3)
+        _ = try await runner.run(scheduleID)
+        try await eventually("the start's schedule failed") {
+            try await t.campaign(id).array("schedules").first?.string("state") == "failed"
+        }
+        let campaign = try await t.campaign(id)
+        #expect(campaign.string("state") == "active", "\(campaign)")
+        #expect(campaign.string("failure_reason") == "database_error")
+        #expect(campaign["audience_size"] as? Int == 5 && campaign.string("started_at") != nil, "\(campaign)")
+        let result = campaign.array("schedules").first?["result"] as? [String: Any]
+        #expect(campaign.array("schedules").first?.string("state") == "failed")
+        #expect(result?["reason"] as? String == "database_error" && result?["instances"] as? Int == 3, "\(campaign)")
+
+        // What it started can be ended campaign-wide (due now: a change is due at the campaign's start_at at the
+        // earliest).
+        try await pool.execute("UPDATE campaigns SET start_at = now() WHERE tenant_id = \(tenant) AND id = \(id)")
+        let end = try await t.api.call("POST", "/v1/campaigns/\(id)/end", key: t.tenant.app, json: [:])
+        #expect(end.status == 202, "\(end.text)")
+        let endID = try await pool.query(
+            """
+            SELECT id FROM campaign_schedules
+            WHERE tenant_id = \(tenant) AND campaign_id = \(id) AND operation = 'end'
+            """)[0].decode(UUID.self, "id")
+        _ = try await runner.run(endID)
+        try await eventually("the end ran") {
+            try await t.campaign(id).array("schedules").last?.string("state") == "done"
+        }
+        let open = try await pool.query(
+            """
+            SELECT count(*)::int AS n FROM instances
+            WHERE tenant_id = \(tenant) AND campaign_id = \(id) AND state IN ('pending', 'active')
+            """)[0].decode(Int.self, "n")
+        #expect(open == 0)
+    }
+
+    /// One step of a start, run as a worker runs it, its progress kept on the schedule (which stays pending).
+    static func startStep(
+        _ pool: PostgresPool, _ tenant: UUID, _ id: String, _ scheduleID: UUID, _ plan: JSONValue, progress: JSONValue?,
+        chunk: Int
+    ) async throws -> (result: JSONValue, done: Bool) {
+        try await pool.transaction { c in
+            try c.enterSystem()
+            try c.enterTenant(tenant)
+            let step = try CampaignRunner.start(
+                c, tenant, id, plan, lifetime: Lifetime.maximum, progress: progress, chunk: chunk)
+            try c.execute(
+                "UPDATE campaign_schedules SET result = \(step.result) WHERE tenant_id = \(tenant) AND id = \(scheduleID)"
+            )
+            return step
+        }
     }
 }
