@@ -268,7 +268,7 @@ public struct CampaignRunner: Sendable {
                    (SELECT ch.status = 'active' FROM channels ch
                     WHERE ch.tenant_id = c.tenant_id AND ch.id = c.channel_id) AS channel_active
             FROM campaigns c
-            WHERE c.tenant_id = \(tenant) AND c.id = \(campaignID) FOR UPDATE
+            WHERE c.tenant_id = \(tenant) AND c.id = \(campaignID) FOR NO KEY UPDATE
             """)
         guard let row = rows.first else { throw Refusal(reason: "campaign_gone", detail: "the campaign was deleted") }
         guard try row.decode(String.self, "stored_state") == "scheduled" else {
@@ -549,9 +549,10 @@ public struct CampaignRunner: Sendable {
             broadcast = false
         }
         if only == nil {
-            // Bulk writes of one campaign run one at a time, in the order their schedules were claimed.
+            // Bulk writes of one campaign run one at a time, in the order their schedules were claimed. NO KEY
+            // UPDATE: a cancel waits for it, the API accepting the next change does not (CampaignStore.schedule).
             let locked = try c.query(
-                "SELECT state FROM campaigns WHERE tenant_id = \(tenant) AND id = \(campaignID) FOR UPDATE")
+                "SELECT state FROM campaigns WHERE tenant_id = \(tenant) AND id = \(campaignID) FOR NO KEY UPDATE")
             guard try locked.first?.decode(String.self, "state") == "active" else {
                 throw Refusal(
                     reason: "not_started",

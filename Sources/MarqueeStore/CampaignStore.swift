@@ -259,10 +259,13 @@ public struct CampaignStore: Sendable {
     ) async throws -> ScheduleOutcome {
         try await database.tenantTransaction(tenant) { connection in
             if let replay = try Self.claimKey(connection, tenant, idempotency) { return .replay(replay) }
+            // KEY SHARE: a cancel (FOR UPDATE) waits for this insert and sees it, or runs first and this sees its
+            // outcome; a worker running a start step or a bulk write (FOR NO KEY UPDATE, seconds for a large audience)
+            // does not hold this up, so a change is accepted at once, whatever the previous one is still writing.
             let rows = try connection.query(
                 """
                 SELECT \(unsafeRaw: Self.stateExpression) AS derived_state, start_at
-                FROM campaigns c WHERE c.tenant_id = \(tenant) AND c.id = \(campaignID) FOR UPDATE
+                FROM campaigns c WHERE c.tenant_id = \(tenant) AND c.id = \(campaignID) FOR KEY SHARE
                 """)
             guard let row = rows.first else { throw NotFound("campaign") }
             let state = try row.decodeRaw(CampaignState.self, "derived_state")

@@ -1,6 +1,7 @@
 import Foundation
 import MarqueeCore
 import PostgresClient
+import Synchronization
 import Testing
 
 @testable import MarqueeStore
@@ -164,6 +165,67 @@ extension CampaignTests {
             WHERE tenant_id = \(tenant) AND campaign_id = \(id) AND state IN ('pending', 'active')
             """)[0].decode(Int.self, "n")
         #expect(open == 0)
+    }
+
+    @Test("a campaign-wide change is accepted at once while a worker is still writing the previous one")
+    func acceptedDuringBulkWrite() async throws {
+        let t = try await Self.tenant()
+        let pool = t.fixture.pool
+        let tenant = t.tenant.uuid
+        var lines: [[String: Any]] = []
+        for _ in 0..<3 { lines.append(Self.iosPerson(Fake.id("w"), type: t.type, attributes: ["team": "W"]).0) }
+        try await t.importPeople(lines)
+        let id = Fake.id("busy")
+        // Started here; its changes are due at its start_at, an hour ahead, so no worker runs them.
+        let created = try await t.create([
+            "campaign_id": id, "audience": ["people": lines.compactMap { $0.string("id") }],
+            "start_at": Date().timeIntervalSince1970 + 3600,
+        ])
+        #expect(created.status == 202, "\(created.text)")
+        let start = try await pool.query(
+            """
+            SELECT id, change FROM campaign_schedules
+            WHERE tenant_id = \(tenant) AND campaign_id = \(id) AND operation = 'start'
+            """)[0]
+        let startID = try start.decode(UUID.self, "id")
+        let started = try await Self.startStep(
+            pool, tenant, id, startID, try start.decode(JSONValue.self, "change"), progress: nil, chunk: 100)
+        #expect(started.done)
+        try await pool.execute(
+            "UPDATE campaign_schedules SET state = 'done', executed_at = now() WHERE tenant_id = \(tenant) AND id = \(startID)"
+        )
+        let first = try await t.api.call(
+            "POST", "/v1/campaigns/\(id)/update", key: t.tenant.app, json: ["content_state_patch": ["home": 1]])
+        #expect(first.status == 202, "\(first.text)")
+        let change = try await pool.query(
+            """
+            SELECT change FROM campaign_schedules
+            WHERE tenant_id = \(tenant) AND campaign_id = \(id) AND operation = 'update'
+            """)[0].decode(JSONValue.self, "change")
+
+        // A worker's bulk write of that change, its transaction held open.
+        let writing = Mutex(false)
+        let release = DispatchSemaphore(value: 0)
+        let bulk = Task {
+            try await pool.transaction { c in
+                try c.enterSystem()
+                try c.enterTenant(tenant)
+                let written = try CampaignRunner.change(
+                    c, tenant, id, CampaignChange(operation: .update, json: change), scope: .broadcastFirst)
+                writing.withLock { $0 = true }
+                release.wait()
+                return written.result
+            }
+        }
+        defer { release.signal() }
+        try await eventually("the bulk write holds its campaign") { writing.withLock { $0 } }
+        // The next change is accepted without waiting for it.
+        let second = try await t.api.call(
+            "POST", "/v1/campaigns/\(id)/update", key: t.tenant.app, json: ["content_state_patch": ["home": 2]],
+            timeout: 10)
+        #expect(second.status == 202, "\(second.text)")
+        release.signal()
+        #expect(try await bulk.value["instances"]?.intValue == 3)
     }
 
     /// One step of a start, run as a worker runs it, its progress kept on the schedule (which stays pending).
