@@ -195,6 +195,10 @@ public final class DeliveryWorker: Sendable {
     /// interval. Returns when cancelled (a run in progress finishes: it is one transaction).
     func runCampaignSchedules() async {
         var lastFinalize = ContinuousClock.now
+        // Schedules found busy since the last wake-up (their campaign is being written by another run): skipped until
+        // the next notification (that run's commit sends one) or the poll interval, so this worker runs other
+        // schedules meanwhile — the next change's broadcast first of all — instead of waiting for the write.
+        var busy: [UUID] = []
         while running {
             // Every 30 s: campaigns that are over are stored as ended (cheap reads of them from then on).
             if ContinuousClock.now - lastFinalize > .seconds(30) {
@@ -205,9 +209,13 @@ public final class DeliveryWorker: Sendable {
             }
             do {
                 let started = ContinuousClock.now
-                if let run = try await campaigns.runDue() {
+                if let run = try await campaigns.runDue(skipping: busy) {
                     let elapsed = ContinuousClock.now - started
                     metrics.campaignRuns.inc(labels: run.operation, run.state)
+                    if run.state == "busy" {
+                        busy.append(run.scheduleID)
+                        continue
+                    }
                     logger.info(
                         "campaign schedule ran",
                         metadata: [
@@ -229,6 +237,7 @@ public final class DeliveryWorker: Sendable {
                 try? await Task.sleep(for: .seconds(1))
             }
             await campaignWakeup.wait(timeout: configuration.pollInterval)
+            busy.removeAll()
         }
     }
 
@@ -587,6 +596,7 @@ struct WorkerMetrics: Sendable {
         campaignRuns = registry.counter(
             "marquee_campaign_runs_total",
             help: "Campaign schedules run by this worker, by operation (start, update, end) and outcome (done, failed, "
+                + "starting and broadcast: a part of it ran; busy: its campaign was being written, skipped for now; "
                 + "error: the run rolled back and will be retried).", labels: ["operation", "outcome"])
         deliveries = registry.counter(
             "marquee_deliveries_total", help: "Delivery attempts by provider, operation, outcome and reason.",

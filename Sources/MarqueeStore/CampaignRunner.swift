@@ -35,6 +35,9 @@ public struct CampaignRunner: Sendable {
         var detail: String
     }
 
+    /// A bulk write that cannot run yet (see `CampaignRun.state` `busy`); the run rolls back, nothing is written.
+    struct Busy: Error {}
+
     /// Runs the oldest due schedule, if any; nil when none is due (or all due ones are being run by others).
     ///
     /// A campaign-wide change of a channel-backed campaign runs in two transactions, so that its broadcast is not
@@ -43,8 +46,11 @@ public struct CampaignRunner: Sendable {
     /// dies between them leaves the schedule to another, which sees the first half recorded and runs the second.
     ///
     /// A start in progress (`state` "starting") returns after each chunk; calling again continues it.
-    public func runDue() async throws -> CampaignRun? {
-        guard let first = try await run(nil) else { return nil }
+    ///
+    /// A bulk write never waits for another one of the same campaign: a run that finds its campaign being written
+    /// returns `busy` at once, and the caller skips that schedule (`skipping`) until the writer's commit wakes it.
+    public func runDue(skipping busy: [UUID] = []) async throws -> CampaignRun? {
+        guard let first = try await run(nil, skipping: busy) else { return nil }
         guard first.state == "broadcast" else { return first }
         // The rest at once, unless another worker took the schedule meanwhile (then it runs the rest).
         return try await run(first.scheduleID) ?? first
@@ -52,7 +58,7 @@ public struct CampaignRunner: Sendable {
 
     /// One transaction: claims `scheduleID` (if nobody holds it and it is still pending), or else the oldest due
     /// schedule nobody holds, and runs it.
-    func run(_ scheduleID: UUID?) async throws -> CampaignRun? {
+    func run(_ scheduleID: UUID?, skipping busy: [UUID] = []) async throws -> CampaignRun? {
         let lifetime = self.lifetime
         let channel = notifyChannel
         let startChunk = self.startChunk
@@ -64,6 +70,7 @@ public struct CampaignRunner: Sendable {
                     """
                     SELECT tenant_id, campaign_id, id, operation, change, result FROM campaign_schedules s
                     WHERE state = 'pending' AND due_at <= now() AND (\(scheduleID)::uuid IS NULL OR id = \(scheduleID))
+                      AND NOT s.id = ANY(\(busy)::uuid[])
                       -- A campaign's changes wait for its start to finish (it runs in several transactions).
                       AND (operation = 'start' OR NOT EXISTS (
                           SELECT 1 FROM campaign_schedules b
@@ -97,10 +104,12 @@ public struct CampaignRunner: Sendable {
                             let representative = recorded?["representative"]?.stringValue
                         {
                             // The second half of a channel-backed change.
-                            let rest = try Self.change(c, tenant, campaignID, planned, scope: .rest(representative))
+                            let rest = try Self.change(
+                                c, tenant, campaignID, planned, scope: .rest(representative), schedule: scheduleID)
                             result = Self.merged(recorded?["broadcast"] ?? .object([:]), rest.result)
                         } else {
-                            let first = try Self.change(c, tenant, campaignID, planned, scope: .broadcastFirst)
+                            let first = try Self.change(
+                                c, tenant, campaignID, planned, scope: .broadcastFirst, schedule: scheduleID)
                             result = first.result
                             if let representative = first.representative {
                                 state = "broadcast"
@@ -119,6 +128,8 @@ public struct CampaignRunner: Sendable {
                         tenant: tenant, campaignID: campaignID, scheduleID: scheduleID, operation: operation,
                         reason: "database_error",
                         detail: "SQLSTATE \(error.sqlState ?? "?"): \(error.serverMessage ?? "")")
+                } catch is Busy {
+                    throw BusyRun(tenant: tenant, campaignID: campaignID, scheduleID: scheduleID, operation: operation)
                 } catch let refusal as Refusal {
                     throw Failure(
                         tenant: tenant, campaignID: campaignID, scheduleID: scheduleID, operation: operation,
@@ -140,7 +151,19 @@ public struct CampaignRunner: Sendable {
             }
         } catch let failure as Failure {
             return try await record(failure)
+        } catch let busy as BusyRun {
+            return CampaignRun(
+                tenantID: busy.tenant, campaignID: busy.campaignID, scheduleID: busy.scheduleID,
+                operation: busy.operation, state: "busy", result: .object([:]))
         }
+    }
+
+    /// A run that rolled back as `Busy`.
+    struct BusyRun: Error {
+        var tenant: UUID
+        var campaignID: String
+        var scheduleID: UUID
+        var operation: String
     }
 
     /// Stores `ended` on started campaigns that are over: no open instance, nothing queued, no change pending (what
@@ -503,7 +526,8 @@ public struct CampaignRunner: Sendable {
     }
 
     static func change(
-        _ c: PostgresConnection, _ tenant: UUID, _ campaignID: String, _ change: CampaignChange, scope: Scope
+        _ c: PostgresConnection, _ tenant: UUID, _ campaignID: String, _ change: CampaignChange, scope: Scope,
+        schedule: UUID? = nil
     ) throws -> (result: JSONValue, representative: String?) {
         let rows = try c.query(
             """
@@ -549,11 +573,29 @@ public struct CampaignRunner: Sendable {
             broadcast = false
         }
         if only == nil {
-            // Bulk writes of one campaign run one at a time, in the order their schedules were claimed. NO KEY
-            // UPDATE: a cancel waits for it, the API accepting the next change does not (CampaignStore.schedule).
+            // Bulk writes of one campaign run one at a time, in the order of their schedules (due time, then ID).
+            // One that finds the campaign being written (locked), or an older change of it still pending (not run
+            // yet, or being run by a worker that has not locked the campaign yet), does not wait: it is busy, and
+            // runs after. NO KEY UPDATE: a cancel waits for it, the API accepting the next change does not
+            // (CampaignStore.schedule).
             let locked = try c.query(
-                "SELECT state FROM campaigns WHERE tenant_id = \(tenant) AND id = \(campaignID) FOR NO KEY UPDATE")
-            guard try locked.first?.decode(String.self, "state") == "active" else {
+                """
+                SELECT state FROM campaigns WHERE tenant_id = \(tenant) AND id = \(campaignID)
+                FOR NO KEY UPDATE SKIP LOCKED
+                """)
+            guard let row = locked.first else { throw Busy() }
+            if let schedule {
+                let older = try c.query(
+                    """
+                    SELECT 1 FROM campaign_schedules o, campaign_schedules s
+                    WHERE s.tenant_id = \(tenant) AND s.id = \(schedule)
+                      AND o.tenant_id = s.tenant_id AND o.campaign_id = s.campaign_id AND o.state = 'pending'
+                      AND o.operation <> 'start' AND (o.due_at, o.id) < (s.due_at, s.id)
+                    LIMIT 1
+                    """)
+                guard older.isEmpty else { throw Busy() }
+            }
+            guard try row.decode(String.self, "state") == "active" else {
                 throw Refusal(
                     reason: "not_started",
                     detail: "the campaign is not active: it ended, was cancelled, or failed to start")

@@ -179,7 +179,8 @@ public struct CampaignRun: Sendable, Equatable {
     public var scheduleID: UUID
     public var operation: String
     /// `done`; `starting` (a start with more of its audience to write: run again) or `broadcast` (the first half of a
-    /// channel-backed change); or `failed` with the reason in the result.
+    /// channel-backed change); `busy` (nothing done: its campaign is being written by another run, or an older change
+    /// of it is still pending; skip it until the next wake-up); or `failed` with the reason in the result.
     public var state: String
     public var result: JSONValue
 }

@@ -224,8 +224,97 @@ extension CampaignTests {
             "POST", "/v1/campaigns/\(id)/update", key: t.tenant.app, json: ["content_state_patch": ["home": 2]],
             timeout: 10)
         #expect(second.status == 202, "\(second.text)")
+        // Due now, it is busy for any worker: run, it neither waits for the write nor writes anything.
+        let secondID = try await pool.query(
+            """
+            SELECT id FROM campaign_schedules
+            WHERE tenant_id = \(tenant) AND campaign_id = \(id) AND operation = 'update' ORDER BY id DESC LIMIT 1
+            """)[0].decode(UUID.self, "id")
+        try await pool.execute(
+            "UPDATE campaign_schedules SET due_at = now() WHERE tenant_id = \(tenant) AND id = \(secondID)")
+        let runner = CampaignRunner(database: TenantDatabase(pool: pool))
+        let deadline = Task {
+            // Should the run wait for the write after all, the write ends here, and the test fails below.
+            try await Task.sleep(for: .seconds(20))
+            release.signal()
+        }
+        defer { deadline.cancel() }
+        try await eventually("a run of the second change is busy") {
+            try await runner.run(secondID)?.state == "busy"
+        }
         release.signal()
         #expect(try await bulk.value["instances"]?.intValue == 3)
+        try await eventually("the second change ran after the first") {
+            if try await runner.run(secondID)?.state == "done" { return true }
+            return try await pool.query(
+                "SELECT state FROM campaign_schedules WHERE tenant_id = \(tenant) AND id = \(secondID)")[0].decode(
+                    String.self, "state") == "done"
+        }
+    }
+
+    @Test("a campaign's bulk writes run in the order of their schedules: a newer one waits for an older one pending")
+    func bulkWritesInOrder() async throws {
+        let t = try await Self.tenant()
+        let pool = t.fixture.pool
+        let tenant = t.tenant.uuid
+        let (line, _) = Self.iosPerson(Fake.id("o"), type: t.type, attributes: ["team": "O"])
+        try await t.importPeople([line])
+        let id = Fake.id("order")
+        let created = try await t.create([
+            "campaign_id": id, "audience": ["people": [line.string("id")!]],
+            "start_at": Date().timeIntervalSince1970 + 3600,
+        ])
+        #expect(created.status == 202, "\(created.text)")
+        let start = try await pool.query(
+            """
+            SELECT id, change FROM campaign_schedules
+            WHERE tenant_id = \(tenant) AND campaign_id = \(id) AND operation = 'start'
+            """)[0]
+        let startID = try start.decode(UUID.self, "id")
+        _ = try await Self.startStep(
+            pool, tenant, id, startID, try start.decode(JSONValue.self, "change"), progress: nil, chunk: 100)
+        try await pool.execute(
+            "UPDATE campaign_schedules SET state = 'done', executed_at = now() WHERE tenant_id = \(tenant) AND id = \(startID)"
+        )
+        for home in [1, 2] {
+            let r = try await t.api.call(
+                "POST", "/v1/campaigns/\(id)/update", key: t.tenant.app, json: ["content_state_patch": ["home": home]])
+            #expect(r.status == 202, "\(r.text)")
+        }
+        let changes = try await pool.query(
+            """
+            SELECT id FROM campaign_schedules
+            WHERE tenant_id = \(tenant) AND campaign_id = \(id) AND operation = 'update' ORDER BY id
+            """
+        ).map { try $0.decode(UUID.self, "id") }
+        try #require(changes.count == 2)
+        let change = try await pool.query(
+            "SELECT change FROM campaign_schedules WHERE tenant_id = \(tenant) AND id = \(changes[1])")[0].decode(
+                JSONValue.self, "change")
+        // Both are due at the campaign's start_at (an hour ahead: no worker runs them); the newer one's write is run
+        // here, as a worker would run it, while the older one is pending.
+        func writeNewer() async throws -> JSONValue {
+            try await pool.transaction { c in
+                try c.enterSystem()
+                try c.enterTenant(tenant)
+                return try CampaignRunner.change(
+                    c, tenant, id, CampaignChange(operation: .update, json: change), scope: .broadcastFirst,
+                    schedule: changes[1]
+                ).result
+            }
+        }
+        func version() async throws -> Int {
+            try await pool.query(
+                "SELECT version FROM instances WHERE tenant_id = \(tenant) AND campaign_id = \(id)")[0].decode(
+                    Int.self, "version")
+        }
+        let before = try await version()
+        await #expect(throws: CampaignRunner.Busy.self) { try await writeNewer() }
+        #expect(try await version() == before, "the newer change wrote before the older one")
+        // Once the older one is no longer pending, the newer one writes.
+        try await pool.execute(
+            "UPDATE campaign_schedules SET state = 'cancelled' WHERE tenant_id = \(tenant) AND id = \(changes[0])")
+        #expect(try await writeNewer()["instances"]?.intValue == 1)
     }
 
     /// One step of a start, run as a worker runs it, its progress kept on the schedule (which stays pending).
