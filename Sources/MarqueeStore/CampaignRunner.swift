@@ -76,7 +76,9 @@ public struct CampaignRunner: Sendable {
                           SELECT 1 FROM campaign_schedules b
                           WHERE b.tenant_id = s.tenant_id AND b.campaign_id = s.campaign_id
                             AND b.operation = 'start' AND b.state = 'pending'))
-                    ORDER BY due_at, id LIMIT 1
+                    -- A change's first half (its broadcast) before the rest of earlier ones: a rest is a bulk write
+                    -- that may have to wait for another (busy), a first half is quick.
+                    ORDER BY COALESCE(s.result ->> 'phase', '') = 'broadcast', due_at, id LIMIT 1
                     FOR UPDATE OF s SKIP LOCKED
                     """)
                 guard let row = due.first else { return nil }
@@ -558,15 +560,39 @@ public struct CampaignRunner: Sendable {
         case .broadcastFirst:
             // One open instance nobody holds (a bulk write of an earlier change holds all the others): the broadcast
             // does not wait for that write. When there is none, the change runs whole, the broadcast with it.
+            // The instance must already have every older change: while an older change of the campaign is pending,
+            // it is the newest such change's own instance (its first half wrote it; its rest leaves it out, as this
+            // change's rest will), and when that change's first half has not run yet, this one waits for it (busy):
+            // broadcasts go out in schedule order too.
             if broadcast {
+                var required: String?
+                if let schedule {
+                    let older = try c.query(
+                        """
+                        SELECT o.result ->> 'phase' AS phase, o.result ->> 'representative' AS representative
+                        FROM campaign_schedules o, campaign_schedules s
+                        WHERE s.tenant_id = \(tenant) AND s.id = \(schedule)
+                          AND o.tenant_id = s.tenant_id AND o.campaign_id = s.campaign_id AND o.state = 'pending'
+                          AND o.operation <> 'start' AND (o.due_at, o.id) < (s.due_at, s.id)
+                        ORDER BY o.due_at DESC, o.id DESC LIMIT 1
+                        """)
+                    if let newest = older.first {
+                        guard try newest.decode(String?.self, "phase") == "broadcast",
+                            let representative = try newest.decode(String?.self, "representative")
+                        else { throw Busy() }
+                        required = representative
+                    }
+                }
                 only = try c.query(
                     """
                     SELECT i.id FROM instances i
                     WHERE i.tenant_id = \(tenant) AND i.campaign_id = \(campaignID)
                       AND i.state IN ('pending', 'active') AND i.expires_at > now()
+                      AND (\(required)::text IS NULL OR i.id = \(required))
                     LIMIT 1 FOR UPDATE SKIP LOCKED
                     """
                 ).first?.decode(String.self, "id")
+                if required != nil && only == nil { throw Busy() }
             }
         case .rest(let representative):
             excluded = representative
