@@ -31,21 +31,7 @@ extension BroadcastInstanceTests {
                 "start_at": Date().timeIntervalSince1970 + 3600,
             ])
         #expect(created.status == 202, "\(created.text)")
-        let start = try await pool.query(
-            """
-            SELECT id, change FROM campaign_schedules
-            WHERE tenant_id = \(tenant) AND campaign_id = \(campaign) AND operation = 'start'
-            """)[0]
-        let plan = try start.decode(JSONValue.self, "change")
-        _ = try await pool.transaction { c in
-            try c.enterSystem()
-            try c.enterTenant(tenant)
-            _ = try CampaignRunner.start(
-                c, tenant, campaign, plan, lifetime: Lifetime.maximum, progress: nil, chunk: 100)
-            try c.execute(
-                "UPDATE campaign_schedules SET state = 'done' WHERE tenant_id = \(tenant) AND id = \(try start.decode(UUID.self, "id"))"
-            )
-        }
+        try await CampaignTests.startHere(pool, tenant, campaign)
         for home in [1, 2] {
             let r = try await t.api.call(
                 "POST", "/v1/campaigns/\(campaign)/update", key: t.tenant.app,

@@ -25,13 +25,7 @@ extension CampaignTests {
             "rate_limit_per_second": 10, "start_at": Date().timeIntervalSince1970 + 3600,
         ])
         #expect(created.status == 202, "\(created.text)")
-        let schedule = try await pool.query(
-            """
-            SELECT id, change FROM campaign_schedules
-            WHERE tenant_id = \(tenant) AND campaign_id = \(id) AND operation = 'start'
-            """)[0]
-        let scheduleID = try schedule.decode(UUID.self, "id")
-        let plan = try schedule.decode(JSONValue.self, "change")
+        let (scheduleID, plan) = try await Self.startSchedule(pool, tenant, id)
         func step(_ progress: JSONValue?) async throws -> (result: JSONValue, done: Bool) {
             try await Self.startStep(pool, tenant, id, scheduleID, plan, progress: progress, chunk: 3)
         }
@@ -106,24 +100,10 @@ extension CampaignTests {
         let t = try await Self.tenant()
         let pool = t.fixture.pool
         let tenant = t.tenant.uuid
-        var lines: [[String: Any]] = []
-        for _ in 0..<5 { lines.append(Self.iosPerson(Fake.id("m"), type: t.type, attributes: ["team": "M"]).0) }
-        try await t.importPeople(lines)
-        let id = Fake.id("midway")
-        let created = try await t.create([
-            "campaign_id": id, "audience": ["people": lines.compactMap { $0.string("id") }],
-            "start_at": Date().timeIntervalSince1970 + 3600,
-        ])
-        #expect(created.status == 202, "\(created.text)")
-        let schedule = try await pool.query(
-            """
-            SELECT id, change FROM campaign_schedules
-            WHERE tenant_id = \(tenant) AND campaign_id = \(id) AND operation = 'start'
-            """)[0]
-        let scheduleID = try schedule.decode(UUID.self, "id")
+        let id = try await Self.campaignAnHourAhead(t, people: 5)
+        let (scheduleID, plan) = try await Self.startSchedule(pool, tenant, id)
         // The first step (3 of 5) commits, as a worker's would; the schedule stays pending with its progress.
-        let first = try await Self.startStep(
-            pool, tenant, id, scheduleID, try schedule.decode(JSONValue.self, "change"), progress: nil, chunk: 3)
+        let first = try await Self.startStep(pool, tenant, id, scheduleID, plan, progress: nil, chunk: 3)
         #expect(!first.done)
         // The rest of the start can never succeed (its stored plan is corrupted, as a bug might); due now, it is run
         // here or by any worker.
@@ -172,28 +152,9 @@ extension CampaignTests {
         let t = try await Self.tenant()
         let pool = t.fixture.pool
         let tenant = t.tenant.uuid
-        var lines: [[String: Any]] = []
-        for _ in 0..<3 { lines.append(Self.iosPerson(Fake.id("w"), type: t.type, attributes: ["team": "W"]).0) }
-        try await t.importPeople(lines)
-        let id = Fake.id("busy")
         // Started here; its changes are due at its start_at, an hour ahead, so no worker runs them.
-        let created = try await t.create([
-            "campaign_id": id, "audience": ["people": lines.compactMap { $0.string("id") }],
-            "start_at": Date().timeIntervalSince1970 + 3600,
-        ])
-        #expect(created.status == 202, "\(created.text)")
-        let start = try await pool.query(
-            """
-            SELECT id, change FROM campaign_schedules
-            WHERE tenant_id = \(tenant) AND campaign_id = \(id) AND operation = 'start'
-            """)[0]
-        let startID = try start.decode(UUID.self, "id")
-        let started = try await Self.startStep(
-            pool, tenant, id, startID, try start.decode(JSONValue.self, "change"), progress: nil, chunk: 100)
-        #expect(started.done)
-        try await pool.execute(
-            "UPDATE campaign_schedules SET state = 'done', executed_at = now() WHERE tenant_id = \(tenant) AND id = \(startID)"
-        )
+        let id = try await Self.campaignAnHourAhead(t, people: 3)
+        try await Self.startHere(pool, tenant, id)
         let first = try await t.api.call(
             "POST", "/v1/campaigns/\(id)/update", key: t.tenant.app, json: ["content_state_patch": ["home": 1]])
         #expect(first.status == 202, "\(first.text)")
@@ -257,25 +218,8 @@ extension CampaignTests {
         let t = try await Self.tenant()
         let pool = t.fixture.pool
         let tenant = t.tenant.uuid
-        let (line, _) = Self.iosPerson(Fake.id("o"), type: t.type, attributes: ["team": "O"])
-        try await t.importPeople([line])
-        let id = Fake.id("order")
-        let created = try await t.create([
-            "campaign_id": id, "audience": ["people": [line.string("id")!]],
-            "start_at": Date().timeIntervalSince1970 + 3600,
-        ])
-        #expect(created.status == 202, "\(created.text)")
-        let start = try await pool.query(
-            """
-            SELECT id, change FROM campaign_schedules
-            WHERE tenant_id = \(tenant) AND campaign_id = \(id) AND operation = 'start'
-            """)[0]
-        let startID = try start.decode(UUID.self, "id")
-        _ = try await Self.startStep(
-            pool, tenant, id, startID, try start.decode(JSONValue.self, "change"), progress: nil, chunk: 100)
-        try await pool.execute(
-            "UPDATE campaign_schedules SET state = 'done', executed_at = now() WHERE tenant_id = \(tenant) AND id = \(startID)"
-        )
+        let id = try await Self.campaignAnHourAhead(t, people: 1)
+        try await Self.startHere(pool, tenant, id)
         for home in [1, 2] {
             let r = try await t.api.call(
                 "POST", "/v1/campaigns/\(id)/update", key: t.tenant.app, json: ["content_state_patch": ["home": home]])
@@ -315,6 +259,43 @@ extension CampaignTests {
         try await pool.execute(
             "UPDATE campaign_schedules SET state = 'cancelled' WHERE tenant_id = \(tenant) AND id = \(changes[0])")
         #expect(try await writeNewer()["instances"]?.intValue == 1)
+    }
+
+    /// A campaign for `people` new people with an iPhone each, starting an hour from now (no worker runs its start or
+    /// its changes; a test runs them).
+    static func campaignAnHourAhead(_ t: Tenant, people: Int) async throws -> String {
+        var lines: [[String: Any]] = []
+        for _ in 0..<people { lines.append(Self.iosPerson(Fake.id("p"), type: t.type, attributes: ["team": "P"]).0) }
+        try await t.importPeople(lines)
+        let id = Fake.id("c")
+        let created = try await t.create([
+            "campaign_id": id, "audience": ["people": lines.compactMap { $0.string("id") }],
+            "start_at": Date().timeIntervalSince1970 + 3600,
+        ])
+        guard created.status == 202 else { throw TestFailure("campaign: \(created.text)") }
+        return id
+    }
+
+    /// The campaign's start schedule: its ID and its stored plan.
+    static func startSchedule(_ pool: PostgresPool, _ tenant: UUID, _ id: String) async throws -> (UUID, JSONValue) {
+        let row = try await pool.query(
+            """
+            SELECT id, change FROM campaign_schedules
+            WHERE tenant_id = \(tenant) AND campaign_id = \(id) AND operation = 'start'
+            """)[0]
+        return (try row.decode(UUID.self, "id"), try row.decode(JSONValue.self, "change"))
+    }
+
+    /// Starts the campaign here, whole, as a worker would, and marks its start done.
+    static func startHere(_ pool: PostgresPool, _ tenant: UUID, _ id: String) async throws {
+        let (scheduleID, plan) = try await startSchedule(pool, tenant, id)
+        let step = try await startStep(pool, tenant, id, scheduleID, plan, progress: nil, chunk: 10_000)
+        guard step.done else { throw TestFailure("start: \(step.result)") }
+        try await pool.execute(
+            """
+            UPDATE campaign_schedules SET state = 'done', executed_at = now()
+            WHERE tenant_id = \(tenant) AND id = \(scheduleID)
+            """)
     }
 
     /// One step of a start, run as a worker runs it, its progress kept on the schedule (which stays pending).
