@@ -527,6 +527,29 @@ public struct CampaignRunner: Sendable {
         case rest(String)
     }
 
+    /// The newest change of the same campaign still pending before `schedule` (due earlier, or as due with a
+    /// smaller ID), if any; with the instance that carried its broadcast when its first half has run (`broadcastOn`).
+    /// Nil without a schedule (a change run outside the runner's order).
+    static func olderPending(_ c: PostgresConnection, _ tenant: UUID, _ schedule: UUID?) throws -> (
+        id: UUID, broadcastOn: String?
+    )? {
+        guard let schedule else { return nil }
+        guard
+            let row = try c.query(
+                """
+                SELECT o.id, CASE WHEN o.result ->> 'phase' = 'broadcast' THEN o.result ->> 'representative' END
+                           AS broadcast_on
+                FROM campaign_schedules o, campaign_schedules s
+                WHERE s.tenant_id = \(tenant) AND s.id = \(schedule)
+                  AND o.tenant_id = s.tenant_id AND o.campaign_id = s.campaign_id AND o.state = 'pending'
+                  AND o.operation <> 'start' AND (o.due_at, o.id) < (s.due_at, s.id)
+                ORDER BY o.due_at DESC, o.id DESC LIMIT 1
+                """
+            ).first
+        else { return nil }
+        return (try row.decode(UUID.self, "id"), try row.decode(String?.self, "broadcast_on"))
+    }
+
     static func change(
         _ c: PostgresConnection, _ tenant: UUID, _ campaignID: String, _ change: CampaignChange, scope: Scope,
         schedule: UUID? = nil
@@ -566,22 +589,9 @@ public struct CampaignRunner: Sendable {
             // broadcasts go out in schedule order too.
             if broadcast {
                 var required: String?
-                if let schedule {
-                    let older = try c.query(
-                        """
-                        SELECT o.result ->> 'phase' AS phase, o.result ->> 'representative' AS representative
-                        FROM campaign_schedules o, campaign_schedules s
-                        WHERE s.tenant_id = \(tenant) AND s.id = \(schedule)
-                          AND o.tenant_id = s.tenant_id AND o.campaign_id = s.campaign_id AND o.state = 'pending'
-                          AND o.operation <> 'start' AND (o.due_at, o.id) < (s.due_at, s.id)
-                        ORDER BY o.due_at DESC, o.id DESC LIMIT 1
-                        """)
-                    if let newest = older.first {
-                        guard try newest.decode(String?.self, "phase") == "broadcast",
-                            let representative = try newest.decode(String?.self, "representative")
-                        else { throw Busy() }
-                        required = representative
-                    }
+                if let older = try Self.olderPending(c, tenant, schedule) {
+                    guard let representative = older.broadcastOn else { throw Busy() }
+                    required = representative
                 }
                 only = try c.query(
                     """
@@ -609,18 +619,7 @@ public struct CampaignRunner: Sendable {
                 SELECT state FROM campaigns WHERE tenant_id = \(tenant) AND id = \(campaignID)
                 FOR NO KEY UPDATE SKIP LOCKED
                 """)
-            guard let row = locked.first else { throw Busy() }
-            if let schedule {
-                let older = try c.query(
-                    """
-                    SELECT 1 FROM campaign_schedules o, campaign_schedules s
-                    WHERE s.tenant_id = \(tenant) AND s.id = \(schedule)
-                      AND o.tenant_id = s.tenant_id AND o.campaign_id = s.campaign_id AND o.state = 'pending'
-                      AND o.operation <> 'start' AND (o.due_at, o.id) < (s.due_at, s.id)
-                    LIMIT 1
-                    """)
-                guard older.isEmpty else { throw Busy() }
-            }
+            guard let row = locked.first, try Self.olderPending(c, tenant, schedule) == nil else { throw Busy() }
             guard try row.decode(String.self, "state") == "active" else {
                 throw Refusal(
                     reason: "not_started",
