@@ -156,8 +156,10 @@ struct BroadcastInstanceTests {
         let failed = try await Self.settled(t, instance, count: 2)
         #expect(failed.last?.string("status") == "failed")
         #expect(failed.last?.string("reason") == "ChannelNotRegistered")
-        let read = try await t.api.call("GET", "/v1/channels/\(channel)", key: t.tenant.app).json()
-        #expect(read.string("status") == "gone")
+        // Marked gone in the worker's settle step, the transaction after the one that records the outcome.
+        try await eventually("the channel is gone") {
+            try await t.api.call("GET", "/v1/channels/\(channel)", key: t.tenant.app).json().string("status") == "gone"
+        }
         let after = try await Self.change(t, "update", instance, home: 3)
         #expect(try after.json()["targets"] as? Int == 0)
         #expect(try after.json().string("failure_reason") == "channel_gone")

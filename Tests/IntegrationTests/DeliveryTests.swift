@@ -570,9 +570,13 @@ struct DeliveryTests {
         #expect(settled[0]["attempts"] as? Int == 1)
         #expect(settled[0].string("reason") == "Unregistered")
         #expect(settled[0]["http_status"] as? Int == 410, "Apple's answer is kept for attribution")
-        let person = try await t.api.call("GET", "/v1/people/\(t.person)", key: t.tenant.app).json()
-        let tokens = person.array("devices").flatMap { $0.array("tokens") }
-        #expect(tokens.map { $0.string("status") } == ["retired"])
+        // The worker retires the token in the transaction after the one that records the outcome (its settle step):
+        // wait for it rather than race it.
+        try await eventually("the token is retired") {
+            let person = try await t.api.call("GET", "/v1/people/\(t.person)", key: t.tenant.app).json()
+            let tokens = person.array("devices").flatMap { $0.array("tokens") }
+            return tokens.map { $0.string("status") } == ["retired"]
+        }
         let again = try await t.start(Fake.id("again"))
         #expect(try again.json()["state"] as? String == "failed")
         #expect(try again.json()["failure_reason"] as? String == "no_push_to_start_token")
