@@ -4,9 +4,9 @@ import PostgresClient
 
 /// Reads what updates and ends need before they write (`ChangeContext`), for many requests at once: the requests
 /// that arrive while earlier reads are in flight go out together, one transaction and one round trip for the batch,
-/// with three statements per tenant whatever the number of instances (each instance with its activity type and
-/// channel; their active targets, `marquee_instance_targets`, the rule shared with campaigns and the registry; the
-/// answers stored for their Idempotency-Keys). One snapshot per batch (REPEATABLE READ): a context is as consistent
+/// with at most three statements per tenant whatever the number of instances (each instance with its activity type
+/// and channel; their active targets, `marquee_instance_targets`, the rule shared with campaigns and the registry;
+/// and, when requests carry Idempotency-Keys, the answers stored for them). One snapshot per batch (REPEATABLE READ): a context is as consistent
 /// as when each was read alone, and the write that follows still checks the instance's version.
 final class ChangeContexts: Sendable {
     struct Request: Sendable {
