@@ -234,21 +234,18 @@ public struct CampaignRunner: Sendable {
         var result: [String: JSONValue] = ["reason": .string(reason), "detail": .string(detail)]
         if operation == "start" {
             let started = try c.query(
-                """
-                WITH started AS (
-                    SELECT count(*)::int AS n FROM instances WHERE tenant_id = \(tenant) AND campaign_id = \(campaignID)
-                )
-                UPDATE campaigns c SET
-                    state = CASE WHEN s.n > 0 THEN 'active' ELSE 'failed' END, failure_reason = \(reason),
-                    started_at = CASE WHEN s.n > 0 THEN now() END,
-                    audience_size = CASE WHEN s.n > 0 THEN (
-                        SELECT count(*) FROM campaign_members m
-                        WHERE m.tenant_id = c.tenant_id AND m.campaign_id = c.id) END
-                FROM started s
-                WHERE c.tenant_id = \(tenant) AND c.id = \(campaignID) AND c.state = 'scheduled'
-                RETURNING s.n
-                """)
-            if let n = try started.first?.decode(Int.self, "n"), n > 0 { result["instances"] = .int(Int64(n)) }
+                "SELECT count(*)::int AS n FROM instances WHERE tenant_id = \(tenant) AND campaign_id = \(campaignID)"
+            )[0].decode(Int.self, "n")
+            if started > 0 {
+                try markStarted(c, tenant, campaignID, audienceSize: nil, failureReason: reason)
+                result["instances"] = .int(Int64(started))
+            } else {
+                try c.execute(
+                    """
+                    UPDATE campaigns SET state = 'failed', failure_reason = \(reason)
+                    WHERE tenant_id = \(tenant) AND id = \(campaignID) AND state = 'scheduled'
+                    """)
+            }
         }
         return ("failed", .object(result))
     }
@@ -441,12 +438,22 @@ public struct CampaignRunner: Sendable {
                 ]), false
             )
         }
+        try markStarted(c, tenant, campaignID, audienceSize: Int(counts["audience"]?.intValue ?? 0))
+        return (counts, true)
+    }
+
+    /// A start that wrote instances: its campaign is active from now, with the size of its audience (the members
+    /// resolved, counted here when nil) and, for a start that stopped partway, why.
+    static func markStarted(
+        _ c: PostgresConnection, _ tenant: UUID, _ campaignID: String, audienceSize: Int?, failureReason: String? = nil
+    ) throws {
         try c.execute(
             """
-            UPDATE campaigns SET state = 'active', started_at = now(), audience_size = \(counts["audience"]?.intValue ?? 0)
-            WHERE tenant_id = \(tenant) AND id = \(campaignID)
+            UPDATE campaigns c SET state = 'active', started_at = now(), failure_reason = \(failureReason),
+                audience_size = COALESCE(\(audienceSize)::int, (
+                    SELECT count(*) FROM campaign_members m WHERE m.tenant_id = c.tenant_id AND m.campaign_id = c.id))
+            WHERE c.tenant_id = \(tenant) AND c.id = \(campaignID) AND c.state = 'scheduled'
             """)
-        return (counts, true)
     }
 
     /// The first step of a start: the audience, resolved now and kept in `campaign_members`.
@@ -527,27 +534,26 @@ public struct CampaignRunner: Sendable {
         case rest(String)
     }
 
-    /// The newest change of the same campaign still pending before `schedule` (due earlier, or as due with a
-    /// smaller ID), if any; with the instance that carried its broadcast when its first half has run (`broadcastOn`).
-    /// Nil without a schedule (a change run outside the runner's order).
-    static func olderPending(_ c: PostgresConnection, _ tenant: UUID, _ schedule: UUID?) throws -> (
-        id: UUID, broadcastOn: String?
-    )? {
+    /// An earlier change of a campaign, still pending: `broadcastOn` is the instance that carried its broadcast once
+    /// its first half ran (nil before).
+    struct PendingChange {
+        var broadcastOn: String?
+    }
+
+    /// The newest change of the same campaign still pending before `schedule` (due earlier, or as due with a smaller
+    /// ID), if any. Nil without a schedule (a change run outside the runner's order).
+    static func olderPending(_ c: PostgresConnection, _ tenant: UUID, _ schedule: UUID?) throws -> PendingChange? {
         guard let schedule else { return nil }
-        guard
-            let row = try c.query(
-                """
-                SELECT o.id, CASE WHEN o.result ->> 'phase' = 'broadcast' THEN o.result ->> 'representative' END
-                           AS broadcast_on
-                FROM campaign_schedules o, campaign_schedules s
-                WHERE s.tenant_id = \(tenant) AND s.id = \(schedule)
-                  AND o.tenant_id = s.tenant_id AND o.campaign_id = s.campaign_id AND o.state = 'pending'
-                  AND o.operation <> 'start' AND (o.due_at, o.id) < (s.due_at, s.id)
-                ORDER BY o.due_at DESC, o.id DESC LIMIT 1
-                """
-            ).first
-        else { return nil }
-        return (try row.decode(UUID.self, "id"), try row.decode(String?.self, "broadcast_on"))
+        return try c.query(
+            """
+            SELECT CASE WHEN o.result ->> 'phase' = 'broadcast' THEN o.result ->> 'representative' END AS broadcast_on
+            FROM campaign_schedules o, campaign_schedules s
+            WHERE s.tenant_id = \(tenant) AND s.id = \(schedule)
+              AND o.tenant_id = s.tenant_id AND o.campaign_id = s.campaign_id AND o.state = 'pending'
+              AND o.operation <> 'start' AND (o.due_at, o.id) < (s.due_at, s.id)
+            ORDER BY o.due_at DESC, o.id DESC LIMIT 1
+            """
+        ).first.map { PendingChange(broadcastOn: try $0.decode(String?.self, "broadcast_on")) }
     }
 
     static func change(
@@ -579,6 +585,7 @@ public struct CampaignRunner: Sendable {
         var only: String?
         var excluded: String?
         var broadcast = apnsChannelID != nil
+        let older = try Self.olderPending(c, tenant, schedule)
         switch scope {
         case .broadcastFirst:
             // One open instance nobody holds (a bulk write of an earlier change holds all the others): the broadcast
@@ -589,7 +596,7 @@ public struct CampaignRunner: Sendable {
             // broadcasts go out in schedule order too.
             if broadcast {
                 var required: String?
-                if let older = try Self.olderPending(c, tenant, schedule) {
+                if let older {
                     guard let representative = older.broadcastOn else { throw Busy() }
                     required = representative
                 }
@@ -619,7 +626,7 @@ public struct CampaignRunner: Sendable {
                 SELECT state FROM campaigns WHERE tenant_id = \(tenant) AND id = \(campaignID)
                 FOR NO KEY UPDATE SKIP LOCKED
                 """)
-            guard let row = locked.first, try Self.olderPending(c, tenant, schedule) == nil else { throw Busy() }
+            guard let row = locked.first, older == nil else { throw Busy() }
             guard try row.decode(String.self, "state") == "active" else {
                 throw Refusal(
                     reason: "not_started",

@@ -213,13 +213,7 @@ struct BroadcastInstanceTests {
         defer { worker.signal(SIGKILL) }
 
         let campaign = Fake.id("final")
-        let started = try await t.api.call(
-            "POST", "/v1/campaigns", key: t.tenant.app,
-            json: [
-                "campaign_id": campaign, "name": "Final", "notification_type": t.type, "channel_id": channel,
-                "audience": ["people": fans], "attributes": ["match": "A-B"], "content_state": ["home": 0, "away": 0],
-                "push_payload": ["alert": ["title": "Kick-off", "body": "A v B"]],
-            ])
+        let started = try await Self.matchCampaign(t, campaign, channel: channel, fans: fans)
         #expect(started.status == 202, "\(started.text)")
         _ = try await Self.campaignSettled(t, campaign, schedules: 1)
         for token in subscribers {
@@ -297,6 +291,19 @@ struct BroadcastInstanceTests {
             json: body.merging(["campaign_id": Fake.id("x"), "channel_id": channel]) { _, new in new })
         #expect(both.status == 422, "\(both.text)")
         #expect(try both.json().string("field") == "channel")
+    }
+
+    /// `POST /v1/campaigns`: the match tracker on `channel` for `fans`, starting at once or at `startAt`.
+    static func matchCampaign(
+        _ t: Tenant, _ campaign: String, channel: String, fans: [String], startAt: Date? = nil
+    ) async throws -> HTTP.Response {
+        var body: [String: Any] = [
+            "campaign_id": campaign, "name": "Final", "notification_type": t.type, "channel_id": channel,
+            "audience": ["people": fans], "attributes": ["match": "A-B"], "content_state": ["home": 0, "away": 0],
+            "push_payload": ["alert": ["title": "Kick-off", "body": "A v B"]],
+        ]
+        if let startAt { body["start_at"] = startAt.timeIntervalSince1970 }
+        return try await t.api.call("POST", "/v1/campaigns", key: t.tenant.app, json: body)
     }
 
     /// Waits until the campaign's `schedules` ran and nothing of it is queued.

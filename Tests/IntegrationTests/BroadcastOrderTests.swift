@@ -22,14 +22,8 @@ extension BroadcastInstanceTests {
         let tenant = t.tenant.uuid
         let campaign = Fake.id("final")
         // Its start and changes are due an hour ahead: no worker runs them; the test runs their parts.
-        let created = try await t.api.call(
-            "POST", "/v1/campaigns", key: t.tenant.app,
-            json: [
-                "campaign_id": campaign, "name": "Final", "notification_type": t.type, "channel_id": channel,
-                "audience": ["people": fans], "attributes": ["match": "A-B"], "content_state": ["home": 0, "away": 0],
-                "push_payload": ["alert": ["title": "Kick-off", "body": "A v B"]],
-                "start_at": Date().timeIntervalSince1970 + 3600,
-            ])
+        let created = try await Self.matchCampaign(
+            t, campaign, channel: channel, fans: fans, startAt: Date().addingTimeInterval(3600))
         #expect(created.status == 202, "\(created.text)")
         try await CampaignTests.startHere(pool, tenant, campaign)
         for home in [1, 2] {
