@@ -323,109 +323,17 @@ public struct LiveActivityStore: Sendable {
     }
 
     /// Writes an update or end, if the instance is still at `expectedVersion`. Older queued deliveries to the same
-    /// tokens are superseded (latest wins); ones a worker holds are left to finish.
+    /// tokens are superseded (latest wins); ones a worker holds are left to finish. Concurrent changes share one
+    /// set-based statement per batch and tenant (`ChangeWrite.statement`).
     public func change(tenant: UUID, _ write: ChangeWrite) async throws -> WriteOutcome {
-        let plan = write.plan
-        let d = DeliveryColumns(plan.deliveries)
-        let idem = write.idempotency
-        let rows = try await committer.submit(
-            tenant: tenant,
-            """
-            WITH pace AS (
-                -- Pacing: an update of an instance whose activity type has min_update_interval_ms is due that long
-                -- after the instance's last update that went out (or is going out now); until then a newer update
-                -- supersedes it (sup below). The one home of the rule.
-                SELECT CASE WHEN \(write.operation.rawValue) = 'update' AND a.min_update_interval_ms > 0 THEN
-                           GREATEST(now(), COALESCE((
-                               SELECT max(CASE WHEN p.status = 'sent' THEN p.sent_at ELSE now() END)
-                               FROM deliveries p
-                               WHERE p.tenant_id = \(tenant) AND p.instance_id = \(write.instanceID)
-                                 AND p.operation = 'update'
-                                 AND (p.status = 'sent'
-                                      OR (p.status = 'queued' AND marquee_delivery_in_flight(p.tenant_id, p.id)))
-                           ), '-infinity') + make_interval(secs => a.min_update_interval_ms / 1000.0))
-                       ELSE now() END AS due,
-                       CASE WHEN \(write.operation.rawValue) = 'update' THEN a.min_update_interval_ms ELSE 0 END
-                           AS interval_ms
-                FROM instances i JOIN activity_types a ON a.tenant_id = i.tenant_id AND a.identifier = i.activity_type
-                WHERE i.tenant_id = \(tenant) AND i.id = \(write.instanceID)
-            ), idem AS (
-                INSERT INTO idempotency_keys (tenant_id, key, request_hash, status, response)
-                SELECT \(tenant), \(idem?.key), \(idem?.requestHash ?? []), \(idem?.status ?? 200),
-                       \(idem?.response ?? .null)::jsonb
-                           || jsonb_build_object('coalesced', COALESCE((SELECT due > now() FROM pace), false))
-                WHERE \(idem?.key)::text IS NOT NULL
-                ON CONFLICT (tenant_id, key) DO UPDATE SET
-                    request_hash = EXCLUDED.request_hash, status = EXCLUDED.status, response = EXCLUDED.response,
-                    created_at = now()
-                WHERE idempotency_keys.created_at <= now() - interval '24 hours'
-                RETURNING 1
-            ), upd AS (
-                UPDATE instances SET
-                    state = \(plan.state.rawValue), failure_reason = \(plan.failureReason),
-                    attributes = \(plan.attributes), content_state = \(plan.contentState),
-                    options = \(plan.options.json),
-                    version = \(plan.version), content_timestamp = \(plan.contentTimestamp),
-                    ended_at = CASE WHEN \(write.operation.rawValue) = 'end' THEN now() ELSE ended_at END,
-                    -- An end that reaches no activity token while a start went (or may go) out by push-to-start is
-                    -- kept: it is queued when the activity token registers (marquee_register_activity_token).
-                    pending_end = \(write.operation.rawValue) = 'end'
-                        AND marquee_end_waits_for_token(\(tenant), \(write.instanceID)),
-                    updated_at = now()
-                WHERE tenant_id = \(tenant) AND id = \(write.instanceID) AND version = \(plan.expectedVersion)
-                  AND (\(idem?.key)::text IS NULL OR EXISTS (SELECT 1 FROM idem))
-                RETURNING version
-            ), cand AS (
-                -- An end cancels every unsent delivery of the instance; an update supersedes older ones to its
-                -- tokens (rows waiting for a retry included).
-                SELECT id FROM delivery_queue
-                WHERE tenant_id = \(tenant) AND instance_id = \(write.instanceID)
-                  AND (\(write.operation.rawValue) = 'end'
-                       OR (operation <> 'start' AND token = ANY(\(d.tokens)::text[])))
-            ), free AS (
-                -- Rows a worker holds (claimed, being sent) are skipped, never waited on, and left to finish (the
-                -- worker supersedes an interrupted one of an ended instance, and a retry of an older version).
-                SELECT id FROM delivery_queue
-                WHERE tenant_id = \(tenant) AND id IN (SELECT id FROM cand)
-                FOR UPDATE SKIP LOCKED
-            ), gone AS (
-                DELETE FROM delivery_queue d
-                WHERE d.tenant_id = \(tenant) AND d.id IN (SELECT id FROM free) AND EXISTS (SELECT 1 FROM upd)
-                RETURNING d
-            ), sup AS (
-                INSERT INTO delivery_history SELECT h.* FROM gone, marquee_history_row(gone.d, 'superseded') h
-                RETURNING 1
-            ), paced AS (
-                -- Pacing, second half: an older update a worker claimed after this statement's snapshot (so `pace`
-                -- did not see it in flight) is going out now; this one waits a whole interval from now.
-                SELECT CASE WHEN p.interval_ms > 0 AND (SELECT count(*) FROM cand) > (SELECT count(*) FROM sup)
-                            THEN GREATEST(p.due, now() + make_interval(secs => p.interval_ms / 1000.0))
-                            ELSE p.due END AS due
-                FROM pace p
-            ), dels AS (
-                INSERT INTO delivery_queue (tenant_id, id, instance_id, device_token, provider, token_kind, token,
-                                        operation, instance_version, attributes, content_state, options,
-                                        content_timestamp, next_attempt_at)
-                SELECT \(tenant), d.id, \(write.instanceID), d.device_token, d.provider, d.token_kind, d.token,
-                       \(write.operation.rawValue), (SELECT version FROM upd), \(plan.attributes),
-                       \(plan.contentState), \(plan.options.json), \(plan.contentTimestamp),
-                       COALESCE((SELECT due FROM paced), now())
-                FROM unnest(\(d.ids)::uuid[], \(d.devices)::text[], \(d.providers)::text[], \(d.kinds)::text[],
-                            \(d.tokens)::text[]) AS d(id, device_token, provider, token_kind, token)
-                WHERE EXISTS (SELECT 1 FROM upd)
-                RETURNING 1
-            )
-            SELECT (SELECT version FROM upd) AS version, (SELECT count(*)::int FROM dels) AS deliveries,
-                   EXISTS (SELECT 1 FROM idem) AS idem_written,
-                   COALESCE((SELECT due > now() FROM paced), false) AND EXISTS (SELECT 1 FROM dels) AS coalesced
-            """)
-        guard let version = try rows[0].decode(Int?.self, "version") else {
-            if idem != nil, try !rows[0].decode(Bool.self, "idem_written") { return .alreadyExists }
+        let row = try await committer.submit(tenant: tenant, write)
+        guard let version = try row.decode(Int?.self, "version") else {
+            if write.idempotency != nil, try !row.decode(Bool.self, "idem_written") { return .alreadyExists }
             return .versionConflict
         }
         return .written(
-            version: version, deliveries: try rows[0].decode(Int.self, "deliveries"),
-            coalesced: try rows[0].decode(Bool.self, "coalesced"))
+            version: version, deliveries: try row.decode(Int.self, "deliveries"),
+            coalesced: try row.decode(Bool.self, "coalesced"))
     }
 
     /// Records an idempotent response for a request that wrote nothing else (a suppressed no-op).
@@ -596,6 +504,10 @@ struct DeliveryColumns {
     var tokens: [String] = []
 
     init(_ deliveries: [PlannedDelivery]) {
+        append(deliveries)
+    }
+
+    mutating func append(_ deliveries: [PlannedDelivery]) {
         for d in deliveries {
             ids.append(d.id)
             devices.append(d.deviceToken)

@@ -1,0 +1,161 @@
+import Foundation
+import MarqueeCore
+import PostgresClient
+import Synchronization
+import Testing
+
+@testable import MarqueeStore
+
+/// Concurrent updates and ends of one tenant are written by one set-based statement per batch: each change keeps
+/// its own outcome (written, version conflict, key taken), supersedes, ends and idempotency records as if written
+/// alone, and two changes of one instance in one batch apply in the order they came.
+@Suite("Change writes, set-based")
+struct ChangeWriteTests {
+    @Test("a batch of changes of two tenants writes each as if alone, in order per instance")
+    func batchEqualsAlone() async throws {
+        let a = try await LifecycleTests.world()
+        let b = try await LifecycleTests.world()
+        var x: [String] = []
+        for i in 0..<5 {
+            let id = Fake.id("set-a")
+            #expect(try await a.start(["instance_id": id]).status == 200)
+            if i < 2 { _ = try await a.registerActivityTokens(id) }
+            x.append(id)
+        }
+        let y = Fake.id("set-b")
+        #expect(try await b.start(["instance_id": y]).status == 200)
+        _ = try await b.registerActivityTokens(y)
+        // x0 has an update queued (to be superseded); x4's key K0 is taken by an update of x2.
+        #expect(try await a.update(["instance_id": x[0], "content_state_patch": ["eta": 0]]).status == 200)
+        let taken = "k0-" + Fake.hex(8)
+        let kept = try await a.update(
+            ["instance_id": x[2], "content_state_patch": ["eta": 9]], headers: ["Idempotency-Key": taken])
+        #expect(kept.status == 200)
+
+        let pool = PostgresPool(
+            try PostgresConfiguration(url: a.fixture.databaseURL),
+            options: .init(maxConnections: 1, acquireTimeout: .seconds(60)))
+        let database = TenantDatabase(pool: pool)
+        let sizes = Mutex<[Int]>([])
+        let committer = GroupCommitter(
+            pool: pool, configuration: .init(writers: 1, maxBatch: 64, notifyChannel: nil)
+        ) { size in sizes.withLock { $0.append(size) } }
+        let store = LiveActivityStore(database: database, committer: committer)
+        let (ta, tb) = (a.tenant.uuid, b.tenant.uuid)
+        let newKey = "k1-" + Fake.hex(8)
+
+        let leadWrite = try await Self.plan(store, tb, y, .update, eta: 7)
+        let first = try await Self.plan(store, ta, x[0], .update, eta: 1)
+        let second = try await Self.plan(store, ta, x[0], .update, eta: 2, after: first)
+        var stale = try await Self.plan(store, ta, x[2], .update, eta: 3)
+        stale.plan.expectedVersion -= 1
+        let writes: [(UUID, ChangeWrite)] = [
+            (ta, try await Self.plan(store, ta, x[1], .update, eta: 4, key: newKey)),
+            (ta, stale),
+            (ta, try await Self.plan(store, ta, x[3], .end, eta: nil)),
+            (ta, try await Self.plan(store, ta, x[4], .update, eta: 5, key: taken)),
+            (tb, try await Self.plan(store, tb, y, .update, eta: 6, after: leadWrite)),
+        ]
+
+        // The pool's one connection is held: the first writer waits for it, the others queue behind and are
+        // written together once it is free. The two changes of x0 are queued in order.
+        let release = DispatchSemaphore(value: 0)
+        let holder = Task { try await pool.withConnection { _ in release.wait() } }
+        try await eventually("the connection is held") { pool.statistics.idle == 0 && pool.statistics.open == 1 }
+        let lead = Task { try await store.change(tenant: tb, leadWrite) }
+        try await eventually("a writer waits for the connection") { pool.statistics.waiting == 1 }
+        let firstTask = Task { try await store.change(tenant: ta, first) }
+        try await eventually("x0's first change queued") { committer.queued == 1 }
+        let secondTask = Task { try await store.change(tenant: ta, second) }
+        try await eventually("x0's second change queued") { committer.queued == 2 }
+        let others = writes.map { tenant, write in Task { try await store.change(tenant: tenant, write) } }
+        try await eventually("every change queued") { committer.queued == 2 + writes.count }
+        release.signal()
+        try await holder.value
+        _ = try await lead.value
+        let outcomes = [try await firstTask.value, try await secondTask.value] + (try await others.asyncValues())
+        pool.close()
+
+        #expect(sizes.withLock { $0 }.contains(7), "the seven changes shared one batch: \(sizes.withLock { $0 })")
+        // x0: both changes written, the second on top of the first.
+        #expect(outcomes[0] == .written(version: first.plan.version, deliveries: 3))
+        #expect(outcomes[1] == .written(version: first.plan.version + 1, deliveries: 3))
+        #expect(outcomes[2] == .written(version: 2, deliveries: 3))  // x1, with a new key
+        #expect(outcomes[3] == .versionConflict)  // x2, planned from an old version
+        #expect(outcomes[4] == .written(version: 2, deliveries: 1))  // x3 ended: its Android phone
+        #expect(outcomes[5] == .alreadyExists)  // x4 with a key taken
+        // y: the lead's change, then this one.
+        #expect(outcomes[6] == .written(version: 3, deliveries: 3))
+
+        let db = a.fixture.pool
+        func count(_ sql: PostgresQuery) async throws -> Int {
+            try await db.query(sql)[0].decode(Int.self, "n")
+        }
+        // x0: the newest content; only the second change's pushes wait; the earlier update's and the first
+        // change's were superseded.
+        let x0 = try await a.instance(x[0])
+        #expect((x0["content_state"] as? [String: Any])?["eta"] as? Int == 2)
+        #expect(
+            try await count(
+                "SELECT count(*)::int AS n FROM delivery_queue WHERE tenant_id = \(ta) AND instance_id = \(x[0]) AND operation = 'update'"
+            ) == 3)
+        #expect(
+            try await count(
+                "SELECT count(*)::int AS n FROM delivery_history WHERE tenant_id = \(ta) AND instance_id = \(x[0]) AND status = 'superseded'"
+            ) == 6)
+        // x1: the answer stored under its key.
+        #expect(
+            try await count(
+                "SELECT count(*)::int AS n FROM idempotency_keys WHERE tenant_id = \(ta) AND key = \(newKey) AND response ->> 'coalesced' = 'false'"
+            ) == 1)
+        // x2 and x4 unchanged.
+        #expect(try await a.instance(x[2])["version"] as? Int == 2)
+        #expect(try await a.instance(x[4])["version"] as? Int == 1)
+        // x3 ended: its start's pushes cancelled, the end's one queued.
+        #expect(try await a.instance(x[3])["state"] as? String == "ended")
+        #expect(
+            try await count(
+                "SELECT count(*)::int AS n FROM delivery_queue WHERE tenant_id = \(ta) AND instance_id = \(x[3])") == 1)
+        #expect(
+            try await count(
+                "SELECT count(*)::int AS n FROM delivery_history WHERE tenant_id = \(ta) AND instance_id = \(x[3]) AND operation = 'start' AND status = 'superseded'"
+            ) == 3)
+        // y, the other tenant's.
+        #expect((try await b.instance(y)["content_state"] as? [String: Any])?["eta"] as? Int == 6)
+    }
+
+    /// A change of `instance` planned from its stored state (or on top of `after`, as the API plans changes of one
+    /// instance that arrive together).
+    static func plan(
+        _ store: LiveActivityStore, _ tenant: UUID, _ instance: String, _ operation: LifecyclePlanner.Operation,
+        eta: Int64?, after: ChangeWrite? = nil, key: String? = nil
+    ) async throws -> ChangeWrite {
+        let context = try await store.changeContext(tenant: tenant, instanceID: instance, idempotencyKey: nil)
+        var record = try #require(context.instance)
+        let now = Date()
+        if let after { record.apply(after.plan, operation: after.operation, now: now) }
+        let request = LifecyclePlanner.ChangeRequest(
+            operation: operation, content: eta.map { ContentChange.patch(.object(["eta": .int($0)])) } ?? .none)
+        let decision = try LifecyclePlanner.planChange(
+            request,
+            facts: .init(
+                instance: record, activityType: try #require(context.activityType), targets: context.targets,
+                channel: context.channel),
+            now: now, newID: { UUID() })
+        guard case .write(let plan) = decision else { throw TestFailure("not a write: \(decision)") }
+        return ChangeWrite(
+            instanceID: instance, operation: operation, plan: plan,
+            idempotency: key.map {
+                IdempotencyRecord(key: $0, requestHash: [1, 2, 3], status: 200, response: .object(["ok": .bool(true)]))
+            })
+    }
+}
+
+extension Array {
+    /// The values of tasks, in order.
+    func asyncValues<T: Sendable>() async throws -> [T] where Element == Task<T, any Error> {
+        var values: [T] = []
+        for task in self { values.append(try await task.value) }
+        return values
+    }
+}
