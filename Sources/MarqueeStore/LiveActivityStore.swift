@@ -266,60 +266,12 @@ public struct LiveActivityStore: Sendable {
 
     // MARK: Writes
 
-    /// Writes a start: the instance, its deliveries and its Android devices, in one statement of a group commit.
+    /// Writes a start: the instance, its deliveries and its Android devices. Concurrent starts share one set-based
+    /// statement per batch and tenant (`StartWrite.statement`).
     public func start(tenant: UUID, _ write: StartWrite) async throws -> WriteOutcome {
-        let (request, plan) = (write.request, write.plan)
-        let d = DeliveryColumns(plan.deliveries)
-        let idem = write.idempotency
-        let rows = try await committer.submit(
-            tenant: tenant,
-            """
-            WITH idem AS (
-                INSERT INTO idempotency_keys (tenant_id, key, request_hash, status, response)
-                SELECT \(tenant), \(idem?.key), \(idem?.requestHash ?? []), \(idem?.status ?? 200),
-                       \(idem?.response ?? .null)
-                WHERE \(idem?.key)::text IS NOT NULL
-                ON CONFLICT (tenant_id, key) DO UPDATE SET
-                    request_hash = EXCLUDED.request_hash, status = EXCLUDED.status, response = EXCLUDED.response,
-                    created_at = now()
-                WHERE idempotency_keys.created_at <= now() - interval '24 hours'
-                RETURNING 1
-            ), ins AS (
-                INSERT INTO instances (tenant_id, id, activity_type, person_id, person_email, state, failure_reason,
-                                       attributes, content_state, options, version, content_timestamp,
-                                       target_platform, target_device, start_response, expires_at, channel_id)
-                SELECT \(tenant), \(request.instanceID), \(request.activityType), \(write.personID),
-                       \(write.personEmail),
-                       \(plan.state.rawValue), \(plan.failureReason), \(request.attributes), \(plan.contentState),
-                       \(plan.options.json), 1, \(plan.contentTimestamp), \(request.platform?.rawValue),
-                       \(request.deviceID), \(write.response), \(request.expiresAt), \(request.channelID)
-                WHERE \(idem?.key)::text IS NULL OR EXISTS (SELECT 1 FROM idem)
-                ON CONFLICT (tenant_id, id) DO NOTHING
-                RETURNING id
-            ), dels AS (
-                INSERT INTO delivery_queue (tenant_id, id, instance_id, device_token, provider, token_kind, token,
-                                        operation, instance_version, attributes, content_state, options,
-                                        content_timestamp)
-                SELECT \(tenant), d.id, \(request.instanceID), d.device_token, d.provider, d.token_kind, d.token,
-                       'start', 1, \(request.attributes), \(plan.contentState), \(plan.options.json),
-                       \(plan.contentTimestamp)
-                FROM unnest(\(d.ids)::uuid[], \(d.devices)::text[], \(d.providers)::text[], \(d.kinds)::text[],
-                            \(d.tokens)::text[]) AS d(id, device_token, provider, token_kind, token)
-                WHERE EXISTS (SELECT 1 FROM ins)
-                RETURNING 1
-            ), devs AS (
-                INSERT INTO instance_devices (tenant_id, instance_id, device_token, state, state_at)
-                SELECT \(tenant), \(request.instanceID), x, 'started', '-infinity'
-                FROM unnest(\(plan.androidDevices)::text[]) AS x
-                WHERE EXISTS (SELECT 1 FROM ins)
-                ON CONFLICT DO NOTHING
-                RETURNING 1
-            )
-            SELECT EXISTS (SELECT 1 FROM ins) AS created, (SELECT count(*)::int FROM dels) AS deliveries,
-                   (SELECT count(*)::int FROM devs) AS devices
-            """)
-        guard try rows[0].decode(Bool.self, "created") else { return .alreadyExists }
-        return .written(version: 1, deliveries: try rows[0].decode(Int.self, "deliveries"))
+        let row = try await committer.submit(tenant: tenant, write)
+        guard try row.decode(Bool.self, "created") else { return .alreadyExists }
+        return .written(version: 1, deliveries: try row.decode(Int.self, "deliveries"))
     }
 
     /// Writes an update or end, if the instance is still at `expectedVersion`. Older queued deliveries to the same
@@ -338,16 +290,7 @@ public struct LiveActivityStore: Sendable {
 
     /// Records an idempotent response for a request that wrote nothing else (a suppressed no-op).
     public func recordIdempotent(tenant: UUID, _ record: IdempotencyRecord) async throws {
-        _ = try await committer.submit(
-            tenant: tenant,
-            """
-            INSERT INTO idempotency_keys (tenant_id, key, request_hash, status, response)
-            VALUES (\(tenant), \(record.key), \(record.requestHash), \(record.status), \(record.response))
-            ON CONFLICT (tenant_id, key) DO UPDATE SET
-                request_hash = EXCLUDED.request_hash, status = EXCLUDED.status, response = EXCLUDED.response,
-                created_at = now()
-            WHERE idempotency_keys.created_at <= now() - interval '24 hours'
-            """)
+        _ = try await committer.submit(tenant: tenant, record)
     }
 
     /// Marks an open instance past its expiration as `expired` (so that workers skip it and lists show it).

@@ -356,6 +356,21 @@ struct LifecycleTests {
             ["instance_id": instance, "content_state_patch": ["eta": 5]], headers: ["Idempotency-Key": updateKey])
         #expect(try u1.json() as NSDictionary == (try u2.json()) as NSDictionary)
         #expect(try await w.deliveries(instance).count == count)
+        // An update that changes nothing writes only its answer under its key: replayed, and the key stays taken.
+        let noopKey = "noop-" + Fake.hex(8)
+        let n1 = try await w.update(
+            ["instance_id": instance, "content_state_patch": ["eta": 5]], headers: ["Idempotency-Key": noopKey])
+        #expect(n1.status == 200)
+        let stored = try await w.fixture.pool.query(
+            "SELECT count(*)::int AS n FROM idempotency_keys WHERE tenant_id = \(w.tenant.uuid) AND key = \(noopKey)")
+        #expect(try stored[0].decode(Int.self, "n") == 1)
+        let n2 = try await w.update(
+            ["instance_id": instance, "content_state_patch": ["eta": 5]], headers: ["Idempotency-Key": noopKey])
+        #expect(try n1.json() as NSDictionary == (try n2.json()) as NSDictionary)
+        let reused = try await w.update(
+            ["instance_id": instance, "content_state_patch": ["eta": 6]], headers: ["Idempotency-Key": noopKey])
+        expectProblem(reused, 422, "invalid-field", field: "Idempotency-Key")
+        #expect(try await w.deliveries(instance).count == count)
     }
 
     @Test("no token to target: accepted, and the instance is failed with the reason, at once")

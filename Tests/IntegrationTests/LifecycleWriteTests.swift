@@ -6,11 +6,11 @@ import Testing
 
 @testable import MarqueeStore
 
-/// Concurrent updates and ends of one tenant are written by one set-based statement per batch: each change keeps
-/// its own outcome (written, version conflict, key taken), supersedes, ends and idempotency records as if written
-/// alone, and two changes of one instance in one batch apply in the order they came.
-@Suite("Change writes, set-based")
-struct ChangeWriteTests {
+/// Concurrent starts, updates and ends of one tenant are written by one set-based statement per batch and kind: each
+/// keeps its own outcome (written, version conflict, instance ID or key taken), supersedes, ends and idempotency
+/// records as if written alone, and two writes of one instance in one batch apply in the order they came.
+@Suite("Lifecycle writes, set-based")
+struct LifecycleWriteTests {
     @Test("a batch of changes of two tenants writes each as if alone, in order per instance")
     func batchEqualsAlone() async throws {
         let a = try await LifecycleTests.world()
@@ -32,15 +32,7 @@ struct ChangeWriteTests {
             ["instance_id": x[2], "content_state_patch": ["eta": 9]], headers: ["Idempotency-Key": taken])
         #expect(kept.status == 200)
 
-        let pool = PostgresPool(
-            try PostgresConfiguration(url: a.fixture.databaseURL),
-            options: .init(maxConnections: 1, acquireTimeout: .seconds(60)))
-        let database = TenantDatabase(pool: pool)
-        let sizes = Mutex<[Int]>([])
-        let committer = GroupCommitter(
-            pool: pool, configuration: .init(writers: 1, maxBatch: 64, notifyChannel: nil)
-        ) { size in sizes.withLock { $0.append(size) } }
-        let store = LiveActivityStore(database: database, committer: committer)
+        let (pool, committer, store) = try Self.oneConnection(a.fixture.databaseURL)
         let (ta, tb) = (a.tenant.uuid, b.tenant.uuid)
         let newKey = "k1-" + Fake.hex(8)
 
@@ -76,7 +68,8 @@ struct ChangeWriteTests {
         let outcomes = [try await firstTask.value, try await secondTask.value] + (try await others.asyncValues())
         pool.close()
 
-        #expect(sizes.withLock { $0 }.contains(7), "the seven changes shared one batch: \(sizes.withLock { $0 })")
+        // The lead's batch, then one with the seven others.
+        #expect(committer.statistics == .init(batches: 2, statements: 8, fallbacks: 0))
         // x0: both changes written, the second on top of the first.
         #expect(outcomes[0] == .written(version: first.plan.version, deliveries: 3))
         #expect(outcomes[1] == .written(version: first.plan.version + 1, deliveries: 3))
@@ -122,6 +115,114 @@ struct ChangeWriteTests {
             ) == 3)
         // y, the other tenant's.
         #expect((try await b.instance(y)["content_state"] as? [String: Any])?["eta"] as? Int == 6)
+    }
+
+    @Test("a batch of starts of two tenants writes each as if alone; a taken instance ID or key writes nothing")
+    func startsEqualAlone() async throws {
+        let a = try await LifecycleTests.world()
+        let b = try await LifecycleTests.world()
+        let existing = Fake.id("set-s")
+        #expect(try await a.start(["instance_id": existing]).status == 200)
+        let taken = "k0-" + Fake.hex(8)
+        let keyed = Fake.id("set-s")
+        #expect(try await a.start(["instance_id": keyed], headers: ["Idempotency-Key": taken]).status == 200)
+
+        let (pool, committer, store) = try Self.oneConnection(a.fixture.databaseURL)
+        let (ta, tb) = (a.tenant.uuid, b.tenant.uuid)
+        let (fresh, twice, other) = (Fake.id("set-s"), Fake.id("set-s"), Fake.id("set-s"))
+        let newKey = "k1-" + Fake.hex(8)
+        let writes: [(UUID, StartWrite)] = [
+            (tb, try await Self.start(store, b, Fake.id("set-lead"))),
+            (ta, try await Self.start(store, a, fresh, key: newKey)),
+            (ta, try await Self.start(store, a, twice, eta: 1)),
+            (ta, try await Self.start(store, a, twice, eta: 2)),  // the same ID again in the same batch
+            (ta, try await Self.start(store, a, existing)),  // an ID already started
+            (ta, try await Self.start(store, a, Fake.id("set-s"), key: taken)),  // a key already used
+            (tb, try await Self.start(store, b, other)),
+        ]
+        let release = DispatchSemaphore(value: 0)
+        let holder = Task { try await pool.withConnection { _ in release.wait() } }
+        try await eventually("the connection is held") { pool.statistics.idle == 0 && pool.statistics.open == 1 }
+        var tasks: [Task<WriteOutcome, any Error>] = []
+        for (n, (tenant, write)) in writes.enumerated() {
+            tasks.append(Task { try await store.start(tenant: tenant, write) })
+            // In order: the first waits for the connection, the others queue behind it.
+            try await eventually("start \(n) queued") {
+                n == 0 ? pool.statistics.waiting == 1 : committer.queued == n
+            }
+        }
+        release.signal()
+        try await holder.value
+        let outcomes = try await tasks.asyncValues()
+        pool.close()
+
+        // The first start's batch, then one with the six others.
+        #expect(committer.statistics == .init(batches: 2, statements: 7, fallbacks: 0))
+        // Two iPhones with push-to-start tokens and an Android phone each.
+        #expect(outcomes[1] == .written(version: 1, deliveries: 3))
+        #expect(outcomes[2] == .written(version: 1, deliveries: 3))
+        #expect(outcomes[3] == .alreadyExists)
+        #expect(outcomes[4] == .alreadyExists)
+        #expect(outcomes[5] == .alreadyExists)
+        #expect(outcomes[6] == .written(version: 1, deliveries: 3))
+        let db = a.fixture.pool
+        func count(_ sql: PostgresQuery) async throws -> Int { try await db.query(sql)[0].decode(Int.self, "n") }
+        // The first start of `twice` won, with its own content, deliveries and Android device.
+        #expect((try await a.instance(twice)["content_state"] as? [String: Any])?["eta"] as? Int == 1)
+        #expect(
+            try await count(
+                "SELECT count(*)::int AS n FROM delivery_queue WHERE tenant_id = \(ta) AND instance_id = \(twice)") == 3
+        )
+        #expect(
+            try await count(
+                "SELECT count(*)::int AS n FROM instance_devices WHERE tenant_id = \(ta) AND instance_id = \(twice)")
+                == 1)
+        // The existing instance kept its three deliveries, and the key's owner its own.
+        #expect(
+            try await count(
+                "SELECT count(*)::int AS n FROM delivery_queue WHERE tenant_id = \(ta) AND instance_id = \(existing)")
+                == 3)
+        #expect(
+            try await count(
+                "SELECT count(*)::int AS n FROM idempotency_keys WHERE tenant_id = \(ta) AND key = \(newKey) AND status = 200"
+            ) == 1)
+        #expect(
+            try await count(
+                "SELECT count(*)::int AS n FROM instances WHERE tenant_id = \(ta) AND id LIKE 'set-s%'") == 4)
+        #expect(try await b.instance(other)["state"] as? String == "pending")
+    }
+
+    /// A start of `instance` for the world's person, planned from what the store reads.
+    static func start(
+        _ store: LiveActivityStore, _ w: LifecycleTests.World, _ instance: String, eta: Int64 = 0, key: String? = nil
+    ) async throws -> StartWrite {
+        let tenant = w.tenant.uuid
+        let context = try await store.startContext(
+            tenant: tenant, activityType: w.type, personID: w.person, email: nil, instanceID: instance,
+            idempotencyKey: nil)
+        let request = LifecyclePlanner.StartRequest(
+            instanceID: instance, activityType: w.type, attributes: .object(["order": .string("42")]),
+            contentState: .object(["status": .string("preparing"), "eta": .int(eta)]),
+            options: StoredOptions(alert: LiveActivityAlert(title: "Order 42", body: "Preparing")),
+            expiresAt: Date().addingTimeInterval(3600))
+        let decision = try LifecyclePlanner.planStart(
+            request, facts: .init(activityType: context.activityType, candidates: context.candidates), now: Date(),
+            newID: { UUID() })
+        guard case .write(let plan) = decision else { throw TestFailure("not a write: \(decision)") }
+        let response = JSONValue.object(["instance_id": .string(instance)])
+        return StartWrite(
+            request: request, plan: plan, personID: w.person, personEmail: nil, response: response,
+            idempotency: key.map { IdempotencyRecord(key: $0, requestHash: [4, 5], status: 200, response: response) })
+    }
+
+    /// A store whose group committer (one writer) has a pool of one connection, so that a test holding that connection
+    /// makes writes queue into one batch.
+    static func oneConnection(_ url: String) throws -> (PostgresPool, GroupCommitter, LiveActivityStore) {
+        let pool = PostgresPool(
+            try PostgresConfiguration(url: url), options: .init(maxConnections: 1, acquireTimeout: .seconds(60)))
+        let committer = GroupCommitter(
+            pool: pool, configuration: .init(writers: 1, maxBatch: 64, notifyChannel: nil))
+        return (pool, committer, LiveActivityStore(database: TenantDatabase(pool: pool), committer: committer))
     }
 
     /// A change of `instance` planned from its stored state (or on top of `after`, as the API plans changes of one

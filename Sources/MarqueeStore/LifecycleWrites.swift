@@ -1,0 +1,359 @@
+import Crypto
+import Foundation
+import MarqueeCore
+import PostgresClient
+
+extension ChangeWrite: SetWrite {
+    /// Two changes of one instance, or two with one Idempotency-Key, never share a statement.
+    public var exclusiveKeys: [String] {
+        IdempotencyColumns.exclusiveKeys(instanceID: instanceID, idempotency)
+    }
+
+    /// The write of a batch's updates and ends of one tenant: one statement over arrays, one row per change (in
+    /// order) with `version` (NULL when the instance was no longer at the expected version, or the Idempotency-Key
+    /// was taken), `deliveries`, `idem_written` and `coalesced`. The one home of the change's write rules: a version
+    /// check per instance, supersede (latest wins), pacing, the pending end, the idempotency record.
+    public static func statement(tenant: UUID, _ writes: [ChangeWrite]) -> PostgresQuery {
+        let c = Columns(writes)
+        return """
+            WITH req AS (
+                SELECT * FROM unnest(\(c.index)::int[], \(c.instanceIDs)::text[], \(c.operations)::text[],
+                                     \(c.states)::text[], \(c.failureReasons)::text[], \(c.attributes)::jsonb[],
+                                     \(c.contentStates)::jsonb[], \(c.options)::jsonb[], \(c.versions)::bigint[],
+                                     \(c.expectedVersions)::bigint[], \(c.contentTimestamps)::bigint[],
+                                     \(c.idempotency.keys)::text[], \(c.idempotency.hashes)::text[],
+                                     \(c.idempotency.statuses)::int[], \(c.idempotency.responses)::jsonb[])
+                    AS r(i, instance_id, op, state, failure_reason, attributes, content_state, options, version,
+                         expected_version, content_timestamp, idem_key, idem_hash, idem_status, idem_response)
+            ), planned AS (
+                SELECT * FROM unnest(\(c.deliveryIndex)::int[], \(c.deliveries.ids)::uuid[],
+                                     \(c.deliveries.devices)::text[], \(c.deliveries.providers)::text[],
+                                     \(c.deliveries.kinds)::text[], \(c.deliveries.tokens)::text[])
+                    AS d(i, id, device_token, provider, token_kind, token)
+            ), pace AS (
+                -- Pacing: an update of an instance whose activity type has min_update_interval_ms is due that long
+                -- after the instance's last update that went out (or is going out now); until then a newer update
+                -- supersedes it (cand below). The one home of the rule.
+                SELECT r.i,
+                       CASE WHEN r.op = 'update' AND a.min_update_interval_ms > 0 THEN
+                           GREATEST(now(), COALESCE((
+                               SELECT max(CASE WHEN p.status = 'sent' THEN p.sent_at ELSE now() END)
+                               FROM deliveries p
+                               WHERE p.tenant_id = \(tenant) AND p.instance_id = r.instance_id
+                                 AND p.operation = 'update'
+                                 AND (p.status = 'sent'
+                                      OR (p.status = 'queued' AND marquee_delivery_in_flight(p.tenant_id, p.id)))
+                           ), '-infinity') + make_interval(secs => a.min_update_interval_ms / 1000.0))
+                       ELSE now() END AS due,
+                       CASE WHEN r.op = 'update' THEN a.min_update_interval_ms ELSE 0 END AS interval_ms
+                FROM req r
+                JOIN instances i ON i.tenant_id = \(tenant) AND i.id = r.instance_id
+                JOIN activity_types a ON a.tenant_id = i.tenant_id AND a.identifier = i.activity_type
+            ), idem AS (
+                \(unsafeRaw: IdempotencyColumns.write(
+                    response: """
+                        r.idem_response || jsonb_build_object(
+                            'coalesced', COALESCE((SELECT p.due > now() FROM pace p WHERE p.i = r.i), false))
+                        """))
+            ), upd AS (
+                UPDATE instances SET
+                    state = r.state, failure_reason = r.failure_reason, attributes = r.attributes,
+                    content_state = r.content_state, options = r.options, version = r.version,
+                    content_timestamp = r.content_timestamp,
+                    ended_at = CASE WHEN r.op = 'end' THEN now() ELSE ended_at END,
+                    -- An end that reaches no activity token while a start went (or may go) out by push-to-start is
+                    -- kept: it is queued when the activity token registers (marquee_register_activity_token).
+                    pending_end = r.op = 'end' AND marquee_end_waits_for_token(\(tenant), r.instance_id),
+                    updated_at = now()
+                FROM req r
+                WHERE instances.tenant_id = \(tenant) AND instances.id = r.instance_id
+                  AND instances.version = r.expected_version
+                  AND (r.idem_key IS NULL OR r.idem_key IN (SELECT key FROM idem))
+                RETURNING r.i, instances.version
+            ), cand AS (
+                -- An end cancels every unsent delivery of its instance; an update supersedes older ones to its
+                -- tokens (rows waiting for a retry included).
+                SELECT q.id, r.i
+                FROM req r
+                JOIN delivery_queue q ON q.tenant_id = \(tenant) AND q.instance_id = r.instance_id
+                WHERE r.op = 'end'
+                   OR (q.operation <> 'start' AND q.token IN (SELECT p.token FROM planned p WHERE p.i = r.i))
+            ), free AS (
+                -- Rows a worker holds (claimed, being sent) are skipped, never waited on, and left to finish (the
+                -- worker supersedes an interrupted one of an ended instance, and a retry of an older version).
+                SELECT id FROM delivery_queue
+                WHERE tenant_id = \(tenant) AND id IN (SELECT id FROM cand)
+                FOR UPDATE SKIP LOCKED
+            ), gone AS (
+                DELETE FROM delivery_queue d
+                USING cand c
+                WHERE d.tenant_id = \(tenant) AND d.id = c.id AND d.id IN (SELECT id FROM free)
+                  AND c.i IN (SELECT i FROM upd)
+                RETURNING d, c.i
+            ), sup AS (
+                INSERT INTO delivery_history SELECT h.* FROM gone, marquee_history_row(gone.d, 'superseded') h
+                RETURNING 1
+            ), paced AS (
+                -- Pacing, second half: an older update a worker claimed after this statement's snapshot (so `pace`
+                -- did not see it in flight) is going out now; this one waits a whole interval from now.
+                SELECT p.i,
+                       CASE WHEN p.interval_ms > 0
+                                 AND (SELECT count(*) FROM cand c WHERE c.i = p.i)
+                                     > (SELECT count(*) FROM gone g WHERE g.i = p.i)
+                            THEN GREATEST(p.due, now() + make_interval(secs => p.interval_ms / 1000.0))
+                            ELSE p.due END AS due
+                FROM pace p
+            ), dels AS (
+                INSERT INTO delivery_queue (tenant_id, id, instance_id, device_token, provider, token_kind, token,
+                                            operation, instance_version, attributes, content_state, options,
+                                            content_timestamp, next_attempt_at)
+                SELECT \(tenant), d.id, r.instance_id, d.device_token, d.provider, d.token_kind, d.token, r.op,
+                       u.version, r.attributes, r.content_state, r.options, r.content_timestamp,
+                       COALESCE(pd.due, now())
+                FROM planned d
+                JOIN req r ON r.i = d.i
+                JOIN upd u ON u.i = d.i
+                LEFT JOIN paced pd ON pd.i = d.i
+                RETURNING instance_id
+            ), queued AS (
+                SELECT instance_id, count(*)::int AS n FROM dels GROUP BY instance_id
+            )
+            SELECT u.version, COALESCE(q.n, 0) AS deliveries,
+                   r.idem_key IS NOT NULL AND r.idem_key IN (SELECT key FROM idem) AS idem_written,
+                   COALESCE(pd.due > now(), false) AND q.n IS NOT NULL AS coalesced
+            FROM req r
+            LEFT JOIN upd u ON u.i = r.i
+            LEFT JOIN paced pd ON pd.i = r.i
+            LEFT JOIN queued q ON q.instance_id = r.instance_id
+            ORDER BY r.i
+            """
+    }
+
+    /// The arrays of a batch's changes (`req`) and their planned deliveries (`planned`, `deliveryIndex` naming each
+    /// delivery's change).
+    private struct Columns {
+        var index: [Int] = []
+        var instanceIDs: [String] = []
+        var operations: [String] = []
+        var states: [String] = []
+        var failureReasons: [String?] = []
+        var attributes: [String] = []
+        var contentStates: [String] = []
+        var options: [String] = []
+        var versions: [Int] = []
+        var expectedVersions: [Int] = []
+        var contentTimestamps: [Int64] = []
+        var idempotency = IdempotencyColumns()
+        var deliveryIndex: [Int] = []
+        var deliveries = DeliveryColumns([])
+
+        init(_ writes: [ChangeWrite]) {
+            for (i, write) in writes.enumerated() {
+                let plan = write.plan
+                index.append(i)
+                instanceIDs.append(write.instanceID)
+                operations.append(write.operation.rawValue)
+                states.append(plan.state.rawValue)
+                failureReasons.append(plan.failureReason)
+                attributes.append(plan.attributes.text)
+                contentStates.append(plan.contentState.text)
+                options.append(plan.options.json.text)
+                versions.append(plan.version)
+                expectedVersions.append(plan.expectedVersion)
+                contentTimestamps.append(plan.contentTimestamp)
+                idempotency.append(write.idempotency)
+                deliveries.append(plan.deliveries)
+                deliveryIndex.append(contentsOf: repeatElement(i, count: plan.deliveries.count))
+            }
+        }
+    }
+}
+
+extension StartWrite: SetWrite {
+    /// Two starts of one instance ID, or two with one Idempotency-Key, never share a statement.
+    public var exclusiveKeys: [String] {
+        IdempotencyColumns.exclusiveKeys(instanceID: request.instanceID, idempotency)
+    }
+
+    /// The write of a batch's starts of one tenant: one statement over arrays, one row per start (in order) with
+    /// `created` (false when the instance ID or the Idempotency-Key was taken) and `deliveries`. The instance, its
+    /// first deliveries, its Android devices and the idempotency record.
+    public static func statement(tenant: UUID, _ writes: [StartWrite]) -> PostgresQuery {
+        let c = Columns(writes)
+        return """
+            WITH req AS (
+                SELECT * FROM unnest(\(c.index)::int[], \(c.instanceIDs)::text[], \(c.activityTypes)::text[],
+                                     \(c.personIDs)::text[], \(c.personEmails)::text[], \(c.states)::text[],
+                                     \(c.failureReasons)::text[], \(c.attributes)::jsonb[], \(c.contentStates)::jsonb[],
+                                     \(c.options)::jsonb[], \(c.contentTimestamps)::bigint[], \(c.platforms)::text[],
+                                     \(c.deviceIDs)::text[], \(c.responses)::jsonb[], \(c.expiresAt)::timestamptz[],
+                                     \(c.channelIDs)::uuid[], \(c.idempotency.keys)::text[],
+                                     \(c.idempotency.hashes)::text[], \(c.idempotency.statuses)::int[],
+                                     \(c.idempotency.responses)::jsonb[])
+                    AS r(i, instance_id, activity_type, person_id, person_email, state, failure_reason, attributes,
+                         content_state, options, content_timestamp, target_platform, target_device, start_response,
+                         expires_at, channel_id, idem_key, idem_hash, idem_status, idem_response)
+            ), planned AS (
+                SELECT * FROM unnest(\(c.deliveryIndex)::int[], \(c.deliveries.ids)::uuid[],
+                                     \(c.deliveries.devices)::text[], \(c.deliveries.providers)::text[],
+                                     \(c.deliveries.kinds)::text[], \(c.deliveries.tokens)::text[])
+                    AS d(i, id, device_token, provider, token_kind, token)
+            ), android AS (
+                SELECT * FROM unnest(\(c.androidIndex)::int[], \(c.androidDevices)::text[]) AS a(i, device_token)
+            ), idem AS (
+                \(unsafeRaw: IdempotencyColumns.write(response: "r.idem_response"))
+            ), ins AS (
+                INSERT INTO instances (tenant_id, id, activity_type, person_id, person_email, state, failure_reason,
+                                       attributes, content_state, options, version, content_timestamp,
+                                       target_platform, target_device, start_response, expires_at, channel_id)
+                SELECT \(tenant), r.instance_id, r.activity_type, r.person_id, r.person_email, r.state,
+                       r.failure_reason, r.attributes, r.content_state, r.options, 1, r.content_timestamp,
+                       r.target_platform, r.target_device, r.start_response, r.expires_at, r.channel_id
+                FROM req r
+                WHERE r.idem_key IS NULL OR r.idem_key IN (SELECT key FROM idem)
+                ON CONFLICT (tenant_id, id) DO NOTHING
+                RETURNING id
+            ), dels AS (
+                INSERT INTO delivery_queue (tenant_id, id, instance_id, device_token, provider, token_kind, token,
+                                            operation, instance_version, attributes, content_state, options,
+                                            content_timestamp)
+                SELECT \(tenant), d.id, r.instance_id, d.device_token, d.provider, d.token_kind, d.token, 'start', 1,
+                       r.attributes, r.content_state, r.options, r.content_timestamp
+                FROM planned d
+                JOIN req r ON r.i = d.i
+                WHERE r.instance_id IN (SELECT id FROM ins)
+                RETURNING instance_id
+            ), devs AS (
+                INSERT INTO instance_devices (tenant_id, instance_id, device_token, state, state_at)
+                SELECT \(tenant), r.instance_id, a.device_token, 'started', '-infinity'
+                FROM android a
+                JOIN req r ON r.i = a.i
+                WHERE r.instance_id IN (SELECT id FROM ins)
+                ON CONFLICT DO NOTHING
+                RETURNING 1
+            ), queued AS (
+                SELECT instance_id, count(*)::int AS n FROM dels GROUP BY instance_id
+            )
+            SELECT r.instance_id IN (SELECT id FROM ins) AS created, COALESCE(q.n, 0) AS deliveries
+            FROM req r
+            LEFT JOIN queued q ON q.instance_id = r.instance_id
+            ORDER BY r.i
+            """
+    }
+
+    /// The arrays of a batch's starts (`req`), their planned deliveries (`planned`) and Android devices (`android`),
+    /// each naming its start by index.
+    private struct Columns {
+        var index: [Int] = []
+        var instanceIDs: [String] = []
+        var activityTypes: [String] = []
+        var personIDs: [String?] = []
+        var personEmails: [String?] = []
+        var states: [String] = []
+        var failureReasons: [String?] = []
+        var attributes: [String] = []
+        var contentStates: [String] = []
+        var options: [String] = []
+        var contentTimestamps: [Int64] = []
+        var platforms: [String?] = []
+        var deviceIDs: [String?] = []
+        var responses: [String] = []
+        var expiresAt: [Date] = []
+        var channelIDs: [UUID?] = []
+        var idempotency = IdempotencyColumns()
+        var deliveryIndex: [Int] = []
+        var deliveries = DeliveryColumns([])
+        var androidIndex: [Int] = []
+        var androidDevices: [String] = []
+
+        init(_ writes: [StartWrite]) {
+            for (i, write) in writes.enumerated() {
+                let (request, plan) = (write.request, write.plan)
+                index.append(i)
+                instanceIDs.append(request.instanceID)
+                activityTypes.append(request.activityType)
+                personIDs.append(write.personID)
+                personEmails.append(write.personEmail)
+                states.append(plan.state.rawValue)
+                failureReasons.append(plan.failureReason)
+                attributes.append(request.attributes.text)
+                contentStates.append(plan.contentState.text)
+                options.append(plan.options.json.text)
+                contentTimestamps.append(plan.contentTimestamp)
+                platforms.append(request.platform?.rawValue)
+                deviceIDs.append(request.deviceID)
+                responses.append(write.response.text)
+                expiresAt.append(request.expiresAt)
+                channelIDs.append(request.channelID)
+                idempotency.append(write.idempotency)
+                deliveries.append(plan.deliveries)
+                deliveryIndex.append(contentsOf: repeatElement(i, count: plan.deliveries.count))
+                androidDevices.append(contentsOf: plan.androidDevices)
+                androidIndex.append(contentsOf: repeatElement(i, count: plan.androidDevices.count))
+            }
+        }
+    }
+}
+
+extension IdempotencyRecord: SetWrite {
+    public var exclusiveKeys: [String] { ["key:" + key] }
+
+    /// Records of requests that wrote nothing else (suppressed no-ops): one row per record, `written` false when its
+    /// key already had a record younger than a day.
+    public static func statement(tenant: UUID, _ writes: [IdempotencyRecord]) -> PostgresQuery {
+        var c = IdempotencyColumns()
+        for write in writes { c.append(write) }
+        return """
+            WITH req AS (
+                SELECT * FROM unnest(\(Array(writes.indices))::int[], \(c.keys)::text[], \(c.hashes)::text[],
+                                     \(c.statuses)::int[], \(c.responses)::jsonb[])
+                    AS r(i, idem_key, idem_hash, idem_status, idem_response)
+            ), idem AS (
+                \(unsafeRaw: IdempotencyColumns.write(response: "r.idem_response"))
+            )
+            SELECT r.idem_key IN (SELECT key FROM idem) AS written FROM req r ORDER BY r.i
+            """
+    }
+}
+
+/// The idempotency records of a batch of writes, as arrays (NULL where a write has none).
+private struct IdempotencyColumns {
+    var keys: [String?] = []
+    var hashes: [String?] = []
+    var statuses: [Int?] = []
+    var responses: [String?] = []
+
+    /// A lifecycle write's exclusive keys: its instance, and its Idempotency-Key if it has one.
+    static func exclusiveKeys(instanceID: String, _ record: IdempotencyRecord?) -> [String] {
+        ["instance:" + instanceID] + (record.map { ["key:" + $0.key] } ?? [])
+    }
+
+    /// The `idem` part of a set-based write (the tenant entered): the record of each `req r` row with a key
+    /// (`idem_key`, `idem_hash` in hex, `idem_status`, and `response`, SQL over `r`), written unless the key has a
+    /// record younger than a day, in which case the row's write loses (`alreadyExists`). Returns the keys written.
+    static func write(response: String) -> String {
+        """
+        INSERT INTO idempotency_keys (tenant_id, key, request_hash, status, response)
+        SELECT marquee_current_tenant(), r.idem_key, decode(r.idem_hash, 'hex'), r.idem_status, \(response)
+        FROM req r
+        WHERE r.idem_key IS NOT NULL
+        ON CONFLICT (tenant_id, key) DO UPDATE SET
+            request_hash = EXCLUDED.request_hash, status = EXCLUDED.status, response = EXCLUDED.response,
+            created_at = now()
+        WHERE idempotency_keys.created_at <= now() - interval '24 hours'
+        RETURNING key
+        """
+    }
+
+    mutating func append(_ record: IdempotencyRecord?) {
+        keys.append(record?.key)
+        hashes.append(record.map { Hex.encode($0.requestHash) })
+        statuses.append(record?.status)
+        responses.append(record?.response.text)
+    }
+}
+
+extension JSONValue {
+    /// The JSON text, for an element of a `jsonb[]` array parameter.
+    fileprivate var text: String { String(decoding: bytes, as: UTF8.self) }
+}
