@@ -192,9 +192,10 @@ final class ServerCore: Sendable {
         var phase = Phase.idle
         var daemon: MHDHandle?
         var boundPort = 0
-        /// Suspended connections by context. Suspending, resuming and the phase change to `.closing` all
-        /// happen under this lock, so no connection can be suspended when the daemon is stopped.
-        /// (MHD's own lock is taken inside; MHD never calls back into us while holding it.)
+        /// Suspended connections by context. Suspending, taking an entry to resume it, and the phase change to
+        /// `.closing` happen under this lock, so no connection can be suspended when the daemon is stopped, and
+        /// each is resumed once, by whoever took its entry (a handler resumes outside the lock, counted in
+        /// `resuming`). (MHD's own lock is taken inside; MHD never calls back into us while holding it.)
         var suspended: [ObjectIdentifier: Suspension] = [:]
         var stopRequested = false
         var stopRequestWaiters: [CheckedContinuation<Void, Never>] = []
@@ -208,6 +209,9 @@ final class ServerCore: Sendable {
     /// Requests between MHD's URI callback and its completion callback. An atomic rather than `state`, so
     /// those callbacks take none of our locks.
     let liveRequests = Atomic<Int>(0)
+    /// Handlers between taking their suspension entry and returning from `MHD_resume_connection`: the daemon is
+    /// stopped only when there are none.
+    let resuming = Atomic<Int>(0)
     /// Open connections (by MHD connection pointer) and since when each has been reading a request; `nil` while
     /// a request is being handled or answered. Enforces `requestReadTimeout`.
     let reading = Mutex<[Int: ReadingConnection]>([:])
@@ -410,6 +414,8 @@ final class ServerCore: Sendable {
     }
 
     private func finishStop(_ daemon: OpaquePointer, listenSocket: Int32) {
+        // Every suspension is taken by now (phase `.closing`); wait for the resumes still being made (microseconds).
+        while resuming.load(ordering: .acquiring) > 0 { usleep(100) }
         MHD_stop_daemon(daemon)
         if listenSocket >= 0 { close(listenSocket) }
         let waiters = state.withLock { s in
@@ -618,18 +624,12 @@ final class ServerCore: Sendable {
         let handler = match.handler
         let routed = request
         let handle = MHDHandle(connection)
+        let id = ObjectIdentifier(context)
         let suspended = state.withLock { s -> Bool in
             guard s.phase == .running || s.phase == .draining else { return false }
             context.state.withLock { $0.stage = .suspended }
             MHD_suspend_connection(handle.pointer)
-            // One task per request is the point of the design: the handler may await for a long time and
-            // must not hold an MHD thread. It is not a child of `run()` on purpose, so that cancelling
-            // `run()` lets in-flight handlers finish during the drain.
-            let task = Task { [self] in
-                await self.runHandler(handler, request: routed, context: context)
-            }
-            s.suspended[ObjectIdentifier(context)] = Suspension(
-                context: context, connection: handle, task: task)
+            s.suspended[id] = Suspension(context: context, connection: handle, task: nil)
             return true
         }
         if !suspended {
@@ -637,6 +637,20 @@ final class ServerCore: Sendable {
                 .problem(.serviceUnavailable(detail: "The server is shutting down.", retryAfterSeconds: 1)),
                 context: context, connection: connection)
         }
+        // One task per request is the point of the design: the handler may await for a long time and must not
+        // hold an MHD thread. It is not a child of `run()` on purpose, so that cancelling `run()` lets in-flight
+        // handlers finish during the drain. Started outside the lock (starting one may wake a thread), then
+        // recorded for a stop to cancel; if its entry is gone already (a stop answered it, or it finished), it is
+        // cancelled here instead (a no-op once finished).
+        let task = Task { [self] in
+            await self.runHandler(handler, request: routed, context: context)
+        }
+        let recorded = state.withLock { s -> Bool in
+            guard s.suspended[id] != nil else { return false }
+            s.suspended[id]?.task = task
+            return true
+        }
+        if !recorded { task.cancel() }
         return true
     }
 
@@ -651,14 +665,21 @@ final class ServerCore: Sendable {
             failure = String(describing: error)
             response = .problem(.internalError(requestID: request.requestID))
         }
-        state.withLock { s in
-            guard let entry = s.suspended.removeValue(forKey: ObjectIdentifier(context)) else { return }
-            context.state.withLock { c in
-                c.stage = .ready(response)
-                c.handlerError = failure
-            }
-            MHD_resume_connection(entry.connection.pointer)
+        // The entry is taken under the lock (whoever takes it resumes the connection: this handler, or a stop
+        // answering 503), the resume made outside it: MHD's resume signals the daemon's thread (a syscall), and the
+        // server-wide lock is on every request's path. `resuming` keeps the daemon from being stopped meanwhile.
+        let entry = state.withLock { s -> Suspension? in
+            guard let entry = s.suspended.removeValue(forKey: ObjectIdentifier(context)) else { return nil }
+            resuming.add(1, ordering: .relaxed)
+            return entry
         }
+        guard let entry else { return }
+        context.state.withLock { c in
+            c.stage = .ready(response)
+            c.handlerError = failure
+        }
+        MHD_resume_connection(entry.connection.pointer)
+        resuming.subtract(1, ordering: .releasing)
     }
 
     /// Finalizes headers and hands the response to MHD.
