@@ -142,7 +142,7 @@ public final class GroupCommitter: Sendable {
         // switches the role). Statements of one batch are independent requests, each committed with all the others
         // or retried alone, so grouping them by tenant (and a tenant's set writes into shared statements) changes no
         // outcome.
-        var queries: [PostgresQuery] = ["BEGIN"]
+        var queries: [PostgresQuery] = []
         var position = [(statement: Int, row: Int)](repeating: (0, 0), count: batch.count)
         var tenants: [UUID] = []
         var byTenant: [UUID: [(index: Int, body: Body)]] = [:]
@@ -161,31 +161,18 @@ public final class GroupCommitter: Sendable {
         if let channel = notifyChannel {
             queries.append("SELECT pg_notify(\(channel), '')")
         }
-        queries.append("COMMIT")
         let statements = queries
         do {
-            let results = try await pool.withConnection { connection in
-                let results = try connection.pipeline(statements)
-                // A COMMIT after an error answers ROLLBACK without an error: check every result, COMMIT's too.
-                if results.contains(where: { if case .failure = $0 { true } else { false } }) {
-                    _ = try? connection.execute("ROLLBACK")
-                    return [Result<PostgresRows, PostgresError>]?.none
-                }
-                return results
+            let results = try await pool.withConnection { try $0.pipelineTransaction(statements) }
+            statisticsState.withLock {
+                $0.batches += 1
+                $0.statements += batch.count
             }
-            if let results {
-                statisticsState.withLock {
-                    $0.batches += 1
-                    $0.statements += batch.count
-                }
-                onBatch(batch.count)
-                return position.map { at in
-                    results[at.statement].map { Answer(rows: $0, row: at.row) }.mapError { $0 as any Error }
-                }
-            }
+            onBatch(batch.count)
+            return position.map { .success(Answer(rows: results[$0.statement], row: $0.row)) }
         } catch {
-            // The whole batch could not run (no connection, connection lost): fall through to one at a time, which
-            // reports each caller's own error.
+            // A statement failed (the batch was rolled back), or the batch could not run at all (no connection,
+            // connection lost): fall through to one at a time, which reports each caller's own outcome.
         }
         statisticsState.withLock { $0.fallbacks += 1 }
         var answers: [Result<Answer, any Error>] = []
@@ -242,27 +229,20 @@ extension TenantDatabase {
     /// `tenantRead` for several tenants in the same transaction and round trip: each tenant's queries run inside its
     /// own row-level security (entered before them). Returns each tenant's rows, in order.
     func tenantReads(_ reads: [(tenant: UUID, queries: [PostgresQuery])]) async throws -> [[PostgresRows]] {
-        var all: [PostgresQuery] = ["BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"]
+        var all: [PostgresQuery] = []
         for read in reads {
             all.append("SELECT marquee_enter_tenant(\(read.tenant))")
             all.append(contentsOf: read.queries)
         }
-        all.append("COMMIT")
         let statements = all
-        let results = try await pool.withConnection { connection in
-            let results = try connection.pipeline(statements)
-            if results.contains(where: { if case .failure = $0 { true } else { false } }) {
-                _ = try? connection.execute("ROLLBACK")
-            }
-            return results
+        let results = try await pool.withConnection {
+            try $0.pipelineTransaction(statements, begin: "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
         }
         var rows: [[PostgresRows]] = []
-        var next = 1
+        var next = 1  // after entering the first tenant
         for read in reads {
-            _ = try results[next].get()  // entering the tenant
-            next += 1
-            rows.append(try results[next..<next + read.queries.count].map { try $0.get() })
-            next += read.queries.count
+            rows.append(Array(results[next..<next + read.queries.count]))
+            next += read.queries.count + 1
         }
         return rows
     }

@@ -38,16 +38,8 @@ public struct TenantDatabase: Sendable {
 
     /// Runs one statement for `tenant` in its own transaction, in one round trip (pipelined), and returns its rows.
     public func tenantStatement(_ tenant: UUID, _ statement: PostgresQuery) async throws -> PostgresRows {
-        let statements: [PostgresQuery] = ["BEGIN", "SELECT marquee_enter_tenant(\(tenant))", statement, "COMMIT"]
-        let results = try await pool.withConnection { connection in
-            let results = try connection.pipeline(statements)
-            if results.contains(where: { if case .failure = $0 { true } else { false } }) {
-                _ = try? connection.execute("ROLLBACK")
-            }
-            return results
-        }
-        for result in results { _ = try result.get() }
-        return try results[2].get()
+        let statements: [PostgresQuery] = ["SELECT marquee_enter_tenant(\(tenant))", statement]
+        return try await pool.withConnection { try $0.pipelineTransaction(statements) }[1]
     }
 }
 

@@ -326,6 +326,29 @@ public final class PostgresConnection {
     ///
     /// - Throws: only if the pipeline could not be sent at all; per-query errors are in the results.
     public func pipeline(_ queries: [PostgresQuery]) throws -> [Result<PostgresRows, PostgresError>] {
+        try pipeline(queries, syncEach: true)
+    }
+
+    /// Runs `queries` in one transaction, in one round trip: `begin`, the queries and COMMIT, pipelined with a single
+    /// sync point (the server answers once, not once per statement). Returns each query's rows once committed; if
+    /// any statement (COMMIT included) fails, rolls back and throws the first error.
+    public func pipelineTransaction(_ queries: [PostgresQuery], begin: PostgresQuery = "BEGIN") throws
+        -> [PostgresRows]
+    {
+        let results = try pipeline([begin] + queries + ["COMMIT"], syncEach: false)
+        for result in results {
+            if case .failure(let error) = result {
+                _ = try? execute("ROLLBACK")
+                throw error
+            }
+        }
+        return results.dropFirst().dropLast().map { try! $0.get() }
+    }
+
+    /// `syncEach`: a sync point after every statement (each in its own implicit transaction unless inside an
+    /// explicit one), or one after the last (after an error the server skips everything up to it: those queries
+    /// answer "skipped").
+    private func pipeline(_ queries: [PostgresQuery], syncEach: Bool) throws -> [Result<PostgresRows, PostgresError>] {
         guard !queries.isEmpty else { return [] }
         // Statements are prepared before the pipeline starts (one round trip each, the first time only).
         let names = try queries.map { $0.binds.isEmpty ? nil : try preparedStatement($0) }
@@ -338,14 +361,15 @@ public final class PostgresConnection {
                 throw connectionError(context: "could not switch to non-blocking mode")
             }
             defer { _ = PQsetnonblocking(handle, 0) }
-            for (query, name) in zip(queries, names) {
+            for (position, (query, name)) in zip(queries, names).enumerated() {
                 let sent = Self.withBinds(query.binds) { count, types, values, lengths, formats in
                     if let name {
                         return PQsendQueryPrepared(handle, name, count, values, lengths, formats, 0)
                     }
                     return PQsendQueryParams(handle, query.sql, count, types, values, lengths, formats, 0)
                 }
-                guard sent == 1, PQpipelineSync(handle) == 1 else {
+                let synced = syncEach || position == queries.count - 1 ? PQpipelineSync(handle) == 1 : true
+                guard sent == 1, synced else {
                     throw connectionError(context: "could not queue a pipelined statement")
                 }
             }
@@ -356,7 +380,7 @@ public final class PostgresConnection {
 
         var results: [Result<PostgresRows, PostgresError>] = []
         results.reserveCapacity(queries.count)
-        for _ in queries {
+        for position in queries.indices {
             if isBroken {
                 results.append(.failure(connectionError(context: "connection lost during pipeline")))
                 continue
@@ -375,6 +399,11 @@ public final class PostgresConnection {
                 results.append(.failure(record(error(from: result))))
             }
             PQclear(result)
+            if !syncEach, position < queries.count - 1 {
+                // Drain to the end of this query's results (NULL); the sync point comes after the last query.
+                while !isBroken, let next = PQgetResult(handle) { PQclear(next) }
+                continue
+            }
             // Drain to this query's sync point: NULL, then PGRES_PIPELINE_SYNC.
             var emptyResults = 0
             while !isBroken {

@@ -119,4 +119,32 @@ struct CopyAndPipelineTests {
         #expect(many.allSatisfy { (try? $0.get().affectedRows) == 1 })
         #expect(after == 2001)
     }
+
+    @Test("a pipelined transaction commits everything, or on an error rolls back and throws that error")
+    func pipelineTransaction() async throws {
+        let pool = try TestDatabase.pool(options: .init(maxConnections: 1))
+        defer { pool.close() }
+        let (rows, error, many, after) = try await pool.withConnection { connection in
+            try connection.execute("CREATE TEMP TABLE t (id int PRIMARY KEY)")
+            let rows = try connection.pipelineTransaction(
+                ["INSERT INTO t VALUES (1)", "SELECT count(*)::int AS n FROM t", "INSERT INTO t VALUES (2)"])
+            var error: PostgresError?
+            do {
+                // The duplicate fails; the statements after it are skipped; the first insert is rolled back.
+                _ = try connection.pipelineTransaction(
+                    ["INSERT INTO t VALUES (3)", "INSERT INTO t VALUES (1)", "INSERT INTO t VALUES (4)"],
+                    begin: "BEGIN ISOLATION LEVEL REPEATABLE READ")
+            } catch let e as PostgresError {
+                error = e
+            }
+            let many = try connection.pipelineTransaction((10..<1010).map { "INSERT INTO t VALUES (\($0))" })
+            let after = try connection.query("SELECT count(*)::int AS n FROM t")[0].decode(Int.self, "n")
+            return (rows, error, many, after)
+        }
+        #expect(rows.count == 3)
+        #expect(try rows[1][0].decode(Int.self, "n") == 1)
+        #expect(error?.code == .uniqueViolation)
+        #expect(many.count == 1000 && many.allSatisfy { $0.affectedRows == 1 })
+        #expect(after == 1002)  // 1 and 2, then 10..<1010; neither 3 nor 4
+    }
 }
