@@ -69,6 +69,27 @@ final class Batches<Item: Sendable, Output: Sendable>: Sendable {
     }
 }
 
+/// Answers a batch of reads with `read` (one answer per item, in order), or, if the batch fails as a whole, each item
+/// alone, so that each caller gets its own answer or error.
+func answerEach<Item: Sendable, Output: Sendable>(
+    _ batch: [Item], _ read: ([Item]) async throws -> [Output]
+) async -> [Result<Output, any Error>] {
+    do {
+        return try await read(batch).map { .success($0) }
+    } catch {
+        guard batch.count > 1 else { return [.failure(error)] }
+        var answers: [Result<Output, any Error>] = []
+        for item in batch {
+            do {
+                answers.append(.success(try await read([item])[0]))
+            } catch {
+                answers.append(.failure(error))
+            }
+        }
+        return answers
+    }
+}
+
 /// A batch's runner returned fewer answers than items (a bug): the unanswered ones fail with this.
 struct BatchUnanswered: Error {}
 

@@ -37,24 +37,10 @@ final class ChangeContexts: Sendable {
         try await batches.submit(request) { await self.read(batch: $0) }
     }
 
-    /// One answer per request, in order. If the batch fails as a whole, each request is read alone, so that each
-    /// caller gets its own error.
+    /// One answer per request, in order (`answerEach`: if the batch fails as a whole, each request is read alone).
     private func read(batch: [Request]) async -> [Result<ChangeContext, any Error>] {
         onBatch(batch.count)
-        do {
-            return try await Self.read(database, batch).map { .success($0) }
-        } catch {
-            guard batch.count > 1 else { return [.failure(error)] }
-            var answers: [Result<ChangeContext, any Error>] = []
-            for request in batch {
-                do {
-                    answers.append(.success(try await Self.read(database, [request])[0]))
-                } catch {
-                    answers.append(.failure(error))
-                }
-            }
-            return answers
-        }
+        return await answerEach(batch) { [database] in try await Self.read(database, $0) }
     }
 
     static func read(_ database: TenantDatabase, _ batch: [Request]) async throws -> [ChangeContext] {

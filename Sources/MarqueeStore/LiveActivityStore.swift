@@ -145,6 +145,7 @@ public struct LiveActivityStore: Sendable {
     let database: TenantDatabase
     let committer: GroupCommitter
     let contexts: ChangeContexts
+    let starts: StartContexts
 
     /// `onContextBatch` is told the size of every batch of change contexts read together (for a histogram).
     public init(
@@ -154,62 +155,23 @@ public struct LiveActivityStore: Sendable {
         self.database = database
         self.committer = committer
         contexts = ChangeContexts(database: database, onBatch: onContextBatch)
+        starts = StartContexts(database: database)
     }
 
     // MARK: Reads before writes
 
+    /// Everything a start needs, in one snapshot: its activity type, its person and their devices (with push-to-start
+    /// tokens for the type), whether the instance ID is taken (and the start answer stored with it), the answer stored
+    /// for the request's Idempotency-Key, and the channel it names. Read together with the other starts in flight
+    /// (`StartContexts`).
     public func startContext(
         tenant: UUID, activityType: String, personID: String?, email: String?, instanceID: String,
         idempotencyKey: String?, channelID: UUID? = nil
     ) async throws -> StartContext {
-        let rows = try await database.tenantRead(
-            tenant,
-            [
-                """
-                SELECT \(unsafeRaw: RegistryStore.typeColumns) FROM activity_types
-                WHERE tenant_id = \(tenant) AND identifier = \(activityType)
-                """,
-                """
-                SELECT id FROM people
-                WHERE tenant_id = \(tenant)
-                  AND ((\(personID)::text IS NOT NULL AND id = \(personID))
-                    OR (\(email)::text IS NOT NULL AND lower(email) = lower(\(email))))
-                LIMIT 1
-                """,
-                """
-                SELECT d.token AS device_token, d.platform, p.token AS push_to_start_token
-                FROM people pe
-                JOIN devices d ON d.tenant_id = pe.tenant_id AND d.person_id = pe.id
-                LEFT JOIN push_to_start_tokens p
-                  ON p.tenant_id = d.tenant_id AND p.device_token = d.token AND p.activity_type = \(activityType)
-                 AND p.status = 'active'
-                WHERE pe.tenant_id = \(tenant)
-                  AND ((\(personID)::text IS NOT NULL AND pe.id = \(personID))
-                    OR (\(email)::text IS NOT NULL AND lower(pe.email) = lower(\(email))))
-                ORDER BY d.created_at, d.token
-                """,
-                Self.idempotencyQuery(tenant, idempotencyKey),
-                "SELECT start_response FROM instances WHERE tenant_id = \(tenant) AND id = \(instanceID)",
-                """
-                SELECT \(unsafeRaw: ChannelStore.columns) FROM channels
-                WHERE tenant_id = \(tenant) AND id = \(channelID)
-                """,
-            ])
-        let candidates = try rows[2].map { row in
-            StartCandidate(
-                deviceToken: try row.decode(String.self, "device_token"),
-                platform: try row.decodeRaw(Platform.self, "platform"),
-                pushToStartToken: try row.decode(String?.self, "push_to_start_token"))
-        }
-        var existing: StoredResponse?
-        if let row = rows[4].first, let body = try row.decode(JSONValue?.self, "start_response") {
-            existing = StoredResponse(status: 200, body: body, requestHash: [])
-        }
-        return StartContext(
-            activityType: try rows[0].first.map(RegistryStore.activityType),
-            personID: try rows[1].first?.decode(String.self, "id"), candidates: candidates,
-            idempotent: try Self.storedResponse(rows[3]), existingStart: existing, existingInstance: !rows[4].isEmpty,
-            channel: try rows[5].first.map(ChannelStore.channel))
+        try await starts.read(
+            .init(
+                tenant: tenant, activityType: activityType, personID: personID, email: email, instanceID: instanceID,
+                idempotencyKey: idempotencyKey, channelID: channelID))
     }
 
     /// Everything an update or end needs, in one snapshot: the instance with its activity type and channel, its
