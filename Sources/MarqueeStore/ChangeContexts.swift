@@ -78,7 +78,7 @@ final class ChangeContexts: Sendable {
             }
             return (tenant: tenant, queries: queries)
         }
-        let rows = try await database.tenantReads(reads)
+        let rows = try await database.tenantReads(reads, genericPlans: true)
 
         var contexts: [UUID: [String: ChangeContext]] = [:]
         var stored: [UUID: [String: StoredResponse]] = [:]

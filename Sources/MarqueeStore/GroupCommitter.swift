@@ -142,7 +142,7 @@ public final class GroupCommitter: Sendable {
         // switches the role). Statements of one batch are independent requests, each committed with all the others
         // or retried alone, so grouping them by tenant (and a tenant's set writes into shared statements) changes no
         // outcome.
-        var queries: [PostgresQuery] = []
+        var queries: [PostgresQuery] = [Self.genericPlans]
         var position = [(statement: Int, row: Int)](repeating: (0, 0), count: batch.count)
         var tenants: [UUID] = []
         var byTenant: [UUID: [(index: Int, body: Body)]] = [:]
@@ -182,6 +182,12 @@ public final class GroupCommitter: Sendable {
         return answers
     }
 
+    /// Makes a transaction's statements use their generic plans. A batch's statements are the same few statements
+    /// over arrays of 1 to `maxBatch` rows, planned for that: left to `auto`, PostgreSQL re-planned the set-based write
+    /// in one call of ten (4 ms a plan, 1.8 s of a 10-second api-update run) and the batched targets read in more than
+    /// half (2.7 s: more than running it).
+    static let genericPlans: PostgresQuery = "SET LOCAL plan_cache_mode = force_generic_plan"
+
     private func commitAlone(_ item: Submission) async -> Result<Answer, any Error> {
         let channel = notifyChannel
         let query =
@@ -191,6 +197,7 @@ public final class GroupCommitter: Sendable {
             }
         do {
             let rows = try await pool.transaction { connection in
+                try connection.query(Self.genericPlans)
                 try connection.enterTenant(item.tenant)
                 let rows = try connection.query(query)
                 if let channel { try connection.query("SELECT pg_notify(\(channel), '')") }
@@ -228,8 +235,14 @@ extension TenantDatabase {
 
     /// `tenantRead` for several tenants in the same transaction and round trip: each tenant's queries run inside its
     /// own row-level security (entered before them). Returns each tenant's rows, in order.
-    func tenantReads(_ reads: [(tenant: UUID, queries: [PostgresQuery])]) async throws -> [[PostgresRows]] {
-        var all: [PostgresQuery] = []
+    ///
+    /// `genericPlans`: the statements are planned once per connection and the plan reused whatever the values
+    /// (`plan_cache_mode`, for this transaction): for statements over arrays of a batch's values, whose custom plans
+    /// PostgreSQL would otherwise make again and again (a millisecond or more each, more than they take to run).
+    func tenantReads(_ reads: [(tenant: UUID, queries: [PostgresQuery])], genericPlans: Bool = false) async throws
+        -> [[PostgresRows]]
+    {
+        var all: [PostgresQuery] = genericPlans ? [GroupCommitter.genericPlans] : []
         for read in reads {
             all.append("SELECT marquee_enter_tenant(\(read.tenant))")
             all.append(contentsOf: read.queries)
@@ -239,7 +252,7 @@ extension TenantDatabase {
             try $0.pipelineTransaction(statements, begin: "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
         }
         var rows: [[PostgresRows]] = []
-        var next = 1  // after entering the first tenant
+        var next = genericPlans ? 2 : 1  // after entering the first tenant
         for read in reads {
             rows.append(Array(results[next..<next + read.queries.count]))
             next += read.queries.count + 1

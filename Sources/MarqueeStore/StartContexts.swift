@@ -42,7 +42,8 @@ final class StartContexts: Sendable {
             if wanted[request.tenant] == nil { tenants.append(request.tenant) }
             wanted[request.tenant, default: Wanted()].add(request)
         }
-        let rows = try await database.tenantReads(tenants.map { ($0, wanted[$0]!.queries(tenant: $0)) })
+        let rows = try await database.tenantReads(
+            tenants.map { ($0, wanted[$0]!.queries(tenant: $0)) }, genericPlans: true)
 
         var found: [UUID: Found] = [:]
         for (tenant, tenantRows) in zip(tenants, rows) {
