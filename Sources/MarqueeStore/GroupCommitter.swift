@@ -5,12 +5,13 @@ import Synchronization
 /// Commits many requests' writes in one transaction (group commit), so that throughput is not bounded by one
 /// commit — one WAL flush — per request.
 ///
-/// Each submission is one self-contained statement (typically a data-modifying CTE) for one tenant. Batches form as
-/// `Batches` forms them (no background loop; up to `writers` at once, each of up to `maxBatch`). A batch is one
-/// pipelined round trip: `BEGIN; (enter tenant; its statements…)…; pg_notify(channel); COMMIT`. Every caller is answered
-/// only after COMMIT succeeded, so an accepted request is durable. If anything in a batch fails, the batch is rolled
-/// back and each statement is retried alone, so one bad request never fails the others. The single NOTIFY per batch
-/// is the coalesced wake-up for workers.
+/// Each submission is, for one tenant, either a self-contained statement or a `SetWrite`: the batch's set writes of one
+/// kind and tenant share one statement over arrays. Batches form as `Batches` forms them (no background loop; up to
+/// `writers` at once, each of up to `maxBatch`). A batch is one pipelined round trip with one sync point: `BEGIN;
+/// generic plans; (enter tenant; its statements…)…; pg_notify(channel); COMMIT`. Every caller is answered only after
+/// COMMIT succeeded, so an accepted request is durable. If anything in a batch fails, the batch is rolled back and
+/// each submission is retried alone, so one bad request never fails the others. The single NOTIFY per batch is the
+/// coalesced wake-up for workers.
 public final class GroupCommitter: Sendable {
     public struct Configuration: Sendable {
         /// Batches committed at once (each on its own connection). Default 4.
