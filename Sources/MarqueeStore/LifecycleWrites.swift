@@ -296,7 +296,7 @@ extension StartWrite: SetWrite {
 }
 
 extension IdempotencyRecord: SetWrite {
-    public var exclusiveKeys: [String] { ["key:" + key] }
+    public var exclusiveKeys: [String] { IdempotencyColumns.exclusiveKeys(instanceID: nil, self) }
 
     /// Records of requests that wrote nothing else (suppressed no-ops): one row per record, `written` false when its
     /// key already had a record younger than a day.
@@ -323,9 +323,9 @@ private struct IdempotencyColumns {
     var statuses: [Int?] = []
     var responses: [String?] = []
 
-    /// A lifecycle write's exclusive keys: its instance, and its Idempotency-Key if it has one.
-    static func exclusiveKeys(instanceID: String, _ record: IdempotencyRecord?) -> [String] {
-        ["instance:" + instanceID] + (record.map { ["key:" + $0.key] } ?? [])
+    /// A lifecycle write's exclusive keys: its instance if it has one, and its Idempotency-Key if it has one.
+    static func exclusiveKeys(instanceID: String?, _ record: IdempotencyRecord?) -> [String] {
+        [instanceID.map { "instance:" + $0 }, record.map { "key:" + $0.key }].compactMap { $0 }
     }
 
     /// The `idem` part of a set-based write (the tenant entered): the record of each `req r` row with a key

@@ -17,7 +17,7 @@ struct GroupCommitterTests {
         try await withThrowingTaskGroup(of: Int.self) { group in
             for i in 0..<100 {
                 group.addTask {
-                    try await committer.submit(tenant: tenant, "SELECT \(i)::int AS n")[0].decode(Int.self, "n")
+                    try await committer.submit(tenant: tenant, Echo(n: i)).decode(Int.self, "n")
                 }
             }
             let total = try await group.reduce(0, +)
@@ -42,8 +42,7 @@ struct GroupCommitterTests {
             for i in 0..<60 {
                 let tenant = tenants[i % 3]
                 group.addTask {
-                    let row = try await committer.submit(
-                        tenant: tenant, "SELECT current_setting('marquee.tenant_id') AS tenant, \(i)::int AS n")[0]
+                    let row = try await committer.submit(tenant: tenant, Echo(n: i))
                     return try row.decode(String.self, "tenant") == tenant.uuidString.lowercased()
                         && row.decode(Int.self, "n") == i
                 }
@@ -52,5 +51,18 @@ struct GroupCommitterTests {
         }
         // Statements did share transactions (otherwise nothing here was grouped).
         #expect(sizes.withLock { $0 }.contains { $0 > 1 })
+    }
+}
+
+/// A write that writes nothing: each row answers its number and the tenant its statement ran in.
+struct Echo: SetWrite {
+    var n: Int
+    var exclusiveKeys: [String] { [] }
+
+    static func statement(tenant: UUID, _ writes: [Echo]) -> PostgresQuery {
+        """
+        SELECT current_setting('marquee.tenant_id') AS tenant, e.n::int AS n
+        FROM unnest(\(writes.map(\.n))::int[]) WITH ORDINALITY AS e(n, i) ORDER BY e.i
+        """
     }
 }
