@@ -108,11 +108,12 @@ public final class HTTP2Client: Sendable {
 
     private let core: ClientCore
 
-    /// Creates the pool and its I/O threads; no connection opens before the first request.
+    /// Creates the pool and its I/O threads, or with `threads` on those shared threads (and their TLS context for
+    /// this configuration); no connection opens before the first request.
     ///
     /// Throws `invalidConfiguration` when the CA file cannot be loaded or the threads cannot be set up.
-    public init(_ configuration: Configuration) throws {
-        core = try ClientCore(configuration)
+    public init(_ configuration: Configuration, threads: HTTP2ClientThreads? = nil) throws {
+        core = try ClientCore(configuration, threads: threads)
     }
 
     deinit {
@@ -179,6 +180,8 @@ final class ClientCore: Sendable {
     /// The `:authority` of requests without their own: the host, and the port unless it is 443.
     let defaultAuthority: String
     private let loops: [EventLoop]
+    /// Whether `loops` are this client's own (stopped at shutdown) rather than shared `HTTP2ClientThreads`.
+    private let ownsLoops: Bool
     private let state: Mutex<State>
     private let outstanding = Atomic<Int>(0)
     private let shuttingDown = Atomic<Bool>(false)
@@ -188,7 +191,7 @@ final class ClientCore: Sendable {
     let connectsTotal = Atomic<Int>(0)
     let goAwaysTotal = Atomic<Int>(0)
 
-    init(_ configuration: HTTP2Client.Configuration) throws {
+    init(_ configuration: HTTP2Client.Configuration, threads: HTTP2ClientThreads?) throws {
         guard configuration.connections > 0, configuration.ioThreads > 0,
             (1...65_535).contains(configuration.port)
         else {
@@ -203,11 +206,18 @@ final class ClientCore: Sendable {
         machine.pingTimeout = configuration.pingTimeout
         machine.idleTimeout = configuration.idleTimeout
         machineConfiguration = machine
-        tls = try TLSContext.client(configuration.tls)
         defaultAuthority =
             configuration.port == 443 ? configuration.host : "\(configuration.host):\(configuration.port)"
         let threadCount = min(configuration.ioThreads, configuration.connections)
-        loops = try (0..<threadCount).map { try EventLoop(name: "http2-client-\($0)") }
+        if let threads {
+            tls = try threads.tlsContext(configuration.tls)
+            loops = threads.assign(threadCount)
+            ownsLoops = false
+        } else {
+            tls = try TLSContext.client(configuration.tls)
+            loops = try (0..<threadCount).map { try EventLoop(name: "http2-client-\($0)") }
+            ownsLoops = true
+        }
         let slot = Slot(
             backoff: Backoff(initial: configuration.backoff.initial, maximum: configuration.backoff.maximum))
         state = Mutex(State(slots: Array(repeating: slot, count: configuration.connections)))
@@ -341,6 +351,22 @@ final class ClientCore: Sendable {
             }
             if done { continuation.resume() }
         }
+        guard ownsLoops else {
+            // Shared threads go on: close this client's connections there (nothing is in flight any more: GOAWAY and
+            // close now), and wait until they are.
+            for loop in loops {  // distinct threads (`HTTP2ClientThreads.assign`)
+                await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+                    let queued = loop.execute { [self] context in
+                        for connection in context.all(ClientConnection.self) where connection.core === self {
+                            connection.terminate()
+                        }
+                        continuation.resume()
+                    }
+                    if !queued { continuation.resume() }  // the threads stopped: their connections are gone
+                }
+            }
+            return
+        }
         for loop in loops {
             loop.execute { context in
                 for connection in context.all(ClientConnection.self) { connection.closeForShutdown() }
@@ -352,6 +378,16 @@ final class ClientCore: Sendable {
 
     func stopNow() {
         shuttingDown.store(true, ordering: .sequentiallyConsistent)
+        guard ownsLoops else {
+            for loop in loops {
+                loop.execute { [self] context in
+                    for connection in context.all(ClientConnection.self) where connection.core === self {
+                        connection.terminate()
+                    }
+                }
+            }
+            return
+        }
         for loop in loops { loop.shutdown() }
     }
 }

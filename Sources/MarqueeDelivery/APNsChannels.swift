@@ -54,7 +54,7 @@ public final class APNsChannelClient: Sendable {
 
     public init(configuration: Configuration, logger: Logger? = nil) {
         self.configuration = configuration
-        self.connections = ProviderConnections(configuration)
+        self.connections = ProviderConnections(configuration, name: "apns-channels")
         self.logger = logger
     }
 
@@ -112,7 +112,8 @@ public final class APNsChannelClient: Sendable {
             while true {
                 let requestID = UUID()
                 let request = build(token, requestID)
-                let response = try await connections.send(request, host: target.host, port: target.port)
+                let response = try await connections.send(
+                    request, host: target.host, port: target.port, identity: target.tokens.connectionIdentity)
                 log(operation, target, requestID: requestID, response: response)
                 if response.status == 403, Self.reason(response) == "ExpiredProviderToken", attempt == 0 {
                     attempt += 1

@@ -68,7 +68,7 @@ public struct APNsTarget: Sendable {
     }
 }
 
-/// Sends live-activity pushes to APNs over pooled HTTP/2 connections (one pool per host), with token auth.
+/// Sends live-activity pushes to APNs over pooled HTTP/2 connections (one pool per host and key), with token auth.
 public final class APNsProvider: Sendable {
     public typealias Configuration = ProviderClientConfiguration
 
@@ -79,7 +79,7 @@ public final class APNsProvider: Sendable {
     public init(configuration: Configuration, logger: Logger? = nil) {
         self.configuration = configuration
         self.logger = logger
-        self.connections = ProviderConnections(configuration)
+        self.connections = ProviderConnections(configuration, name: "apns")
     }
 
     /// Open connections and streams across all hosts, for metrics.
@@ -91,7 +91,8 @@ public final class APNsProvider: Sendable {
             var token = try target.tokens.token()
             for attempt in 0..<2 {
                 let response = try await connections.send(
-                    request(push, providerToken: token), host: target.host, port: target.port)
+                    request(push, providerToken: token), host: target.host, port: target.port,
+                    identity: target.tokens.connectionIdentity)
                 let decision = Self.decide(response, broadcast: push.broadcast != nil)
                 if case .refreshProviderToken = decision, attempt == 0 {
                     token = try target.tokens.refresh(rejected: token)

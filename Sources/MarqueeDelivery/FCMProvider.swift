@@ -124,7 +124,7 @@ public final class FCMProvider: Sendable {
     public init(configuration: Configuration, logger: Logger? = nil) {
         self.configuration = configuration
         self.logger = logger
-        self.connections = ProviderConnections(configuration)
+        self.connections = ProviderConnections(configuration, name: "fcm")
     }
 
     /// An access-token cache for `account` (one per tenant credential; the worker keeps them).

@@ -15,40 +15,47 @@ enum ProviderConnectionError: Error, Sendable, Equatable {
 public struct ProviderClientConfiguration: Sendable {
     /// Extra CA file to trust (e.g. the simulator's), besides the system store.
     public var caFile: String?
-    /// Connections per provider host. Default 2.
+    /// Connections per pool (one provider host, one APNs key). Default 2.
     public var connectionsPerHost: Int
     /// Per-request deadline. Default 30 s.
     public var requestTimeout: Duration
     /// `MARQUEE_PROVIDER_HOSTS`: the only hosts connected to (endpoints and token URIs alike). Default: Apple's and
     /// Google's.
     public var allowedHosts: ProviderHosts
-    /// Host pools kept at once (one I/O thread and TLS context each). Default 32.
-    public var maxHosts: Int
-    /// A host pool without requests for this long is closed. Default 5 minutes.
-    public var hostIdleTimeout: Duration
+    /// Pools kept at once (one per provider host and APNs key; they share the provider's I/O thread and TLS
+    /// context). Default 256.
+    public var maxPools: Int
+    /// A pool without requests for this long is closed. Default 5 minutes.
+    public var poolIdleTimeout: Duration
     /// Largest provider response body read. Default 64 KiB.
     public var maxResponseBodySize: Int
 
     public init(
         caFile: String? = nil, connectionsPerHost: Int = 2, requestTimeout: Duration = .seconds(30),
-        allowedHosts: ProviderHosts = .standard, maxHosts: Int = 32, hostIdleTimeout: Duration = .seconds(300),
+        allowedHosts: ProviderHosts = .standard, maxPools: Int = 256, poolIdleTimeout: Duration = .seconds(300),
         maxResponseBodySize: Int = 64 << 10
     ) {
         self.caFile = caFile
         self.connectionsPerHost = connectionsPerHost
         self.requestTimeout = requestTimeout
         self.allowedHosts = allowedHosts
-        self.maxHosts = maxHosts
-        self.hostIdleTimeout = hostIdleTimeout
+        self.maxPools = maxPools
+        self.poolIdleTimeout = poolIdleTimeout
         self.maxResponseBodySize = maxResponseBodySize
     }
 }
 
-/// One HTTP/2 client pool per provider host, opened on first use, shared by every tenant sending to that host.
+/// One HTTP/2 client pool per provider host and sender identity, opened on first use.
 ///
-/// Only hosts in the operator's allowlist are connected to. Each pool costs an I/O thread and a TLS context, so pools
-/// unused for `hostIdleTimeout` are closed, and at most `maxHosts` exist: a new host evicts the least recently used idle
-/// pool, or fails retryably (`busy`) when every pool has requests in flight.
+/// The identity is what a connection authenticates as: APNs does not take provider tokens of more than one team on a
+/// connection (it answers 403 InvalidProviderToken), and a second key of the same team on one connection counts as a
+/// token update (429 TooManyProviderTokenUpdates). So every APNs key gets connections of its own; FCM, whose OAuth
+/// tokens have no such rule, shares one pool per host (`identity` empty).
+///
+/// Only hosts in the operator's allowlist are connected to. The pools share one set of I/O threads and one TLS context
+/// (`HTTP2ClientThreads`); each still holds connections, so pools unused for `poolIdleTimeout` are closed, and at most
+/// `maxPools` exist: a new one evicts the least recently used idle pool, or fails retryably (`busy`) when every pool
+/// has requests in flight.
 final class ProviderConnections: Sendable {
     typealias Configuration = ProviderClientConfiguration
 
@@ -61,27 +68,35 @@ final class ProviderConnections: Sendable {
     let configuration: Configuration
     private let now: @Sendable () -> ContinuousClock.Instant
     private let clients = Mutex<[String: Entry]>([:])
+    /// The I/O threads and TLS context every pool uses.
+    private let threads: HTTP2ClientThreads?
     /// The last host found in the allowlist and its pool key: a worker sends to one or two hosts, so the check and the
     /// key (string work on every send) are done once per host change.
     private let lastAllowed = Mutex<(host: String, port: Int, key: String)?>(nil)
 
-    init(_ configuration: Configuration, now: @escaping @Sendable () -> ContinuousClock.Instant = { .now }) {
+    init(
+        _ configuration: Configuration, name: String = "provider",
+        now: @escaping @Sendable () -> ContinuousClock.Instant = { .now }
+    ) {
         self.configuration = configuration
         self.now = now
+        // Without threads (the system refused one) each pool starts its own when it is made, and fails then.
+        self.threads = try? HTTP2ClientThreads(count: 1, name: name)
     }
 
-    /// Sends `request` to `host:port` over that host's pool.
-    func send(_ request: HTTP2Request, host: String, port: Int) async throws -> HTTP2Response {
-        let (result, key, evicted) = try acquire(host: host, port: port)
+    /// Sends `request` to `host:port` over the pool of that host and `identity`.
+    func send(_ request: HTTP2Request, host: String, port: Int, identity: String = "") async throws -> HTTP2Response {
+        let (result, key, evicted) = try acquire(host: host, port: port, identity: identity)
         if !evicted.isEmpty { await shutdown(evicted) }
         let client = try result.get()
         defer { release(key) }
         return try await client.send(request)
     }
 
-    /// The pool for `host:port`, counted as in use until `release(key)`. Closes pools evicted on the way.
-    func lease(host: String, port: Int) async throws -> (HTTP2Client, key: String) {
-        let (result, key, evicted) = try acquire(host: host, port: port)
+    /// The pool for `host:port` and `identity`, counted as in use until `release(key)`. Closes pools evicted on the
+    /// way.
+    func lease(host: String, port: Int, identity: String = "") async throws -> (HTTP2Client, key: String) {
+        let (result, key, evicted) = try acquire(host: host, port: port, identity: identity)
         await shutdown(evicted)
         return (try result.get(), key)
     }
@@ -93,14 +108,15 @@ final class ProviderConnections: Sendable {
     /// `lease` without waiting: the pool (counted as in use when there is one) and the pools evicted to make room,
     /// which the caller closes. Synchronous, so that a send does not pay for another async frame.
     private func acquire(
-        host: String, port: Int
+        host: String, port: Int, identity: String
     ) throws -> (Result<HTTP2Client, any Error>, key: String, evicted: [HTTP2Client]) {
-        let key = try allowedKey(host: host, port: port)
+        let hostKey = try allowedKey(host: host, port: port)
+        let key = identity.isEmpty ? hostKey : hostKey + " " + identity
         let current = now()
         let (result, evicted): (Result<HTTP2Client, any Error>, [HTTP2Client]) = clients.withLock { clients in
             var evicted: [HTTP2Client] = []
             for (name, entry) in clients
-            where name != key && entry.inFlight == 0 && current - entry.lastUsed >= configuration.hostIdleTimeout {
+            where name != key && entry.inFlight == 0 && current - entry.lastUsed >= configuration.poolIdleTimeout {
                 evicted.append(entry.client)
                 clients.removeValue(forKey: name)
             }
@@ -110,7 +126,7 @@ final class ProviderConnections: Sendable {
                 clients[key] = entry
                 return (.success(entry.client), evicted)
             }
-            if clients.count >= configuration.maxHosts {
+            if clients.count >= configuration.maxPools {
                 let idle = clients.filter { $0.value.inFlight == 0 }.min { $0.value.lastUsed < $1.value.lastUsed }
                 guard let (name, entry) = idle else { return (.failure(ProviderConnectionError.busy), evicted) }
                 evicted.append(entry.client)
@@ -122,7 +138,8 @@ final class ProviderConnections: Sendable {
                         host: host, port: port, tls: TLSClientConfiguration(caFile: configuration.caFile),
                         connections: configuration.connectionsPerHost, requestTimeout: configuration.requestTimeout,
                         maxResponseBodySize: configuration.maxResponseBodySize,
-                        allowsSpecialAddresses: !configuration.allowedHosts.requiresPublicAddress(host: host)))
+                        allowsSpecialAddresses: !configuration.allowedHosts.requiresPublicAddress(host: host)),
+                    threads: threads)
                 clients[key] = Entry(client: client, inFlight: 1, lastUsed: current)
                 return (.success(client), evicted)
             } catch {
@@ -154,8 +171,8 @@ final class ProviderConnections: Sendable {
         }
     }
 
-    /// The `host:port` keys of the open pools (for tests).
-    var hosts: Set<String> { clients.withLock { Set($0.keys) } }
+    /// The keys of the open pools, `host:port` or `host:port identity` (for tests).
+    var pools: Set<String> { clients.withLock { Set($0.keys) } }
 
     /// Open connections and streams in flight across hosts.
     var statistics: (connections: Int, streams: Int) {
@@ -167,13 +184,14 @@ final class ProviderConnections: Sendable {
         }
     }
 
-    /// Closes every pool after its in-flight requests finish.
+    /// Closes every pool after its in-flight requests finish, then stops the I/O threads.
     func shutdown() async {
         let all = clients.withLock { clients in
             defer { clients.removeAll() }
             return clients.values.map(\.client)
         }
         for client in all { await client.shutdown() }
+        await threads?.shutdown()
     }
 }
 

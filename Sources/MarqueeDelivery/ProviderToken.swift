@@ -47,6 +47,10 @@ public final class ProviderTokenCache: Sendable {
         return try issue(replacing: rejected, at: now())
     }
 
+    /// What a connection authenticates as (`team/key`): APNs takes one team's tokens per connection, and a second key
+    /// on it counts as a token update, so each gets connections of its own (`ProviderConnections`).
+    public var connectionIdentity: String { teamID + "/" + keyID }
+
     /// When the cached token was signed (nil before the first send).
     public var issuedAt: Date? { cached.withLock { $0?.issuedAt } }
 

@@ -166,7 +166,8 @@ final class APNsChannelRegistry: Sendable {
     static func authorize(_ request: HTTP2ServerRequest, bundleID: String, validator: APNsValidator, now: Date)
         throws(APNsRejection) -> APNsSimulator.SigningKey
     {
-        let key = try validator.verifyProviderToken(authorization: request.header("authorization"), now: now)
+        let key = try validator.verifyProviderToken(
+            authorization: request.header("authorization"), connection: request.connectionID, now: now)
         if let bundles = validator.bundlesByTeam[key.teamID], !bundles.contains(bundleID) {
             throw APNsRejection(400, "TopicDisallowed", "the bundle is not configured for the key's team")
         }

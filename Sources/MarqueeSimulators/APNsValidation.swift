@@ -45,6 +45,10 @@ final class APNsValidator: Sendable {
     /// Provider tokens whose signature verified, by token text (bounded), with the claims checked on every request:
     /// a cache hit skips decoding the token (base64 and two JSON parses) as well as its signature.
     private let verified = Mutex<[String: VerifiedToken]>([:])
+    /// The team and key whose provider token each connection carried first (bounded: forgotten all at once past
+    /// `maxBoundConnections`, when a connection may bind again).
+    private let bound = Mutex<[Int: (teamID: String, keyID: String)]>([:])
+    static let maxBoundConnections = 65_536
 
     struct VerifiedToken {
         var keyID: String
@@ -71,7 +75,8 @@ final class APNsValidator: Sendable {
                 throw APNsRejection(405, "MethodNotAllowed", "the method must be POST")
             }
             let token = try Self.deviceToken(path: request.path)
-            let key = try verifyProviderToken(authorization: request.header("authorization"), now: now)
+            let key = try verifyProviderToken(
+                authorization: request.header("authorization"), connection: request.connectionID, now: now)
             guard request.header("apns-push-type") == "liveactivity" else {
                 throw APNsRejection(400, "InvalidPushType", "apns-push-type must be liveactivity")
             }
@@ -115,8 +120,38 @@ final class APNsValidator: Sendable {
         return String(Substring(token))
     }
 
-    /// Checks `authorization: bearer <JWT>` and returns the key that signed it.
-    func verifyProviderToken(authorization: String?, now: Date) throws(APNsRejection) -> APNsSimulator.SigningKey {
+    /// Checks `authorization: bearer <JWT>` and returns the key that signed it. With `connection`, also Apple's rule
+    /// for token connections: the first valid token binds the connection to its team and key; another team's token
+    /// on it is refused (403 InvalidProviderToken: "APNs doesn't support authentication tokens from multiple developer
+    /// accounts on a single connection"), and another key of the same team counts as a token update (429
+    /// TooManyProviderTokenUpdates).
+    func verifyProviderToken(
+        authorization: String?, connection: Int? = nil, now: Date
+    ) throws(APNsRejection) -> APNsSimulator.SigningKey {
+        let key = try verifiedKey(authorization: authorization, now: now)
+        if let connection { try bind(connection, to: key) }
+        return key
+    }
+
+    /// Binds `connection` to `key`'s team and key on first use; refuses another one after.
+    func bind(_ connection: Int, to key: APNsSimulator.SigningKey) throws(APNsRejection) {
+        let first = bound.withLock { bound -> (teamID: String, keyID: String) in
+            if let first = bound[connection] { return first }
+            if bound.count >= Self.maxBoundConnections { bound.removeAll(keepingCapacity: true) }
+            bound[connection] = (key.teamID, key.keyID)
+            return (key.teamID, key.keyID)
+        }
+        if first.teamID != key.teamID {
+            throw APNsRejection(
+                403, "InvalidProviderToken", "this connection carries another team's provider tokens")
+        }
+        if first.keyID != key.keyID {
+            throw APNsRejection(
+                429, "TooManyProviderTokenUpdates", "this connection carries provider tokens of another key")
+        }
+    }
+
+    private func verifiedKey(authorization: String?, now: Date) throws(APNsRejection) -> APNsSimulator.SigningKey {
         guard let authorization, !HTTPText.trimmed(authorization[...]).isEmpty else {
             throw APNsRejection(403, "MissingProviderToken", "no authorization header")
         }

@@ -39,7 +39,7 @@ struct ServeCommand {
         let channelClient = APNsChannelClient(
             configuration: .init(
                 caFile: configuration.caFile, connectionsPerHost: 1, requestTimeout: .seconds(10),
-                allowedHosts: configuration.providerHosts, maxHosts: 8, maxResponseBodySize: 1 << 20),
+                allowedHosts: configuration.providerHosts, maxPools: 8, maxResponseBodySize: 1 << 20),
             logger: logger)
         let channelManager = APNsChannelManager(
             client: channelClient,

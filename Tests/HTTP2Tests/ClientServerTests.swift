@@ -334,6 +334,39 @@ struct ClientServerTests {
         }
     }
 
+    @Test("clients on shared threads: each keeps its own connections, one's shutdown leaves the others working")
+    func sharedThreads() async throws {
+        try await withServer(handler: echo) { server in
+            let threads = try HTTP2ClientThreads(count: 2, name: "shared-test")
+            var configuration = Fixtures.clientConfiguration(port: server.boundPort)
+            configuration.connections = 2
+            configuration.ioThreads = 2
+            let clients = try (0..<3).map { _ in try HTTP2Client(configuration, threads: threads) }
+            for client in clients {
+                let statuses = try await withThrowingTaskGroup(of: Int.self) { group in
+                    for _ in 0..<20 { group.addTask { try await client.send(HTTP2Request(path: "/")).status } }
+                    return try await group.reduce(into: [Int]()) { $0.append($1) }
+                }
+                #expect(statuses == Array(repeating: 200, count: 20))
+            }
+            let open = clients.map(\.statistics.openConnections)
+            #expect(open.allSatisfy { $0 >= 1 && $0 <= 2 }, "\(open)")
+            #expect(await eventually { server.openConnections == open.reduce(0, +) })
+            await clients[0].shutdown()
+            #expect(clients[0].statistics.openConnections == 0)
+            #expect(await eventually { server.openConnections == open[1] + open[2] })
+            for index in 1..<clients.count {
+                #expect(try await clients[index].send(HTTP2Request(path: "/")).status == 200)
+                #expect(clients[index].statistics.openConnections == open[index])
+            }
+            let error = await #expect(throws: HTTP2Error.self) { try await clients[0].send(HTTP2Request(path: "/")) }
+            #expect(error?.code == .shutdown)
+            for client in clients.dropFirst() { await client.shutdown() }
+            await threads.shutdown()
+            #expect(await eventually { server.openConnections == 0 })
+        }
+    }
+
     @Test("server stop answers the streams in flight before closing")
     func serverGracefulStop() async throws {
         let server = HTTP2Server(port: 0, tls: Fixtures.material.server) { request in

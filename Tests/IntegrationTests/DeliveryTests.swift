@@ -21,6 +21,12 @@ actor DeliveryFixture {
         let key: ES256PrivateKey
         let teamID = "TEAMSIM123"
         let keyID = "KEYSIM1234"
+        /// More keys the simulator knows: another key of the same team, and a key of another team.
+        let sameTeamKey: ES256PrivateKey
+        let sameTeamKeyID = "KEYSIM5678"
+        let otherTeamKey: ES256PrivateKey
+        let otherTeamID = "TEAMSIM999"
+        let otherTeamKeyID = "KEYSIM9999"
         var api: API { API(baseURL: serve.baseURL) }
 
         /// Starts a worker process against this fixture.
@@ -59,16 +65,24 @@ actor DeliveryFixture {
             environment: [:], outputPath: "/dev/null")
         try await serve.waitUntilServing()
         let key = ES256PrivateKey.generate()
+        let sameTeamKey = ES256PrivateKey.generate()
+        let otherTeamKey = ES256PrivateKey.generate()
         let caFile = NSTemporaryDirectory() + "sim-ca-\(UUID().uuidString).pem"
         let simulator = try APNsSimulator(
             configuration: .init(
                 port: 0, caOutputPath: caFile,
-                keys: [.init(keyID: "KEYSIM1234", teamID: "TEAMSIM123", publicKey: key.publicKey)]))
+                keys: [
+                    .init(keyID: "KEYSIM1234", teamID: "TEAMSIM123", publicKey: key.publicKey),
+                    .init(keyID: "KEYSIM5678", teamID: "TEAMSIM123", publicKey: sameTeamKey.publicKey),
+                    .init(keyID: "KEYSIM9999", teamID: "TEAMSIM999", publicKey: otherTeamKey.publicKey),
+                ]))
         try simulator.start()
         // Handlers run inside `run()`; it serves for the life of the test process.
         Task.detached { try? await simulator.run() }
         let pool = PostgresPool(try PostgresConfiguration(url: url), options: .init(maxConnections: 4))
-        return Running(databaseURL: url, serve: serve, pool: pool, simulator: simulator, caFile: caFile, key: key)
+        return Running(
+            databaseURL: url, serve: serve, pool: pool, simulator: simulator, caFile: caFile, key: key,
+            sameTeamKey: sameTeamKey, otherTeamKey: otherTeamKey)
     }
 }
 
@@ -130,14 +144,16 @@ struct DeliveryTests {
         }
     }
 
-    static func tenant() async throws -> Tenant {
+    /// A tenant with APNs credentials: the fixture's first key, or `key` (team, key ID, private key).
+    static func tenant(key: (team: String, id: String, key: ES256PrivateKey)? = nil) async throws -> Tenant {
         let fixture = try await DeliveryFixture.get()
         let api = fixture.api
         let tenant = try await api.createTenant()
+        let key = key ?? (fixture.teamID, fixture.keyID, fixture.key)
         let creds = try await api.call(
             "PUT", "/v1/credentials/apns", key: tenant.app,
             json: [
-                "team_id": fixture.teamID, "key_id": fixture.keyID, "private_key": fixture.key.pkcs8PEM,
+                "team_id": key.team, "key_id": key.id, "private_key": key.key.pkcs8PEM,
                 "bundle_id": "com.example.app", "environment": "sandbox",
                 "endpoint": "https://127.0.0.1:\(fixture.simulator.port)",
             ])
@@ -322,6 +338,46 @@ struct DeliveryTests {
         #expect(coalesced > 0 || steps.count == 1, "coalesced answers: \(coalesced), sent: \(steps)")
         let deliveries = try await t.deliveries(instance)
         #expect(deliveries.filter { $0.string("status") == "superseded" }.count >= 49 - allowed, "latest wins")
+    }
+
+    @Test("tenants of different APNs teams and keys share a worker: each key gets its own connections, all are sent")
+    func connectionPerKey() async throws {
+        let fixture = try await DeliveryFixture.get()
+        // Apple refuses a second team's provider token on a connection (403 InvalidProviderToken) and a second key's
+        // as a token update (429); the simulator does too. Sharing one pool per host, two of these three would fail
+        // (parked as a broken credential, or retried until they give up).
+        let keys = [
+            (fixture.teamID, fixture.keyID, fixture.key), (fixture.teamID, fixture.sameTeamKeyID, fixture.sameTeamKey),
+            (fixture.otherTeamID, fixture.otherTeamKeyID, fixture.otherTeamKey),
+        ]
+        var tenants: [(Tenant, String)] = []
+        for key in keys {
+            let t = try await Self.tenant(key: key)
+            let (_, token) = try await t.iphone()
+            tenants.append((t, token))
+        }
+        let worker = try fixture.worker()
+        defer { worker.signal(SIGKILL) }
+        // Two starts each, one after the other, so that every tenant's sends meet the others' open connections.
+        var instances: [[String]] = Array(repeating: [], count: keys.count)
+        for _ in 0..<2 {
+            for (index, (t, _)) in tenants.enumerated() {
+                let instance = Fake.id("key")
+                let r = try await t.start(instance)
+                #expect(r.status == 200, "\(r.text)")
+                instances[index].append(instance)
+            }
+        }
+        for (index, (t, token)) in tenants.enumerated() {
+            let key = keys[index]
+            for instance in instances[index] {
+                let settled = try await t.settled(instance, count: 1)
+                #expect(settled.allSatisfy { $0.string("status") == "sent" }, "\(key.1): \(settled)")
+            }
+            let pushes = fixture.simulator.pushes(token: token)
+            #expect(pushes.count == 2, "\(key.1): \(pushes.count) pushes")
+            #expect(pushes.allSatisfy { $0["team_id"]?.stringValue == key.0 && $0["key_id"]?.stringValue == key.1 })
+        }
     }
 
     @Test("fair claims: tenant A's backlog of 3,000 does not hold back tenant B's single start")

@@ -13,27 +13,27 @@ private final class HandClock: Sendable {
     func advance(_ duration: Duration) { instant.withLock { $0 += duration } }
 }
 
-@Suite("Provider host pools: allowlisted, evicted when idle, capped in number")
+@Suite("Provider pools: allowlisted, one per host and APNs key, evicted when idle, capped in number")
 struct ProviderConnectionsTests {
-    private func connections(maxHosts: Int, clock: HandClock) -> ProviderConnections {
+    private func connections(maxPools: Int, clock: HandClock) -> ProviderConnections {
         ProviderConnections(
             .init(
                 caFile: nil, connectionsPerHost: 1, requestTimeout: .seconds(5),
-                allowedHosts: ProviderHosts("a.test,b.test,c.test,d.test:8443")!, maxHosts: maxHosts,
-                hostIdleTimeout: .seconds(300)),
+                allowedHosts: ProviderHosts("a.test,b.test,c.test,d.test:8443")!, maxPools: maxPools,
+                poolIdleTimeout: .seconds(300)),
             now: { clock.now })
     }
 
     @Test("a host outside the allowlist is refused before any pool is made")
     func refused() async throws {
-        let pools = connections(maxHosts: 4, clock: HandClock())
+        let pools = connections(maxPools: 4, clock: HandClock())
         await #expect(throws: ProviderConnectionError.hostNotAllowed) {
             _ = try await pools.lease(host: "127.0.0.1", port: 443)
         }
         await #expect(throws: ProviderConnectionError.hostNotAllowed) {
             _ = try await pools.lease(host: "d.test", port: 443)
         }
-        #expect(pools.hosts.isEmpty)
+        #expect(pools.pools.isEmpty)
         let decision = TransportFailure.decision(
             ProviderConnectionError.hostNotAllowed, provider: "apns", host: "x", port: 1, logger: nil)
         #expect(decision == .credentialBroken(reason: "endpoint_not_allowed"))
@@ -42,7 +42,7 @@ struct ProviderConnectionsTests {
 
     @Test("an allowed host does not let another port or host through after it; its case does not make a new pool")
     func allowedThenRefused() async throws {
-        let pools = connections(maxHosts: 4, clock: HandClock())
+        let pools = connections(maxPools: 4, clock: HandClock())
         let (_, d) = try await pools.lease(host: "d.test", port: 8443)
         pools.release(d)
         await #expect(throws: ProviderConnectionError.hostNotAllowed) {
@@ -55,23 +55,36 @@ struct ProviderConnectionsTests {
         pools.release(a)
         let (_, upper) = try await pools.lease(host: "A.Test", port: 443)
         pools.release(upper)
-        #expect(pools.hosts == ["a.test:443", "d.test:8443"])
+        #expect(pools.pools == ["a.test:443", "d.test:8443"])
+        await pools.shutdown()
+    }
+
+    @Test("each sender identity (an APNs team and key) gets its own pool on a host; the same identity shares one")
+    func perIdentity() async throws {
+        let pools = connections(maxPools: 4, clock: HandClock())
+        let (one, k1) = try await pools.lease(host: "a.test", port: 443, identity: "TEAM1/KEY1")
+        let (two, k2) = try await pools.lease(host: "a.test", port: 443, identity: "TEAM2/KEY2")
+        let (again, k3) = try await pools.lease(host: "a.test", port: 443, identity: "TEAM1/KEY1")
+        let (shared, k4) = try await pools.lease(host: "a.test", port: 443)
+        for key in [k1, k2, k3, k4] { pools.release(key) }
+        #expect(one !== two && one === again && shared !== one && shared !== two)
+        #expect(pools.pools == ["a.test:443 TEAM1/KEY1", "a.test:443 TEAM2/KEY2", "a.test:443"])
         await pools.shutdown()
     }
 
     @Test("pools unused for the idle period are closed on the next lease")
     func idleEviction() async throws {
         let clock = HandClock()
-        let pools = connections(maxHosts: 4, clock: clock)
+        let pools = connections(maxPools: 4, clock: clock)
         let (_, a) = try await pools.lease(host: "a.test", port: 443)
         pools.release(a)
         clock.advance(.seconds(200))
         let (_, b) = try await pools.lease(host: "b.test", port: 443)
         pools.release(b)
-        #expect(pools.hosts == ["a.test:443", "b.test:443"])
+        #expect(pools.pools == ["a.test:443", "b.test:443"])
         clock.advance(.seconds(150))  // a: 350 s idle, b: 150 s
         let (_, c) = try await pools.lease(host: "c.test", port: 443)
-        #expect(pools.hosts == ["b.test:443", "c.test:443"])
+        #expect(pools.pools == ["b.test:443", "c.test:443"])
         pools.release(c)
         await pools.shutdown()
     }
@@ -79,7 +92,7 @@ struct ProviderConnectionsTests {
     @Test("at the cap a new host evicts the least recently used idle pool; when all are busy it fails retryably")
     func cap() async throws {
         let clock = HandClock()
-        let pools = connections(maxHosts: 2, clock: clock)
+        let pools = connections(maxPools: 2, clock: clock)
         let (_, a) = try await pools.lease(host: "a.test", port: 443)
         clock.advance(.seconds(1))
         let (_, b) = try await pools.lease(host: "b.test", port: 443)
@@ -92,7 +105,7 @@ struct ProviderConnectionsTests {
         clock.advance(.seconds(1))
         pools.release(a)  // a is now the most recently used; b the least
         let (_, c) = try await pools.lease(host: "c.test", port: 443)
-        #expect(pools.hosts == ["a.test:443", "c.test:443"])
+        #expect(pools.pools == ["a.test:443", "c.test:443"])
         pools.release(c)
         await pools.shutdown()
     }

@@ -92,6 +92,38 @@ struct APNsValidatorTests {
         )
     }
 
+    @Test("a connection carries one team's and one key's provider tokens, as at Apple")
+    func oneTeamPerConnection() throws {
+        let keys = [
+            APNsSimulator.SigningKey(keyID: "K1", teamID: "T1", publicKey: TestKeys.apns.publicKey),
+            APNsSimulator.SigningKey(keyID: "K2", teamID: "T1", publicKey: TestKeys.otherAPNs.publicKey),
+            APNsSimulator.SigningKey(keyID: "K3", teamID: "T2", publicKey: TestKeys.otherAPNs.publicKey),
+        ]
+        let validator = APNsValidator(keys: keys)
+        let iat = JSONClaim.int(Int64(now.timeIntervalSince1970))
+        func token(_ team: String, _ kid: String, _ signer: ES256PrivateKey) throws -> String {
+            "bearer "
+                + (try JWT.sign(claims: ["iss": .string(team), "iat": iat], header: ["kid": kid], signer: signer))
+        }
+        let k1 = try token("T1", "K1", TestKeys.apns)
+        let k2 = try token("T1", "K2", TestKeys.otherAPNs)
+        let k3 = try token("T2", "K3", TestKeys.otherAPNs)
+        #expect(try validator.verifyProviderToken(authorization: k1, connection: 1, now: now).keyID == "K1")
+        #expect(try validator.verifyProviderToken(authorization: k1, connection: 1, now: now).keyID == "K1")
+        #expect(
+            rejection { _ = try validator.verifyProviderToken(authorization: k3, connection: 1, now: now) }
+                == "InvalidProviderToken")
+        #expect(
+            rejection { _ = try validator.verifyProviderToken(authorization: k2, connection: 1, now: now) }
+                == "TooManyProviderTokenUpdates")
+        // Other connections bind to their own first token; a refused token did not rebind connection 1.
+        #expect(try validator.verifyProviderToken(authorization: k3, connection: 2, now: now).keyID == "K3")
+        #expect(try validator.verifyProviderToken(authorization: k2, connection: 3, now: now).keyID == "K2")
+        #expect(try validator.verifyProviderToken(authorization: k1, connection: 1, now: now).keyID == "K1")
+        // Without a connection (unit checks of the token alone) there is nothing to bind.
+        #expect(try validator.verifyProviderToken(authorization: k3, now: now).keyID == "K3")
+    }
+
     @Test("priority, expiration and apns-id headers")
     func headers() throws {
         #expect(try APNsValidator.priority(nil) == 10)
