@@ -103,6 +103,9 @@ public struct MarqueeConfiguration: Sendable, Equatable {
     public var workerBatch: Int
     /// `MARQUEE_WORKER_LOOPS`: concurrent claim–send–record loops per worker. Default 2.
     public var workerLoops: Int
+    /// `MARQUEE_WORKER_EXPRESS_BATCH`: the express lane's claim size (what was just queued goes out while every loop
+    /// is busy with a batch); 0 turns the lane off. Default 16.
+    public var workerExpressBatch: Int
     /// `MARQUEE_WORKER_HOLD_SECONDS`: the longest a worker holds a claim (its sends get three quarters of it; a
     /// worker stuck longer is disconnected by PostgreSQL, which releases the claim). Default 60.
     public var workerHoldSeconds: Int
@@ -263,6 +266,7 @@ public struct MarqueeConfiguration: Sendable, Equatable {
             "MARQUEE_WORKERS", default: max(1, ProcessInfo.processInfo.activeProcessorCount), range: 0...64)
         workerBatch = integer("MARQUEE_WORKER_BATCH", default: 256, range: 1...5000)
         workerLoops = integer("MARQUEE_WORKER_LOOPS", default: 2, range: 1...64)
+        workerExpressBatch = integer("MARQUEE_WORKER_EXPRESS_BATCH", default: 16, range: 0...10_000)
         workerHoldSeconds = integer("MARQUEE_WORKER_HOLD_SECONDS", default: 60, range: 2...3600)
         apnsConnections = integer("MARQUEE_APNS_CONNECTIONS", default: 2, range: 1...64)
         retentionDays = integer("MARQUEE_RETENTION_DAYS", default: 30, range: 0...3650)

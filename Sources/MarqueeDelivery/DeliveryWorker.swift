@@ -11,7 +11,7 @@ import Synchronization
 ///
 /// Woken by LISTEN/NOTIFY (one notification per committed batch of API writes), with a polling fallback. A claim locks
 /// its rows for as long as the worker sends them (`DeliveryQueue.claim`): a crashed worker's session ends and its
-/// claims are due again at once (at-least-once delivery; duplicates bounded by one batch). On `beginShutdown()`
+/// claims are due again at once (at-least-once delivery; duplicates bounded by what it held: `loops` batches and an express claim). On `beginShutdown()`
 /// (SIGTERM, through the service group's graceful shutdown) it stops claiming, finishes and records what it holds, and
 /// returns; nothing it holds is cancelled. Cancellation stops it at once (its claims roll back, other workers take the
 /// deliveries over).
@@ -23,6 +23,10 @@ public final class DeliveryWorker: Sendable {
         public var batchSize: Int
         /// Claim–send–record loops running at once. Default 2.
         public var loops: Int
+        /// The express lane's claim size: when a notification arrives while every loop is busy with its batch, a claim
+        /// of at most this many (an equal share per tenant with due deliveries, no top-up) goes out at once, so what
+        /// was just queued does not wait for a loop to finish. Default 16; 0: no express lane.
+        public var expressBatch: Int
         /// The longest a claim is held: sends get three quarters of it, and PostgreSQL ends a worker that keeps its
         /// claim open longer (stuck), which releases the claim's rows. Default 60 s.
         public var hold: Duration
@@ -34,13 +38,15 @@ public final class DeliveryWorker: Sendable {
         public var channel: String
 
         public init(
-            workerID: String, batchSize: Int = 256, loops: Int = 2, hold: Duration = .seconds(60),
+            workerID: String, batchSize: Int = 256, loops: Int = 2, expressBatch: Int = 16,
+            hold: Duration = .seconds(60),
             pollInterval: Duration = .seconds(1), retryPolicy: RetryPolicy = RetryPolicy(),
             channel: String = "marquee_deliveries"
         ) {
             self.workerID = workerID
             self.batchSize = batchSize
             self.loops = loops
+            self.expressBatch = expressBatch
             self.hold = hold
             self.pollInterval = pollInterval
             self.retryPolicy = retryPolicy
@@ -57,6 +63,13 @@ public final class DeliveryWorker: Sendable {
     let logger: Logger
     let metrics: WorkerMetrics
     let wakeup = Wakeup()
+    /// Woken by notifications only (not by a loop finding more), for the express lane.
+    let expressWakeup = Wakeup()
+    /// Claim loops waiting for work: while one is, a notification is theirs and the express lane stays out.
+    let idleLoops = Atomic<Int>(0)
+    /// The tenants each loop's last claim found with a backlog (they filled their share of a full batch): the loops
+    /// serve them, the express lane leaves them out.
+    let backlogged = Mutex<[Int: Set<UUID>]>([:])
     /// Deliveries this worker's claims hold (their transactions open): its other claims skip them by ID.
     let inHand = Mutex<Set<UUID>>([])
     /// Set by `beginShutdown()`: the loops stop claiming.
@@ -96,6 +109,7 @@ public final class DeliveryWorker: Sendable {
     public func beginShutdown() {
         stopping.store(true, ordering: .releasing)
         wakeup.signal()
+        expressWakeup.signal()
         campaignWakeup.signal()
     }
 
@@ -115,6 +129,7 @@ public final class DeliveryWorker: Sendable {
             group.addTask {
                 for await _ in self.listener.notifications {
                     self.wakeup.signal()
+                    self.expressWakeup.signal()
                     self.campaignWakeup.signal()
                 }
                 return false
@@ -133,8 +148,15 @@ public final class DeliveryWorker: Sendable {
                     return true
                 }
             }
+            let express = configuration.expressBatch > 0
+            if express {
+                group.addTask {
+                    await self.expressLane()
+                    return true
+                }
+            }
             var drained = 0
-            while drained < configuration.loops, let wasLoop = try await group.next() {
+            while drained < configuration.loops + (express ? 1 : 0), let wasLoop = try await group.next() {
                 if wasLoop { drained += 1 }
             }
             // Every loop has drained; stop the listener and the sampler.
@@ -149,44 +171,85 @@ public final class DeliveryWorker: Sendable {
     /// One claim–send–record loop. Returns when cancelled, after finishing the batch in hand.
     func loop(_ index: Int) async {
         while running {
-            var late: LateSends?
-            var claimedIDs: [UUID] = []
-            // Once the claim committed (or failed), its rows are no longer held (slow sends are leased, not due).
-            defer { inHand.withLock { $0.subtract(claimedIDs) } }
-            let claimed: Int
-            do {
-                // This worker's other claims are skipped by a filter rather than by failed lock attempts.
-                let held = inHand.withLock { Array($0) }
-                claimed = try await queue.claim(
-                    limit: configuration.batchSize, hold: configuration.hold, skipping: held
-                ) { batch in
-                    claimedIDs = batch.map(\.id)
-                    self.inHand.withLock { $0.formUnion(claimedIDs) }
-                    self.metrics.claimed.inc(Double(batch.count))
-                    for d in batch { self.metrics.inFlight.add(1, [d.provider.rawValue]) }
-                    // Shutdown is not cancellation: what was claimed is sent and recorded before the loop looks again.
-                    let sending = await self.send(batch)
-                    late = sending.late
-                    return sending.results
-                }
-            } catch {
-                // Nothing of a failed claim was recorded: its deliveries are due again (at-least-once).
-                logger.warning("claim failed", metadata: ["error": .string(String(describing: error))])
-                await late?.finish()
-                // A claim stopped by its statement timeout was planned on stale statistics (a burst just queued):
-                // refresh them now rather than at the next tick, so the next claim is planned on the burst.
-                if (try? await queue.refreshStatistics()) == true { logger.info("queue statistics refreshed") }
-                try? await Task.sleep(for: .milliseconds(500))
-                continue
-            }
+            guard let claimed = await claimOnce(limit: configuration.batchSize, loop: index) else { continue }
             if claimed == 0 {
+                idleLoops.wrappingAdd(1, ordering: .relaxed)
                 await wakeup.wait(timeout: configuration.pollInterval)
+                idleLoops.wrappingSubtract(1, ordering: .relaxed)
                 continue
             }
             if claimed == configuration.batchSize { wakeup.signal() }  // more is likely waiting
-            // The slow ones (a tenant's endpoint taking its time) finish here, after the claim committed the others.
-            await late?.finish()
         }
+    }
+
+    /// The express lane: a loop's batch takes a claim, its sends and its record (tens of milliseconds, longer for a
+    /// slow endpoint), and what is queued meanwhile waits for the next claim. When a notification comes while no loop
+    /// is idle, this claims at once, `expressBatch` at most, shared equally by the tenants with due deliveries that
+    /// the loops did not just find with a backlog, and not topped up: another tenant's single update goes out while
+    /// one tenant's backlog keeps the loops busy, and the lane's claim does not walk that backlog's held rows. Returns
+    /// when the worker stops (after finishing the claim in hand).
+    func expressLane() async {
+        while running {
+            await expressWakeup.wait(timeout: configuration.pollInterval)
+            guard running, idleLoops.load(ordering: .relaxed) == 0 else { continue }
+            await claimOnce(limit: configuration.expressBatch, loop: nil)
+        }
+    }
+
+    /// Claims up to `limit`, sends and records them: for claim loop `loop`, or for the express lane (nil). Returns how
+    /// many were claimed, or nil when the claim failed (after a short pause; its deliveries are due again).
+    @discardableResult
+    func claimOnce(limit: Int, loop: Int?) async -> Int? {
+        var late: LateSends?
+        var claimedIDs: [UUID] = []
+        // Once the claim committed (or failed), its rows are no longer held (slow sends are leased, not due).
+        defer { inHand.withLock { $0.subtract(claimedIDs) } }
+        let claimed: Int
+        do {
+            // This worker's other claims are skipped by a filter rather than by failed lock attempts.
+            let held = inHand.withLock { Array($0) }
+            let excluded =
+                loop == nil ? backlogged.withLock { $0.values.reduce(into: Set<UUID>()) { $0.formUnion($1) } } : []
+            claimed = try await queue.claim(
+                limit: limit, hold: configuration.hold, excludingTenants: excluded, skipping: held, topUp: loop != nil
+            ) { batch in
+                if let loop {
+                    let found = Self.backlogged(batch.map(\.tenantID), limit: limit)
+                    self.backlogged.withLock { $0[loop] = found }
+                }
+                claimedIDs = batch.map(\.id)
+                self.inHand.withLock { $0.formUnion(claimedIDs) }
+                self.metrics.claimed.inc(Double(batch.count))
+                for d in batch { self.metrics.inFlight.add(1, [d.provider.rawValue]) }
+                // Shutdown is not cancellation: what was claimed is sent and recorded before the loop looks again.
+                let sending = await self.send(batch)
+                late = sending.late
+                return sending.results
+            }
+        } catch {
+            // Nothing of a failed claim was recorded: its deliveries are due again (at-least-once).
+            logger.warning("claim failed", metadata: ["error": .string(String(describing: error))])
+            await late?.finish()
+            // A claim stopped by its statement timeout was planned on stale statistics (a burst just queued):
+            // refresh them now rather than at the next tick, so the next claim is planned on the burst.
+            if (try? await queue.refreshStatistics()) == true { logger.info("queue statistics refreshed") }
+            try? await Task.sleep(for: .milliseconds(500))
+            return nil
+        }
+        if claimed == 0, let loop { backlogged.withLock { $0[loop] = nil } }
+        // The slow ones (a tenant's endpoint taking its time) finish here, after the claim committed the others.
+        await late?.finish()
+        return claimed
+    }
+
+    /// The tenants of a claimed batch (one entry per delivery) with a backlog: in a full batch, those that got at least an equal share (each
+    /// tenant due is offered one, and what some leave unused goes to the others). A short batch took everything due.
+    static func backlogged(_ batch: [UUID], limit: Int) -> Set<UUID> {
+        guard batch.count >= limit else { return [] }
+        var counts: [UUID: Int] = [:]
+        for tenant in batch { counts[tenant, default: 0] += 1 }
+        let share = max(1, limit / counts.count)
+        return Set(counts.filter { $0.value >= share }.keys)
     }
 
     typealias Outcome = (DeliveryResult, TokenRetirement?, BrokenCredential?)

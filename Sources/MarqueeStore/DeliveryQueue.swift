@@ -153,18 +153,22 @@ public struct DeliveryQueue: Sendable {
     ///
     /// If anything fails after the claim (the record, the commit, the connection), the transaction rolls back and the
     /// deliveries are due again: at-least-once, duplicates bounded by one claim. `tenants`, when given, restricts the
-    /// claim to those tenants (a worker dedicated to some tenants; tests).
+    /// claim to those tenants (a worker dedicated to some tenants; tests), and `excludingTenants` leaves some out
+    /// (those other claims are busy with). Without `topUp`, a tenant's share left unused is not handed to the others
+    /// (a small claim meant for the tenants that just queued something).
     @discardableResult
     public func claim(
         limit: Int, hold: Duration, providers: [PlannedDelivery.Provider] = [.apns, .fcm], tenants only: [UUID]? = nil,
-        skipping held: [UUID] = [], _ send: ([ClaimedDelivery]) async -> ClaimResults
+        excludingTenants excluded: Set<UUID> = [], skipping held: [UUID] = [], topUp: Bool = true,
+        _ send: ([ClaimedDelivery]) async -> ClaimResults
     ) async throws -> Int {
         let providerNames = providers.map(\.rawValue)
         // A worker stuck past `hold` with its claim open is ended by PostgreSQL, which releases its rows.
         let holdMilliseconds = String(max(1000, Int(hold.components.seconds) * 1000))
         return try await pool.withSession { session in
             let (tenants, shares, allowance) = try await session.run { connection in
-                try Self.dueTenants(connection, limit: limit, providers: providerNames, only: only)
+                try Self.dueTenants(
+                    connection, limit: limit, providers: providerNames, only: only, excluding: excluded)
             }
             guard !tenants.isEmpty else { return 0 }
             let claimed = try await session.run { connection -> [ClaimedDelivery] in
@@ -184,7 +188,7 @@ public struct DeliveryQueue: Sendable {
                     connection, tenants: tenants, shares: shares, excluding: held, providers: providerNames)
                 // A second pass when the batch came back short because some tenants had fewer due than their share:
                 // what is left goes to those that filled theirs.
-                if claimed.count < limit {
+                if topUp, claimed.count < limit {
                     var taken: [UUID: Int] = [:]
                     for d in claimed { taken[d.tenantID, default: 0] += 1 }
                     let full = zip(tenants, shares).filter { taken[$0.0, default: 0] >= $0.1 }.map(\.0)
@@ -286,7 +290,7 @@ public struct DeliveryQueue: Sendable {
     /// wrapping around, at most `limit` of them), each one's share of the claim, and what the rate-limited ones among
     /// them may send now — taken from their buckets here, in a statement of its own (committed at once).
     static func dueTenants(
-        _ connection: PostgresConnection, limit: Int, providers: [String], only: [UUID]?
+        _ connection: PostgresConnection, limit: Int, providers: [String], only: [UUID]?, excluding: Set<UUID> = []
     ) throws -> (tenants: [UUID], shares: [Int], allowance: [UUID: Int]) {
         let pivot = SecureRandom.uuid()
         let tenantRows = try connection.query(
@@ -331,6 +335,8 @@ public struct DeliveryQueue: Sendable {
                 ) t ORDER BY n LIMIT \(limit)
                 """)
         var tenants = try tenantRows.map { try $0.decode(UUID.self, "tenant_id") }
+        // Left out after the skip scan, not in it: a filter there would walk every queued row of an excluded tenant.
+        if !excluding.isEmpty { tenants.removeAll { excluding.contains($0) } }
         guard !tenants.isEmpty else { return ([], [], [:]) }
         var shares = Self.shares(count: tenants.count, limit: limit)
         // Send rate limits: each limited tenant's bucket, refilled to now, gives at most its share in whole tokens,

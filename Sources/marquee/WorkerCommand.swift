@@ -36,7 +36,7 @@ struct WorkerCommand {
         pgConfiguration.startupSettings["role"] = "marquee_system"
         pgConfiguration.startupSettings["jit"] = Database.jit
         let pool = PostgresPool(
-            pgConfiguration, options: .init(maxConnections: max(4, configuration.workerLoops * 2 + 2)))
+            pgConfiguration, options: .init(maxConnections: max(4, (configuration.workerLoops + 1) * 2 + 2)))
         let metrics = MetricsRegistry()
         RuntimeMetrics.register(pool: pool, in: metrics)
         let worker = DeliveryWorker(
@@ -54,6 +54,7 @@ struct WorkerCommand {
             keyRing: keyRing,
             configuration: .init(
                 workerID: workerID, batchSize: configuration.workerBatch, loops: configuration.workerLoops,
+                expressBatch: configuration.workerExpressBatch,
                 hold: .seconds(configuration.workerHoldSeconds),
                 retryPolicy: RetryPolicy(
                     maxAttempts: configuration.retryMaxAttempts,
@@ -86,6 +87,7 @@ struct WorkerCommand {
             metadata: [
                 "metrics.listen": .string(configuration.metricsListen.description),
                 "worker.batch": .int(configuration.workerBatch), "worker.loops": .int(configuration.workerLoops),
+                "worker.express_batch": .int(configuration.workerExpressBatch),
             ])
         try await ServiceGroup(
             services: [

@@ -416,6 +416,50 @@ struct DeliveryTests {
         _ = try await a.settled(backlogInstance, count: nil, timeout: .seconds(120))
     }
 
+    @Test("the express lane: while the only loop waits on a slow tenant's batch, another tenant's start goes out")
+    func expressLane() async throws {
+        let slow = try await Self.tenant()
+        let b = try await Self.tenant()
+        let prefix = "e7a1"
+        slow.fixture.simulator.setFaults([.init(tokenPrefix: prefix, action: .delay, latencyMilliseconds: 10_000)])
+        defer { slow.fixture.simulator.setFaults([]) }
+        let (_, slowStartToken) = try await slow.iphone()
+        let backlogInstance = Fake.id("slowbatch")
+        #expect(try await slow.start(backlogInstance).status == 200)
+        // 40 updates whose answers take 10 s: with the start, one batch of the single loop, which then waits for them.
+        try await slow.fixture.pool.execute(
+            """
+            INSERT INTO delivery_queue (tenant_id, id, instance_id, device_token, provider, token_kind, token, operation,
+                                    instance_version)
+            SELECT \(slow.tenant.uuid), gen_random_uuid(), \(backlogInstance), 'dev' || i, 'apns', 'activity',
+                   \(prefix) || substr(md5(i::text) || md5((i + 1)::text), 1, 60), 'update', 1
+            FROM generate_series(1, 40) i
+            """)
+        let (_, bToken) = try await b.iphone()
+        let worker = try slow.fixture.worker(["MARQUEE_WORKER_LOOPS": "1"])
+        defer { worker.signal(SIGKILL) }
+        let clock = ContinuousClock()
+        // The batch is out (its fast start answered) and the loop waits for the slow ones.
+        let deadline = clock.now + .seconds(30)
+        while simulatorPushes(slow, slowStartToken).isEmpty && clock.now < deadline {
+            try await Task.sleep(for: .milliseconds(20))
+        }
+        try #require(!simulatorPushes(slow, slowStartToken).isEmpty, "the slow tenant's batch was never sent")
+        func slowAnswered() -> Int {
+            slow.fixture.simulator.pushes().filter { $0["token"]?.stringValue?.hasPrefix(prefix) == true }.count
+        }
+        #expect(slowAnswered() == 0)
+        #expect(try await b.start(Fake.id("express")).status == 200)
+        while simulatorPushes(b, bToken).isEmpty && clock.now < deadline + .seconds(30) {
+            try await Task.sleep(for: .milliseconds(20))
+        }
+        let answeredBeforeB = slowAnswered()
+        try #require(!simulatorPushes(b, bToken).isEmpty, "B's start was never sent")
+        // Without the lane, B's start waits for the loop, which waits 10 s for the slow answers (recorded first).
+        #expect(answeredBeforeB == 0, "B's start waited for the slow batch: \(answeredBeforeB) slow answers before it")
+        _ = try await slow.settled(backlogInstance, count: nil, timeout: .seconds(60))
+    }
+
     @Test("send rate limit: 300 queued for a tenant limited to 50/s leave over ≥ 4 s across 2 workers, ≲100 a second")
     func sendRateLimit() async throws {
         let a = try await Self.tenant()
@@ -785,10 +829,11 @@ struct DeliveryTests {
     func crashRescue() async throws {
         let t = try await Self.tenant()
         t.fixture.simulator.setFaults([.init(tokenPrefix: "de1a", action: .delay, latencyMilliseconds: 1500)])
-        // One claim loop: the killed worker then holds at most one batch (with the default two loops it can hold
-        // two, and all 20 were seen re-sent on a loaded machine).
+        // One claim loop and no express lane: the killed worker then holds at most one batch (a worker holds up to
+        // loops × batch + the express batch; with the default two loops all 20 were seen re-sent on a loaded machine).
         let doomed = try t.fixture.worker([
             "MARQUEE_WORKER_HOLD_SECONDS": "2", "MARQUEE_WORKER_BATCH": "16", "MARQUEE_WORKER_LOOPS": "1",
+            "MARQUEE_WORKER_EXPRESS_BATCH": "0",
         ])
         var tokens: [String] = []
         for _ in 0..<20 { tokens.append(try await t.iphone(tokenPrefix: "de1a").1) }

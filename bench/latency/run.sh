@@ -46,8 +46,12 @@ cleanup() {
 trap cleanup EXIT
 
 rm -f "$work/ca.pem" "$work/records.jsonl"
+# Two Apple teams: the measured tenant's, and the backlog tenant's (tenants are separate customers; APNs takes one
+# team's tokens per connection, so they never share one).
 "$bin/marquee-bench" keygen es256 "$work/key.pem" "$work/key.pub"
-echo "{\"BENCHKEY01\": {\"team_id\": \"BENCHTEAM1\", \"public_key\": $(json_file "$work/key.pub")}}" >"$work/keys.json"
+"$bin/marquee-bench" keygen es256 "$work/key2.pem" "$work/key2.pub"
+echo "{\"BENCHKEY01\": {\"team_id\": \"BENCHTEAM1\", \"public_key\": $(json_file "$work/key.pub")},
+       \"BENCHKEY02\": {\"team_id\": \"BENCHTEAM2\", \"public_key\": $(json_file "$work/key2.pub")}}" >"$work/keys.json"
 MARQUEE_SIM_LISTEN=127.0.0.1:$sim_port MARQUEE_SIM_CA_OUT="$work/ca.pem" MARQUEE_SIM_KEYS="$work/keys.json" \
   MARQUEE_SIM_RECORDS="$work/records.jsonl" "$bin/marquee" simulate apns 2>"$work/sim.log" &
 sim=$!
@@ -58,11 +62,14 @@ DATABASE_URL=$APP_DATABASE_URL "$bin/marquee" serve >"$work/serve.log" 2>&1 &
 api=$!
 pids+=("$api")
 for _ in $(seq 1 100); do curl -sf "http://$MARQUEE_LISTEN/healthz" >/dev/null && break; sleep 0.1; done
-# The bench's APNs key and the simulator as the endpoint, for the tenant of app key $1.
+# APNs key $2 (1 or 2) of the bench and the simulator as the endpoint, for the tenant of app key $1.
 put_credential() {
+  local n=${2:-1}
+  local pem="$work/key.pem"
+  [ "$n" = 1 ] || pem="$work/key$n.pem"
   curl -sf -o /dev/null -X PUT "http://$MARQUEE_LISTEN/v1/credentials/apns" -H "Authorization: Bearer $1" \
     -H "Content-Type: application/json" \
-    -d "{\"team_id\":\"BENCHTEAM1\",\"key_id\":\"BENCHKEY01\",\"private_key\":$(json_file "$work/key.pem"),\"bundle_id\":\"com.example.bench\",\"environment\":\"production\",\"endpoint\":\"https://127.0.0.1:$sim_port\"}" \
+    -d "{\"team_id\":\"BENCHTEAM$n\",\"key_id\":\"BENCHKEY0$n\",\"private_key\":$(json_file "$pem"),\"bundle_id\":\"com.example.bench\",\"environment\":\"production\",\"endpoint\":\"https://127.0.0.1:$sim_port\"}" \
     || { echo "PUT /v1/credentials/apns failed" >&2; exit 1; }
 }
 put_credential "$APP_KEY"
@@ -100,7 +107,7 @@ if [ "$backlog" -gt 0 ]; then
   created_b=$("$bin/marquee" tenant create --name "backlog-$(date +%s)" --json)
   app_b=$(echo "$created_b" | sed -n 's/.*"app":"\([^"]*\)".*/\1/p')
   tenant_b=$(echo "$created_b" | sed -n 's/^{"created_at":"[^"]*","id":"\([^"]*\)".*/\1/p')
-  put_credential "$app_b"
+  put_credential "$app_b" 2
   psql -q -v ON_ERROR_STOP=1 "$DATABASE_URL" <<SQL
 INSERT INTO activity_types (tenant_id, identifier, attributes_type) VALUES ('$tenant_b', 'com.example.delivery', 'DeliveryAttributes');
 INSERT INTO instances (tenant_id, id, activity_type, state, attributes, content_state, content_timestamp, expires_at)
