@@ -70,6 +70,9 @@ public final class DeliveryWorker: Sendable {
     /// The tenants each loop's last claim found with a backlog (they filled their share of a full batch): the loops
     /// serve them, the express lane leaves them out.
     let backlogged = Mutex<[Int: Set<UUID>]>([:])
+    /// Express claims whose slow sends (a tenant's endpoint taking its time) finish in the background, so that the
+    /// lane goes on; past `maxExpressLate` the lane waits for them like a loop does.
+    let expressLate = Atomic<Int>(0)
     /// Deliveries this worker's claims hold (their transactions open): its other claims skip them by ID.
     let inHand = Mutex<Set<UUID>>([])
     /// Set by `beginShutdown()`: the loops stop claiming.
@@ -170,17 +173,36 @@ public final class DeliveryWorker: Sendable {
 
     /// One claim–send–record loop. Returns when cancelled, after finishing the batch in hand.
     func loop(_ index: Int) async {
+        // Whether the loop comes from waiting (a notification, the poll) rather than straight from a batch.
+        var woke = true
         while running {
-            guard let claimed = await claimOnce(limit: configuration.batchSize, loop: index) else { continue }
+            // Going on from a batch, the loop leaves what was queued moments ago to the express lane, which the
+            // notification of its commit woke (no loop was idle to take it); a loop that woke takes everything.
+            let spare = !woke && configuration.expressBatch > 0
+            guard let claimed = await claimOnce(limit: configuration.batchSize, lane: .loop(index, spareFresh: spare))
+            else { continue }
+            woke = false
             if claimed == 0 {
                 idleLoops.wrappingAdd(1, ordering: .relaxed)
                 await wakeup.wait(timeout: configuration.pollInterval)
                 idleLoops.wrappingSubtract(1, ordering: .relaxed)
+                woke = true
                 continue
             }
             if claimed == configuration.batchSize { wakeup.signal() }  // more is likely waiting
         }
     }
+
+    /// Who claims: a claim loop (which may spare fresh rows for the express lane), or the express lane.
+    enum Lane {
+        case loop(Int, spareFresh: Bool)
+        case express
+    }
+
+    /// How long the loops leave a tenant's freshly queued rows to the express lane (from the row's due time, which is
+    /// its API transaction's start): past it they claim them as usual, so nothing depends on the lane.
+    static let expressWindow = Duration.seconds(1)
+    static let maxExpressLate = 4
 
     /// The express lane: a loop's batch takes a claim, its sends and its record (tens of milliseconds, longer for a
     /// slow endpoint), and what is queued meanwhile waits for the next claim. When a notification comes while no loop
@@ -192,14 +214,25 @@ public final class DeliveryWorker: Sendable {
         while running {
             await expressWakeup.wait(timeout: configuration.pollInterval)
             guard running, idleLoops.load(ordering: .relaxed) == 0 else { continue }
-            await claimOnce(limit: configuration.expressBatch, loop: nil)
+            let claimed = await claimOnce(limit: configuration.expressBatch, lane: .express)
+            if claimed == configuration.expressBatch { expressWakeup.signal() }  // more is likely waiting
+        }
+        // Draining: the slow sends left to finish in the background are recorded before the worker returns.
+        while expressLate.load(ordering: .relaxed) > 0 && !Task.isCancelled {
+            try? await Task.sleep(for: .milliseconds(20))
         }
     }
 
-    /// Claims up to `limit`, sends and records them: for claim loop `loop`, or for the express lane (nil). Returns how
-    /// many were claimed, or nil when the claim failed (after a short pause; its deliveries are due again).
+    /// Claims up to `limit` for `lane`, sends and records them. Returns how many were claimed, or nil when the claim
+    /// failed (after a short pause; its deliveries are due again).
     @discardableResult
-    func claimOnce(limit: Int, loop: Int?) async -> Int? {
+    func claimOnce(limit: Int, lane: Lane) async -> Int? {
+        var loop: Int?
+        var spare: FreshRows?
+        if case .loop(let index, let spareFresh) = lane {
+            loop = index
+            if spareFresh { spare = FreshRows(window: Self.expressWindow, except: backlogUnion()) }
+        }
         var late: LateSends?
         var claimedIDs: [UUID] = []
         // Once the claim committed (or failed), its rows are no longer held (slow sends are leased, not due).
@@ -208,10 +241,9 @@ public final class DeliveryWorker: Sendable {
         do {
             // This worker's other claims are skipped by a filter rather than by failed lock attempts.
             let held = inHand.withLock { Array($0) }
-            let excluded =
-                loop == nil ? backlogged.withLock { $0.values.reduce(into: Set<UUID>()) { $0.formUnion($1) } } : []
             claimed = try await queue.claim(
-                limit: limit, hold: configuration.hold, excludingTenants: excluded, skipping: held, topUp: loop != nil
+                limit: limit, hold: configuration.hold, excludingTenants: loop == nil ? backlogUnion() : [],
+                skipping: held, topUp: loop != nil, sparing: spare
             ) { batch in
                 if let loop {
                     let found = Self.backlogged(batch.map(\.tenantID), limit: limit)
@@ -237,9 +269,25 @@ public final class DeliveryWorker: Sendable {
             return nil
         }
         if claimed == 0, let loop { backlogged.withLock { $0[loop] = nil } }
-        // The slow ones (a tenant's endpoint taking its time) finish here, after the claim committed the others.
-        await late?.finish()
+        // The slow ones (a tenant's endpoint taking its time) finish here, after the claim committed the others; the
+        // express lane leaves a few of them to finish in the background.
+        if let late {
+            if loop == nil, expressLate.wrappingAdd(1, ordering: .relaxed).newValue <= Self.maxExpressLate {
+                Task {
+                    await late.finish()
+                    self.expressLate.wrappingSubtract(1, ordering: .relaxed)
+                }
+            } else {
+                if loop == nil { expressLate.wrappingSubtract(1, ordering: .relaxed) }
+                await late.finish()
+            }
+        }
         return claimed
+    }
+
+    /// The tenants any loop's last claim found with a backlog.
+    func backlogUnion() -> Set<UUID> {
+        backlogged.withLock { $0.values.reduce(into: Set<UUID>()) { $0.formUnion($1) } }
     }
 
     /// The tenants of a claimed batch (one entry per delivery) with a backlog: in a full batch, those that got at least an equal share (each

@@ -120,6 +120,25 @@ public struct ClaimResults: Sendable {
     var lease: Date { Date(timeIntervalSince1970: (heldUntil.timeIntervalSince1970 * 1000).rounded() / 1000) }
 }
 
+/// Rows queued moments ago that a claim leaves to another one (the worker's express lane, which claims them on the
+/// notification of their commit): those of tenants outside `except` that became due within the last `window`. Older
+/// ones are claimed as usual, so nothing depends on the other claim coming.
+public struct FreshRows: Sendable {
+    public var window: Duration
+    public var except: Set<UUID>
+
+    public init(window: Duration, except: Set<UUID>) {
+        self.window = window
+        self.except = except
+    }
+
+    /// Milliseconds of `window` for each of `tenants` (0 for those in `except`).
+    func milliseconds(_ tenants: [UUID]) -> [Int] {
+        let ms = Int(window.components.seconds) * 1000 + Int(window.components.attoseconds / 1_000_000_000_000_000)
+        return tenants.map { except.contains($0) ? 0 : ms }
+    }
+}
+
 /// The delivery queue as workers see it: claims that lock their rows (`FOR UPDATE SKIP LOCKED`) for as long as the
 /// worker sends them, results recorded and committed in the same transaction.
 ///
@@ -155,12 +174,13 @@ public struct DeliveryQueue: Sendable {
     /// deliveries are due again: at-least-once, duplicates bounded by one claim. `tenants`, when given, restricts the
     /// claim to those tenants (a worker dedicated to some tenants; tests), and `excludingTenants` leaves some out
     /// (those other claims are busy with). Without `topUp`, a tenant's share left unused is not handed to the others
-    /// (a small claim meant for the tenants that just queued something).
+    /// (a small claim meant for the tenants that just queued something). `sparing` leaves rows queued moments ago to
+    /// another claim.
     @discardableResult
     public func claim(
         limit: Int, hold: Duration, providers: [PlannedDelivery.Provider] = [.apns, .fcm], tenants only: [UUID]? = nil,
         excludingTenants excluded: Set<UUID> = [], skipping held: [UUID] = [], topUp: Bool = true,
-        _ send: ([ClaimedDelivery]) async -> ClaimResults
+        sparing fresh: FreshRows? = nil, _ send: ([ClaimedDelivery]) async -> ClaimResults
     ) async throws -> Int {
         let providerNames = providers.map(\.rawValue)
         // A worker stuck past `hold` with its claim open is ended by PostgreSQL, which releases its rows.
@@ -185,7 +205,8 @@ public struct DeliveryQueue: Sendable {
                            set_config('enable_seqscan', 'off', true)
                     """)
                 var claimed = try Self.lock(
-                    connection, tenants: tenants, shares: shares, excluding: held, providers: providerNames)
+                    connection, tenants: tenants, shares: shares, excluding: held, providers: providerNames,
+                    graceMilliseconds: fresh?.milliseconds(tenants))
                 // A second pass when the batch came back short because some tenants had fewer due than their share:
                 // what is left goes to those that filled theirs.
                 if topUp, claimed.count < limit {
@@ -201,7 +222,8 @@ public struct DeliveryQueue: Sendable {
                         if !pairs.isEmpty {
                             claimed += try Self.lock(
                                 connection, tenants: pairs.map(\.0), shares: pairs.map(\.1),
-                                excluding: held + claimed.map(\.id), providers: providerNames)
+                                excluding: held + claimed.map(\.id), providers: providerNames,
+                                graceMilliseconds: fresh?.milliseconds(pairs.map(\.0)))
                         }
                     }
                 }
@@ -378,18 +400,22 @@ public struct DeliveryQueue: Sendable {
 
     /// Locks up to each tenant's share of its oldest due deliveries that are the oldest version queued for their
     /// (instance, token), skipping rows another claim holds, and reads what sending them needs. Rows that fail the
-    /// version check are never locked, so a claim holds only what it sends.
+    /// version check are never locked, so a claim holds only what it sends. A tenant's rows that became due within its
+    /// `graceMilliseconds` are left alone.
     static func lock(
-        _ connection: PostgresConnection, tenants: [UUID], shares: [Int], excluding: [UUID], providers: [String]
+        _ connection: PostgresConnection, tenants: [UUID], shares: [Int], excluding: [UUID], providers: [String],
+        graceMilliseconds: [Int]? = nil
     ) throws -> [ClaimedDelivery] {
+        let grace = graceMilliseconds ?? Array(repeating: 0, count: tenants.count)
         let rows = try connection.query(
             """
             WITH claimed AS (
                 SELECT c.*
-                FROM unnest(\(tenants)::uuid[], \(shares)::int[]) AS t(tenant_id, share)
+                FROM unnest(\(tenants)::uuid[], \(shares)::int[], \(grace)::int[]) AS t(tenant_id, share, grace_ms)
                 CROSS JOIN LATERAL (
                     SELECT d.* FROM delivery_queue d
-                    WHERE d.tenant_id = t.tenant_id AND d.status = 'queued' AND d.next_attempt_at <= now()
+                    WHERE d.tenant_id = t.tenant_id AND d.status = 'queued'
+                      AND d.next_attempt_at <= now() - t.grace_ms * interval '1 millisecond'
                       AND d.next_attempt_at > '-infinity'
                       AND d.provider = ANY(\(providers)::text[]) AND d.id <> ALL(\(excluding)::uuid[])
                       -- A token never gets version N+1 while N is in flight or waiting for its retry. OFFSET 0 keeps

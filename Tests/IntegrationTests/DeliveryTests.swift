@@ -460,6 +460,63 @@ struct DeliveryTests {
         _ = try await slow.settled(backlogInstance, count: nil, timeout: .seconds(60))
     }
 
+    @Test("while the loops drain one tenant's backlog, another tenant's fresh starts go out by the express lane")
+    func loopsSpareFreshRows() async throws {
+        let a = try await Self.tenant()
+        let b = try await Self.tenant()
+        _ = try await a.iphone()
+        let backlogInstance = Fake.id("drain")
+        #expect(try await a.start(backlogInstance).status == 200)
+        try await a.fixture.pool.execute(
+            """
+            INSERT INTO delivery_queue (tenant_id, id, instance_id, device_token, provider, token_kind, token, operation,
+                                    instance_version, next_attempt_at)
+            SELECT \(a.tenant.uuid), gen_random_uuid(), \(backlogInstance), 'dev' || i, 'apns', 'activity',
+                   md5(i::text) || md5((i + 7)::text), 'update', 1, now() - interval '1 minute'
+            FROM generate_series(1, 8000) i
+            """)
+        let (_, bToken) = try await b.iphone()
+        let worker = try a.fixture.worker()  // two loops of 64, express claims of 16
+        defer { worker.signal(SIGKILL) }
+        func aQueued() async throws -> Int {
+            try await a.fixture.pool.count(
+                "SELECT count(*)::int AS n FROM delivery_queue WHERE tenant_id = \(a.tenant.uuid) AND status = 'queued'"
+            )
+        }
+        // The loops are draining A (full batches, one after the other).
+        let clock = ContinuousClock()
+        let deadline = clock.now + .seconds(60)
+        while try await aQueued() > 7_000 && clock.now < deadline { try await Task.sleep(for: .milliseconds(10)) }
+        for _ in 0..<8 {
+            #expect(try await b.start(Fake.id("fresh")).status == 200)
+            try await Task.sleep(for: .milliseconds(30))
+        }
+        while simulatorPushes(b, bToken).count < 8 && clock.now < deadline {
+            try await Task.sleep(for: .milliseconds(20))
+        }
+        let left = try await aQueued()
+        try #require(simulatorPushes(b, bToken).count == 8, "B's starts were not all sent")
+        try #require(left > 0, "A's backlog was drained before B's starts went out: nothing was measured")
+        // Sent, then recorded when their claim commits.
+        while try await a.fixture.pool.count(
+            "SELECT count(*)::int AS n FROM delivery_history WHERE tenant_id = \(b.tenant.uuid)") < 8
+            && clock.now < deadline
+        {
+            try await Task.sleep(for: .milliseconds(20))
+        }
+        // Each claim's rows share their recorded_at (the claim transaction's start): B's came in claims of the
+        // express lane's size, none in a loop's batch of A's rows.
+        let claims = try await a.fixture.pool.query(
+            """
+            SELECT (SELECT count(*)::int FROM delivery_history x WHERE x.recorded_at = h.recorded_at) AS n
+            FROM delivery_history h WHERE h.tenant_id = \(b.tenant.uuid)
+            """
+        ).map { try $0.decode(Int.self, "n") }
+        #expect(claims.count == 8)
+        #expect(claims.allSatisfy { $0 <= 16 }, "claim sizes of B's starts: \(claims)")
+        _ = try await a.settled(backlogInstance, count: nil, timeout: .seconds(120))
+    }
+
     @Test("send rate limit: 300 queued for a tenant limited to 50/s leave over ≥ 4 s across 2 workers, ≲100 a second")
     func sendRateLimit() async throws {
         let a = try await Self.tenant()
