@@ -11,7 +11,7 @@ import Synchronization
 ///
 /// Woken by LISTEN/NOTIFY (one notification per committed batch of API writes), with a polling fallback. A claim locks
 /// its rows for as long as the worker sends them (`DeliveryQueue.claim`): a crashed worker's session ends and its
-/// claims are due again at once (at-least-once delivery; duplicates bounded by what it held: `loops` batches and an express claim). On `beginShutdown()`
+/// claims are due again at once (at-least-once delivery; duplicates bounded by what it held: `loops` batches and two express claims). On `beginShutdown()`
 /// (SIGTERM, through the service group's graceful shutdown) it stops claiming, finishes and records what it holds, and
 /// returns; nothing it holds is cancelled. Cancellation stops it at once (its claims roll back, other workers take the
 /// deliveries over).
@@ -151,15 +151,17 @@ public final class DeliveryWorker: Sendable {
                     return true
                 }
             }
-            let express = configuration.expressBatch > 0
-            if express {
-                group.addTask {
+            // The express lanes run ahead of the loops' sends in this process (a higher task priority: their sends'
+            // tasks inherit it), so what they claimed is not queued behind a batch of 256 for the cooperative threads.
+            let expressLanes = configuration.expressBatch > 0 ? Self.expressLanes : 0
+            for _ in 0..<expressLanes {
+                group.addTask(priority: .high) {
                     await self.expressLane()
                     return true
                 }
             }
             var drained = 0
-            while drained < configuration.loops + (express ? 1 : 0), let wasLoop = try await group.next() {
+            while drained < configuration.loops + expressLanes, let wasLoop = try await group.next() {
                 if wasLoop { drained += 1 }
             }
             // Every loop has drained; stop the listener and the sampler.
@@ -173,20 +175,23 @@ public final class DeliveryWorker: Sendable {
 
     /// One claim–send–record loop. Returns when cancelled, after finishing the batch in hand.
     func loop(_ index: Int) async {
-        // Whether the loop comes from waiting (a notification, the poll) rather than straight from a batch.
-        var woke = true
+        // Whether the loop's last claim came back full: it is draining a backlog.
+        var draining = false
         while running {
-            // Going on from a batch, the loop leaves what was queued moments ago to the express lane, which the
-            // notification of its commit woke (no loop was idle to take it); a loop that woke takes everything.
-            let spare = !woke && configuration.expressBatch > 0
+            // Draining, the loop leaves what was queued moments ago to the express lane, which the notification of
+            // its commit woke (no loop was idle to take it). Otherwise (it woke, or the queue ran short) it takes
+            // everything: the express lane only claims while every loop is busy.
+            let spare = draining && configuration.expressBatch > 0
             guard let claimed = await claimOnce(limit: configuration.batchSize, lane: .loop(index, spareFresh: spare))
-            else { continue }
-            woke = false
+            else {
+                draining = false
+                continue
+            }
+            draining = claimed == configuration.batchSize
             if claimed == 0 {
                 idleLoops.wrappingAdd(1, ordering: .relaxed)
                 await wakeup.wait(timeout: configuration.pollInterval)
                 idleLoops.wrappingSubtract(1, ordering: .relaxed)
-                woke = true
                 continue
             }
             if claimed == configuration.batchSize { wakeup.signal() }  // more is likely waiting
@@ -202,6 +207,9 @@ public final class DeliveryWorker: Sendable {
     /// How long the loops leave a tenant's freshly queued rows to the express lane (from the row's due time, which is
     /// its API transaction's start): past it they claim them as usual, so nothing depends on the lane.
     static let expressWindow = Duration.seconds(1)
+    /// Express lanes per worker: a notification goes to a lane that is waiting, so one lane's claim in flight (its
+    /// sends, record and commit) does not hold back the next.
+    static let expressLanes = 2
     static let maxExpressLate = 4
 
     /// The express lane: a loop's batch takes a claim, its sends and its record (tens of milliseconds, longer for a

@@ -887,7 +887,7 @@ struct DeliveryTests {
         let t = try await Self.tenant()
         t.fixture.simulator.setFaults([.init(tokenPrefix: "de1a", action: .delay, latencyMilliseconds: 1500)])
         // One claim loop and no express lane: the killed worker then holds at most one batch (a worker holds up to
-        // loops × batch + the express batch; with the default two loops all 20 were seen re-sent on a loaded machine).
+        // loops × batch + two express claims; with the default two loops all 20 were seen re-sent on a loaded machine).
         let doomed = try t.fixture.worker([
             "MARQUEE_WORKER_HOLD_SECONDS": "2", "MARQUEE_WORKER_BATCH": "16", "MARQUEE_WORKER_LOOPS": "1",
             "MARQUEE_WORKER_EXPRESS_BATCH": "0",

@@ -7,7 +7,7 @@
 # here) and the other workers send them.
 # Claims: 0 lost (every accepted update has a delivery recorded `sent` whose apns-id the simulator received), and
 # duplicates (pushes the simulator received more than once, by apns-id = delivery ID) at most what the killed
-# worker held: LOOPS claims of BATCH and one express claim of MARQUEE_WORKER_EXPRESS_BATCH.
+# worker held: LOOPS claims of BATCH and two express claims of MARQUEE_WORKER_EXPRESS_BATCH.
 # Env: INSTANCES (20000), WORKERS (2), BATCH (256), LOOPS (2), KILL_AT (0.3), HOLD (15), WAIT (300 s),
 #      CONFIG (debug|release), PORT, SIM_PORT, METRICS_PORT, CHAOS_PG_PORT.
 CHAOS_NAME=kill9
@@ -18,7 +18,7 @@ n=${INSTANCES:-20000}
 workers=${WORKERS:-2}
 batch=${BATCH:-256}
 loops=${LOOPS:-2}
-express=${MARQUEE_WORKER_EXPRESS_BATCH:-16}
+express=$((2 * ${MARQUEE_WORKER_EXPRESS_BATCH:-16}))
 export MARQUEE_WORKER_HOLD_SECONDS=${HOLD:-15}
 start_sim
 start_api
