@@ -51,6 +51,8 @@ public final class APNsChannelClient: Sendable {
     private let configuration: Configuration
     private let connections: ProviderConnections
     private let logger: Logger?
+    /// One provider-token cache per APNs key, for every tenant managing channels through this client.
+    public let tokenCaches = ProviderTokenCaches()
 
     public init(configuration: Configuration, logger: Logger? = nil) {
         self.configuration = configuration
@@ -323,8 +325,7 @@ public final class APNsChannelManager: BroadcastChannelManaging {
         }
         do {
             let pem = try keyRing.open(sealed, associatedData: CredentialStore.context(tenant, "apns"))
-            let key = try ES256PrivateKey(pem: String(decoding: pem, as: UTF8.self))
-            let tokens = ProviderTokenCache(teamID: info.teamID, keyID: info.keyID, key: key)
+            let tokens = try client.tokenCaches.cache(teamID: info.teamID, keyID: info.keyID, pem: pem)
             caches.withLock { $0[tenant] = Entry(updatedAt: info.updatedAt, tokens: tokens) }
             return (info, tokens)
         } catch {

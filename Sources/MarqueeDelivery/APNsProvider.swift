@@ -75,6 +75,8 @@ public final class APNsProvider: Sendable {
     private let configuration: Configuration
     private let connections: ProviderConnections
     private let logger: Logger?
+    /// One provider-token cache per APNs key, for every tenant sending through this provider.
+    public let tokenCaches = ProviderTokenCaches()
 
     public init(configuration: Configuration, logger: Logger? = nil) {
         self.configuration = configuration

@@ -95,7 +95,7 @@ public final class DeliveryWorker: Sendable {
         self.keyRing = keyRing
         self.logger = logger
         self.metrics = WorkerMetrics(registry: metrics)
-        self.credentials = CredentialCache(queue: queue, keyRing: keyRing, fcm: fcm)
+        self.credentials = CredentialCache(queue: queue, keyRing: keyRing, apns: apns, fcm: fcm)
         let apns = self.apns
         let workerMetrics = self.metrics
         metrics.onCollect {
@@ -768,13 +768,15 @@ final class CredentialCache: Sendable {
     private let apnsEntries = Mutex<[UUID: APNs]>([:])
     private let fcmEntries = Mutex<[UUID: (tokens: FCMAccessTokens, updatedAt: Date, loadedAt: Date)]>([:])
     private let fcmProvider: FCMProvider
+    private let apnsProvider: APNsProvider
     private let secrets = Mutex<[UUID: [UInt8]]>([:])
     /// How long a loaded credential is used before its row is read again (to notice replacements).
     private let ttl: TimeInterval = 30
 
-    init(queue: DeliveryQueue, keyRing: SealingKeyRing, fcm: FCMProvider) {
+    init(queue: DeliveryQueue, keyRing: SealingKeyRing, apns: APNsProvider, fcm: FCMProvider) {
         self.queue = queue
         self.keyRing = keyRing
+        self.apnsProvider = apns
         self.fcmProvider = fcm
     }
 
@@ -817,14 +819,15 @@ final class CredentialCache: Sendable {
             return refreshed
         }
         let pem = try keyRing.open(sealed, associatedData: CredentialStore.context(tenant, "apns"))
-        let key = try ES256PrivateKey(pem: String(decoding: pem, as: UTF8.self))
+        // Tenants with the same key share its token: one token per key, as Apple asks.
+        let tokens = try apnsProvider.tokenCaches.cache(teamID: info.teamID, keyID: info.keyID, pem: pem)
         // An unusable override (written around the API) gets no host: the provider refuses it as endpoint_not_allowed.
         let endpoint =
             APNsTarget.endpoint(environment: info.environment, override: info.endpoint) ?? (host: "", port: 0)
         let entry = APNs(
             target: APNsTarget(
                 host: endpoint.host, port: endpoint.port,
-                tokens: ProviderTokenCache(teamID: info.teamID, keyID: info.keyID, key: key)),
+                tokens: tokens),
             bundleID: info.bundleID, updatedAt: info.updatedAt, loadedAt: now)
         apnsEntries.withLock { $0[tenant] = entry }
         return entry

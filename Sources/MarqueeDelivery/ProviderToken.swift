@@ -68,3 +68,30 @@ public final class ProviderTokenCache: Sendable {
         }
     }
 }
+
+/// The provider-token caches of a process, one per APNs key: tenants that upload the same key (a company's staging
+/// and production tenants) send one token, as Apple asks (several tokens for one team at once are refused as
+/// `TooManyProviderTokenUpdates`), and a credential read again does not parse its key again.
+public final class ProviderTokenCaches: Sendable {
+    private let caches = Mutex<[String: ProviderTokenCache]>([:])
+    /// Keys kept at most; past it the registry starts over (a cache holds a key and one token).
+    static let maxKeys = 10_000
+
+    public init() {}
+
+    /// The cache of `teamID`, `keyID` and the private key `pem` (PKCS#8 PEM), made on first use. Throws when the PEM
+    /// is not an EC P-256 private key.
+    public func cache(teamID: String, keyID: String, pem: [UInt8]) throws -> ProviderTokenCache {
+        // The key's own bytes are in the name: the same team and key ID with another (wrong) key is another cache.
+        let name = teamID + "/" + keyID + "/" + SHA256.hexDigest(pem)
+        if let found = caches.withLock({ $0[name] }) { return found }
+        let key = try ES256PrivateKey(pem: String(decoding: pem, as: UTF8.self))
+        return caches.withLock { caches in
+            if let found = caches[name] { return found }
+            if caches.count >= Self.maxKeys { caches.removeAll() }
+            let made = ProviderTokenCache(teamID: teamID, keyID: keyID, key: key)
+            caches[name] = made
+            return made
+        }
+    }
+}

@@ -27,6 +27,23 @@ struct ProviderTokenTests {
         #expect(claims["iat"] == .int(1_800_000_000))
     }
 
+    @Test("one cache per key in a process: tenants with the same team, key ID and key share its token")
+    func sharedPerKey() throws {
+        let caches = ProviderTokenCaches()
+        let key = Array(ES256PrivateKey.generate().pkcs8PEM.utf8)
+        let other = Array(ES256PrivateKey.generate().pkcs8PEM.utf8)
+        let first = try caches.cache(teamID: "TEAM1", keyID: "KEY1", pem: key)
+        let again = try caches.cache(teamID: "TEAM1", keyID: "KEY1", pem: key)
+        #expect(first === again)
+        #expect(try first.token() == again.token())
+        // Another key under the same names, or the same key under another key ID: caches of their own.
+        #expect(try caches.cache(teamID: "TEAM1", keyID: "KEY1", pem: other) !== first)
+        #expect(try caches.cache(teamID: "TEAM1", keyID: "KEY2", pem: key) !== first)
+        #expect(throws: (any Error).self) {
+            _ = try caches.cache(teamID: "T", keyID: "K", pem: Array("not a key".utf8))
+        }
+    }
+
     @Test("reused until 40 minutes old, then refreshed")
     func caching() throws {
         let clock = ManualClock()
