@@ -133,6 +133,22 @@ struct DeliveryTests {
             return (device, token)
         }
 
+        /// Queues `count` updates of `instance` straight into the queue (not through the API), to activity tokens of
+        /// made-up devices starting with `tokenPrefix`, due `dueAgo` ago: a backlog.
+        func queueBacklog(
+            _ instance: String, count: Int, tokenPrefix: String = Fake.hex(8), dueAgo: String = "0 seconds"
+        ) async throws {
+            try await fixture.pool.execute(
+                """
+                INSERT INTO delivery_queue (tenant_id, id, instance_id, device_token, provider, token_kind, token,
+                                            operation, instance_version, next_attempt_at)
+                SELECT \(tenant.uuid), gen_random_uuid(), \(instance), 'dev' || i, 'apns', 'activity',
+                       \(tokenPrefix) || substr(md5(i::text) || md5((i + 1)::text), 1, \(64 - tokenPrefix.count)::int),
+                       'update', 1, now() - \(dueAgo)::interval
+                FROM generate_series(1, \(count)::int) i
+                """)
+        }
+
         func start(_ instance: String, extra: [String: Any] = [:]) async throws -> HTTP.Response {
             var body: [String: Any] = [
                 "identifiers": ["id": person], "notification_type": type, "instance_id": instance,
@@ -388,14 +404,7 @@ struct DeliveryTests {
         let backlogInstance = Fake.id("backlog")
         #expect(try await a.start(backlogInstance).status == 200)
         // A's backlog, older than anything B will queue: with first-in-first-out claims B would wait for all of it.
-        try await a.fixture.pool.execute(
-            """
-            INSERT INTO delivery_queue (tenant_id, id, instance_id, device_token, provider, token_kind, token, operation,
-                                    instance_version, next_attempt_at)
-            SELECT \(a.tenant.uuid), gen_random_uuid(), \(backlogInstance), 'dev' || i, 'apns', 'activity',
-                   md5(i::text) || md5((i + 1)::text), 'update', 1, now() - interval '1 minute'
-            FROM generate_series(1, 3000) i
-            """)
+        try await a.queueBacklog(backlogInstance, count: 3000, dueAgo: "1 minute")
         let (_, bToken) = try await b.iphone()
         let worker = try a.fixture.worker()
         defer { worker.signal(SIGKILL) }
@@ -427,14 +436,7 @@ struct DeliveryTests {
         let backlogInstance = Fake.id("slowbatch")
         #expect(try await slow.start(backlogInstance).status == 200)
         // 40 updates whose answers take 10 s: with the start, one batch of the single loop, which then waits for them.
-        try await slow.fixture.pool.execute(
-            """
-            INSERT INTO delivery_queue (tenant_id, id, instance_id, device_token, provider, token_kind, token, operation,
-                                    instance_version)
-            SELECT \(slow.tenant.uuid), gen_random_uuid(), \(backlogInstance), 'dev' || i, 'apns', 'activity',
-                   \(prefix) || substr(md5(i::text) || md5((i + 1)::text), 1, 60), 'update', 1
-            FROM generate_series(1, 40) i
-            """)
+        try await slow.queueBacklog(backlogInstance, count: 40, tokenPrefix: prefix)
         let (_, bToken) = try await b.iphone()
         let worker = try slow.fixture.worker(["MARQUEE_WORKER_LOOPS": "1"])
         defer { worker.signal(SIGKILL) }
@@ -467,14 +469,7 @@ struct DeliveryTests {
         _ = try await a.iphone()
         let backlogInstance = Fake.id("drain")
         #expect(try await a.start(backlogInstance).status == 200)
-        try await a.fixture.pool.execute(
-            """
-            INSERT INTO delivery_queue (tenant_id, id, instance_id, device_token, provider, token_kind, token, operation,
-                                    instance_version, next_attempt_at)
-            SELECT \(a.tenant.uuid), gen_random_uuid(), \(backlogInstance), 'dev' || i, 'apns', 'activity',
-                   md5(i::text) || md5((i + 7)::text), 'update', 1, now() - interval '1 minute'
-            FROM generate_series(1, 8000) i
-            """)
+        try await a.queueBacklog(backlogInstance, count: 8000, dueAgo: "1 minute")
         let (_, bToken) = try await b.iphone()
         let worker = try a.fixture.worker()  // two loops of 64, express claims of 16
         defer { worker.signal(SIGKILL) }
@@ -529,14 +524,7 @@ struct DeliveryTests {
         let backlogInstance = Fake.id("limited")
         #expect(try await a.start(backlogInstance).status == 200)
         let prefix = Fake.hex(8)
-        try await a.fixture.pool.execute(
-            """
-            INSERT INTO delivery_queue (tenant_id, id, instance_id, device_token, provider, token_kind, token, operation,
-                                    instance_version, next_attempt_at)
-            SELECT \(a.tenant.uuid), gen_random_uuid(), \(backlogInstance), 'dev' || i, 'apns', 'activity',
-                   \(prefix) || substr(md5(i::text) || md5((i + 1)::text), 1, 56), 'update', 1, now()
-            FROM generate_series(1, 300) i
-            """)
+        try await a.queueBacklog(backlogInstance, count: 300, tokenPrefix: prefix)
         let workers = [try a.fixture.worker(), try a.fixture.worker()]
         defer { for w in workers { w.signal(SIGKILL) } }
         // Another tenant is not held back by A's limit: its start goes out while most of A's backlog waits.
