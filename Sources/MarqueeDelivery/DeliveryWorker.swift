@@ -259,7 +259,7 @@ public final class DeliveryWorker: Sendable {
                 }
                 claimedIDs = batch.map(\.id)
                 self.inHand.withLock { $0.formUnion(claimedIDs) }
-                self.metrics.claimed.inc(Double(batch.count))
+                self.metrics.claimed.inc(Double(batch.count), [loop == nil ? "express" : "loop"])
                 for d in batch { self.metrics.inFlight.add(1, [d.provider.rawValue]) }
                 // Shutdown is not cancellation: what was claimed is sent and recorded before the loop looks again.
                 let sending = await self.send(batch)
@@ -747,7 +747,10 @@ struct WorkerMetrics: Sendable {
         retired = registry.counter(
             "marquee_tokens_retired_total", help: "Tokens retired after the provider called them dead.",
             labels: ["provider", "kind"])
-        claimed = registry.counter("marquee_deliveries_claimed_total", help: "Deliveries claimed by this worker.")
+        claimed = registry.counter(
+            "marquee_deliveries_claimed_total",
+            help: "Deliveries claimed by this worker, by lane (loop: the claim loops' batches; express: the express "
+                + "lanes' small claims of what was just queued).", labels: ["lane"])
         credentialsBroken = registry.counter(
             "marquee_credentials_broken_total", help: "Credentials marked broken after the provider rejected them.",
             labels: ["provider"])

@@ -459,6 +459,8 @@ struct DeliveryTests {
         try #require(!simulatorPushes(b, bToken).isEmpty, "B's start was never sent")
         // Without the lane, B's start waits for the loop, which waits 10 s for the slow answers (recorded first).
         #expect(answeredBeforeB == 0, "B's start waited for the slow batch: \(answeredBeforeB) slow answers before it")
+        let metrics = try await HTTP.get(worker.baseURL + "/metrics").text
+        #expect(metrics.contains(#"marquee_deliveries_claimed_total{lane="express"}"#), "the lane's claims are counted")
         _ = try await slow.settled(backlogInstance, count: nil, timeout: .seconds(60))
     }
 
