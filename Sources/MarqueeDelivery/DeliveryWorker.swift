@@ -11,10 +11,10 @@ import Synchronization
 ///
 /// Woken by LISTEN/NOTIFY (one notification per committed batch of API writes), with a polling fallback. A claim locks
 /// its rows for as long as the worker sends them (`DeliveryQueue.claim`): a crashed worker's session ends and its
-/// claims are due again at once (at-least-once delivery; duplicates bounded by what it held: `loops` batches and two express claims). On `beginShutdown()`
-/// (SIGTERM, through the service group's graceful shutdown) it stops claiming, finishes and records what it holds, and
-/// returns; nothing it holds is cancelled. Cancellation stops it at once (its claims roll back, other workers take the
-/// deliveries over).
+/// claims are due again at once (at-least-once delivery; duplicates bounded by what it held: `loops` batches and two
+/// express claims). On `beginShutdown()` (SIGTERM, through the service group's graceful shutdown) it stops claiming,
+/// finishes and records what it holds, and returns; nothing it holds is cancelled. Cancellation stops it at once (its
+/// claims roll back, other workers take the deliveries over).
 public final class DeliveryWorker: Sendable {
     public struct Configuration: Sendable {
         /// Identifies this worker in its logs.
@@ -23,9 +23,9 @@ public final class DeliveryWorker: Sendable {
         public var batchSize: Int
         /// Claim–send–record loops running at once. Default 2.
         public var loops: Int
-        /// The express lane's claim size: when a notification arrives while every loop is busy with its batch, a claim
+        /// The express lanes' claim size: when a notification arrives while every loop is busy with its batch, a claim
         /// of at most this many (an equal share per tenant with due deliveries, no top-up) goes out at once, so what
-        /// was just queued does not wait for a loop to finish. Default 16; 0: no express lane.
+        /// was just queued does not wait for a loop to finish. Default 16; 0: no express lanes.
         public var expressBatch: Int
         /// The longest a claim is held: sends get three quarters of it, and PostgreSQL ends a worker that keeps its
         /// claim open longer (stuck), which releases the claim's rows. Default 60 s.
@@ -210,6 +210,7 @@ public final class DeliveryWorker: Sendable {
     /// Express lanes per worker: a notification goes to a lane that is waiting, so one lane's claim in flight (its
     /// sends, record and commit) does not hold back the next.
     static let expressLanes = 2
+    /// Express claims whose slow sends may finish in the background at once (`expressLate`).
     static let maxExpressLate = 4
 
     /// The express lane: a loop's batch takes a claim, its sends and its record (tens of milliseconds, longer for a
@@ -298,8 +299,9 @@ public final class DeliveryWorker: Sendable {
         backlogged.withLock { $0.values.reduce(into: Set<UUID>()) { $0.formUnion($1) } }
     }
 
-    /// The tenants of a claimed batch (one entry per delivery) with a backlog: in a full batch, those that got at least an equal share (each
-    /// tenant due is offered one, and what some leave unused goes to the others). A short batch took everything due.
+    /// The tenants of a claimed batch (one entry per delivery) with a backlog: in a full batch, those that got at least
+    /// an equal share (each tenant due is offered one, and what some leave unused goes to the others). A short batch
+    /// took everything due.
     static func backlogged(_ batch: [UUID], limit: Int) -> Set<UUID> {
         guard batch.count >= limit else { return [] }
         var counts: [UUID: Int] = [:]
