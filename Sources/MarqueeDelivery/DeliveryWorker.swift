@@ -223,8 +223,13 @@ public final class DeliveryWorker: Sendable {
         while running {
             await expressWakeup.wait(timeout: configuration.pollInterval)
             guard running, idleLoops.load(ordering: .relaxed) == 0 else { continue }
-            let claimed = await claimOnce(limit: configuration.expressBatch, lane: .express)
-            if claimed == configuration.expressBatch { expressWakeup.signal() }  // more is likely waiting
+            guard let claimed = await claimOnce(limit: configuration.expressBatch, lane: .express), claimed > 0
+            else { continue }
+            // More may be waiting, and what it recorded may let a later version of the same token go (held back
+            // while this one was in flight, with no notification of its own): look again, as a loop does after its
+            // own claim — the loops if one is idle, else a lane (without this, such an update waited for the poll).
+            wakeup.signal()
+            expressWakeup.signal()
         }
         // Draining: the slow sends left to finish in the background are recorded before the worker returns.
         while expressLate.load(ordering: .relaxed) > 0 && !Task.isCancelled {
