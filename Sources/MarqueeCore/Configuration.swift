@@ -109,6 +109,8 @@ public struct MarqueeConfiguration: Sendable, Equatable {
     /// `MARQUEE_WORKER_HOLD_SECONDS`: the longest a worker holds a claim (its sends get three quarters of it; a
     /// worker stuck longer is disconnected by PostgreSQL, which releases the claim). Default 60.
     public var workerHoldSeconds: Int
+    /// `MARQUEE_WORKER_POLL_MS`: the longest a worker waits between claims without a notification. Default 1000.
+    public var workerPollMilliseconds: Int
     /// `MARQUEE_APNS_CONNECTIONS`: HTTP/2 connections per APNs host per worker. Default 2.
     public var apnsConnections: Int
     /// `MARQUEE_RETENTION_DAYS`: days lifecycle events, delivery metrics and finished instances are kept; 0 keeps
@@ -268,6 +270,7 @@ public struct MarqueeConfiguration: Sendable, Equatable {
         workerLoops = integer("MARQUEE_WORKER_LOOPS", default: 2, range: 1...64)
         workerExpressBatch = integer("MARQUEE_WORKER_EXPRESS_BATCH", default: 16, range: 0...10_000)
         workerHoldSeconds = integer("MARQUEE_WORKER_HOLD_SECONDS", default: 60, range: 2...3600)
+        workerPollMilliseconds = integer("MARQUEE_WORKER_POLL_MS", default: 1000, range: 10...600_000)
         apnsConnections = integer("MARQUEE_APNS_CONNECTIONS", default: 2, range: 1...64)
         retentionDays = integer("MARQUEE_RETENTION_DAYS", default: 30, range: 0...3650)
         retryInitialMilliseconds = integer("MARQUEE_RETRY_INITIAL_MS", default: 8000, range: 10...600_000)

@@ -290,6 +290,9 @@ public final class DeliveryWorker: Sendable {
                 Task {
                     await late.finish()
                     self.expressLate.wrappingSubtract(1, ordering: .relaxed)
+                    // Recorded now: a later version they held back may go (see `expressLane`).
+                    self.wakeup.signal()
+                    self.expressWakeup.signal()
                 }
             } else {
                 if loop == nil { expressLate.wrappingSubtract(1, ordering: .relaxed) }

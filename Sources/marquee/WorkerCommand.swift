@@ -56,6 +56,7 @@ struct WorkerCommand {
                 workerID: workerID, batchSize: configuration.workerBatch, loops: configuration.workerLoops,
                 expressBatch: configuration.workerExpressBatch,
                 hold: .seconds(configuration.workerHoldSeconds),
+                pollInterval: .milliseconds(configuration.workerPollMilliseconds),
                 retryPolicy: RetryPolicy(
                     maxAttempts: configuration.retryMaxAttempts,
                     initialDelay: .milliseconds(configuration.retryInitialMilliseconds))),

@@ -464,6 +464,61 @@ struct DeliveryTests {
         _ = try await slow.settled(backlogInstance, count: nil, timeout: .seconds(60))
     }
 
+    @Test("a lane that sent an update looks again: the next version, held back while it was in flight, goes out")
+    func laneLooksAgain() async throws {
+        let slow = try await Self.tenant()
+        let b = try await Self.tenant()
+        let slowPrefix = "e7a2"
+        let bPrefix = "b0b0"
+        slow.fixture.simulator.setFaults([
+            .init(tokenPrefix: slowPrefix, action: .delay, latencyMilliseconds: 20_000),
+            .init(tokenPrefix: bPrefix, action: .delay, latencyMilliseconds: 400),
+        ])
+        defer { slow.fixture.simulator.setFaults([]) }
+        // B: an instance with an activity token whose answers take 400 ms.
+        let (device, bStartToken) = try await b.iphone()
+        let instance = Fake.id("again")
+        #expect(try await b.start(instance).status == 200)
+        let bToken = bPrefix + Fake.hex(60)
+        _ = try await b.api.call(
+            "PUT", "/v1/live_notifications/\(instance)/tokens/\(device)", key: b.tenant.sdk, json: ["token": bToken])
+        // The single loop's first batch: B's start, and 40 slow updates it then waits 20 s for.
+        _ = try await slow.iphone()
+        let backlogInstance = Fake.id("slowbatch")
+        #expect(try await slow.start(backlogInstance).status == 200)
+        try await slow.queueBacklog(backlogInstance, count: 40, tokenPrefix: slowPrefix)
+        // The poll is two minutes: only a claim that looks again sends the second update in time.
+        let worker = try slow.fixture.worker(["MARQUEE_WORKER_LOOPS": "1", "MARQUEE_WORKER_POLL_MS": "120000"])
+        defer { worker.signal(SIGKILL) }
+        let clock = ContinuousClock()
+        let deadline = clock.now + .seconds(30)
+        while simulatorPushes(b, bStartToken).isEmpty && clock.now < deadline {
+            try await Task.sleep(for: .milliseconds(20))
+        }
+        try #require(!simulatorPushes(b, bStartToken).isEmpty, "B's start was never sent")
+        func update(_ seq: Int) async throws {
+            let r = try await b.api.call(
+                "POST", "/v1/live_notifications/update", key: b.tenant.app,
+                json: ["instance_id": instance, "content_state_patch": ["seq": seq]])
+            #expect(r.status == 200, "\(r.text)")
+        }
+        // The first goes out by a lane (the loop is busy); the second comes while it is in flight, so the claim's
+        // version check holds it back, and its own notification finds nothing to claim.
+        try await update(1)
+        try await Task.sleep(for: .milliseconds(150))
+        try await update(2)
+        func sentSecond() -> Bool {
+            simulatorPushes(b, bToken).contains { $0["payload"]?["aps"]?["content-state"]?["seq"]?.intValue == 2 }
+        }
+        while !sentSecond() && clock.now < deadline + .seconds(30) { try await Task.sleep(for: .milliseconds(20)) }
+        let slowAnswered = slow.fixture.simulator.pushes().filter {
+            $0["token"]?.stringValue?.hasPrefix(slowPrefix) == true
+        }.count
+        try #require(sentSecond(), "B's second update was never sent")
+        #expect(slowAnswered == 0, "B's second update waited for the loop: \(slowAnswered) slow answers came first")
+        _ = try await slow.settled(backlogInstance, count: nil, timeout: .seconds(60))
+    }
+
     @Test("while the loops drain one tenant's backlog, another tenant's fresh starts go out by the express lane")
     func loopsSpareFreshRows() async throws {
         let a = try await Self.tenant()
