@@ -68,8 +68,9 @@ final class ProviderConnections: Sendable {
     let configuration: Configuration
     private let now: @Sendable () -> ContinuousClock.Instant
     private let clients = Mutex<[String: Entry]>([:])
-    /// The I/O threads and TLS context every pool uses.
-    private let threads: HTTP2ClientThreads?
+    /// The I/O threads and TLS context every pool uses, started with the first pool.
+    private let threads = Mutex<HTTP2ClientThreads?>(nil)
+    private let threadName: String
     /// The last host found in the allowlist and its pool key: a worker sends to one or two hosts, so the check and the
     /// key (string work on every send) are done once per host change.
     private let lastAllowed = Mutex<(host: String, port: Int, key: String)?>(nil)
@@ -80,8 +81,17 @@ final class ProviderConnections: Sendable {
     ) {
         self.configuration = configuration
         self.now = now
-        // Without threads (the system refused one) each pool starts its own when it is made, and fails then.
-        self.threads = try? HTTP2ClientThreads(count: 1, name: name)
+        self.threadName = name
+    }
+
+    /// The shared threads, started on first use (a provider nobody sends to costs no thread).
+    private func sharedThreads() throws -> HTTP2ClientThreads {
+        try threads.withLock { threads in
+            if let threads { return threads }
+            let started = try HTTP2ClientThreads(count: 1, name: threadName)
+            threads = started
+            return started
+        }
     }
 
     /// Sends `request` to `host:port` over the pool of that host and `identity`.
@@ -133,13 +143,14 @@ final class ProviderConnections: Sendable {
                 clients.removeValue(forKey: name)
             }
             do {
+                let shared = try sharedThreads()
                 let client = try HTTP2Client(
                     .init(
                         host: host, port: port, tls: TLSClientConfiguration(caFile: configuration.caFile),
                         connections: configuration.connectionsPerHost, requestTimeout: configuration.requestTimeout,
                         maxResponseBodySize: configuration.maxResponseBodySize,
                         allowsSpecialAddresses: !configuration.allowedHosts.requiresPublicAddress(host: host)),
-                    threads: threads)
+                    threads: shared)
                 clients[key] = Entry(client: client, inFlight: 1, lastUsed: current)
                 return (.success(client), evicted)
             } catch {
@@ -191,7 +202,7 @@ final class ProviderConnections: Sendable {
             return clients.values.map(\.client)
         }
         for client in all { await client.shutdown() }
-        await threads?.shutdown()
+        await threads.withLock { $0 }?.shutdown()
     }
 }
 
