@@ -412,9 +412,7 @@ struct DeliveryTests {
         #expect(try await b.start(instance).status == 200)
         let clock = ContinuousClock()
         let deadline = clock.now + .seconds(60)
-        while simulatorPushes(b, bToken).isEmpty && clock.now < deadline {
-            try await Task.sleep(for: .milliseconds(20))
-        }
+        try await waitForPushes(b, bToken, until: deadline)
         let backlogLeft = try await a.fixture.pool.count(
             """
             SELECT count(*)::int AS n FROM deliveries
@@ -443,18 +441,14 @@ struct DeliveryTests {
         let clock = ContinuousClock()
         // The batch is out (its fast start answered) and the loop waits for the slow ones.
         let deadline = clock.now + .seconds(30)
-        while simulatorPushes(slow, slowStartToken).isEmpty && clock.now < deadline {
-            try await Task.sleep(for: .milliseconds(20))
-        }
+        try await waitForPushes(slow, slowStartToken, until: deadline)
         try #require(!simulatorPushes(slow, slowStartToken).isEmpty, "the slow tenant's batch was never sent")
         func slowAnswered() -> Int {
             slow.fixture.simulator.pushes().filter { $0["token"]?.stringValue?.hasPrefix(prefix) == true }.count
         }
         #expect(slowAnswered() == 0)
         #expect(try await b.start(Fake.id("express")).status == 200)
-        while simulatorPushes(b, bToken).isEmpty && clock.now < deadline + .seconds(30) {
-            try await Task.sleep(for: .milliseconds(20))
-        }
+        try await waitForPushes(b, bToken, until: deadline + .seconds(30))
         let answeredBeforeB = slowAnswered()
         try #require(!simulatorPushes(b, bToken).isEmpty, "B's start was never sent")
         // Without the lane, B's start waits for the loop, which waits 10 s for the slow answers (recorded first).
@@ -492,9 +486,7 @@ struct DeliveryTests {
         defer { worker.signal(SIGKILL) }
         let clock = ContinuousClock()
         let deadline = clock.now + .seconds(30)
-        while simulatorPushes(b, bStartToken).isEmpty && clock.now < deadline {
-            try await Task.sleep(for: .milliseconds(20))
-        }
+        try await waitForPushes(b, bStartToken, until: deadline)
         try #require(!simulatorPushes(b, bStartToken).isEmpty, "B's start was never sent")
         func update(_ seq: Int) async throws {
             let r = try await b.api.call(
@@ -543,9 +535,7 @@ struct DeliveryTests {
             #expect(try await b.start(Fake.id("fresh")).status == 200)
             try await Task.sleep(for: .milliseconds(30))
         }
-        while simulatorPushes(b, bToken).count < 8 && clock.now < deadline {
-            try await Task.sleep(for: .milliseconds(20))
-        }
+        try await waitForPushes(b, bToken, count: 8, until: deadline)
         let left = try await aQueued()
         try #require(simulatorPushes(b, bToken).count == 8, "B's starts were not all sent")
         try #require(left > 0, "A's backlog was drained before B's starts went out: nothing was measured")
@@ -589,9 +579,7 @@ struct DeliveryTests {
         #expect(try await b.start(Fake.id("unlimited")).status == 200)
         let clock = ContinuousClock()
         let deadline = clock.now + .seconds(60)
-        while simulatorPushes(b, bToken).isEmpty && clock.now < deadline {
-            try await Task.sleep(for: .milliseconds(20))
-        }
+        try await waitForPushes(b, bToken, until: deadline)
         try #require(!simulatorPushes(b, bToken).isEmpty, "B's start was never sent")
         let leftWhenBWasSent = try await a.fixture.pool.count(
             """
@@ -642,6 +630,15 @@ struct DeliveryTests {
 
     private func simulatorPushes(_ t: Tenant, _ token: String) -> [JSONValue] {
         t.fixture.simulator.pushes(token: token)
+    }
+
+    /// Waits until the simulator has `count` pushes to `token`, or `deadline`.
+    private func waitForPushes(
+        _ t: Tenant, _ token: String, count: Int = 1, until deadline: ContinuousClock.Instant
+    ) async throws {
+        while simulatorPushes(t, token).count < count && ContinuousClock.now < deadline {
+            try await Task.sleep(for: .milliseconds(20))
+        }
     }
 
     @Test("a slow tenant endpoint holds back only its own deliveries: no lease runs out on another's, nothing re-sent")
