@@ -345,6 +345,14 @@ public final class PostgresConnection {
         return results.dropFirst().dropLast().map { try! $0.get() }
     }
 
+    /// Runs `queries` in one round trip with a single sync point after the last, and returns their rows; throws the
+    /// first statement's error (the server skipped the rest). Unlike `pipelineTransaction` it neither begins nor ends
+    /// a transaction: `queries` may open one (`BEGIN` first) and leave it open, or end an open one (`COMMIT` last).
+    /// After a failure inside an explicit transaction, that transaction is aborted: the caller rolls it back.
+    public func pipelined(_ queries: [PostgresQuery]) throws -> [PostgresRows] {
+        try pipeline(queries, syncEach: false).map { try $0.get() }
+    }
+
     /// `syncEach`: a sync point after every statement (each in its own implicit transaction unless inside an
     /// explicit one), or one after the last (after an error the server skips everything up to it: those queries
     /// answer "skipped").

@@ -147,4 +147,35 @@ struct CopyAndPipelineTests {
         #expect(many.count == 1000 && many.allSatisfy { $0.affectedRows == 1 })
         #expect(after == 1002)  // 1 and 2, then 10..<1010; neither 3 nor 4
     }
+
+    @Test("pipelined statements may open a transaction, leave it open and end it later; an error aborts it")
+    func pipelinedOpenTransaction() async throws {
+        let pool = try TestDatabase.pool(options: .init(maxConnections: 1))
+        defer { pool.close() }
+        let (inside, open, error, aborted, after) = try await pool.withConnection { connection in
+            try connection.execute("CREATE TEMP TABLE t (id int PRIMARY KEY)")
+            // One round trip opens the transaction, writes and reads; the transaction stays open.
+            let inside = try connection.pipelined(
+                ["BEGIN", "INSERT INTO t VALUES (1), (2)", "SELECT count(*)::int AS n FROM t"])
+            let open = connection.isInTransaction
+            // A later round trip ends it.
+            _ = try connection.pipelined(["INSERT INTO t VALUES (3)", "COMMIT"])
+            var error: PostgresError?
+            do {
+                _ = try connection.pipelined(["BEGIN", "INSERT INTO t VALUES (1)", "INSERT INTO t VALUES (4)"])
+            } catch let e as PostgresError {
+                error = e
+            }
+            let aborted = connection.isInTransaction
+            try connection.execute("ROLLBACK")
+            let after = try connection.query("SELECT count(*)::int AS n FROM t")[0].decode(Int.self, "n")
+            return (inside, open, error, aborted, after)
+        }
+        #expect(inside.count == 3)
+        #expect(try inside[2][0].decode(Int.self, "n") == 2)
+        #expect(open)
+        #expect(error?.code == .uniqueViolation)
+        #expect(aborted)  // the caller rolls it back
+        #expect(after == 3)  // 1, 2 and 3; not 4
+    }
 }
