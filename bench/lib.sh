@@ -88,7 +88,8 @@ bench_perf_report() {
 }
 
 # PGSS=1 (with PG_OPTIONS="-c shared_preload_libraries=pg_stat_statements"): where PostgreSQL's time went during a
-# measured part. bench_pgss_reset before it, bench_pgss_report after it (the 12 statements with the most time).
+# measured part. bench_pgss_reset before it, bench_pgss_report after it (the PGSS_TOP (12) statements with the most
+# time; plan_ms is planning time, tracked with -c pg_stat_statements.track_planning=on).
 bench_pgss_reset() {
   [ -n "${PGSS:-}" ] || return 0
   psql -q "$DATABASE_URL" -c "CREATE EXTENSION IF NOT EXISTS pg_stat_statements" \
@@ -97,6 +98,6 @@ bench_pgss_reset() {
 bench_pgss_report() {
   [ -n "${PGSS:-}" ] || return 0
   psql -q "$DATABASE_URL" -c "SELECT calls, round(total_exec_time) AS total_ms, round(mean_exec_time::numeric, 3) AS mean_ms,
-    rows, left(regexp_replace(query, '\s+', ' ', 'g'), 110) AS query
-    FROM pg_stat_statements ORDER BY total_exec_time DESC LIMIT 12"
+    round(total_plan_time) AS plan_ms, rows, left(regexp_replace(query, '\s+', ' ', 'g'), 100) AS query
+    FROM pg_stat_statements ORDER BY total_exec_time + total_plan_time DESC LIMIT ${PGSS_TOP:-12}"
 }

@@ -10,7 +10,8 @@
 # same simulator) just before the paced run starts, so the measured tenant's updates compete with that backlog
 # draining; the script reports how much of the backlog was still queued when the paced run ended.
 # Env: RATE (1000), DURATION (10), INSTANCES (10000), WORKERS (2), BATCH (256), LOOPS (2), CONNECTIONS (64), PORT,
-#      SIM_PORT, BACKLOG (0).
+#      SIM_PORT, BACKLOG (0); PGSS=1 (with PG_OPTIONS="-c shared_preload_libraries=pg_stat_statements"): PostgreSQL's
+#      time by statement during the paced run.
 source "$(dirname "$0")/../lib.sh"
 MARQUEE_EXTRA_PACKAGES="" "$root/Deploy/local/deps.sh"
 bench_build
@@ -124,12 +125,14 @@ SQL
 fi
 
 machine
+bench_pgss_reset
 echo "== marquee-bench latency: $rate updates/s for $duration s over $instances instances, $workers workers"
 "$bin/marquee-bench" latency --host 127.0.0.1 --port "$port" --rate "$rate" --duration "$duration" \
   --instances "$instances" --records "$work/records.jsonl" --connections "${CONNECTIONS:-64}" --wait 30
 if [ "$backlog" -gt 0 ]; then
   echo "backlog at the end of the paced run (+ its 30 s wait for receipts): $(psql -qtA -F'=' -R' ' "$DATABASE_URL" -c "SELECT status, count(*) FROM deliveries WHERE tenant_id = '$tenant_b' GROUP BY 1 ORDER BY 1")"
 fi
+bench_pgss_report
 echo "deliveries: $(psql -qtA -F'=' -R' ' "$DATABASE_URL" -c "SELECT status, count(*) FROM deliveries WHERE tenant_id = '$tenant' GROUP BY 1 ORDER BY 1")"
 echo "simulator: $(sim_stats "$sim_port" "$work/ca.pem")"
 for i in "${!worker_pids[@]}"; do echo "worker $((i + 1)) RSS: $(rss "${worker_pids[$i]}")"; done
