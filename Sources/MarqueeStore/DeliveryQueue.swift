@@ -185,28 +185,36 @@ public struct DeliveryQueue: Sendable {
         let providerNames = providers.map(\.rawValue)
         // A worker stuck past `hold` with its claim open is ended by PostgreSQL, which releases its rows.
         let holdMilliseconds = String(max(1000, Int(hold.components.seconds) * 1000))
+        // Round trips are what a small claim costs (at a steady 1,000 updates/s most claims take a few rows): the
+        // skip scan, the claim's BEGIN, settings and lock are one hop to the connection's thread and, in the common
+        // case, two round trips; the record and its COMMIT one more; the settle one.
         return try await pool.withSession { session in
-            let (tenants, shares, allowance) = try await session.run { connection in
-                try Self.dueTenants(
+            let locked = try await session.run { connection -> (claimed: [ClaimedDelivery], allowance: [UUID: Int])? in
+                let (tenants, shares, allowance) = try Self.dueTenants(
                     connection, limit: limit, providers: providerNames, only: only, excluding: excluded)
-            }
-            guard !tenants.isEmpty else { return 0 }
-            let claimed = try await session.run { connection -> [ClaimedDelivery] in
-                try connection.execute("BEGIN")
+                guard !tenants.isEmpty else { return nil }
                 // A claim takes milliseconds. Planned on statistics from before a burst of queued rows (the table
                 // "tiny"), its version check and the record's read the whole burst per claimed row (seconds to
                 // minutes; auto_explain: 101,000 rows read per row, by sequential scan or by a whole index): both are
                 // per-row lookups (OFFSET 0) planned without sequential scans, and a claim still slow is stopped,
                 // after which the worker refreshes the statistics (marquee_refresh_queue_statistics) and claims again.
-                try connection.query(
+                // The claim's and the record's plans are generic, made once per connection and per statistics refresh
+                // (an ANALYZE invalidates them): planned for each call's values, the claim spent more time planning
+                // than running (pg_stat_statements with track_planning at 1,000 updates/s: 1.4 ms of planning a call,
+                // half of the database's CPU).
+                let first = try connection.pipelined([
+                    "BEGIN",
                     """
                     SELECT set_config('statement_timeout', \(Self.claimTimeoutMilliseconds), true),
                            set_config('idle_in_transaction_session_timeout', \(holdMilliseconds), true),
-                           set_config('enable_seqscan', 'off', true)
-                    """)
-                var claimed = try Self.lock(
-                    connection, tenants: tenants, shares: shares, excluding: held, providers: providerNames,
-                    graceMilliseconds: fresh?.milliseconds(tenants))
+                           set_config('enable_seqscan', 'off', true),
+                           set_config('plan_cache_mode', 'force_generic_plan', true)
+                    """,
+                    Self.lockQuery(
+                        tenants: tenants, shares: shares, excluding: held, providers: providerNames,
+                        graceMilliseconds: fresh?.milliseconds(tenants)),
+                ])
+                var claimed = try Self.claimedDeliveries(first[2])
                 // A second pass when the batch came back short because some tenants had fewer due than their share:
                 // what is left goes to those that filled theirs.
                 if topUp, claimed.count < limit {
@@ -220,16 +228,19 @@ public struct DeliveryQueue: Sendable {
                         }
                         let pairs = zip(full, more).filter { $0.1 > 0 }
                         if !pairs.isEmpty {
-                            claimed += try Self.lock(
-                                connection, tenants: pairs.map(\.0), shares: pairs.map(\.1),
-                                excluding: held + claimed.map(\.id), providers: providerNames,
-                                graceMilliseconds: fresh?.milliseconds(pairs.map(\.0)))
+                            claimed += try Self.claimedDeliveries(
+                                connection.query(
+                                    Self.lockQuery(
+                                        tenants: pairs.map(\.0), shares: pairs.map(\.1),
+                                        excluding: held + claimed.map(\.id), providers: providerNames,
+                                        graceMilliseconds: fresh?.milliseconds(pairs.map(\.0)))))
                         }
                     }
                 }
-                try connection.execute("SET LOCAL statement_timeout TO DEFAULT")
-                return Self.roundRobin(claimed, tenants: tenants)
+                if claimed.isEmpty { try connection.execute("COMMIT") }
+                return (Self.roundRobin(claimed, tenants: tenants), allowance)
             }
+            guard let (claimed, allowance) = locked else { return 0 }
             // What a limited tenant was allowed and did not use goes back to its bucket (not under this claim's
             // transaction: the bucket row is not held while the claim sends).
             if !allowance.isEmpty {
@@ -245,15 +256,15 @@ public struct DeliveryQueue: Sendable {
                         """)
                 }
             }
-            guard !claimed.isEmpty else {
-                try await session.execute("COMMIT")
-                return 0
-            }
+            guard !claimed.isEmpty else { return 0 }
             let outcome = await send(claimed)
-            let sentTo = try await session.run { connection in
-                let sentTo = try Self.record(connection, outcome.results)
+            try await session.run { connection in
+                // The record runs without the claim's statement timeout; then the commit, in the same round trip.
+                var statements: [PostgresQuery] = ["SET LOCAL statement_timeout TO DEFAULT"]
+                let record = Self.recordQuery(outcome.results)
+                if let record { statements.append(record) }
                 if !outcome.stillSending.isEmpty {
-                    try connection.execute(
+                    statements.append(
                         """
                         UPDATE delivery_queue d
                         SET next_attempt_at = \(outcome.lease)
@@ -262,12 +273,15 @@ public struct DeliveryQueue: Sendable {
                         WHERE d.tenant_id = v.tenant_id AND d.id = v.id
                         """)
                 }
-                try connection.execute("COMMIT")
-                return sentTo
-            }
-            try await session.run { connection in
-                try connection.transaction { connection in
-                    try Self.settle(connection, sentTo: sentTo, retire: outcome.retirements)
+                statements.append("COMMIT")
+                let rows = try connection.pipelined(statements)
+                let sentTo = try record == nil ? [] : Self.sentTo(rows[1])
+                // After the commit, in a transaction of its own (one round trip).
+                let settle = Self.settleStatements(sentTo: sentTo, retire: outcome.retirements)
+                if settle.count == 1 {
+                    try connection.execute(settle[0])
+                } else if settle.count > 1 {
+                    _ = try connection.pipelineTransaction(settle)
                 }
             }
             return claimed.count
@@ -402,13 +416,11 @@ public struct DeliveryQueue: Sendable {
     /// (instance, token), skipping rows another claim holds, and reads what sending them needs. Rows that fail the
     /// version check are never locked, so a claim holds only what it sends. A tenant's rows that became due within its
     /// `graceMilliseconds` are left alone.
-    static func lock(
-        _ connection: PostgresConnection, tenants: [UUID], shares: [Int], excluding: [UUID], providers: [String],
-        graceMilliseconds: [Int]? = nil
-    ) throws -> [ClaimedDelivery] {
+    static func lockQuery(
+        tenants: [UUID], shares: [Int], excluding: [UUID], providers: [String], graceMilliseconds: [Int]? = nil
+    ) -> PostgresQuery {
         let grace = graceMilliseconds ?? Array(repeating: 0, count: tenants.count)
-        let rows = try connection.query(
-            """
+        return """
             WITH claimed AS (
                 SELECT c.*
                 FROM unnest(\(tenants)::uuid[], \(shares)::int[], \(grace)::int[]) AS t(tenant_id, share, grace_ms)
@@ -449,8 +461,12 @@ public struct DeliveryQueue: Sendable {
             JOIN activity_types t ON t.tenant_id = i.tenant_id AND t.identifier = i.activity_type
             LEFT JOIN channels ch ON ch.tenant_id = i.tenant_id AND ch.id = i.channel_id
             ORDER BY c.next_attempt_at
-            """)
-        return try rows.map { row in
+            """
+    }
+
+    /// The deliveries of a `lockQuery`'s rows.
+    static func claimedDeliveries(_ rows: PostgresRows) throws -> [ClaimedDelivery] {
+        try rows.map { row in
             ClaimedDelivery(
                 tenantID: try row.decode(UUID.self, "tenant_id"), id: try row.decode(UUID.self, "delivery_id"),
                 instanceID: try row.decode(String.self, "instance_id"),
@@ -492,7 +508,13 @@ public struct DeliveryQueue: Sendable {
     static func record(_ connection: PostgresConnection, _ results: [DeliveryResult]) throws -> [(
         tenant: UUID, instance: String
     )] {
-        guard !results.isEmpty else { return [] }
+        guard let query = recordQuery(results) else { return [] }
+        return try sentTo(connection.query(query))
+    }
+
+    /// The statement of `record` (nil for no results); its rows are the instances something was sent to (`sentTo`).
+    static func recordQuery(_ results: [DeliveryResult]) -> PostgresQuery? {
+        guard !results.isEmpty else { return nil }
         let tenants = results.map(\.tenantID)
         let ids = results.map(\.id)
         let statuses = results.map(\.status.rawValue)
@@ -501,8 +523,7 @@ public struct DeliveryQueue: Sendable {
         let reasons = results.map(\.reason)
         let nextAt = results.map { r in r.nextAttemptAt.map { String(format: "%.6f", $0.timeIntervalSince1970) } }
         let priorities = results.map { $0.apnsPriority.map(String.init) }
-        let rows = try connection.query(
-            """
+        return """
             WITH o AS (
                 SELECT d.tenant_id, d.id,
                        CASE WHEN v.status = 'queued' AND EXISTS (
@@ -544,8 +565,12 @@ public struct DeliveryQueue: Sendable {
                 RETURNING tenant_id, instance_id, status
             )
             SELECT DISTINCT tenant_id, instance_id FROM history WHERE status = 'sent'
-            """)
-        return try rows.map { (try $0.decode(UUID.self, "tenant_id"), try $0.decode(String.self, "instance_id")) }
+            """
+    }
+
+    /// The instances a `recordQuery` sent something to.
+    static func sentTo(_ rows: PostgresRows) throws -> [(tenant: UUID, instance: String)] {
+        try rows.map { (try $0.decode(UUID.self, "tenant_id"), try $0.decode(String.self, "instance_id")) }
     }
 
     /// After a claim committed: marks instances `active` once something reached a device, and retires the tokens the
@@ -553,8 +578,16 @@ public struct DeliveryQueue: Sendable {
     static func settle(
         _ connection: PostgresConnection, sentTo: [(tenant: UUID, instance: String)], retire: [TokenRetirement]
     ) throws {
+        for statement in settleStatements(sentTo: sentTo, retire: retire) { try connection.execute(statement) }
+    }
+
+    /// The statements of `settle`, none when there is nothing to settle.
+    static func settleStatements(sentTo: [(tenant: UUID, instance: String)], retire: [TokenRetirement])
+        -> [PostgresQuery]
+    {
+        var statements: [PostgresQuery] = []
         if !sentTo.isEmpty {
-            try connection.execute(
+            statements.append(
                 """
                 UPDATE instances i SET state = 'active', updated_at = now()
                 FROM unnest(\(sentTo.map(\.tenant))::uuid[], \(sentTo.map(\.instance))::text[])
@@ -566,14 +599,14 @@ public struct DeliveryQueue: Sendable {
             let before = r.unregisteredAt ?? Date.distantFuture
             switch r.kind {
             case .pushToStart:
-                try connection.execute(
+                statements.append(
                     """
                     UPDATE push_to_start_tokens SET status = 'retired', retired_reason = \(r.reason), retired_at = now()
                     WHERE tenant_id = \(r.tenantID) AND device_token = \(r.deviceToken) AND token = \(r.token)
                       AND status = 'active' AND updated_at <= \(before)
                     """)
             case .activity:
-                try connection.execute(
+                statements.append(
                     """
                     UPDATE activity_tokens SET status = 'retired', retired_reason = \(r.reason), retired_at = now()
                     WHERE tenant_id = \(r.tenantID) AND device_token = \(r.deviceToken) AND token = \(r.token)
@@ -583,12 +616,12 @@ public struct DeliveryQueue: Sendable {
                 // Apple no longer knows the channel (ChannelNotRegistered / BadChannelId): it is gone, and the
                 // broadcasts still waiting on it fail with the same reason (one another worker holds is recorded by
                 // it). Later changes plan none on it.
-                try connection.execute(
+                statements.append(
                     """
                     UPDATE channels SET status = 'gone', status_reason = \(r.reason)
                     WHERE tenant_id = \(r.tenantID) AND apns_channel_id = \(r.token) AND status = 'active'
                     """)
-                try connection.execute(
+                statements.append(
                     """
                     WITH gone AS (
                         DELETE FROM delivery_queue d
@@ -603,13 +636,14 @@ public struct DeliveryQueue: Sendable {
                     """)
             case .fcm:
                 // An FCM registration token is the Android device's token: the device is gone.
-                try connection.execute(
+                statements.append(
                     """
                     DELETE FROM devices
                     WHERE tenant_id = \(r.tenantID) AND token = \(r.token) AND updated_at <= \(before)
                     """)
             }
         }
+        return statements
     }
 
     /// Marks a tenant's credentials for `provider` broken, so that its deliveries pause until they are replaced.
