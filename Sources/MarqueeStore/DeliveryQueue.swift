@@ -276,12 +276,11 @@ public struct DeliveryQueue: Sendable {
                 statements.append("COMMIT")
                 let rows = try connection.pipelined(statements)
                 let sentTo = try record == nil ? [] : Self.sentTo(rows[1])
-                // After the commit, in a transaction of its own (one round trip).
+                // After the commit, in a transaction of its own (one round trip), planned generically like the
+                // claim (planned for its values, the instances' UPDATE took longer to plan than to run).
                 let settle = Self.settleStatements(sentTo: sentTo, retire: outcome.retirements)
-                if settle.count == 1 {
-                    try connection.execute(settle[0])
-                } else if settle.count > 1 {
-                    _ = try connection.pipelineTransaction(settle)
+                if !settle.isEmpty {
+                    _ = try connection.pipelineTransaction(["SET LOCAL plan_cache_mode = force_generic_plan"] + settle)
                 }
             }
             return claimed.count
