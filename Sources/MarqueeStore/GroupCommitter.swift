@@ -78,7 +78,7 @@ public final class GroupCommitter: Sendable {
         let submission = Submission(
             tenant: tenant, kind: ObjectIdentifier(Write.self), keys: write.exclusiveKeys, write: write,
             compose: { tenant, writes in Write.statement(tenant: tenant, writes.compactMap { $0 as? Write }) })
-        let answer = try await batches.submit(submission) { await commit($0) }
+        let answer = try await batches.submit(submission) { await self.commit($0) }
         guard answer.row < answer.rows.count else { throw SetWriteUnanswered() }
         return answer.rows[answer.row]
     }
