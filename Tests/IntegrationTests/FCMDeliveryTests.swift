@@ -87,10 +87,6 @@ actor FCMDeliveryFixture {
         let migrate = try await runCommand(TestEnvironment.marqueeBinary, ["migrate"], environment: env)
         guard migrate.status == 0 else { throw TestFailure("migrate: \(migrate.output)") }
         let serve = try MarqueeProcess(["serve"], environment: env, port: TestEnvironment.freePort())
-        // The fixture is never deinitialised: a watchdog stops the server when the test process is gone.
-        _ = try? Subprocess(
-            "/bin/sh", ["-c", "while kill -0 \(getpid()) 2>/dev/null; do sleep 1; done; kill -9 \(serve.process.pid)"],
-            environment: [:], outputPath: "/dev/null")
         try await serve.waitUntilServing()
 
         let apnsKey = ES256PrivateKey.generate()

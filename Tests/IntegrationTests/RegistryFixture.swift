@@ -67,11 +67,6 @@ actor RegistryFixture {
         while true {
             let serve = try MarqueeProcess(["serve"], environment: environment, port: TestEnvironment.freePort())
             fixtureChildren.withLock { $0.append(serve.process.pid) }
-            // If the test process dies without running atexit handlers, a watchdog stops the server.
-            _ = try? Subprocess(
-                "/bin/sh",
-                ["-c", "while kill -0 \(getpid()) 2>/dev/null; do sleep 1; done; kill -9 \(serve.process.pid)"],
-                environment: [:], outputPath: "/dev/null")
             do {
                 try await serve.waitUntilServing()
                 return serve

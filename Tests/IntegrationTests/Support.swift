@@ -225,6 +225,18 @@ final class MarqueeProcess: Sendable {
         process = try Subprocess(
             TestEnvironment.marqueeBinary, arguments, environment: env,
             outputPath: NSTemporaryDirectory() + "marquee-\(UUID().uuidString).log")
+        // Fixtures are never deinitialised, and a test process that dies runs no atexit handlers: a watchdog kills
+        // this process once the test process is gone (and leaves, killing nothing, when this one ended first).
+        let test = getpid()
+        let child = process.pid
+        _ = try? Subprocess(
+            "/bin/sh",
+            [
+                "-c",
+                "while kill -0 \(test) 2>/dev/null && kill -0 \(child) 2>/dev/null; do sleep 1; done; "
+                    + "kill -0 \(test) 2>/dev/null || kill -9 \(child) 2>/dev/null",
+            ],
+            environment: [:], outputPath: "/dev/null")
     }
 
     var baseURL: String { "http://127.0.0.1:\(port)" }
