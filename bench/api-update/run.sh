@@ -41,7 +41,7 @@ for a in $(seq 0 $((apis - 1))); do
   api_pids+=($!)
 done
 pid=${api_pids[0]}
-trap 'for p in "${api_pids[@]}"; do kill -TERM $p 2>/dev/null; wait $p 2>/dev/null; done; bench_pg_stop' EXIT
+trap 'for p in "${api_pids[@]}"; do kill -TERM $p 2>/dev/null || true; wait $p 2>/dev/null || true; done; bench_pg_stop' EXIT
 for a in $(seq 0 $((apis - 1))); do
   for _ in $(seq 1 100); do curl -sf "http://127.0.0.1:$((port + a))/healthz" >/dev/null && break; sleep 0.1; done
 done

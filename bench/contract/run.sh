@@ -21,7 +21,7 @@ app=$(echo "$created" | sed -n 's/.*"app":"\([^"]*\)".*/\1/p')
 sdk=$(echo "$created" | sed -n 's/.*"sdk":"\([^"]*\)".*/\1/p')
 DATABASE_URL=$APP_DATABASE_URL "$bin/marquee" serve >"$out/contract-serve.log" 2>&1 &
 pid=$!
-trap 'kill -TERM $pid 2>/dev/null; wait $pid 2>/dev/null; bench_pg_stop' EXIT
+trap 'kill -TERM $pid 2>/dev/null || true; wait $pid 2>/dev/null || true; bench_pg_stop' EXIT
 for _ in $(seq 1 100); do curl -sf "http://$MARQUEE_LISTEN/healthz" >/dev/null && break; sleep 0.1; done
 
 checks=not_a_server_error,response_schema_conformance,status_code_conformance,content_type_conformance

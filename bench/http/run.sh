@@ -10,7 +10,7 @@ MARQUEE_MASTER_KEY=$(head -c 32 /dev/urandom | base64)
 export MARQUEE_MASTER_KEY
 export MARQUEE_MIGRATIONS_DIR="$root/Migrations"
 "$bin/marquee" migrate >/dev/null 2>&1
-trap 'kill -TERM ${pid:-0} 2>/dev/null; wait ${pid:-0} 2>/dev/null; bench_pg_stop' EXIT
+trap 'kill -TERM ${pid:-0} 2>/dev/null || true; wait ${pid:-0} 2>/dev/null || true; bench_pg_stop' EXIT
 machine
 for level in info warning; do
   MARQUEE_LOG_LEVEL=$level DATABASE_URL=$APP_DATABASE_URL "$bin/marquee" serve >"$out/http-serve.log" 2>&1 &

@@ -19,7 +19,7 @@ tenant=$(echo "$created" | sed -n 's/^{"created_at":"[^"]*","id":"\([^"]*\)".*/\
 export SDK_KEY
 DATABASE_URL=$APP_DATABASE_URL "$bin/marquee" serve >"$out/registrations-serve.log" 2>&1 &
 pid=$!
-trap 'kill -TERM $pid 2>/dev/null; wait $pid 2>/dev/null; bench_pg_stop' EXIT
+trap 'kill -TERM $pid 2>/dev/null || true; wait $pid 2>/dev/null || true; bench_pg_stop' EXIT
 for _ in $(seq 1 100); do curl -sf "http://$MARQUEE_LISTEN/healthz" >/dev/null && break; sleep 0.1; done
 
 echo "setup: registering $devices iOS devices" >&2

@@ -52,7 +52,7 @@ rm -f "$work/ca.pem"
 MARQUEE_SIM_LISTEN=127.0.0.1:$port MARQUEE_SIM_CA_OUT="$work/ca.pem" MARQUEE_SIM_KEYS="$work/keys.json" \
   MARQUEE_SIM_IO_THREADS=${SIM_IO_THREADS:-1} MARQUEE_LOG_LEVEL=warning "$bin/marquee" simulate apns 2>"$work/sim.log" &
 sim=$!
-trap 'kill -TERM $sim 2>/dev/null; wait $sim 2>/dev/null' EXIT
+trap 'kill -TERM $sim 2>/dev/null || true; wait $sim 2>/dev/null || true' EXIT
 wait_sim "$port" "$work/ca.pem"
 
 accepted() { sim_stats "$port" "$work/ca.pem" | sed -n 's/.*"accepted":\([0-9]*\).*/\1/p'; }
@@ -112,7 +112,7 @@ if [ "${NGHTTPD:-1}" = 1 ]; then
   sed 's#.*/3/device/##' "$work/uris.txt" | (cd "$work/nghttpd/root/3/device" && xargs touch)
   nghttpd -d "$work/nghttpd/root" "$ng_port" "$work/nghttpd/key.pem" "$work/nghttpd/cert.pem" >/dev/null 2>&1 &
   ng=$!
-  trap 'kill -TERM $sim $ng 2>/dev/null; wait $sim $ng 2>/dev/null' EXIT
+  trap 'kill -TERM $sim $ng 2>/dev/null || true; wait $sim $ng 2>/dev/null || true' EXIT
   for _ in $(seq 1 100); do
     curl -sf -o /dev/null --http2 --cacert "$work/nghttpd/cert.pem" -X POST -d '{}' \
       "https://127.0.0.1:$ng_port/3/device/$(head -1 "$work/uris.txt" | sed 's#.*/3/device/##')" && break
