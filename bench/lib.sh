@@ -101,3 +101,42 @@ bench_pgss_report() {
     round(total_plan_time) AS plan_ms, rows, left(regexp_replace(query, '\s+', ' ', 'g'), 100) AS query
     FROM pg_stat_statements ORDER BY total_exec_time + total_plan_time DESC LIMIT ${PGSS_TOP:-12}"
 }
+
+# The scenario as users build it, through the API on 127.0.0.1:PORT (APP_KEY and SDK_KEY exported, $bin set): the
+# activity type com.example.delivery, N people imported with an iPhone each (a push-to-start token), a start of
+# instance bench-<i> for person p<i> (32 connections), and its activity token registered by the SDK key. Exits if any
+# request is not answered 200. Usage: bench_scenario_through_api N WORKDIR PORT
+bench_scenario_through_api() {
+  local instances=$1 work=$2 port=$3 imported step ok
+  echo "setup through the API: $instances people, starts and activity tokens" >&2
+  curl -sf -X PUT "http://127.0.0.1:$port/v1/activity_types/com.example.delivery" -H "Authorization: Bearer $APP_KEY" \
+    -H "Content-Type: application/json" -d '{"attributes_type":"DeliveryAttributes"}' >/dev/null \
+    || { echo "PUT /v1/activity_types failed" >&2; exit 1; }
+  python3 - "$instances" "$work" <<'PY'
+import hashlib, json, sys
+n, work = int(sys.argv[1]), sys.argv[2]
+md5 = lambda i: hashlib.md5(str(i).encode()).hexdigest()
+with open(f"{work}/people.ndjson", "w") as people, open(f"{work}/starts.txt", "w") as starts, \
+     open(f"{work}/tokens.txt", "w") as tokens:
+    for i in range(n):
+        device = f"{i:08x}" * 8
+        people.write(json.dumps({"id": f"p{i}", "devices": [
+            {"token": device, "platform": "ios", "push_to_start": {"com.example.delivery": md5(-i) + md5(-i - 1)}}]}) + "\n")
+        starts.write("POST /v1/live_notifications/start APP_KEY " + json.dumps({
+            "identifiers": {"id": f"p{i}"}, "notification_type": "com.example.delivery", "instance_id": f"bench-{i}",
+            "attributes": {"order": str(i)}, "content_state": {"status": "new"},
+            "push_payload": {"alert": {"title": "Order", "body": "Started"}}}, separators=(",", ":")) + "\n")
+        tokens.write(f"PUT /v1/live_notifications/bench-{i}/tokens/{device} SDK_KEY "
+                     + json.dumps({"token": md5(i) + md5(i + 1)}) + "\n")
+PY
+  imported=$(curl -sf -X POST "http://127.0.0.1:$port/v1/people/import" -H "Authorization: Bearer $APP_KEY" \
+    -H "Content-Type: application/x-ndjson" --data-binary "@$work/people.ndjson")
+  echo "import: $imported" >&2
+  for step in starts tokens; do
+    "$bin/marquee-bench" requests --port "$port" --connections 32 --timeout 60 --input "$work/$step.txt" \
+      --output "$work/$step.tsv" >"$work/$step.json"
+    ok=$(awk -F'\t' '$2 == 200' "$work/$step.tsv" | wc -l)
+    echo "$step: $ok of $instances answered 200 ($(cat "$work/$step.json"))" >&2
+    [ "$ok" = "$instances" ] || { echo "setup failed: see $work/$step.tsv" >&2; exit 1; }
+  done
+}

@@ -46,37 +46,7 @@ for a in $(seq 0 $((apis - 1))); do
   for _ in $(seq 1 100); do curl -sf "http://127.0.0.1:$((port + a))/healthz" >/dev/null && break; sleep 0.1; done
 done
 
-echo "setup through the API: $instances people, starts and activity tokens" >&2
-curl -sf -X PUT "http://$MARQUEE_LISTEN/v1/activity_types/com.example.delivery" -H "Authorization: Bearer $APP_KEY" \
-  -H "Content-Type: application/json" -d '{"attributes_type":"DeliveryAttributes"}' >/dev/null \
-  || { echo "PUT /v1/activity_types failed" >&2; exit 1; }
-python3 - "$instances" "$work" <<'PY'
-import hashlib, json, sys
-n, work = int(sys.argv[1]), sys.argv[2]
-md5 = lambda i: hashlib.md5(str(i).encode()).hexdigest()
-with open(f"{work}/people.ndjson", "w") as people, open(f"{work}/starts.txt", "w") as starts, \
-     open(f"{work}/tokens.txt", "w") as tokens:
-    for i in range(n):
-        device = f"{i:08x}" * 8
-        people.write(json.dumps({"id": f"p{i}", "devices": [
-            {"token": device, "platform": "ios", "push_to_start": {"com.example.delivery": md5(-i) + md5(-i - 1)}}]}) + "\n")
-        starts.write("POST /v1/live_notifications/start APP_KEY " + json.dumps({
-            "identifiers": {"id": f"p{i}"}, "notification_type": "com.example.delivery", "instance_id": f"bench-{i}",
-            "attributes": {"order": str(i)}, "content_state": {"status": "new"},
-            "push_payload": {"alert": {"title": "Order", "body": "Started"}}}, separators=(",", ":")) + "\n")
-        tokens.write(f"PUT /v1/live_notifications/bench-{i}/tokens/{device} SDK_KEY "
-                     + json.dumps({"token": md5(i) + md5(i + 1)}) + "\n")
-PY
-imported=$(curl -sf -X POST "http://$MARQUEE_LISTEN/v1/people/import" -H "Authorization: Bearer $APP_KEY" \
-  -H "Content-Type: application/x-ndjson" --data-binary "@$work/people.ndjson")
-echo "import: $imported" >&2
-for step in starts tokens; do
-  "$bin/marquee-bench" requests --port "$port" --connections 32 --timeout 60 --input "$work/$step.txt" \
-    --output "$work/$step.tsv" >"$work/$step.json"
-  ok=$(awk -F'\t' '$2 == 200' "$work/$step.tsv" | wc -l)
-  echo "$step: $ok of $instances answered 200 ($(cat "$work/$step.json"))" >&2
-  [ "$ok" = "$instances" ] || { echo "setup failed: see $work/$step.tsv" >&2; exit 1; }
-done
+bench_scenario_through_api "$instances" "$work" "$port"
 psql -q "$DATABASE_URL" -c "VACUUM ANALYZE"
 
 machine

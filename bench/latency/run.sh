@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # latency: API accept -> simulator receipt at a steady RATE of updates/s. A private PostgreSQL (fsync on),
 # `marquee serve`, the APNs simulator (records every accepted push to a JSONL file), WORKERS `marquee worker`s, and
-# INSTANCES iOS instances with one activity token each (bulk SQL). `marquee-bench latency` paces
-# POST /v1/live_notifications/update at RATE/s for DURATION s (open loop, keep-alive HTTP/1.1, CONNECTIONS=64;
-# wrk2 is not in Debian 12), update i patching {"seq": i} into instance bench-<i mod INSTANCES>; the simulator's
+# INSTANCES iOS instances built through the API as users build them (people imported with an iPhone each, a start by
+# push-to-start each, its activity token registered with the SDK key; the starts' pushes go out before the run).
+# `marquee-bench latency` paces POST /v1/live_notifications/update at RATE/s for DURATION s (open loop, keep-alive
+# HTTP/1.1, CONNECTIONS=64; wrk2 is not in Debian 12), update i patching {"seq": i} into instance bench-<i mod INSTANCES>; the simulator's
 # record of the push carrying that seq gives its receipt time. Reports p50/p99/max of receipt - accept (the API's
 # 200 arriving), receipt - send, the API latency and the pacer's lateness.
 # With BACKLOG=N (issue 10's fairness figure), another tenant gets N queued pushes (one SQL transaction, on the
@@ -35,8 +36,9 @@ export MARQUEE_MASTER_KEY MARQUEE_MIGRATIONS_DIR="$root/Migrations" MARQUEE_LOG_
 bench_reset_tenants
 created=$("$bin/marquee" tenant create --name "latency-$(date +%s)" --json)
 APP_KEY=$(echo "$created" | sed -n 's/.*"app":"\([^"]*\)".*/\1/p')
+SDK_KEY=$(echo "$created" | sed -n 's/.*"sdk":"\([^"]*\)".*/\1/p')
 tenant=$(echo "$created" | sed -n 's/^{"created_at":"[^"]*","id":"\([^"]*\)".*/\1/p')
-export APP_KEY
+export APP_KEY SDK_KEY
 
 pids=()
 cleanup() {
@@ -75,21 +77,8 @@ put_credential() {
 }
 put_credential "$APP_KEY"
 
-echo "setup: $instances instances with one activity token each" >&2
-psql -q -v ON_ERROR_STOP=1 "$DATABASE_URL" <<SQL
-INSERT INTO activity_types (tenant_id, identifier, attributes_type) VALUES ('$tenant', 'com.example.delivery', 'DeliveryAttributes');
-INSERT INTO people (tenant_id, id) SELECT '$tenant', 'p' || i FROM generate_series(0, $instances - 1) i;
-INSERT INTO devices (tenant_id, token, person_id, platform)
-  SELECT '$tenant', repeat(lpad(to_hex(i), 8, '0'), 8), 'p' || i, 'ios' FROM generate_series(0, $instances - 1) i;
-INSERT INTO instances (tenant_id, id, activity_type, person_id, state, attributes, content_state, content_timestamp, expires_at)
-  SELECT '$tenant', 'bench-' || i, 'com.example.delivery', 'p' || i, 'active', '{"order":"x"}', '{"status":"new"}',
-         extract(epoch from now())::bigint, now() + interval '8 hours'
-  FROM generate_series(0, $instances - 1) i;
-INSERT INTO activity_tokens (tenant_id, instance_id, device_token, token)
-  SELECT '$tenant', 'bench-' || i, repeat(lpad(to_hex(i), 8, '0'), 8), md5(i::text) || md5((i + 1)::text)
-  FROM generate_series(0, $instances - 1) i;
-VACUUM ANALYZE;
-SQL
+bench_scenario_through_api "$instances" "$work" "$port"
+psql -q "$DATABASE_URL" -c "VACUUM ANALYZE"
 
 worker_pids=()
 for w in $(seq 1 "$workers"); do
@@ -100,6 +89,11 @@ for w in $(seq 1 "$workers"); do
 done
 for w in $(seq 1 "$workers"); do
   for _ in $(seq 1 100); do curl -sf "http://127.0.0.1:$((metrics_port + w))/healthz" >/dev/null && break; sleep 0.1; done
+done
+# The starts' push-to-start pushes go out first; the paced run starts on an empty queue.
+for _ in $(seq 1 600); do
+  [ "$(psql -qtA "$DATABASE_URL" -c "SELECT count(*) FROM delivery_queue WHERE tenant_id = '$tenant'")" = 0 ] && break
+  sleep 0.2
 done
 sleep 1
 
