@@ -129,6 +129,44 @@ struct PoolTests {
         #expect(try await TestDatabase.backendCount(admin, application: application) <= 3)
     }
 
+    @Test("a session's steps share one connection across suspension points; a transaction left open is rolled back")
+    func session() async throws {
+        let pool = try TestDatabase.pool(options: .init(maxConnections: 1))
+        defer { pool.close() }
+        let table = TestDatabase.uniqueName("session")
+        try await pool.execute("CREATE TABLE \(identifier: table) (id int)")
+        let (first, second) = try await pool.withSession { session in
+            let first = try await session.run { connection in
+                try connection.execute("BEGIN")
+                try connection.execute("INSERT INTO \(identifier: table) VALUES (1)")
+                return connection.backendPID
+            }
+            try await Task.sleep(for: .milliseconds(10))
+            let second = try await session.run { $0.backendPID }
+            return (first, second)  // left open: rolled back
+        }
+        #expect(first == second)
+        let count = try await pool.query("SELECT count(*)::int AS n FROM \(identifier: table)")[0].decode(Int.self, "n")
+        #expect(count == 0)
+        #expect(pool.statistics.idle == 1)
+    }
+
+    @Test("a session that cannot connect fails with connectionFailed; the slot is given back")
+    func sessionCannotConnect() async throws {
+        // Nothing listens on port 1.
+        let pool = PostgresPool(
+            try PostgresConfiguration(url: "postgresql://postgres@127.0.0.1:1/marquee"),
+            options: .init(maxConnections: 1))
+        defer { pool.close() }
+        for _ in 0..<2 {
+            let error = await #expect(throws: PostgresError.self) {
+                try await pool.withSession { session in try await session.run { $0.backendPID } }
+            }
+            #expect(error?.code == .connectionFailed)
+            #expect(pool.statistics.open == 0)
+        }
+    }
+
     @Test("a connection lost mid-use throws connectionLost and is discarded, not reused")
     func connectionLostMidUse() async throws {
         let application = TestDatabase.uniqueName("lost")
