@@ -231,13 +231,24 @@ public final class DeliveryWorker: Sendable {
             // More may be waiting, and what it recorded may let a later version of the same token go (held back
             // while this one was in flight, with no notification of its own): look again, as a loop does after its
             // own claim — the loops if one is idle, else a lane (without this, such an update waited for the poll).
-            wakeup.signal()
-            expressWakeup.signal()
+            lookAgain()
         }
         // Draining: the slow sends left to finish in the background are recorded before the worker returns.
         while expressLate.load(ordering: .relaxed) > 0 && !Task.isCancelled {
             try? await Task.sleep(for: .milliseconds(20))
         }
+    }
+
+    /// Wakes every waiting claimer: after a lane's claim, what it recorded may let a held-back version go.
+    func lookAgain() {
+        wakeup.signal()
+        expressWakeup.signal()
+    }
+
+    /// Connections a worker's pool needs: two per claimer (each loop and express lane: its claim's session, and a
+    /// statement beside it) and two more (the queue sampler, the campaign runner).
+    public static func poolConnections(loops: Int, expressBatch: Int) -> Int {
+        max(4, (loops + (expressBatch > 0 ? expressLanes : 0)) * 2 + 2)
     }
 
     /// Claims up to `limit` for `lane`, sends and records them. Returns how many were claimed, or nil when the claim
@@ -294,8 +305,7 @@ public final class DeliveryWorker: Sendable {
                     await late.finish()
                     self.expressLate.wrappingSubtract(1, ordering: .relaxed)
                     // Recorded now: a later version they held back may go (see `expressLane`).
-                    self.wakeup.signal()
-                    self.expressWakeup.signal()
+                    self.lookAgain()
                 }
             } else {
                 if loop == nil { expressLate.wrappingSubtract(1, ordering: .relaxed) }

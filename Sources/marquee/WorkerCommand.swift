@@ -36,7 +36,10 @@ struct WorkerCommand {
         pgConfiguration.startupSettings["role"] = "marquee_system"
         pgConfiguration.startupSettings["jit"] = Database.jit
         let pool = PostgresPool(
-            pgConfiguration, options: .init(maxConnections: max(4, (configuration.workerLoops + 2) * 2 + 2)))
+            pgConfiguration,
+            options: .init(
+                maxConnections: DeliveryWorker.poolConnections(
+                    loops: configuration.workerLoops, expressBatch: configuration.workerExpressBatch)))
         let metrics = MetricsRegistry()
         RuntimeMetrics.register(pool: pool, in: metrics)
         let worker = DeliveryWorker(
