@@ -207,14 +207,14 @@ public struct DeliveryQueue: Sendable {
                     """
                     SELECT set_config('statement_timeout', \(Self.claimTimeoutMilliseconds), true),
                            set_config('idle_in_transaction_session_timeout', \(holdMilliseconds), true),
-                           set_config('enable_seqscan', 'off', true),
-                           set_config('plan_cache_mode', 'force_generic_plan', true)
+                           set_config('enable_seqscan', 'off', true)
                     """,
+                    GroupCommitter.genericPlans,
                     Self.lockQuery(
                         tenants: tenants, shares: shares, excluding: held, providers: providerNames,
                         graceMilliseconds: fresh?.milliseconds(tenants)),
                 ])
-                var claimed = try Self.claimedDeliveries(first[2])
+                var claimed = try Self.claimedDeliveries(first[3])
                 // A second pass when the batch came back short because some tenants had fewer due than their share:
                 // what is left goes to those that filled theirs.
                 if topUp, claimed.count < limit {
@@ -280,7 +280,7 @@ public struct DeliveryQueue: Sendable {
                 // claim (planned for its values, the instances' UPDATE took longer to plan than to run).
                 let settle = Self.settleStatements(sentTo: sentTo, retire: outcome.retirements)
                 if !settle.isEmpty {
-                    _ = try connection.pipelineTransaction(["SET LOCAL plan_cache_mode = force_generic_plan"] + settle)
+                    _ = try connection.pipelineTransaction([GroupCommitter.genericPlans] + settle)
                 }
             }
             return claimed.count

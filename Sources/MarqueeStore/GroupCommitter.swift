@@ -174,7 +174,7 @@ public final class GroupCommitter: Sendable {
     /// Makes a transaction's statements use their generic plans. A batch's statements are the same few statements
     /// over arrays of 1 to `maxBatch` rows, planned for that: left to `auto`, PostgreSQL re-planned the set-based write
     /// in one call of ten (4 ms a plan, 1.8 s of a 10-second api-update run) and the batched targets read in more than
-    /// half (2.7 s: more than running it).
+    /// half (2.7 s: more than running it). The workers' claims use it too (`DeliveryQueue.claim`).
     static let genericPlans: PostgresQuery = "SET LOCAL plan_cache_mode = force_generic_plan"
 }
 
