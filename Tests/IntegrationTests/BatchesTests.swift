@@ -34,14 +34,6 @@ struct BatchesTests {
         var all: [Int: Int] { state.withLock { $0 } }
     }
 
-    func eventually(within limit: Duration = .seconds(30), _ condition: () -> Bool) async throws {
-        let deadline = ContinuousClock.now + limit
-        while !condition() {
-            guard ContinuousClock.now < deadline else { throw CancellationError() }
-            try await Task.sleep(for: .milliseconds(2))
-        }
-    }
-
     @Test("the runner returns after its own batch while later items keep its queue busy; every item is answered")
     func runnerReturns() async throws {
         let batches = Batches<Int, Int>(concurrency: 1, maxBatch: 4)
@@ -56,18 +48,20 @@ struct BatchesTests {
             let value = try await batches.submit(0, run: run)
             answered.set(0, value)
         }
-        try await eventually { gate.waiting == 1 }  // item 0's batch is running
+        try await eventually("item 0's batch running") { gate.waiting == 1 }
         let others = (1...6).map { n in
             Task {
                 let value = try await batches.submit(n, run: run)
                 answered.set(n, value)
             }
         }
-        try await eventually { batches.queued == 6 }
+        try await eventually("six items queued") { batches.queued == 6 }
         gate.open()  // the runner's own batch [0]
         // The runner's caller is answered while the rest still wait at the gate (a runner draining the whole queue
         // returned only after all of it).
-        let early = try? await eventually(within: .seconds(5)) { answered.all[0] != nil }
+        let early: Void? = try? await eventually("the runner's caller answered", timeout: .seconds(5)) {
+            answered.all[0] != nil
+        }
         #expect(early != nil)
         #expect(gate.ran == [[0]])
         gate.open()

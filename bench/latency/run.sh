@@ -4,8 +4,8 @@
 # INSTANCES iOS instances built through the API as users build them (people imported with an iPhone each, a start by
 # push-to-start each, its activity token registered with the SDK key; the starts' pushes go out before the run).
 # `marquee-bench latency` paces POST /v1/live_notifications/update at RATE/s for DURATION s (open loop, keep-alive
-# HTTP/1.1, CONNECTIONS=64; wrk2 is not in Debian 12), update i patching {"seq": i} into instance bench-<i mod INSTANCES>; the simulator's
-# record of the push carrying that seq gives its receipt time. Reports p50/p99/max of receipt - accept (the API's
+# HTTP/1.1, CONNECTIONS=64; wrk2 is not in Debian 12), update i patching {"seq": i} into instance
+# bench-<i mod INSTANCES>; the simulator's record of the push carrying that seq gives its receipt time. Reports p50/p99/max of receipt - accept (the API's
 # 200 arriving), receipt - send, the API latency and the pacer's lateness.
 # With BACKLOG=N (issue 10's fairness figure), another tenant gets N queued pushes (one SQL transaction, on the
 # same simulator) just before the paced run starts, so the measured tenant's updates compete with that backlog
