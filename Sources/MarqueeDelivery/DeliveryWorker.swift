@@ -551,7 +551,7 @@ public final class DeliveryWorker: Sendable {
             "instance.id": .string(d.instanceID),
         ])
         switch DeliveryGate.decide(
-            event: d.operation, instanceEnded: d.instance.state == .ended, expiresAt: d.instance.expiresAt, now: Date())
+            event: d.operation, instanceEnded: d.instanceState == .ended, expiresAt: d.expiresAt, now: Date())
         {
         case .send: break
         case .instanceExpired: return (result(d, .failed, reason: "instance_expired"), nil, nil)
@@ -569,9 +569,9 @@ public final class DeliveryWorker: Sendable {
         var content = DeliverySnapshot(
             attributes: d.attributes, contentState: d.contentState, options: options, timestamp: d.contentTimestamp
         ).content(
-            event: d.operation, instanceID: d.instanceID, activityType: d.instance.activityType,
-            attributesType: d.activityType.attributesType, profile: d.activityType.payloadProfile,
-            dateFields: d.activityType.dateFields, now: Date())
+            event: d.operation, instanceID: d.instanceID, activityType: d.activityType,
+            attributesType: d.profile.attributesType, profile: d.profile.payloadProfile,
+            dateFields: d.profile.dateFields, now: Date())
         // A start of a channel-backed instance subscribes the new activity to the channel, on iPhones that can.
         if d.tokenKind == .pushToStart, let channel = d.channel, channel.active,
             BroadcastSupport.supportsChannels(osVersion: d.deviceOSVersion)
@@ -584,7 +584,7 @@ public final class DeliveryWorker: Sendable {
         let clock = ContinuousClock()
         let started = clock.now
         let outcome: SendOutcome
-        let priority = options.apnsPriority(frequentUpdates: d.activityType.frequentUpdates)
+        let priority = options.apnsPriority(frequentUpdates: d.profile.frequentUpdates)
         switch d.provider {
         case .apns:
             let target: CredentialCache.APNs
@@ -599,7 +599,7 @@ public final class DeliveryWorker: Sendable {
             }
             var push = APNsPush(
                 token: d.token, topic: target.bundleID + ".push-type.liveactivity", priority: priority,
-                expiration: Int64(d.instance.expiresAt.timeIntervalSince1970), apnsID: d.id,
+                expiration: Int64(d.expiresAt.timeIntervalSince1970), apnsID: d.id,
                 payload: APNsPayload.bytes(content, attribution: attribution))
             if d.tokenKind == .channel {
                 // One request for every device on the channel. Apple requires expiration 0 on a channel that
@@ -623,7 +623,7 @@ public final class DeliveryWorker: Sendable {
                 return (retry(d, reason: "credential_load", retryAfter: nil), nil, nil)
             }
             let ttl = FCMMessage.ttlSeconds(
-                event: content.event, staleDate: options.staleDate, expiresAt: d.instance.expiresAt, now: Date())
+                event: content.event, staleDate: options.staleDate, expiresAt: d.expiresAt, now: Date())
             outcome = await fcm.send(
                 token: d.token, data: FCMData.compose(content, attribution: attribution), ttlSeconds: ttl,
                 collapseKey: FCMMessage.collapseKey(instanceID: d.instanceID), via: tokens)

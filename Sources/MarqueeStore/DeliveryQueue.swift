@@ -15,9 +15,12 @@ public struct ClaimedDelivery: Sendable {
     public var operation: LiveActivityEvent
     public var attempts: Int
     public var createdAt: Date
-    /// The instance as it is now (its state decides whether the delivery is still wanted).
-    public var instance: InstanceRecord
-    public var activityType: ActivityType
+    /// The instance as it is now: its state and expiry decide whether the delivery is still wanted.
+    public var instanceState: InstanceState
+    public var expiresAt: Date
+    /// The instance's activity type, and what of it shapes a push.
+    public var activityType: String
+    public var profile: TypeProfile
     /// What this delivery sends, as it was queued (the instance row's current values for rows older than the
     /// snapshot columns): attributes, content state, options (alert included) and the push timestamp of its version.
     public var attributes: JSONValue
@@ -28,6 +31,14 @@ public struct ClaimedDelivery: Sendable {
     public var channel: ChannelBinding?
     /// For a push-to-start of a channel-backed instance: the device's OS version, as its SDK reported it.
     public var deviceOSVersion: String?
+
+    /// What of an activity type shapes its pushes (a claim reads no more of the type than this).
+    public struct TypeProfile: Sendable {
+        public var attributesType: String
+        public var payloadProfile: PayloadProfile
+        public var dateFields: [String: DateEncoding]
+        public var frequentUpdates: Bool
+    }
 }
 
 /// How one attempt ended, to record.
@@ -444,12 +455,13 @@ public struct DeliveryQueue: Sendable {
             )
             SELECT c.tenant_id, c.id AS delivery_id, c.instance_id, c.device_token, c.provider, c.token_kind,
                    c.token, c.operation, c.attempts + 1 AS attempt, c.created_at AS delivery_created_at,
-                   c.next_attempt_at AS delivery_due_at,
                    COALESCE(c.attributes, i.attributes) AS snap_attributes,
                    COALESCE(c.content_state, i.content_state) AS snap_content_state,
                    COALESCE(c.options, i.options) AS snap_options,
                    COALESCE(c.content_timestamp, i.content_timestamp) AS snap_content_timestamp,
-                   \(unsafeRaw: LiveActivityStore.instanceColumns("i")), \(unsafeRaw: LiveActivityStore.typeColumnsJoined),
+                   -- Only what sending needs: each column here is converted to text, sent and parsed per push.
+                   i.state, i.expires_at, i.activity_type, i.channel_id,
+                   t.attributes_type, t.payload_profile, t.date_fields, t.frequent_updates,
                    \(unsafeRaw: LiveActivityStore.channelColumnsJoined),
                    CASE WHEN i.channel_id IS NOT NULL AND c.token_kind = 'push_to_start' THEN
                        (SELECT dv.os_version FROM devices dv
@@ -476,7 +488,14 @@ public struct DeliveryQueue: Sendable {
                 operation: try row.decodeRaw(LiveActivityEvent.self, "operation"),
                 attempts: try row.decode(Int.self, "attempt"),
                 createdAt: try row.decode(Date.self, "delivery_created_at"),
-                instance: try LiveActivityStore.instance(row), activityType: try RegistryStore.activityType(row),
+                instanceState: try row.decodeRaw(InstanceState.self, "state"),
+                expiresAt: try row.decode(Date.self, "expires_at"),
+                activityType: try row.decode(String.self, "activity_type"),
+                profile: ClaimedDelivery.TypeProfile(
+                    attributesType: try row.decode(String.self, "attributes_type"),
+                    payloadProfile: try row.decodeRaw(PayloadProfile.self, "payload_profile"),
+                    dateFields: try RegistryStore.dateFields(row.decode(JSONValue.self, "date_fields")),
+                    frequentUpdates: try row.decode(Bool.self, "frequent_updates")),
                 attributes: try row.decode(JSONValue.self, "snap_attributes"),
                 contentState: try row.decode(JSONValue.self, "snap_content_state"),
                 options: try row.decode(JSONValue.self, "snap_options"),

@@ -397,14 +397,20 @@ public struct RegistryStore: Sendable {
     static let deviceColumns =
         "token, person_id, platform, app_id, os_version, app_version, attributes, created_at, updated_at"
 
-    static func activityType(_ row: PostgresRow) throws -> ActivityType {
+    /// An activity type's `date_fields` column: JSON pointer → encoding.
+    static func dateFields(_ json: JSONValue) throws -> [String: DateEncoding] {
         var dateFields: [String: DateEncoding] = [:]
-        for (pointer, value) in try row.decode(JSONValue.self, "date_fields").objectValue ?? [:] {
+        for (pointer, value) in json.objectValue ?? [:] {
             guard let encoding = value.stringValue.flatMap(DateEncoding.init(rawValue:)) else {
                 throw PostgresError(code: .decoding, context: "unknown date encoding of \(pointer): \(value)")
             }
             dateFields[pointer] = encoding
         }
+        return dateFields
+    }
+
+    static func activityType(_ row: PostgresRow) throws -> ActivityType {
+        let dateFields = try Self.dateFields(row.decode(JSONValue.self, "date_fields"))
         // Joined with `instances`, the type's timestamps come as type_created_at / type_updated_at.
         let joined = row.columns.contains("type_created_at")
         return ActivityType(

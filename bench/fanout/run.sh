@@ -85,7 +85,7 @@ if [ "$mode" = apns ]; then
   SELECT '$tenant', 'bench-' || i, repeat(lpad(to_hex(i), 8, '0'), 8), md5(i::text) || md5((i + 1)::text)
   FROM generate_series(0, $instances - 1) i;"
   # What the update endpoint plans for an iOS instance: one delivery per active activity token.
-  plan="SELECT a.tenant_id, gen_random_uuid(), a.instance_id, a.device_token, 'apns', 'activity', a.token, 'update', i.version
+  plan="SELECT a.tenant_id, marquee_new_ulid(), a.instance_id, a.device_token, 'apns', 'activity', a.token, 'update', i.version
   FROM activity_tokens a JOIN instances i ON i.tenant_id = a.tenant_id AND i.id = a.instance_id
   WHERE a.tenant_id = '$tenant' AND a.status = 'active'"
 else
@@ -96,7 +96,7 @@ else
   SELECT '$tenant', 'bench-' || i, 'fcm-' || i || ':' || md5(i::text) || md5((i + 7)::text), 'started', '-infinity'
   FROM generate_series(0, $instances - 1) i;"
   # For an Android instance: one delivery per started device, to its FCM registration token.
-  plan="SELECT s.tenant_id, gen_random_uuid(), s.instance_id, s.device_token, 'fcm', 'fcm', d.token, 'update', i.version
+  plan="SELECT s.tenant_id, marquee_new_ulid(), s.instance_id, s.device_token, 'fcm', 'fcm', d.token, 'update', i.version
   FROM instance_devices s JOIN devices d ON d.tenant_id = s.tenant_id AND d.token = s.device_token
   JOIN instances i ON i.tenant_id = s.tenant_id AND i.id = s.instance_id
   WHERE s.tenant_id = '$tenant' AND s.state NOT IN ('ended', 'dismissed')"
