@@ -451,14 +451,16 @@ public final class DeliveryWorker: Sendable {
         let (straggle, straggleContinuation) = AsyncStream.makeStream(of: Void.self)
         let remaining = Countdown(batch.count)
         for delivery in batch {
-            Task {
-                continuation.yield(await self.send(delivery, within: deadline))
+            // Each send's outcome goes to the stream once: from the send, or from the deadline if it passes first.
+            let once = Once<Outcome> { outcome in
+                continuation.yield(outcome)
                 if remaining.decrement() == 0 {
                     deadlineTimer.cancel()
                     continuation.finish()
                     straggleContinuation.finish()
                 }
             }
+            send(delivery, once: once, within: deadline)
         }
         let timer = Task {
             try? await Task.sleep(for: Self.straggleAfter)
@@ -487,22 +489,19 @@ public final class DeliveryWorker: Sendable {
         )
     }
 
-    /// Sends one delivery within the batch's `deadline`; past it the delivery is retried later (the request may still
-    /// complete: at-least-once). The send runs unstructured so that a provider call that ignores cancellation cannot
-    /// hold the batch, and with it every other tenant's results, past the deadline.
-    func send(_ d: ClaimedDelivery, within deadline: SendDeadline<ClaimedDelivery, Outcome>) async -> Outcome {
-        let once = Once<Outcome>()
-        return await withCheckedContinuation { continuation in
-            once.set(continuation)
-            guard let id = deadline.add(once, d) else {
-                once.resume((retry(d, reason: "deadline", retryAfter: nil), nil, nil))
-                return
-            }
-            Task {
-                let outcome = await self.send(d)
-                deadline.remove(id)
-                once.resume(outcome)
-            }
+    /// Sends one delivery within the batch's `deadline`, its outcome to `once`; past the deadline the delivery is
+    /// retried later (the request may still complete: at-least-once). The send runs unstructured so that a provider
+    /// call that ignores cancellation cannot hold the batch, and with it every other tenant's results, past the
+    /// deadline.
+    func send(_ d: ClaimedDelivery, once: Once<Outcome>, within deadline: SendDeadline<ClaimedDelivery, Outcome>) {
+        guard let id = deadline.add(once, d) else {
+            once.resume((retry(d, reason: "deadline", retryAfter: nil), nil, nil))
+            return
+        }
+        Task {
+            let outcome = await self.send(d)
+            deadline.remove(id)
+            once.resume(outcome)
         }
     }
 
@@ -546,10 +545,13 @@ public final class DeliveryWorker: Sendable {
     /// Composes and sends one delivery; returns its result.
     func send(_ d: ClaimedDelivery) async -> (DeliveryResult, TokenRetirement?, BrokenCredential?) {
         let deliveryID = ULID(uuid: d.id).description
-        let log = logger.with([
-            "delivery.id": .string(deliveryID), "tenant.id": .string(d.tenantID.uuidString.lowercased()),
-            "instance.id": .string(d.instanceID),
-        ])
+        // Made only when something is logged: most pushes log nothing, and this is a dictionary per push.
+        var log: Logger {
+            logger.with([
+                "delivery.id": .string(deliveryID), "tenant.id": .string(d.tenantID.lowercasedString),
+                "instance.id": .string(d.instanceID),
+            ])
+        }
         switch DeliveryGate.decide(
             event: d.operation, instanceEnded: d.instanceState == .ended, expiresAt: d.expiresAt, now: Date())
         {
@@ -633,7 +635,7 @@ public final class DeliveryWorker: Sendable {
         let http = outcome.httpStatus
         switch outcome.decision {
         case .sent(let providerID):
-            log.debug("sent", metadata: ["provider.id": .string(providerID ?? "")])
+            if logger.isEnabled(.debug) { log.debug("sent", metadata: ["provider.id": .string(providerID ?? "")]) }
             var sent = result(d, .sent, providerID: providerID ?? d.id.lowercasedString, http: http ?? 200)
             if d.provider == .apns {
                 sent.apnsPriority = priority
@@ -871,18 +873,18 @@ final class CredentialCache: Sendable {
     }
 }
 
-/// A continuation resumed once, by whichever of two tasks comes first.
+/// A value delivered once, by whichever of two callers comes first (a send or its deadline); later ones are ignored.
 final class Once<Value: Sendable>: Sendable {
-    private let continuation = Mutex<CheckedContinuation<Value, Never>?>(nil)
+    private let deliver: Mutex<(@Sendable (Value) -> Void)?>
 
-    func set(_ c: CheckedContinuation<Value, Never>) { continuation.withLock { $0 = c } }
+    init(_ deliver: @escaping @Sendable (Value) -> Void) { self.deliver = Mutex(deliver) }
 
     func resume(_ value: Value) {
-        let c = continuation.withLock { c in
-            defer { c = nil }
-            return c
+        let deliver = self.deliver.withLock { d in
+            defer { d = nil }
+            return d
         }
-        c?.resume(returning: value)
+        deliver?(value)
     }
 }
 

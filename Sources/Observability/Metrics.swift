@@ -184,6 +184,12 @@ public final class Histogram: MetricFamily {
         var counts: [UInt64]
         var sum: Double = 0
         var count: UInt64 = 0
+
+        mutating func record(_ value: Double, in bucket: Int) {
+            counts[bucket] += 1
+            sum += value
+            count += 1
+        }
     }
 
     let name: String
@@ -210,12 +216,10 @@ public final class Histogram: MetricFamily {
             index = i
             break
         }
+        let slots = buckets.count + 1
         series.withLock { all in
-            var s = all[labels] ?? Series(counts: Array(repeating: 0, count: buckets.count + 1))
-            s.counts[index] += 1
-            s.sum += value
-            s.count += 1
-            all[labels] = s
+            // Updated in place: a copy taken out of the dictionary would copy its bucket array on every observation.
+            all[labels, default: Series(counts: Array(repeating: 0, count: slots))].record(value, in: index)
         }
     }
 

@@ -6,9 +6,8 @@ import Testing
 struct SendDeadlineTests {
     /// A send that registers with `deadline` and waits; `finish` says whether it completes by itself first.
     private func send(_ key: String, _ deadline: SendDeadline<String, String>, finish: Bool) async -> String {
-        let once = Once<String>()
-        return await withCheckedContinuation { continuation in
-            once.set(continuation)
+        await withCheckedContinuation { continuation in
+            let once = Once<String> { continuation.resume(returning: $0) }
             guard let id = deadline.add(once, key) else { return once.resume("refused " + key) }
             if finish {
                 deadline.remove(id)

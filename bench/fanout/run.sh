@@ -148,12 +148,11 @@ sleep 1  # LISTEN established
 
 machine
 echo "== $mode: $instances updates (one SQL transaction), $workers workers x $loops loops, batch $batch"
-# Where the CPU goes: each process's user + system ticks, and the whole machine's busy ticks, over the round.
+# Where the CPU goes: each process's user + system ticks, and the whole machine's busy ticks, over the round — from
+# the enqueue's COMMIT on (the enqueue's own 100,000-row writes are not the fan-out's).
 ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat" 2>/dev/null || echo 0; }
 busy() { awk '/^cpu / { print $2 + $3 + $4 + $7 + $8 }' /proc/stat; }
 declare -A cpu0
-for p in "${worker_pids[@]}" "$api" "$sim"; do cpu0[$p]=$(ticks "$p"); done
-busy0=$(busy)
 bench_pgss_reset
 perf_pid=
 if [ "${PERF:-0}" = 1 ]; then
@@ -162,6 +161,8 @@ if [ "${PERF:-0}" = 1 ]; then
   perf_pid=$!
 fi
 t0=$(enqueue)
+for p in "${worker_pids[@]}" "$api" "$sim"; do cpu0[$p]=$(ticks "$p"); done
+busy0=$(busy)
 deadline=$(($(date +%s) + timeout))
 last=-1
 stalled=0
