@@ -146,13 +146,14 @@ measure() {
         FROM (SELECT extract(epoch FROM sent_at) - $t0 AS s FROM deliveries WHERE operation = '$operation') x"
 }
 
+# PGSS=1: where PostgreSQL's time went during the start (its run and its fan-out), then during the update.
+bench_pgss_reset
 measure start push-to-start POST /v1/campaigns '{"campaign_id":"cup","name":"Cup final","notification_type":"com.example.match","audience":{"all":true},"attributes":{"match":"A-B","team":{"$person":"/team"}},"content_state":{"home":0,"away":0},"push_payload":{"alert":{"title":"Kick-off","body":"A v B"}}}'
+bench_pgss_report
 
 "$bin/marquee-bench" requests --port "$port" --input "$work/tokens.txt" --output "$work/tokens.tsv" \
   --connections 64 | sed 's/^/activity tokens (PUT …\/tokens\/…, 64 connections): /'
 
-# PGSS=1 (with PG_OPTIONS="-c shared_preload_libraries=pg_stat_statements"): where PostgreSQL's time went during
-# the update (its run and its fan-out).
 bench_pgss_reset
 measure update update POST /v1/campaigns/cup/update '{"content_state_patch":{"home":1}}'
 bench_pgss_report
