@@ -740,7 +740,7 @@ struct WorkerMetrics: Sendable {
         campaignRuns = registry.counter(
             "marquee_campaign_runs_total",
             help: "Campaign schedules run by this worker, by operation (start, update, end) and outcome (done, failed, "
-                + "starting and broadcast: a part of it ran; busy: its campaign was being written, skipped for now; "
+                + "starting, changing and broadcast: a part of it ran; busy: its campaign was being written, skipped for now; "
                 + "error: the run rolled back and will be retried).", labels: ["operation", "outcome"])
         deliveries = registry.counter(
             "marquee_deliveries_total", help: "Delivery attempts by provider, operation, outcome and reason.",

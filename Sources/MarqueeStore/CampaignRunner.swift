@@ -8,25 +8,26 @@ import PostgresClient
 /// workers, a schedule runs exactly once, and a worker that dies mid-run leaves it to another (its work rolls back
 /// with it).
 ///
-/// A start writes its audience `startChunk` members at a time, one transaction each, in person order: each commits
-/// its instances and deliveries (so workers start sending them while the next are written) and the position reached,
-/// on the schedule, which stays pending until the last. Any worker continues from there.
+/// A start writes its audience `chunk` members at a time, one transaction each, in person order: each commits its
+/// instances and deliveries (so workers start sending them while the next are written) and the position reached, on
+/// the schedule, which stays pending until the last. Any worker continues from there. A campaign-wide change writes
+/// the campaign's open instances the same way, `chunk` at a time in instance ID order.
 public struct CampaignRunner: Sendable {
     let database: TenantDatabase
     let notifyChannel: String
     /// The lifetime of an instance whose campaign named no expiration.
     let lifetime: TimeInterval
-    /// Members a start writes per transaction.
-    let startChunk: Int
+    /// Members a start writes, or instances a campaign-wide change writes, per transaction.
+    let chunk: Int
 
     public init(
         database: TenantDatabase, notifyChannel: String = "marquee_deliveries",
-        lifetime: TimeInterval = Lifetime.maximum, startChunk: Int = 10_000
+        lifetime: TimeInterval = Lifetime.maximum, chunk: Int = 10_000
     ) {
         self.database = database
         self.notifyChannel = notifyChannel
         self.lifetime = lifetime
-        self.startChunk = max(1, startChunk)
+        self.chunk = max(1, chunk)
     }
 
     /// A run's failure that is the campaign's, not the database's: recorded on the schedule, never retried.
@@ -45,7 +46,8 @@ public struct CampaignRunner: Sendable {
     /// (still pending) and commits; the second writes every other instance and marks the schedule done. A worker that
     /// dies between them leaves the schedule to another, which sees the first half recorded and runs the second.
     ///
-    /// A start in progress (`state` "starting") returns after each chunk; calling again continues it.
+    /// A start or a change in progress (`state` "starting" or "changing") returns after each chunk; calling again
+    /// continues it.
     ///
     /// A bulk write never waits for another one of the same campaign: a run that finds its campaign being written
     /// returns `busy` at once, and the caller skips that schedule (`skipping`) until the writer's commit wakes it.
@@ -61,7 +63,7 @@ public struct CampaignRunner: Sendable {
     func run(_ scheduleID: UUID?, skipping busy: [UUID] = []) async throws -> CampaignRun? {
         let lifetime = self.lifetime
         let channel = notifyChannel
-        let startChunk = self.startChunk
+        let chunk = self.chunk
         do {
             return try await database.pool.transaction { c in
                 try c.enterSystem()
@@ -77,7 +79,7 @@ public struct CampaignRunner: Sendable {
                             AND b.operation = 'start' AND b.state = 'pending'))
                     -- A change's first half (its broadcast) before the rest of earlier ones: a rest is a bulk write
                     -- that may have to wait for another (busy), a first half is quick.
-                    ORDER BY COALESCE(s.result ->> 'phase', '') = 'broadcast', due_at, id LIMIT 1
+                    ORDER BY COALESCE(s.result ->> 'phase', '') IN ('broadcast', 'changing'), due_at, id LIMIT 1
                     FOR UPDATE OF s SKIP LOCKED
                     """)
                 guard let row = due.first else { return nil }
@@ -96,21 +98,23 @@ public struct CampaignRunner: Sendable {
                     if operation == "start" {
                         let step = try Self.start(
                             c, tenant, campaignID, change, lifetime: lifetime,
-                            progress: recorded?["phase"]?.stringValue == "starting" ? recorded : nil, chunk: startChunk)
+                            progress: recorded?["phase"]?.stringValue == "starting" ? recorded : nil, chunk: chunk)
                         result = step.result
                         if !step.done { state = "starting" }
                     } else {
                         let planned = CampaignChange(operation: operation == "update" ? .update : .end, json: change)
-                        if recorded?["phase"]?.stringValue == "broadcast",
-                            let representative = recorded?["representative"]?.stringValue
-                        {
-                            // The second half of a channel-backed change.
-                            let rest = try Self.change(
-                                c, tenant, campaignID, planned, scope: .rest(representative), schedule: scheduleID)
-                            result = Self.merged(recorded?["broadcast"] ?? .object([:]), rest.result)
+                        let phase = recorded?["phase"]?.stringValue
+                        if phase == "broadcast" || phase == "changing" {
+                            // The next chunk: the second half of a channel-backed change, or a change partway.
+                            let step = try Self.change(
+                                c, tenant, campaignID, planned, scope: .rest(recorded?["representative"]?.stringValue),
+                                schedule: scheduleID, progress: recorded, chunk: chunk)
+                            result = step.result
+                            if !step.done { state = "changing" }
                         } else {
                             let first = try Self.change(
-                                c, tenant, campaignID, planned, scope: .broadcastFirst, schedule: scheduleID)
+                                c, tenant, campaignID, planned, scope: .broadcastFirst, schedule: scheduleID,
+                                chunk: chunk)
                             result = first.result
                             if let representative = first.representative {
                                 state = "broadcast"
@@ -118,6 +122,8 @@ public struct CampaignRunner: Sendable {
                                     "phase": .string("broadcast"), "representative": .string(representative),
                                     "broadcast": first.result,
                                 ])
+                            } else if !first.done {
+                                state = "changing"
                             }
                         }
                     }
@@ -136,8 +142,9 @@ public struct CampaignRunner: Sendable {
                         tenant: tenant, campaignID: campaignID, scheduleID: scheduleID, operation: operation,
                         reason: refusal.reason, detail: refusal.detail)
                 }
-                // A first half ("broadcast") or a start still writing ("starting") stays pending with its progress.
-                let unfinished = state == "broadcast" || state == "starting"
+                // A first half ("broadcast"), or a start or change still writing ("starting", "changing"), stays
+                // pending with its progress.
+                let unfinished = ["broadcast", "starting", "changing"].contains(state)
                 try c.execute(
                     """
                     UPDATE campaign_schedules
@@ -524,14 +531,15 @@ public struct CampaignRunner: Sendable {
 
     // MARK: Campaign-wide update and end
 
-    /// Applies `change` to every open instance of the campaign: one new content state per distinct current one
-    /// (computed and checked here, by the same rules as a single update), then one statement writes the instances,
-    /// supersedes their older queued pushes and queues one push per active target.
+    /// Applies `change` to the campaign's open instances, a chunk at a time: one new content state per distinct current
+    /// one (computed and checked here, by the same rules as a single update), then one statement writes the chunk's
+    /// instances, supersedes their older queued pushes and queues one push per active target.
     enum Scope {
-        /// With a channel: one open instance and the broadcast; without, everything.
+        /// With a channel: one open instance and the broadcast; without, the first chunk (the broadcast with it).
         case broadcastFirst
-        /// Every open instance but the one the first half wrote.
-        case rest(String)
+        /// The next chunk of the open instances but the one the first half wrote (nil: there was no first half; the
+        /// broadcast goes with the first chunk that changes an instance).
+        case rest(String?)
     }
 
     /// An earlier change of a campaign, still pending: `broadcastOn` is the instance that carried its broadcast once
@@ -546,7 +554,8 @@ public struct CampaignRunner: Sendable {
         guard let schedule else { return nil }
         return try c.query(
             """
-            SELECT CASE WHEN o.result ->> 'phase' = 'broadcast' THEN o.result ->> 'representative' END AS broadcast_on
+            SELECT CASE WHEN o.result ->> 'phase' IN ('broadcast', 'changing') THEN o.result ->> 'representative' END
+                       AS broadcast_on
             FROM campaign_schedules o, campaign_schedules s
             WHERE s.tenant_id = \(tenant) AND s.id = \(schedule)
               AND o.tenant_id = s.tenant_id AND o.campaign_id = s.campaign_id AND o.state = 'pending'
@@ -556,10 +565,13 @@ public struct CampaignRunner: Sendable {
         ).first.map { PendingChange(broadcastOn: try $0.decode(String?.self, "broadcast_on")) }
     }
 
+    /// One step: `progress` is what the steps before recorded (nil for the first); returns the counts of all steps
+    /// and `done`, or the progress to record and not `done`. Steps follow one another in instance ID order, `chunk`
+    /// open instances each, so that the pushes of each leave while the next is written.
     static func change(
         _ c: PostgresConnection, _ tenant: UUID, _ campaignID: String, _ change: CampaignChange, scope: Scope,
-        schedule: UUID? = nil
-    ) throws -> (result: JSONValue, representative: String?) {
+        schedule: UUID? = nil, progress: JSONValue? = nil, chunk: Int = .max
+    ) throws -> (result: JSONValue, representative: String?, done: Bool) {
         let rows = try c.query(
             """
             SELECT c.state, c.rate_limit_per_second, ch.id AS channel_id, ch.apns_channel_id,
@@ -613,7 +625,8 @@ public struct CampaignRunner: Sendable {
             }
         case .rest(let representative):
             excluded = representative
-            broadcast = false
+            // Without a first half, the broadcast goes with the first step that changed an instance.
+            broadcast = broadcast && representative == nil && (progress?["counts"]?["broadcasts"]?.intValue ?? 0) == 0
         }
         if only != nil { try planEachRun(c) }
         if only == nil {
@@ -635,7 +648,26 @@ public struct CampaignRunner: Sendable {
             }
             try planForBulk(c)
         }
-        // The open instances, locked: a single update racing this one waits, then finds a new version and retries.
+        // This step's chunk: the open instances after the last one an earlier step wrote, up to the chunk's last
+        // (none when no more than a chunk is left: the last step). Found first, then locked as a range, so that an
+        // instance ending meanwhile cannot make a short chunk look like the last.
+        let after = progress?["after"]?.stringValue ?? ""
+        let ends =
+            only != nil || chunk == .max
+            ? []
+            : try c.query(
+                """
+                SELECT i.id FROM instances i
+                WHERE i.tenant_id = \(tenant) AND i.campaign_id = \(campaignID) AND i.id > \(after)
+                  AND i.state IN ('pending', 'active') AND i.expires_at > now()
+                  AND (\(excluded)::text IS NULL OR i.id <> \(excluded))
+                ORDER BY i.id OFFSET \(chunk - 1) LIMIT 2
+                """
+            ).map { try $0.decode(String.self, "id") }
+        let bound = ends.count == 2 ? ends[0] : nil
+
+        // The chunk's open instances, locked: a single update racing this one waits, then finds a new version and
+        // retries.
         try c.query(
             """
             SELECT count(*) FROM (
@@ -643,6 +675,7 @@ public struct CampaignRunner: Sendable {
                 WHERE i.tenant_id = \(tenant) AND i.campaign_id = \(campaignID) AND i.state IN ('pending', 'active')
                   AND i.expires_at > now()
                   AND (\(only)::text IS NULL OR i.id = \(only)) AND (\(excluded)::text IS NULL OR i.id <> \(excluded))
+                  AND i.id > \(after) AND (\(bound)::text IS NULL OR i.id <= \(bound))
                 FOR UPDATE) x
             """)
         let states = try c.query(
@@ -651,6 +684,7 @@ public struct CampaignRunner: Sendable {
             WHERE i.tenant_id = \(tenant) AND i.campaign_id = \(campaignID) AND i.state IN ('pending', 'active')
               AND i.expires_at > now()
               AND (\(only)::text IS NULL OR i.id = \(only)) AND (\(excluded)::text IS NULL OR i.id <> \(excluded))
+              AND i.id > \(after) AND (\(bound)::text IS NULL OR i.id <= \(bound))
             """)
 
         var mapping: [JSONValue] = []
@@ -677,6 +711,13 @@ public struct CampaignRunner: Sendable {
         }
         let isEnd = change.operation == .end
         let timestamp = Int64(Date().timeIntervalSince1970.rounded(.down))
+        // A paced campaign's pushes are due `rate` a second from the first step's start, counted over every step's.
+        let pacedFrom =
+            try rate == nil
+            ? nil
+            : progress?["paced_from"]?.doubleValue
+                ?? c.query("SELECT extract(epoch FROM clock_timestamp())::float8 AS t")[0].decode(Double.self, "t")
+        let pacedBefore = progress?["paced"]?.intValue.map(Int.init) ?? 0
         let written = try c.query(
             """
             WITH map AS (
@@ -695,6 +736,7 @@ public struct CampaignRunner: Sendable {
                 WHERE i.tenant_id = \(tenant) AND i.campaign_id = \(campaignID) AND i.state IN ('pending', 'active')
                   AND i.expires_at > now() AND i.content_state = map.old
                   AND (\(only)::text IS NULL OR i.id = \(only)) AND (\(excluded)::text IS NULL OR i.id <> \(excluded))
+                  AND i.id > \(after) AND (\(bound)::text IS NULL OR i.id <= \(bound))
                 RETURNING i.id, i.attributes, i.content_state, i.options, i.version, i.content_timestamp
             ), tg AS MATERIALIZED (
                 -- All the campaign's targets in one call (one scan, hash-joined): never a call per instance.
@@ -745,7 +787,8 @@ public struct CampaignRunner: Sendable {
                        CASE tg.platform WHEN 'ios' THEN 'apns' ELSE 'fcm' END,
                        CASE tg.platform WHEN 'ios' THEN 'activity' ELSE 'fcm' END,
                        tg.token, \(change.operation.rawValue), tg.version, tg.attributes, tg.content_state, tg.options,
-                       tg.content_timestamp, \(unsafeRaw: Self.paced(rate, order: "tg.id, tg.device_token"))
+                       tg.content_timestamp,
+                       \(unsafeRaw: Self.paced(rate, order: "tg.id, tg.device_token", from: pacedFrom, after: pacedBefore))
                 FROM tg
                 RETURNING provider
             )
@@ -755,25 +798,35 @@ public struct CampaignRunner: Sendable {
                    (SELECT count(*) FROM sup)::int AS superseded,
                    (SELECT count(*) FROM bc)::int AS broadcasts
             """)[0]
-        if isEnd {
+        let done = only != nil || bound == nil
+        if isEnd && done {
             try c.execute(
                 """
                 UPDATE campaigns SET ended_at = COALESCE(ended_at, now())
                 WHERE tenant_id = \(tenant) AND id = \(campaignID)
                 """)
         }
+        let apns = try written.decode(Int.self, "apns")
+        let fcm = try written.decode(Int.self, "fcm")
         var result: [String: JSONValue] = [
             "instances": .int(Int64(try written.decode(Int.self, "instances"))),
-            "deliveries": .object([
-                "apns": .int(Int64(try written.decode(Int.self, "apns"))),
-                "fcm": .int(Int64(try written.decode(Int.self, "fcm"))),
-            ]),
+            "deliveries": .object(["apns": .int(Int64(apns)), "fcm": .int(Int64(fcm))]),
             "superseded": .int(Int64(try written.decode(Int.self, "superseded"))),
             "broadcasts": .int(Int64(try written.decode(Int.self, "broadcasts"))),
         ]
+        // Distinct states are counted per chunk: one found in two chunks counts twice.
         if suppressed > 0 { result["suppressed_states"] = .int(Int64(suppressed)) }
         if !rejected.isEmpty { result["rejected_states"] = .object(rejected.mapValues { .int(Int64($0)) }) }
-        return (.object(result), broadcast ? only : nil)
+        // The steps before: a first half's counts, or the counts so far of a change partway.
+        let counts = merged(progress?["counts"] ?? progress?["broadcast"] ?? .object([:]), .object(result))
+        if done { return (counts, broadcast ? only : nil, true) }
+        var next: [String: JSONValue] = [
+            "phase": .string("changing"), "after": .string(bound ?? ""), "counts": counts,
+            "paced": .int(Int64(pacedBefore + apns + fcm)),
+        ]
+        if let pacedFrom { next["paced_from"] = .double(pacedFrom) }
+        if case .rest(let representative?) = scope { next["representative"] = .string(representative) }
+        return (.object(next), nil, false)
     }
 }
 

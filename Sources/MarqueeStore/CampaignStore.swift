@@ -297,12 +297,13 @@ public struct CampaignStore: Sendable {
             guard let row = rows.first else { throw NotFound("campaign") }
             // A schedule a worker is running is locked: its outcome decides, so wait for it (no SKIP LOCKED here). A
             // start that has begun writing its audience (CampaignRunner, a step at a time) has started: it runs to the
-            // end, and the campaign stays, to be updated and ended like any started one.
+            // end, and the campaign stays, to be updated and ended like any started one. So does a change that has
+            // begun: partway through its instances, or its broadcast sent.
             let cancelled = try connection.query(
                 """
                 UPDATE campaign_schedules SET state = 'cancelled', executed_at = now()
                 WHERE tenant_id = \(tenant) AND campaign_id = \(campaignID) AND state = 'pending'
-                  AND NOT (operation = 'start' AND COALESCE(result ->> 'phase', '') = 'starting')
+                  AND COALESCE(result ->> 'phase', '') NOT IN ('starting', 'changing', 'broadcast')
                 RETURNING operation
                 """
             ).map { try $0.decode(String.self, "operation") }

@@ -112,7 +112,7 @@ extension CampaignTests {
             UPDATE campaign_schedules SET change = jsonb_set(change, '{fills}', '"not an array"'), due_at = now()
             WHERE tenant_id = \(tenant) AND id = \(scheduleID)
             """)
-        let runner = CampaignRunner(database: TenantDatabase(pool: pool), startChunk: 3)
+        let runner = CampaignRunner(database: TenantDatabase(pool: pool), chunk: 3)
         _ = try await runner.run(scheduleID)
         try await eventually("the start's schedule failed") {
             try await t.campaign(id).array("schedules").first?.string("state") == "failed"
