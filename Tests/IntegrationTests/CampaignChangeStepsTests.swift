@@ -129,11 +129,7 @@ extension CampaignTests {
         try await Self.startHere(pool, tenant, id)
         let end = try await t.api.call("POST", "/v1/campaigns/\(id)/end", key: t.tenant.app, json: [:])
         #expect(end.status == 202, "\(end.text)")
-        let endID = try await pool.query(
-            """
-            SELECT id FROM campaign_schedules
-            WHERE tenant_id = \(tenant) AND campaign_id = \(id) AND operation = 'end'
-            """)[0].decode(UUID.self, "id")
+        let endID = try await Self.scheduleIDs(pool, tenant, id, "end")[0]
         // Due now, run here: a worker of the fixture may run a step too; either way each step runs once.
         try await pool.execute(
             "UPDATE campaign_schedules SET due_at = now() WHERE tenant_id = \(tenant) AND id = \(endID)")

@@ -57,11 +57,7 @@ extension CampaignTests {
         let update = try await t.api.call(
             "POST", "/v1/campaigns/\(id)/update", key: t.tenant.app, json: ["content_state_patch": ["home": 1]])
         #expect(update.status == 202, "\(update.text)")
-        let updateID = try await pool.query(
-            """
-            SELECT id FROM campaign_schedules
-            WHERE tenant_id = \(tenant) AND campaign_id = \(id) AND operation = 'update'
-            """)[0].decode(UUID.self, "id")
+        let updateID = try await Self.scheduleIDs(pool, tenant, id, "update")[0]
         let runner = CampaignRunner(database: TenantDatabase(pool: pool))
         #expect(try await runner.run(updateID) == nil, "the update ran before the start finished")
 
@@ -130,11 +126,7 @@ extension CampaignTests {
         try await pool.execute("UPDATE campaigns SET start_at = now() WHERE tenant_id = \(tenant) AND id = \(id)")
         let end = try await t.api.call("POST", "/v1/campaigns/\(id)/end", key: t.tenant.app, json: [:])
         #expect(end.status == 202, "\(end.text)")
-        let endID = try await pool.query(
-            """
-            SELECT id FROM campaign_schedules
-            WHERE tenant_id = \(tenant) AND campaign_id = \(id) AND operation = 'end'
-            """)[0].decode(UUID.self, "id")
+        let endID = try await Self.scheduleIDs(pool, tenant, id, "end")[0]
         _ = try await runner.run(endID)
         try await eventually("the end ran") {
             try await t.campaign(id).array("schedules").last?.string("state") == "done"
@@ -186,11 +178,7 @@ extension CampaignTests {
             timeout: 10)
         #expect(second.status == 202, "\(second.text)")
         // Due now, it is busy for any worker: run, it neither waits for the write nor writes anything.
-        let secondID = try await pool.query(
-            """
-            SELECT id FROM campaign_schedules
-            WHERE tenant_id = \(tenant) AND campaign_id = \(id) AND operation = 'update' ORDER BY id DESC LIMIT 1
-            """)[0].decode(UUID.self, "id")
+        let secondID = try #require(try await Self.scheduleIDs(pool, tenant, id, "update").last)
         try await pool.execute(
             "UPDATE campaign_schedules SET due_at = now() WHERE tenant_id = \(tenant) AND id = \(secondID)")
         let runner = CampaignRunner(database: TenantDatabase(pool: pool))
@@ -225,12 +213,7 @@ extension CampaignTests {
                 "POST", "/v1/campaigns/\(id)/update", key: t.tenant.app, json: ["content_state_patch": ["home": home]])
             #expect(r.status == 202, "\(r.text)")
         }
-        let changes = try await pool.query(
-            """
-            SELECT id FROM campaign_schedules
-            WHERE tenant_id = \(tenant) AND campaign_id = \(id) AND operation = 'update' ORDER BY id
-            """
-        ).map { try $0.decode(UUID.self, "id") }
+        let changes = try await Self.scheduleIDs(pool, tenant, id, "update")
         try #require(changes.count == 2)
         let change = try await pool.query(
             "SELECT change FROM campaign_schedules WHERE tenant_id = \(tenant) AND id = \(changes[1])")[0].decode(
@@ -274,6 +257,18 @@ extension CampaignTests {
         ])
         guard created.status == 202 else { throw TestFailure("campaign: \(created.text)") }
         return id
+    }
+
+    /// The IDs of the campaign's schedules of `operation`, oldest first.
+    static func scheduleIDs(_ pool: PostgresPool, _ tenant: UUID, _ id: String, _ operation: String) async throws
+        -> [UUID]
+    {
+        try await pool.query(
+            """
+            SELECT id FROM campaign_schedules
+            WHERE tenant_id = \(tenant) AND campaign_id = \(id) AND operation = \(operation) ORDER BY id
+            """
+        ).map { try $0.decode(UUID.self, "id") }
     }
 
     /// The campaign's start schedule: its ID and its stored plan.
