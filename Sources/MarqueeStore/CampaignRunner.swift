@@ -30,7 +30,13 @@ public struct CampaignRunner: Sendable {
         self.chunk = max(1, chunk)
     }
 
+    /// The phases a schedule records while partway (it stays pending): a start writing its audience, a channel
+    /// change's first half done, a change writing its instances. One that has begun runs to the end: it is not
+    /// cancelled (`CampaignStore.cancel`).
+    public static let partwayPhases = ["starting", "broadcast", "changing"]
+
     /// A run's failure that is the campaign's, not the database's: recorded on the schedule, never retried.
+
     struct Refusal: Error {
         var reason: String
         var detail: String
@@ -144,7 +150,7 @@ public struct CampaignRunner: Sendable {
                 }
                 // A first half ("broadcast"), or a start or change still writing ("starting", "changing"), stays
                 // pending with its progress.
-                let unfinished = ["broadcast", "starting", "changing"].contains(state)
+                let unfinished = Self.partwayPhases.contains(state)
                 try c.execute(
                     """
                     UPDATE campaign_schedules
@@ -324,10 +330,7 @@ public struct CampaignRunner: Sendable {
         // Where this step starts: after the last member the previous one wrote. Paced deliveries are due `rate` a
         // second from the first step's start, counted over every step's rows.
         let after = progress?["after"]?.stringValue ?? ""
-        let pacedFrom =
-            try progress?["paced_from"]?.doubleValue
-            ?? c.query("SELECT extract(epoch FROM clock_timestamp())::float8 AS t")[0].decode(Double.self, "t")
-        let pacedBefore = progress?["paced"]?.intValue.map(Int.init) ?? 0
+        let (pacedFrom, pacedBefore) = try pacing(c, progress)
         let before = progress?["counts"] ?? .object([:])
 
         // 2. Instances and deliveries for the next members, in one statement (none once the expiration passed: the
@@ -517,6 +520,15 @@ public struct CampaignRunner: Sendable {
         try c.query("SELECT set_config('enable_nestloop', 'off', true)")
     }
 
+    /// Where a stepped run's pacing stands: the first step's start (epoch seconds; now, for the first) and how many rows
+    /// the steps before spread, from their recorded progress (`paced_from`, `paced`).
+    static func pacing(_ c: PostgresConnection, _ progress: JSONValue?) throws -> (from: Double, before: Int) {
+        let from =
+            try progress?["paced_from"]?.doubleValue
+            ?? c.query("SELECT extract(epoch FROM clock_timestamp())::float8 AS t")[0].decode(Double.self, "t")
+        return (from, progress?["paced"]?.intValue.map(Int.init) ?? 0)
+    }
+
     /// `next_attempt_at` for a campaign's rows: now, or spread at `rate` a second in `order` (the tenant's own send
     /// limit applies on top, at the claim), the first at `from` (epoch seconds) after `after` rows already spread, or
     /// else as each row is written.
@@ -554,7 +566,7 @@ public struct CampaignRunner: Sendable {
         guard let schedule else { return nil }
         return try c.query(
             """
-            SELECT CASE WHEN o.result ->> 'phase' IN ('broadcast', 'changing') THEN o.result ->> 'representative' END
+            SELECT CASE WHEN o.result ->> 'phase' = ANY(\(Self.partwayPhases)) THEN o.result ->> 'representative' END
                        AS broadcast_on
             FROM campaign_schedules o, campaign_schedules s
             WHERE s.tenant_id = \(tenant) AND s.id = \(schedule)
@@ -653,7 +665,7 @@ public struct CampaignRunner: Sendable {
         // instance ending meanwhile cannot make a short chunk look like the last.
         let after = progress?["after"]?.stringValue ?? ""
         let ends =
-            only != nil || chunk == .max
+            only != nil
             ? []
             : try c.query(
                 """
@@ -712,12 +724,7 @@ public struct CampaignRunner: Sendable {
         let isEnd = change.operation == .end
         let timestamp = Int64(Date().timeIntervalSince1970.rounded(.down))
         // A paced campaign's pushes are due `rate` a second from the first step's start, counted over every step's.
-        let pacedFrom =
-            try rate == nil
-            ? nil
-            : progress?["paced_from"]?.doubleValue
-                ?? c.query("SELECT extract(epoch FROM clock_timestamp())::float8 AS t")[0].decode(Double.self, "t")
-        let pacedBefore = progress?["paced"]?.intValue.map(Int.init) ?? 0
+        let pacing = try rate == nil ? nil : Self.pacing(c, progress)
         let written = try c.query(
             """
             WITH map AS (
@@ -788,7 +795,7 @@ public struct CampaignRunner: Sendable {
                        CASE tg.platform WHEN 'ios' THEN 'activity' ELSE 'fcm' END,
                        tg.token, \(change.operation.rawValue), tg.version, tg.attributes, tg.content_state, tg.options,
                        tg.content_timestamp,
-                       \(unsafeRaw: Self.paced(rate, order: "tg.id, tg.device_token", from: pacedFrom, after: pacedBefore))
+                       \(unsafeRaw: Self.paced(rate, order: "tg.id, tg.device_token", from: pacing?.from, after: pacing?.before ?? 0))
                 FROM tg
                 RETURNING provider
             )
@@ -798,7 +805,7 @@ public struct CampaignRunner: Sendable {
                    (SELECT count(*) FROM sup)::int AS superseded,
                    (SELECT count(*) FROM bc)::int AS broadcasts
             """)[0]
-        let done = only != nil || bound == nil
+        let done = bound == nil
         if isEnd && done {
             try c.execute(
                 """
@@ -822,9 +829,11 @@ public struct CampaignRunner: Sendable {
         if done { return (counts, broadcast ? only : nil, true) }
         var next: [String: JSONValue] = [
             "phase": .string("changing"), "after": .string(bound ?? ""), "counts": counts,
-            "paced": .int(Int64(pacedBefore + apns + fcm)),
         ]
-        if let pacedFrom { next["paced_from"] = .double(pacedFrom) }
+        if let pacing {
+            next["paced_from"] = .double(pacing.from)
+            next["paced"] = .int(Int64(pacing.before + apns + fcm))
+        }
         if case .rest(let representative?) = scope { next["representative"] = .string(representative) }
         return (.object(next), nil, false)
     }

@@ -303,7 +303,7 @@ public struct CampaignStore: Sendable {
                 """
                 UPDATE campaign_schedules SET state = 'cancelled', executed_at = now()
                 WHERE tenant_id = \(tenant) AND campaign_id = \(campaignID) AND state = 'pending'
-                  AND COALESCE(result ->> 'phase', '') NOT IN ('starting', 'changing', 'broadcast')
+                  AND NOT COALESCE(result ->> 'phase', '') = ANY(\(CampaignRunner.partwayPhases))
                 RETURNING operation
                 """
             ).map { try $0.decode(String.self, "operation") }

@@ -11,21 +11,9 @@ import Testing
 extension BroadcastInstanceTests {
     @Test("a change's broadcast waits for the earlier change's, and is written on that change's own instance")
     func broadcastsInOrder() async throws {
-        let t = try await ChannelTests.tenant()
-        let channel = try #require(try await t.create("none").json().string("channel_id"))
-        let fans = (0..<3).map { _ in Fake.id("fan") }
-        for fan in fans { _ = try await Self.iphone(t, person: fan, osVersion: "18.2") }
-        let pool = PostgresPool(
-            try PostgresConfiguration(url: t.fixture.databaseURL),
-            options: .init(maxConnections: 3, acquireTimeout: .seconds(60)))
+        let (t, pool, campaign) = try await Self.channelCampaignStartedHere(fans: 3)
         defer { pool.close() }
         let tenant = t.tenant.uuid
-        let campaign = Fake.id("final")
-        // Its start and changes are due an hour ahead: no worker runs them; the test runs their parts.
-        let created = try await Self.matchCampaign(
-            t, campaign, channel: channel, fans: fans, startAt: Date().addingTimeInterval(3600))
-        #expect(created.status == 202, "\(created.text)")
-        try await CampaignTests.startHere(pool, tenant, campaign)
         for home in [1, 2] {
             let r = try await t.api.call(
                 "POST", "/v1/campaigns/\(campaign)/update", key: t.tenant.app,
@@ -89,5 +77,23 @@ extension BroadcastInstanceTests {
         // The older broadcast was still queued: the newer one replaced it (latest wins), on the same instance.
         #expect(try broadcasts.map { try $0.decode(String.self, "instance_id") } == [representative])
         #expect(try broadcasts.map { try $0.decode(String.self, "home") } == ["2"])
+    }
+
+    /// A channel campaign for `fans` new people with an iPhone on iOS 18.2 each, started here, with a pool on its
+    /// database. Its start and changes are due an hour ahead: no worker runs them; a test runs their parts.
+    static func channelCampaignStartedHere(fans count: Int) async throws -> (Tenant, PostgresPool, String) {
+        let t = try await ChannelTests.tenant()
+        let channel = try #require(try await t.create("none").json().string("channel_id"))
+        let fans = (0..<count).map { _ in Fake.id("fan") }
+        for fan in fans { _ = try await Self.iphone(t, person: fan, osVersion: "18.2") }
+        let pool = PostgresPool(
+            try PostgresConfiguration(url: t.fixture.databaseURL),
+            options: .init(maxConnections: 3, acquireTimeout: .seconds(60)))
+        let campaign = Fake.id("final")
+        let created = try await Self.matchCampaign(
+            t, campaign, channel: channel, fans: fans, startAt: Date().addingTimeInterval(3600))
+        guard created.status == 202 else { throw TestFailure("campaign: \(created.text)") }
+        try await CampaignTests.startHere(pool, t.tenant.uuid, campaign)
+        return (t, pool, campaign)
     }
 }

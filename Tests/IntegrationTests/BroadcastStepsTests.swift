@@ -10,21 +10,9 @@ import Testing
 extension BroadcastInstanceTests {
     @Test("a channel change's rest runs in steps: every instance written once, one broadcast, the counts of all steps")
     func broadcastRestInSteps() async throws {
-        let t = try await ChannelTests.tenant()
-        let channel = try #require(try await t.create("none").json().string("channel_id"))
-        let fans = (0..<5).map { _ in Fake.id("fan") }
-        for fan in fans { _ = try await Self.iphone(t, person: fan, osVersion: "18.2") }
-        let pool = PostgresPool(
-            try PostgresConfiguration(url: t.fixture.databaseURL),
-            options: .init(maxConnections: 2, acquireTimeout: .seconds(60)))
+        let (t, pool, campaign) = try await Self.channelCampaignStartedHere(fans: 5)
         defer { pool.close() }
         let tenant = t.tenant.uuid
-        let campaign = Fake.id("final")
-        // Its start and change are due an hour ahead: no worker runs them; the test runs their parts.
-        let created = try await Self.matchCampaign(
-            t, campaign, channel: channel, fans: fans, startAt: Date().addingTimeInterval(3600))
-        #expect(created.status == 202, "\(created.text)")
-        try await CampaignTests.startHere(pool, tenant, campaign)
         let r = try await t.api.call(
             "POST", "/v1/campaigns/\(campaign)/update", key: t.tenant.app, json: ["content_state_patch": ["home": 1]])
         #expect(r.status == 202, "\(r.text)")

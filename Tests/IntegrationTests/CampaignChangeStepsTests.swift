@@ -15,8 +15,7 @@ extension CampaignTests {
         let t = try await Self.tenant()
         let pool = t.fixture.pool
         let tenant = t.tenant.uuid
-        let id = try await Self.campaignAnHourAhead(t, people: 8)
-        try await Self.startHere(pool, tenant, id)
+        let id = try await Self.campaignStartedHere(t, people: 8)
         let instances = try await pool.query(
             "SELECT id FROM instances WHERE tenant_id = \(tenant) AND campaign_id = \(id) ORDER BY id"
         ).map { try $0.decode(String.self, "id") }
@@ -125,8 +124,7 @@ extension CampaignTests {
         let t = try await Self.tenant()
         let pool = t.fixture.pool
         let tenant = t.tenant.uuid
-        let id = try await Self.campaignAnHourAhead(t, people: 7)
-        try await Self.startHere(pool, tenant, id)
+        let id = try await Self.campaignStartedHere(t, people: 7)
         let end = try await t.api.call("POST", "/v1/campaigns/\(id)/end", key: t.tenant.app, json: [:])
         #expect(end.status == 202, "\(end.text)")
         let endID = try await Self.scheduleIDs(pool, tenant, id, "end")[0]

@@ -145,8 +145,7 @@ extension CampaignTests {
         let pool = t.fixture.pool
         let tenant = t.tenant.uuid
         // Started here; its changes are due at its start_at, an hour ahead, so no worker runs them.
-        let id = try await Self.campaignAnHourAhead(t, people: 3)
-        try await Self.startHere(pool, tenant, id)
+        let id = try await Self.campaignStartedHere(t, people: 3)
         let first = try await t.api.call(
             "POST", "/v1/campaigns/\(id)/update", key: t.tenant.app, json: ["content_state_patch": ["home": 1]])
         #expect(first.status == 202, "\(first.text)")
@@ -206,8 +205,7 @@ extension CampaignTests {
         let t = try await Self.tenant()
         let pool = t.fixture.pool
         let tenant = t.tenant.uuid
-        let id = try await Self.campaignAnHourAhead(t, people: 1)
-        try await Self.startHere(pool, tenant, id)
+        let id = try await Self.campaignStartedHere(t, people: 1)
         for home in [1, 2] {
             let r = try await t.api.call(
                 "POST", "/v1/campaigns/\(id)/update", key: t.tenant.app, json: ["content_state_patch": ["home": home]])
@@ -256,6 +254,13 @@ extension CampaignTests {
             "start_at": Date().timeIntervalSince1970 + 3600,
         ])
         guard created.status == 202 else { throw TestFailure("campaign: \(created.text)") }
+        return id
+    }
+
+    /// A campaign for `people` new people with an iPhone each, started here, its changes due an hour ahead.
+    static func campaignStartedHere(_ t: Tenant, people: Int) async throws -> String {
+        let id = try await campaignAnHourAhead(t, people: people)
+        try await startHere(t.fixture.pool, t.tenant.uuid, id)
         return id
     }
 
