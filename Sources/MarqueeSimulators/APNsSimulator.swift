@@ -10,7 +10,8 @@ import Synchronization
 /// Accepted pushes are recorded (memory, counters and optionally a JSONL file). Fault rules inject 410, 429, 503,
 /// 500 or GOAWAY. The same server answers an inspection API:
 ///
-/// - `GET /_sim/stats` → `{"accepted":N,"rejected":{"<reason>":N},"rejected_total":N,"injected":{"<action>":N}}`
+/// - `GET /_sim/stats` → `{"accepted":N,"last_accepted_at":T,"rejected":{"<reason>":N},"rejected_total":N,
+///   "injected":{"<action>":N}}` (`last_accepted_at`: seconds since 1970, absent until a push was accepted)
 /// - `GET /_sim/pushes?token=<t>` → `{"pushes":[<record>…]}` (all kept records without `token`)
 /// - `POST /_sim/reset` → forgets records, counters and `times` counts
 /// - `GET /_sim/faults` → `{"rules":[…]}`; `POST /_sim/faults` with a rule list replaces the rules

@@ -15,7 +15,7 @@ import Synchronization
 ///
 /// Inspection API on the same server:
 ///
-/// - `GET /_sim/stats` → `{"accepted","rejected":{"<errorCode>":N},"rejected_total","injected":{…},
+/// - `GET /_sim/stats` → `{"accepted","last_accepted_at"?,"rejected":{"<errorCode>":N},"rejected_total","injected":{…},
 ///   "tokens_issued","tokens_active"}`
 /// - `GET /_sim/messages?token=<t>` (alias `/_sim/pushes`) → `{"messages":[<record>…]}`
 /// - `POST /_sim/reset` → forgets records, counters (including `tokens_issued`) and `times` counts

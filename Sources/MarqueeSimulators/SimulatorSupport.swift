@@ -59,6 +59,8 @@ final class Recorder: Sendable {
         var order: [String] = []
         var head = 0
         var accepted = 0
+        /// When the last push was accepted (seconds since 1970), for measuring a fan-out's end without polling fast.
+        var lastAcceptedAt: Double?
         var rejected: [String: Int] = [:]
         var injected: [String: Int] = [:]
     }
@@ -99,6 +101,7 @@ final class Recorder: Sendable {
     func accept(token: String, record: @escaping Record) {
         state.withLock { state in
             state.accepted += 1
+            state.lastAcceptedAt = Date().timeIntervalSince1970
             state.byToken[token, default: []].append(record)
             state.order.append(token)
             if state.order.count - state.head > memoryLimit {
@@ -160,15 +163,18 @@ final class Recorder: Sendable {
         state.withLock { $0 = State() }
     }
 
-    /// Counters as JSON: `accepted`, `rejected` (by reason), `rejected_total`, `injected` (by action).
+    /// Counters as JSON: `accepted`, `last_accepted_at` (seconds since 1970, once one was), `rejected` (by reason),
+    /// `rejected_total`, `injected` (by action).
     var statistics: [String: JSONValue] {
         state.withLock { state in
-            [
+            var statistics: [String: JSONValue] = [
                 "accepted": .int(Int64(state.accepted)),
                 "rejected": .object(state.rejected.mapValues { .int(Int64($0)) }),
                 "rejected_total": .int(Int64(state.rejected.values.reduce(0, +))),
                 "injected": .object(state.injected.mapValues { .int(Int64($0)) }),
             ]
+            if let last = state.lastAcceptedAt { statistics["last_accepted_at"] = .double(last) }
+            return statistics
         }
     }
 

@@ -13,6 +13,7 @@ struct APNsSimulatorTests {
         try await withAPNs { apns in
             let apnsID = UUID().uuidString
             let token = APNsHarness.token("00ff")
+            let sentFrom = Date().timeIntervalSince1970
             let response = try await apns.push(
                 token: token, payload: APNsHarness.startPayload,
                 headers: APNsHarness.headers(["apns-id": apnsID, "apns-expiration": "1700003600"]))
@@ -25,7 +26,10 @@ struct APNsSimulatorTests {
             #expect(pushes.first?["topic"]?.stringValue == APNsHarness.topic)
             #expect(pushes.first?["expiration"]?.intValue == 1_700_003_600)
             #expect(pushes.first?["payload"]?["aps"]?["event"]?.stringValue == "start")
-            #expect(try await apns.get("/_sim/stats")["accepted"]?.intValue == 1)
+            let statistics = try await apns.get("/_sim/stats")
+            #expect(statistics["accepted"]?.intValue == 1)
+            let lastAccepted = try #require(statistics["last_accepted_at"]?.doubleValue)
+            #expect(lastAccepted >= sentFrom && lastAccepted <= Date().timeIntervalSince1970)
 
             let lines = try String(contentsOfFile: apns.recordsPath, encoding: .utf8).split(separator: "\n")
             #expect(lines.count == 1)
@@ -140,6 +144,7 @@ struct APNsSimulatorTests {
             }
             let statistics = try await apns.get("/_sim/stats")
             #expect(statistics["accepted"]?.intValue == 0)
+            #expect(statistics["last_accepted_at"] == nil)
             #expect(statistics["rejected_total"]?.intValue == Int64(cases.count))
             #expect(statistics["rejected"]?["InvalidProviderToken"]?.intValue == 5)
             #expect(apns.simulator.pushes().isEmpty)
