@@ -349,11 +349,14 @@ final class FCMCore: Sendable {
         let milliseconds = Int64((now.timeIntervalSince1970 * 1000).rounded(.down))
         let name = "projects/\(project)/messages/0:\(milliseconds)%\(Hex.encode(SecureRandom.bytes(8)))"
         let clientEmail = access.clientEmail
-        recorder.accept(token: message.token) {
+        // As the APNs simulator: the record keeps the request's bytes, parsed again when read.
+        let token = message.token
+        let body = request.body
+        recorder.accept(token: token) {
             .object([
-                "time": .string(HTTPText.timestamp(now)), "token": .string(message.token),
+                "time": .string(HTTPText.timestamp(now)), "token": .string(token),
                 "project_id": .string(project), "name": .string(name), "client_email": .string(clientEmail),
-                "message": message.message,
+                "message": (try? JSONValue.parse(body))?["message"] ?? .null,
             ])
         }
         return HTTPText.json(200, .object(["name": .string(name)]))
