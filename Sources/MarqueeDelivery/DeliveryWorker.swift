@@ -480,7 +480,7 @@ public final class DeliveryWorker: Sendable {
         let still = batch.filter { !finishedIDs.contains($0.id) }
         let results = ClaimResults(
             results: outcomes.map(\.0), retirements: outcomes.compactMap(\.1),
-            stillSending: still.map { ($0.tenantID, $0.id) }, heldUntil: heldUntil)
+            stillSending: still.map { ($0.tenantID, $0.instanceID, $0.id) }, heldUntil: heldUntil)
         guard !still.isEmpty else { return (results, nil) }
         return (
             results,
@@ -659,7 +659,9 @@ public final class DeliveryWorker: Sendable {
         case .credentialBroken(let reason):
             // Parked, not failed: out of the queue until the credential is replaced (migration 0006's trigger).
             return (
-                DeliveryResult(tenantID: d.tenantID, id: d.id, status: .parked, httpStatus: http, reason: reason), nil,
+                DeliveryResult(
+                    tenantID: d.tenantID, id: d.id, instanceID: d.instanceID, status: .parked, httpStatus: http,
+                    reason: reason), nil,
                 BrokenCredential(tenant: d.tenantID, provider: d.provider, reason: reason)
             )
         case .refreshProviderToken(let reason):
@@ -680,7 +682,8 @@ public final class DeliveryWorker: Sendable {
             metrics.acceptToSent.observe(max(0, Date().timeIntervalSince(d.createdAt)), [d.provider.rawValue])
         }
         return DeliveryResult(
-            tenantID: d.tenantID, id: d.id, status: status, providerID: providerID, httpStatus: http, reason: reason)
+            tenantID: d.tenantID, id: d.id, instanceID: d.instanceID, status: status, providerID: providerID,
+            httpStatus: http, reason: reason)
     }
 
     func retry(_ d: ClaimedDelivery, reason: String, retryAfter: Duration?) -> DeliveryResult {
@@ -691,7 +694,7 @@ public final class DeliveryWorker: Sendable {
         metrics.deliveries.inc(1, [d.provider.rawValue, d.operation.rawValue, "retry", reason])
         let seconds = Double(delay.components.seconds) + Double(delay.components.attoseconds) / 1e18
         return DeliveryResult(
-            tenantID: d.tenantID, id: d.id, status: .queued, reason: reason,
+            tenantID: d.tenantID, id: d.id, instanceID: d.instanceID, status: .queued, reason: reason,
             nextAttemptAt: Date().addingTimeInterval(seconds))
     }
 

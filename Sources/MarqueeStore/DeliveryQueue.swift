@@ -48,6 +48,9 @@ public struct DeliveryResult: Sendable {
     public typealias Status = DeliveryStatus
     public var tenantID: UUID
     public var id: UUID
+    /// The delivery's instance: the record finds the row by it too, so that any of the queue's indexes that the
+    /// planner picks serves the lookup (see `recordQuery`).
+    public var instanceID: String
     public var status: Status
     public var providerID: String?
     public var httpStatus: Int?
@@ -58,12 +61,13 @@ public struct DeliveryResult: Sendable {
     public var apnsPriority: Int?
 
     public init(
-        tenantID: UUID, id: UUID, status: Status, providerID: String? = nil, httpStatus: Int? = nil,
-        reason: String? = nil, nextAttemptAt: Date? = nil, apnsPriority: Int? = nil
+        tenantID: UUID, id: UUID, instanceID: String, status: Status, providerID: String? = nil,
+        httpStatus: Int? = nil, reason: String? = nil, nextAttemptAt: Date? = nil, apnsPriority: Int? = nil
     ) {
         self.apnsPriority = apnsPriority
         self.tenantID = tenantID
         self.id = id
+        self.instanceID = instanceID
         self.status = status
         self.providerID = providerID
         self.httpStatus = httpStatus
@@ -114,12 +118,12 @@ public struct ClaimResults: Sendable {
     /// Claimed deliveries still being sent (a slow endpoint): the claim commits without them, and they are leased
     /// until `heldUntil` instead (due again then, if the worker never records them), to be recorded with
     /// `recordLate`. Their lock is not held, so one slow tenant does not hold back the others' results.
-    public var stillSending: [(tenant: UUID, id: UUID)]
+    public var stillSending: [(tenant: UUID, instance: String, id: UUID)]
     public var heldUntil: Date
 
     public init(
         results: [DeliveryResult], retirements: [TokenRetirement] = [],
-        stillSending: [(tenant: UUID, id: UUID)] = [], heldUntil: Date = Date()
+        stillSending: [(tenant: UUID, instance: String, id: UUID)] = [], heldUntil: Date = Date()
     ) {
         self.results = results
         self.retirements = retirements
@@ -279,9 +283,11 @@ public struct DeliveryQueue: Sendable {
                         """
                         UPDATE delivery_queue d
                         SET next_attempt_at = \(outcome.lease)
-                        FROM unnest(\(outcome.stillSending.map(\.tenant))::uuid[], \(outcome.stillSending.map(\.id))::uuid[])
-                             AS v(tenant_id, id)
-                        WHERE d.tenant_id = v.tenant_id AND d.id = v.id
+                        FROM unnest(\(outcome.stillSending.map(\.tenant))::uuid[],
+                                    \(outcome.stillSending.map(\.instance))::text[],
+                                    \(outcome.stillSending.map(\.id))::uuid[]) AS v(tenant_id, instance_id, id)
+                        -- By the instance too, as the record (recordQuery).
+                        WHERE d.tenant_id = v.tenant_id AND d.instance_id = v.instance_id AND d.id = v.id
                         """)
                 }
                 statements.append("COMMIT")
@@ -310,8 +316,9 @@ public struct DeliveryQueue: Sendable {
             let leased = try connection.query(
                 """
                 SELECT d.id FROM delivery_queue d
-                JOIN unnest(\(late.results.map(\.tenantID))::uuid[], \(late.results.map(\.id))::uuid[]) AS v(tenant_id, id)
-                  ON d.tenant_id = v.tenant_id AND d.id = v.id
+                JOIN unnest(\(late.results.map(\.tenantID))::uuid[], \(late.results.map(\.instanceID))::text[],
+                            \(late.results.map(\.id))::uuid[]) AS v(tenant_id, instance_id, id)
+                  ON d.tenant_id = v.tenant_id AND d.instance_id = v.instance_id AND d.id = v.id
                 WHERE d.status = 'queued'
                   AND d.next_attempt_at = \(late.lease)
                 FOR NO KEY UPDATE OF d SKIP LOCKED
@@ -550,6 +557,7 @@ public struct DeliveryQueue: Sendable {
         guard !results.isEmpty else { return nil }
         let tenants = results.map(\.tenantID)
         let ids = results.map(\.id)
+        let instances = results.map(\.instanceID)
         let statuses = results.map(\.status.rawValue)
         let providerIDs = results.map(\.providerID)
         let httpStatuses = results.map { $0.httpStatus.map(String.init) }
@@ -558,7 +566,7 @@ public struct DeliveryQueue: Sendable {
         let priorities = results.map { $0.apnsPriority.map(String.init) }
         return """
             WITH o AS (
-                SELECT d.tenant_id, d.id,
+                SELECT d.tenant_id, d.instance_id, d.id,
                        CASE WHEN v.status = 'queued' AND EXISTS (
                                 SELECT 1 FROM deliveries n
                                 WHERE n.tenant_id = d.tenant_id AND n.instance_id = d.instance_id
@@ -570,13 +578,18 @@ public struct DeliveryQueue: Sendable {
                             ELSE v.status END AS status,
                        v.provider_id, v.http_status::int AS http_status, v.reason,
                        to_timestamp(v.next_at::double precision) AS next_at, v.apns_priority::smallint AS apns_priority
-                FROM unnest(\(tenants)::uuid[], \(ids)::uuid[], \(statuses)::text[], \(providerIDs)::text[],
-                            \(httpStatuses)::text[], \(reasons)::text[], \(nextAt)::text[], \(priorities)::text[])
-                     AS v(tenant_id, id, status, provider_id, http_status, reason, next_at, apns_priority)
-                -- A primary-key lookup per row (OFFSET 0): as a join it was planned as a hash join over the whole
-                -- queue (7 ms a batch with 20,000 queued).
+                FROM unnest(\(tenants)::uuid[], \(ids)::uuid[], \(instances)::text[], \(statuses)::text[],
+                            \(providerIDs)::text[], \(httpStatuses)::text[], \(reasons)::text[], \(nextAt)::text[],
+                            \(priorities)::text[])
+                     AS v(tenant_id, id, instance_id, status, provider_id, http_status, reason, next_at, apns_priority)
+                -- A lookup per row (OFFSET 0): as a join it was planned as a hash join over the whole queue (7 ms a
+                -- batch with 20,000 queued). By the instance too: on statistics that did not know the tenant, the
+                -- planner served (tenant_id, id) from deliveries_instance, whose key has instance_id between them —
+                -- every entry of the tenant read per row (bench/campaign: records of 256 taking 1–3 s, 212,000
+                -- buffers); with the instance, whichever index it picks is a lookup.
                 CROSS JOIN LATERAL (
-                    SELECT * FROM delivery_queue q WHERE q.tenant_id = v.tenant_id AND q.id = v.id OFFSET 0
+                    SELECT * FROM delivery_queue q
+                    WHERE q.tenant_id = v.tenant_id AND q.instance_id = v.instance_id AND q.id = v.id OFFSET 0
                 ) d
             ), kept AS (
                 UPDATE delivery_queue d SET
@@ -585,10 +598,12 @@ public struct DeliveryQueue: Sendable {
                     next_attempt_at = COALESCE(o.next_at, d.next_attempt_at), updated_at = now(),
                     apns_priority = COALESCE(o.apns_priority, d.apns_priority)
                 FROM o
-                WHERE d.tenant_id = o.tenant_id AND d.id = o.id AND o.status IN ('queued', 'parked')
+                WHERE d.tenant_id = o.tenant_id AND d.instance_id = o.instance_id AND d.id = o.id
+                  AND o.status IN ('queued', 'parked')
             ), gone AS (
                 DELETE FROM delivery_queue d USING o
-                WHERE d.tenant_id = o.tenant_id AND d.id = o.id AND o.status NOT IN ('queued', 'parked')
+                WHERE d.tenant_id = o.tenant_id AND d.instance_id = o.instance_id AND d.id = o.id
+                  AND o.status NOT IN ('queued', 'parked')
                 RETURNING d, o.status, o.provider_id, o.http_status, o.reason, o.apns_priority
             ), history AS (
                 INSERT INTO delivery_history

@@ -48,7 +48,9 @@ struct ClaimTests {
                 held.open(batch.count)
                 await dead.wait()
                 return ClaimResults(
-                    results: batch.map { DeliveryResult(tenantID: $0.tenantID, id: $0.id, status: .sent) })
+                    results: batch.map {
+                        DeliveryResult(tenantID: $0.tenantID, id: $0.id, instanceID: $0.instanceID, status: .sent)
+                    })
             }
         }
         #expect(try await held.value(within: .seconds(30)) == 3, "the claim holds the start's three deliveries")
@@ -74,7 +76,9 @@ struct ClaimTests {
             rescued = try await queue.claim(limit: 10, hold: .seconds(60), tenants: [w.tenant.uuid]) { batch in
                 ClaimResults(
                     results: batch.map {
-                        DeliveryResult(tenantID: $0.tenantID, id: $0.id, status: .superseded, reason: "instance_ended")
+                        DeliveryResult(
+                            tenantID: $0.tenantID, id: $0.id, instanceID: $0.instanceID, status: .superseded,
+                            reason: "instance_ended")
                     })
             }
             if rescued == 0 { try await Task.sleep(for: .milliseconds(50)) }
@@ -114,14 +118,18 @@ struct ClaimTests {
             }
             #expect(held.map(\.0) == ["start", "update"] && held.map(\.1) == [true, false], "\(held)")
             return ClaimResults(
-                results: batch.map { DeliveryResult(tenantID: $0.tenantID, id: $0.id, status: .sent) })
+                results: batch.map {
+                    DeliveryResult(tenantID: $0.tenantID, id: $0.id, instanceID: $0.instanceID, status: .sent)
+                })
         }
         #expect(probe == 1)
         // Once the start is recorded, the update is next.
         let next = try await queue.claim(limit: 10, hold: .seconds(60), tenants: [w.tenant.uuid]) { batch in
             #expect(batch.map(\.operation.rawValue) == ["update"])
             return ClaimResults(
-                results: batch.map { DeliveryResult(tenantID: $0.tenantID, id: $0.id, status: .sent) })
+                results: batch.map {
+                    DeliveryResult(tenantID: $0.tenantID, id: $0.id, instanceID: $0.instanceID, status: .sent)
+                })
         }
         #expect(next == 1)
         #expect(try await Self.statuses(w, instance) == ["sent": 2])
@@ -137,7 +145,8 @@ struct ClaimTests {
         var slow: ClaimedDelivery?
         let claimed = try await queue.claim(limit: 10, hold: .seconds(60), tenants: [w.tenant.uuid]) { batch in
             slow = batch.first
-            return ClaimResults(results: [], stillSending: batch.map { ($0.tenantID, $0.id) }, heldUntil: lease)
+            return ClaimResults(
+                results: [], stillSending: batch.map { ($0.tenantID, $0.instanceID, $0.id) }, heldUntil: lease)
         }
         #expect(claimed == 1)
         let d = try #require(slow)
@@ -148,13 +157,19 @@ struct ClaimTests {
         // A result under another lease (one that ran out and was taken over) is not written…
         try await queue.recordLate(
             ClaimResults(
-                results: [DeliveryResult(tenantID: d.tenantID, id: d.id, status: .failed, reason: "stale")],
+                results: [
+                    DeliveryResult(
+                        tenantID: d.tenantID, id: d.id, instanceID: d.instanceID, status: .failed, reason: "stale")
+                ],
                 heldUntil: lease.addingTimeInterval(-30)))
         #expect(try await Self.statuses(w, instance) == ["queued": 1])
         // …the one under this lease is.
         try await queue.recordLate(
             ClaimResults(
-                results: [DeliveryResult(tenantID: d.tenantID, id: d.id, status: .sent, providerID: "p1")],
+                results: [
+                    DeliveryResult(
+                        tenantID: d.tenantID, id: d.id, instanceID: d.instanceID, status: .sent, providerID: "p1")
+                ],
                 heldUntil: lease))
         #expect(try await Self.statuses(w, instance) == ["sent": 1])
         let attempts = try await w.fixture.pool.count(

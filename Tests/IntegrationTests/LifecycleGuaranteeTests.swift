@@ -124,7 +124,8 @@ struct LifecycleGuaranteeTests {
             return ClaimResults(
                 results: batch.map {
                     DeliveryResult(
-                        tenantID: $0.tenantID, id: $0.id, status: .queued, reason: "Unavailable",
+                        tenantID: $0.tenantID, id: $0.id, instanceID: $0.instanceID, status: .queued,
+                        reason: "Unavailable",
                         nextAttemptAt: Date().addingTimeInterval(1))
                 })
         }
