@@ -566,7 +566,7 @@ public struct DeliveryQueue: Sendable {
         let priorities = results.map { $0.apnsPriority.map(String.init) }
         return """
             WITH o AS (
-                SELECT d.tenant_id, d.instance_id, d.id,
+                SELECT d.row_ctid, d.tenant_id, d.instance_id, d.id,
                        CASE WHEN v.status = 'queued' AND EXISTS (
                                 SELECT 1 FROM deliveries n
                                 WHERE n.tenant_id = d.tenant_id AND n.instance_id = d.instance_id
@@ -588,9 +588,12 @@ public struct DeliveryQueue: Sendable {
                 -- every entry of the tenant read per row (bench/campaign: records of 256 taking 1–3 s, 212,000
                 -- buffers); with the instance, whichever index it picks is a lookup.
                 CROSS JOIN LATERAL (
-                    SELECT * FROM delivery_queue q
+                    SELECT q.ctid AS row_ctid, q.* FROM delivery_queue q
                     WHERE q.tenant_id = v.tenant_id AND q.instance_id = v.instance_id AND q.id = v.id OFFSET 0
                 ) d
+            -- The rows are then written where o found them (ctid: stable, as this transaction holds their locks since
+            -- the claim): as joins, on statistics of an empty queue, the UPDATE and DELETE walked the whole queue once
+            -- per recorded row (bench/campaign: 2.6 million join comparisons and 2 s for 256 rows).
             ), kept AS (
                 UPDATE delivery_queue d SET
                     status = o.status, provider_id = COALESCE(o.provider_id, d.provider_id),
@@ -598,12 +601,12 @@ public struct DeliveryQueue: Sendable {
                     next_attempt_at = COALESCE(o.next_at, d.next_attempt_at), updated_at = now(),
                     apns_priority = COALESCE(o.apns_priority, d.apns_priority)
                 FROM o
-                WHERE d.tenant_id = o.tenant_id AND d.instance_id = o.instance_id AND d.id = o.id
-                  AND o.status IN ('queued', 'parked')
+                WHERE d.ctid = ANY(ARRAY(SELECT row_ctid FROM o WHERE status IN ('queued', 'parked')))
+                  AND d.ctid = o.row_ctid AND o.status IN ('queued', 'parked')
             ), gone AS (
                 DELETE FROM delivery_queue d USING o
-                WHERE d.tenant_id = o.tenant_id AND d.instance_id = o.instance_id AND d.id = o.id
-                  AND o.status NOT IN ('queued', 'parked')
+                WHERE d.ctid = ANY(ARRAY(SELECT row_ctid FROM o WHERE status NOT IN ('queued', 'parked')))
+                  AND d.ctid = o.row_ctid AND o.status NOT IN ('queued', 'parked')
                 RETURNING d, o.status, o.provider_id, o.http_status, o.reason, o.apns_priority
             ), history AS (
                 INSERT INTO delivery_history

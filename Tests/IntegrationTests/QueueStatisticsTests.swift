@@ -169,24 +169,29 @@ struct QueueStatisticsTests {
         defer { owner.close() }
         let tenant = UUID()
         try await owner.withConnection { try Self.seedInstance($0, tenant: tenant, name: "record") }
-        try await owner.execute(
-            """
-            INSERT INTO instances (tenant_id, id, activity_type, state, attributes, content_state, content_timestamp,
-                                   expires_at)
-            SELECT \(tenant), 'r' || i, 'a', 'active', '{}', '{}', 1, now() + interval '1 hour'
-            FROM generate_series(1, 20000) i
-            """)
-        try await owner.execute(
-            """
-            INSERT INTO delivery_queue (tenant_id, id, instance_id, device_token, provider, token_kind, token,
-                                    operation, instance_version)
-            SELECT \(tenant), marquee_new_ulid(), 'r' || i, 'd' || i, 'apns', 'activity', md5(i::text), 'update', 1
-            FROM generate_series(1, 20000) i
-            """)
-        // In bench/campaign, on statistics that did not know the tenant, the planner served the record's (tenant_id,
-        // id) lookups from deliveries_instance (tenant_id, instance_id, token, id), reading every entry of the tenant
-        // per row. Here that index is the only one that can serve them.
-        try await owner.execute("ALTER TABLE delivery_queue DROP CONSTRAINT delivery_queue_pkey")
+        try await owner.withConnection { connection in
+            try connection.execute(
+                """
+                INSERT INTO instances (tenant_id, id, activity_type, state, attributes, content_state,
+                                       content_timestamp, expires_at)
+                SELECT \(tenant), 'r' || i, 'a', 'active', '{}', '{}', 1, now() + interval '1 hour'
+                FROM generate_series(1, 20000) i
+                """)
+            try connection.execute(
+                """
+                INSERT INTO delivery_queue (tenant_id, id, instance_id, device_token, provider, token_kind, token,
+                                        operation, instance_version)
+                SELECT \(tenant), marquee_new_ulid(), 'r' || i, 'd' || i, 'apns', 'activity', md5(i::text), 'update',
+                       1
+                FROM generate_series(1, 20000) i
+                """)
+            // In bench/campaign, on statistics that did not know the tenant, the planner served the record's
+            // (tenant_id, id) lookups from deliveries_instance (tenant_id, instance_id, token, id), reading every entry
+            // of the tenant per row. Here that index is the only one that can serve them.
+            try connection.execute("ALTER TABLE delivery_queue DROP CONSTRAINT delivery_queue_pkey")
+            // This backend's counts, published before it answers (the inserts' pages are not the record's).
+            _ = try connection.query("SELECT pg_stat_force_next_flush()")
+        }
         let worker = try Self.workerPool(url)
         defer { worker.close() }
         func indexBlocks() async throws -> Int {
@@ -215,5 +220,69 @@ struct QueueStatisticsTests {
         // A few pages a row (without the instance in the lookups: ~200,000 for these 256 rows).
         let read = try await indexBlocks() - before
         #expect(read < 256 * 20, "\(read) index pages read")
+    }
+
+    @Test("a record planned on statistics of an almost empty queue writes its rows without walking a burst")
+    func recordAfterEmptyStatistics() async throws {
+        let (url, owner) = try await Self.migratedDatabase()
+        defer { owner.close() }
+        try await owner.execute("ALTER TABLE delivery_queue SET (autovacuum_enabled = false)")
+        let tenant = UUID()
+        try await owner.withConnection { try Self.seedInstance($0, tenant: tenant, name: "empty") }
+        try await owner.execute(
+            """
+            INSERT INTO instances (tenant_id, id, activity_type, state, attributes, content_state, content_timestamp,
+                                   expires_at)
+            SELECT \(tenant), 'e' || i, 'a', 'active', '{}', '{}', 1, now() + interval '1 hour'
+            FROM generate_series(1, 10000) i
+            """)
+        try await owner.execute(
+            """
+            INSERT INTO delivery_queue (tenant_id, id, instance_id, device_token, provider, token_kind, token,
+                                    operation, instance_version)
+            SELECT \(tenant), marquee_new_ulid(), 'e' || i, 'd' || i, 'apns', 'activity', md5(i::text), 'update', 1
+            FROM generate_series(1, 10000) i
+            """)
+        // Statistics that say the queue holds one row (in bench/campaign: analysed while a campaign's first step
+        // was being sent, before the next 10,000 were queued).
+        try await owner.execute(
+            """
+            UPDATE pg_class SET reltuples = 1, relpages = pg_relation_size('delivery_queue') / 8192
+            WHERE oid = 'delivery_queue'::regclass
+            """)
+        let worker = try Self.workerPool(url)
+        defer { worker.close() }
+        let rows = try await owner.query("SELECT tenant_id, id, instance_id FROM delivery_queue ORDER BY id LIMIT 256")
+        // Half sent (they leave the queue), half retried (they stay, due later).
+        let results = try rows.enumerated().map { index, row in
+            DeliveryResult(
+                tenantID: try row.decode(UUID.self, "tenant_id"), id: try row.decode(UUID.self, "id"),
+                instanceID: try row.decode(String.self, "instance_id"), status: index % 2 == 0 ? .sent : .queued,
+                reason: index % 2 == 0 ? nil : "retry", nextAttemptAt: Date().addingTimeInterval(60))
+        }
+        // Rows the transaction read from the queue by index and by sequential scan, counted by this backend
+        // (pg_stat_xact_user_tables: nothing waits for statistics to be flushed).
+        @Sendable func rowsRead(_ connection: PostgresConnection) throws -> Int {
+            try connection.query(
+                """
+                SELECT (COALESCE(idx_tup_fetch, 0) + seq_tup_read)::int AS n FROM pg_stat_xact_user_tables
+                WHERE relid = 'delivery_queue'::regclass
+                """
+            )[0].decode(Int.self, "n")
+        }
+        let read = try await worker.transaction { connection in
+            // As a claim's transaction: generic plans, no sequential scans.
+            try connection.execute(GroupCommitter.genericPlans)
+            try connection.execute("SET LOCAL enable_seqscan = off")
+            let before = try rowsRead(connection)
+            _ = try DeliveryQueue.record(connection, results)
+            return try rowsRead(connection) - before
+        }
+        // Its own rows, each looked up once (as joins: the whole queue read for each statement).
+        #expect(read <= 256 * 2, "\(read) rows of the queue read")
+        #expect(try await owner.count("SELECT count(*)::int AS n FROM delivery_queue") == 10_000 - 128)
+        #expect(
+            try await owner.count(
+                "SELECT count(*)::int AS n FROM delivery_queue WHERE reason = 'retry' AND attempts = 1") == 128)
     }
 }
