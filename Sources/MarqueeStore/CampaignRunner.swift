@@ -8,8 +8,7 @@ import PostgresClient
 /// workers, a schedule runs exactly once, and a worker that dies mid-run leaves it to another (its work rolls back
 /// with it).
 ///
-/// A start writes its audience `chunk` members at a time (`firstChunk` in its first step, which also resolves the
-/// audience), one transaction each, in person order: each commits its
+/// A start writes its audience `chunk` members at a time, one transaction each, in person order: each commits its
 /// instances and deliveries (so workers start sending them while the next are written) and the position reached, on
 /// the schedule, which stays pending until the last. Any worker continues from there. A campaign-wide change writes
 /// the campaign's open instances the same way, `chunk` at a time in instance ID order.
@@ -20,19 +19,15 @@ public struct CampaignRunner: Sendable {
     let lifetime: TimeInterval
     /// Members a start writes, or instances a campaign-wide change writes, per transaction.
     let chunk: Int
-    /// Members a start's first step writes (at most `chunk`): that step also resolves the whole audience, and nothing
-    /// is sent until it commits, so it is kept short for the first pushes to leave sooner.
-    let firstChunk: Int
 
     public init(
         database: TenantDatabase, notifyChannel: String = "marquee_deliveries",
-        lifetime: TimeInterval = Lifetime.maximum, chunk: Int = 10_000, firstChunk: Int = 1_000
+        lifetime: TimeInterval = Lifetime.maximum, chunk: Int = 10_000
     ) {
         self.database = database
         self.notifyChannel = notifyChannel
         self.lifetime = lifetime
         self.chunk = max(1, chunk)
-        self.firstChunk = max(1, min(firstChunk, chunk))
     }
 
     /// The phases a schedule records while partway (it stays pending): a start writing its audience, a channel
@@ -75,7 +70,6 @@ public struct CampaignRunner: Sendable {
         let lifetime = self.lifetime
         let channel = notifyChannel
         let chunk = self.chunk
-        let firstChunk = self.firstChunk
         do {
             return try await database.pool.transaction { c in
                 try c.enterSystem()
@@ -110,8 +104,7 @@ public struct CampaignRunner: Sendable {
                     if operation == "start" {
                         let step = try Self.start(
                             c, tenant, campaignID, change, lifetime: lifetime,
-                            progress: recorded?["phase"]?.stringValue == "starting" ? recorded : nil, chunk: chunk,
-                            firstChunk: firstChunk)
+                            progress: recorded?["phase"]?.stringValue == "starting" ? recorded : nil, chunk: chunk)
                         result = step.result
                         if !step.done { state = "starting" }
                     } else {
@@ -301,7 +294,7 @@ public struct CampaignRunner: Sendable {
     /// the position reached and the counts so far, kept on the schedule.
     static func start(
         _ c: PostgresConnection, _ tenant: UUID, _ campaignID: String, _ plan: JSONValue, lifetime: TimeInterval,
-        progress: JSONValue?, chunk: Int, firstChunk: Int? = nil
+        progress: JSONValue?, chunk: Int
     ) throws -> (result: JSONValue, done: Bool) {
         let rows = try c.query(
             """
@@ -350,7 +343,7 @@ public struct CampaignRunner: Sendable {
         let template = try row.decode(JSONValue.self, "attributes")
         let rate = try row.decode(Int?.self, "rate_limit_per_second")
         let timestamp = Int64(Date().timeIntervalSince1970.rounded(.down))
-        let limit = expiresAt > Date() ? (progress == nil ? firstChunk ?? chunk : chunk) : 0
+        let limit = expiresAt > Date() ? chunk : 0
         let written = try c.query(
             """
             -- A step's members, their people, devices and push-to-start tokens are looked up row by row (LATERAL

@@ -91,33 +91,6 @@ extension CampaignTests {
         )
     }
 
-    @Test("a runner's first start step writes its short first chunk, the next steps a whole chunk each")
-    func shortFirstStep() async throws {
-        let t = try await Self.tenant()
-        let pool = t.fixture.pool
-        let tenant = t.tenant.uuid
-        let id = try await Self.campaignAnHourAhead(t, people: 6)
-        let (scheduleID, _) = try await Self.startSchedule(pool, tenant, id)
-        try await pool.execute(
-            "UPDATE campaign_schedules SET due_at = now() WHERE tenant_id = \(tenant) AND id = \(scheduleID)")
-        func instances() async throws -> Int {
-            try await pool.query(
-                "SELECT count(*)::int AS n FROM instances WHERE tenant_id = \(tenant) AND campaign_id = \(id)"
-            )[0].decode(Int.self, "n")
-        }
-        let runner = CampaignRunner(database: TenantDatabase(pool: pool), chunk: 4, firstChunk: 1)
-        var written: [Int] = []
-        var states: [String] = []
-        for _ in 0..<3 {
-            let run = try #require(try await runner.run(scheduleID))
-            states.append(run.state)
-            written.append(try await instances())
-        }
-        #expect(written == [1, 5, 6], "\(written)")
-        #expect(states == ["starting", "starting", "done"], "\(states)")
-        #expect(try await t.campaign(id)["audience_size"] as? Int == 6)
-    }
-
     @Test("a start failing after its first steps leaves its campaign active with what it started, which can be ended")
     func startFailingMidway() async throws {
         let t = try await Self.tenant()
