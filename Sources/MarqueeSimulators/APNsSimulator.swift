@@ -227,10 +227,9 @@ final class APNsCore: Sendable {
         }
         // The record keeps the payload's bytes, not its parsed tree (one allocation instead of one per node: a
         // simulator keeping 100,000 records grew by page faults that took a tenth of its CPU), parsed again when read.
-        let kept = APNsAcceptedPush(
-            token: push.token, topic: push.topic, bundleID: push.bundleID, priority: push.priority,
-            expiration: push.expiration, apnsID: push.apnsID, collapseID: push.collapseID, keyID: push.keyID,
-            teamID: push.teamID, payload: .null)
+        var copy = push
+        copy.payload = .null
+        let kept = copy
         let body = request.body
         recorder.accept(token: push.token) {
             var record: [String: JSONValue] = [

@@ -99,9 +99,10 @@ final class Recorder: Sendable {
 
     /// Keeps `record` for `token` and, with a records file, appends its JSON to the file as one line.
     func accept(token: String, record: @escaping Record) {
+        let at = Date().timeIntervalSince1970
         state.withLock { state in
             state.accepted += 1
-            state.lastAcceptedAt = Date().timeIntervalSince1970
+            state.lastAcceptedAt = at
             state.byToken[token, default: []].append(record)
             state.order.append(token)
             if state.order.count - state.head > memoryLimit {

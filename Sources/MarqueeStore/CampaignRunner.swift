@@ -36,7 +36,6 @@ public struct CampaignRunner: Sendable {
     public static let partwayPhases = ["starting", "broadcast", "changing"]
 
     /// A run's failure that is the campaign's, not the database's: recorded on the schedule, never retried.
-
     struct Refusal: Error {
         var reason: String
         var detail: String

@@ -16,12 +16,7 @@ extension BroadcastInstanceTests {
         let r = try await t.api.call(
             "POST", "/v1/campaigns/\(campaign)/update", key: t.tenant.app, json: ["content_state_patch": ["home": 1]])
         #expect(r.status == 202, "\(r.text)")
-        let scheduleID = try await CampaignTests.scheduleIDs(pool, tenant, campaign, "update")[0]
-        let change = CampaignChange(
-            operation: .update,
-            json: try await pool.query(
-                "SELECT change FROM campaign_schedules WHERE tenant_id = \(tenant) AND id = \(scheduleID)")[0].decode(
-                    JSONValue.self, "change"))
+        let (scheduleID, change) = try await CampaignTests.changeSchedule(pool, tenant, campaign, .update)
         func versions() async throws -> [String: Int] {
             var out: [String: Int] = [:]
             for row in try await pool.query(
@@ -36,15 +31,7 @@ extension BroadcastInstanceTests {
 
         /// One run, as the runner does it: the first half, or the next step of the rest.
         func run(_ progress: JSONValue?) async throws -> (result: JSONValue, representative: String?, done: Bool) {
-            try await pool.transaction { c in
-                try c.enterSystem()
-                try c.enterTenant(tenant)
-                let step = try CampaignRunner.change(
-                    c, tenant, campaign, change,
-                    scope: progress == nil ? .broadcastFirst : .rest(progress?["representative"]?.stringValue),
-                    schedule: scheduleID, progress: progress, chunk: 2)
-                return (step.result, step.representative, step.done)
-            }
+            try await CampaignTests.changeStep(pool, tenant, campaign, change, scheduleID, progress: progress, chunk: 2)
         }
         let first = try await run(nil)
         let representative = try #require(first.representative, "\(first.result)")

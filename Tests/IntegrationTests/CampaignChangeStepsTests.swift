@@ -34,28 +34,9 @@ extension CampaignTests {
         let posted = try await t.api.call(
             "POST", "/v1/campaigns/\(id)/update", key: t.tenant.app, json: ["content_state_patch": ["home": 1]])
         #expect(posted.status == 202, "\(posted.text)")
-        let schedule = try await pool.query(
-            """
-            SELECT id, change FROM campaign_schedules
-            WHERE tenant_id = \(tenant) AND campaign_id = \(id) AND operation = 'update'
-            """)[0]
-        let scheduleID = try schedule.decode(UUID.self, "id")
-        let change = CampaignChange(operation: .update, json: try schedule.decode(JSONValue.self, "change"))
-        func step(_ progress: JSONValue?) async throws -> (result: JSONValue, done: Bool) {
-            try await pool.transaction { c in
-                try c.enterSystem()
-                try c.enterTenant(tenant)
-                let written = try CampaignRunner.change(
-                    c, tenant, id, change,
-                    scope: progress == nil ? .broadcastFirst : .rest(progress?["representative"]?.stringValue),
-                    schedule: scheduleID, progress: progress, chunk: 3)
-                try c.execute(
-                    """
-                    UPDATE campaign_schedules SET result = \(written.result)
-                    WHERE tenant_id = \(tenant) AND id = \(scheduleID)
-                    """)
-                return (written.result, written.done)
-            }
+        let (scheduleID, change) = try await Self.changeSchedule(pool, tenant, id, .update)
+        func step(_ progress: JSONValue?) async throws -> (result: JSONValue, representative: String?, done: Bool) {
+            try await Self.changeStep(pool, tenant, id, change, scheduleID, progress: progress, chunk: 3)
         }
         func states() async throws -> [(home: Int, away: Int, version: Int)] {
             try await pool.query(

@@ -298,6 +298,43 @@ extension CampaignTests {
             """)
     }
 
+    /// The campaign's one change schedule of `operation`: its ID and its stored change.
+    static func changeSchedule(
+        _ pool: PostgresPool, _ tenant: UUID, _ id: String, _ operation: CampaignChange.Operation
+    )
+        async throws -> (UUID, CampaignChange)
+    {
+        let row = try await pool.query(
+            """
+            SELECT id, change FROM campaign_schedules
+            WHERE tenant_id = \(tenant) AND campaign_id = \(id) AND operation = \(operation.rawValue)
+            """)[0]
+        return (
+            try row.decode(UUID.self, "id"),
+            CampaignChange(operation: operation, json: try row.decode(JSONValue.self, "change"))
+        )
+    }
+
+    /// One step of a campaign-wide change, run as a worker runs it (its first half without `progress`, else the next
+    /// chunk of the rest), its progress kept on the schedule (which stays pending).
+    static func changeStep(
+        _ pool: PostgresPool, _ tenant: UUID, _ id: String, _ change: CampaignChange, _ scheduleID: UUID,
+        progress: JSONValue?, chunk: Int
+    ) async throws -> (result: JSONValue, representative: String?, done: Bool) {
+        try await pool.transaction { c in
+            try c.enterSystem()
+            try c.enterTenant(tenant)
+            let step = try CampaignRunner.change(
+                c, tenant, id, change,
+                scope: progress == nil ? .broadcastFirst : .rest(progress?["representative"]?.stringValue),
+                schedule: scheduleID, progress: progress, chunk: chunk)
+            try c.execute(
+                "UPDATE campaign_schedules SET result = \(step.result) WHERE tenant_id = \(tenant) AND id = \(scheduleID)"
+            )
+            return step
+        }
+    }
+
     /// One step of a start, run as a worker runs it, its progress kept on the schedule (which stays pending).
     static func startStep(
         _ pool: PostgresPool, _ tenant: UUID, _ id: String, _ scheduleID: UUID, _ plan: JSONValue, progress: JSONValue?,

@@ -33,6 +33,24 @@ struct QueueStatisticsTests {
             """)
     }
 
+    /// `count` instances of `tenant` (`<prefix>1`…, of the seeded activity type), each with one queued update.
+    static func seedDeliveries(_ connection: PostgresConnection, tenant: UUID, prefix: String, count: Int) throws {
+        try connection.execute(
+            """
+            INSERT INTO instances (tenant_id, id, activity_type, state, attributes, content_state, content_timestamp,
+                                   expires_at)
+            SELECT \(tenant), \(prefix) || i, 'a', 'active', '{}', '{}', 1, now() + interval '1 hour'
+            FROM generate_series(1, \(count)) i
+            """)
+        try connection.execute(
+            """
+            INSERT INTO delivery_queue (tenant_id, id, instance_id, device_token, provider, token_kind, token,
+                                    operation, instance_version)
+            SELECT \(tenant), marquee_new_ulid(), \(prefix) || i, 'd' || i, 'apns', 'activity', md5(i::text), 'update', 1
+            FROM generate_series(1, \(count)) i
+            """)
+    }
+
     /// A pool as a worker's: marquee_app in the marquee_system role (every tenant's rows).
     static func workerPool(_ url: String) throws -> PostgresPool {
         var configuration = try PostgresConfiguration(
@@ -170,21 +188,7 @@ struct QueueStatisticsTests {
         let tenant = UUID()
         try await owner.withConnection { try Self.seedInstance($0, tenant: tenant, name: "record") }
         try await owner.withConnection { connection in
-            try connection.execute(
-                """
-                INSERT INTO instances (tenant_id, id, activity_type, state, attributes, content_state,
-                                       content_timestamp, expires_at)
-                SELECT \(tenant), 'r' || i, 'a', 'active', '{}', '{}', 1, now() + interval '1 hour'
-                FROM generate_series(1, 20000) i
-                """)
-            try connection.execute(
-                """
-                INSERT INTO delivery_queue (tenant_id, id, instance_id, device_token, provider, token_kind, token,
-                                        operation, instance_version)
-                SELECT \(tenant), marquee_new_ulid(), 'r' || i, 'd' || i, 'apns', 'activity', md5(i::text), 'update',
-                       1
-                FROM generate_series(1, 20000) i
-                """)
+            try Self.seedDeliveries(connection, tenant: tenant, prefix: "r", count: 20_000)
             // In bench/campaign, on statistics that did not know the tenant, the planner served the record's
             // (tenant_id, id) lookups from deliveries_instance (tenant_id, instance_id, token, id), reading every entry
             // of the tenant per row. Here that index is the only one that can serve them.
@@ -229,20 +233,7 @@ struct QueueStatisticsTests {
         try await owner.execute("ALTER TABLE delivery_queue SET (autovacuum_enabled = false)")
         let tenant = UUID()
         try await owner.withConnection { try Self.seedInstance($0, tenant: tenant, name: "empty") }
-        try await owner.execute(
-            """
-            INSERT INTO instances (tenant_id, id, activity_type, state, attributes, content_state, content_timestamp,
-                                   expires_at)
-            SELECT \(tenant), 'e' || i, 'a', 'active', '{}', '{}', 1, now() + interval '1 hour'
-            FROM generate_series(1, 10000) i
-            """)
-        try await owner.execute(
-            """
-            INSERT INTO delivery_queue (tenant_id, id, instance_id, device_token, provider, token_kind, token,
-                                    operation, instance_version)
-            SELECT \(tenant), marquee_new_ulid(), 'e' || i, 'd' || i, 'apns', 'activity', md5(i::text), 'update', 1
-            FROM generate_series(1, 10000) i
-            """)
+        try await owner.withConnection { try Self.seedDeliveries($0, tenant: tenant, prefix: "e", count: 10_000) }
         // Statistics that say the queue holds one row (in bench/campaign: analysed while a campaign's first step
         // was being sent, before the next 10,000 were queued).
         try await owner.execute(
