@@ -91,6 +91,61 @@ extension CampaignTests {
         )
     }
 
+    @Test("a start's last chunk is written in halves, down to a floor; whole chunks before it")
+    func stepSizes() {
+        // 100,000 in chunks of 10,000: nine whole chunks, then 5,000, 2,500, 1,250 and the last 1,250.
+        var left = 100_000
+        var steps: [Int] = []
+        while left > 0 {
+            let size = min(left, CampaignRunner.stepSize(remaining: left, chunk: 10_000))
+            steps.append(size)
+            left -= size
+        }
+        #expect(steps == Array(repeating: 10_000, count: 9) + [5_000, 2_500, 1_250, 1_250])
+        #expect(CampaignRunner.stepSize(remaining: 25_000, chunk: 10_000) == 10_000)
+        #expect(CampaignRunner.stepSize(remaining: 2 * CampaignRunner.tailFloor, chunk: 10_000) == 1_000)
+        #expect(CampaignRunner.stepSize(remaining: 1_998, chunk: 10_000) == 1_998)
+        // Small chunks are not split; nor is anything when the audience's size is not known.
+        #expect(CampaignRunner.stepSize(remaining: 2, chunk: 3) == 2)
+        #expect(CampaignRunner.stepSize(remaining: nil, chunk: 10_000) == 10_000)
+    }
+
+    @Test("a start whose audience fills its last step ends in that step; one recorded without its size still ends")
+    func startEndsInItsLastFullStep() async throws {
+        let t = try await Self.tenant()
+        let pool = t.fixture.pool
+        let tenant = t.tenant.uuid
+        for known in [true, false] {
+            let id = try await Self.campaignAnHourAhead(t, people: 6)
+            let (scheduleID, plan) = try await Self.startSchedule(pool, tenant, id)
+            let first = try await Self.startStep(pool, tenant, id, scheduleID, plan, progress: nil, chunk: 3)
+            #expect(!first.done && first.result["members"]?.intValue == 6, "\(first.result)")
+            // A start recorded partway by a version that did not keep the audience's size goes on in whole chunks,
+            // and learns it is done from a step that finds no one left.
+            var progress = first.result
+            if !known, case .object(var fields) = progress {
+                fields["members"] = nil
+                progress = .object(fields)
+            }
+            let second = try await Self.startStep(pool, tenant, id, scheduleID, plan, progress: progress, chunk: 3)
+            #expect(second.done == known, "\(second.result)")
+            if !known {
+                let third = try await Self.startStep(
+                    pool, tenant, id, scheduleID, plan, progress: second.result, chunk: 3)
+                #expect(third.done && third.result["audience"]?.intValue == 6, "\(third.result)")
+            } else {
+                #expect(second.result["audience"]?.intValue == 6, "\(second.result)")
+            }
+            let campaign = try await t.campaign(id)
+            #expect(campaign.string("state") == "active" && campaign["audience_size"] as? Int == 6, "\(campaign)")
+            try await pool.execute(
+                """
+                UPDATE campaign_schedules SET state = 'done', executed_at = now()
+                WHERE tenant_id = \(tenant) AND id = \(scheduleID)
+                """)
+        }
+    }
+
     @Test("a start failing after its first steps leaves its campaign active with what it started, which can be ended")
     func startFailingMidway() async throws {
         let t = try await Self.tenant()
