@@ -112,12 +112,12 @@ public enum JSONValue: Sendable, Hashable, CustomStringConvertible {
         switch self {
         case .null: out.append(contentsOf: "null".utf8)
         case .bool(let b): out.append(contentsOf: (b ? "true" : "false").utf8)
-        case .int(let i): out.append(contentsOf: String(i).utf8)
+        case .int(let i): JSONValue.writeInteger(i, to: &out)
         case .double(let d):
             if !d.isFinite {
                 out.append(contentsOf: "null".utf8)
             } else if d == d.rounded() && abs(d) < 1e15 {
-                out.append(contentsOf: String(Int64(d)).utf8)
+                JSONValue.writeInteger(Int64(d), to: &out)
             } else {
                 out.append(contentsOf: String(d).utf8)
             }
@@ -131,13 +131,29 @@ public enum JSONValue: Sendable, Hashable, CustomStringConvertible {
             out.append(UInt8(ascii: "]"))
         case .object(let o):
             out.append(UInt8(ascii: "{"))
-            for (i, key) in o.keys.sorted().enumerated() {
+            // The pairs sorted, not the keys: no lookup per key afterwards.
+            for (i, (key, value)) in o.sorted(by: { $0.key < $1.key }).enumerated() {
                 if i > 0 { out.append(UInt8(ascii: ",")) }
                 JSONValue.writeString(key, to: &out)
                 out.append(UInt8(ascii: ":"))
-                o[key]!.write(to: &out)
+                value.write(to: &out)
             }
             out.append(UInt8(ascii: "}"))
+        }
+    }
+
+    /// Decimal digits of `value`, written straight into `out` (no `String` in between).
+    static func writeInteger(_ value: Int64, to out: inout [UInt8]) {
+        if value < 0 { out.append(UInt8(ascii: "-")) }
+        var magnitude = value.magnitude
+        withUnsafeTemporaryAllocation(of: UInt8.self, capacity: 20) { digits in
+            var start = digits.count
+            repeat {
+                start -= 1
+                digits[start] = UInt8(ascii: "0") + UInt8(truncatingIfNeeded: magnitude % 10)
+                magnitude /= 10
+            } while magnitude > 0
+            out.append(contentsOf: UnsafeBufferPointer(rebasing: digits[start...]))
         }
     }
 
@@ -145,8 +161,14 @@ public enum JSONValue: Sendable, Hashable, CustomStringConvertible {
     /// 0x80 or above, so escaping the UTF-8 bytes one by one is exact; a string with nothing to escape is copied
     /// whole.
     static func writeString(_ s: String, to out: inout [UInt8]) {
+        var s = s
+        // The string's own contiguous UTF-8 (made so if it is not): scanned and copied as a buffer, not a byte at a
+        // time through String.UTF8View.
+        s.withUTF8 { utf8 in JSONValue.writeString(utf8: utf8, to: &out) }
+    }
+
+    static func writeString(utf8: UnsafeBufferPointer<UInt8>, to out: inout [UInt8]) {
         out.append(UInt8(ascii: "\""))
-        let utf8 = s.utf8
         if !utf8.contains(where: { $0 < 0x20 || $0 == UInt8(ascii: "\"") || $0 == UInt8(ascii: "\\") }) {
             out.append(contentsOf: utf8)
         } else {
@@ -244,7 +266,8 @@ struct JSONParser {
         if depth > Self.maxDepth { throw fail("nesting too deep") }
         defer { depth -= 1 }
         index += 1
-        var object: [String: JSONValue] = [:]
+        // Room for a typical object's keys from the start: growing 1 → 2 → 4 → 8 rehashes every key each time.
+        var object = [String: JSONValue](minimumCapacity: 8)
         skipWhitespace()
         if index < bytes.count, bytes[index] == UInt8(ascii: "}") {
             index += 1
@@ -303,12 +326,14 @@ struct JSONParser {
 
     mutating func parseString() throws(JSONParseError) -> String {
         index += 1  // opening quote
-        // Fast path: most strings have no escape; validate and copy the bytes up to the closing quote at once.
+        // Fast path: most strings have no escape, and most are ASCII; copy the bytes up to the closing quote at once
+        // (only a string with bytes above 0x7F needs its UTF-8 checked).
         let start = index
+        var ascii = true
         while index < bytes.count {
             let c = bytes[index]
             if c == UInt8(ascii: "\"") {
-                guard let s = String(validating: bytes[start..<index], as: UTF8.self) else {
+                guard let s = Self.string(bytes, start..<index, ascii: ascii) else {
                     throw fail("invalid UTF-8 in string")
                 }
                 index += 1
@@ -316,6 +341,7 @@ struct JSONParser {
             }
             if c == UInt8(ascii: "\\") { break }
             if c < 0x20 { throw fail("control character in string") }
+            if c >= 0x80 { ascii = false }
             index += 1
         }
         index = start
@@ -374,6 +400,18 @@ struct JSONParser {
             index += 1
         }
         throw fail("unterminated string")
+    }
+
+    /// The string of `bytes[range]`, nil if it is not valid UTF-8. Decoding from a buffer is the standard library's
+    /// fast path (validating an `ArraySlice` goes through generic code, and showed in profiles); decoding repairs
+    /// invalid input rather than rejecting it, so a run with non-ASCII bytes must decode to exactly its own bytes.
+    static func string(_ bytes: [UInt8], _ range: Range<Int>, ascii: Bool) -> String? {
+        bytes.withUnsafeBufferPointer { all in
+            let run = UnsafeBufferPointer(rebasing: all[range])
+            let s = String(decoding: run, as: UTF8.self)
+            if ascii { return s }
+            return s.utf8.elementsEqual(run) ? s : nil
+        }
     }
 
     mutating func hex4() throws(JSONParseError) -> UInt32 {

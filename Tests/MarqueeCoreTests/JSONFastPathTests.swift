@@ -123,4 +123,32 @@ struct JSONFastPathTests {
         #expect(throws: JSONParseError.self) { try JSONValue.parse([0x22, 0x61, 0x62]) }
         #expect(throws: JSONParseError.self) { try JSONValue.parse(#""\ud83d""#) }
     }
+
+    @Test("non-ASCII strings are checked as UTF-8 even where repairing them would keep their length")
+    func nonASCIIStrings() throws {
+        #expect(try JSONValue.parse(Array("\"Zoë 😀 Ångström\"".utf8)) == .string("Zoë 😀 Ångström"))
+        let rejected: [[UInt8]] = [
+            [0xF0, 0x9F, 0x98, 0x41],  // a 4-byte sequence cut short: one U+FFFD, three bytes, as long as the cut
+            [0xC0, 0xAF],  // overlong
+            [0xED, 0xA0, 0x80],  // a UTF-16 surrogate
+            [0xF4, 0x90, 0x80, 0x80],  // above U+10FFFF
+            [0x80],  // a lone continuation byte
+            [0x61, 0xE2, 0x82],  // cut at the end
+        ]
+        for bytes in rejected {
+            #expect(throws: JSONParseError.self, "\(bytes)") { try JSONValue.parse([0x22] + bytes + [0x22]) }
+            #expect(throws: JSONParseError.self, "\(bytes) as a key") {
+                try JSONValue.parse(Array("{\"".utf8) + bytes + Array("\":1}".utf8))
+            }
+        }
+    }
+
+    @Test("integers are written digit by digit, the extremes included")
+    func integers() {
+        for value: Int64 in [0, 7, -7, 10, -10, 1_764_945_600, Int64.max, Int64.min, Int64.min + 1] {
+            #expect(JSONValue.int(value).serialized() == String(value))
+        }
+        #expect(JSONValue.double(-0.0).serialized() == "0")
+        #expect(JSONValue.double(-1e14).serialized() == "-100000000000000")
+    }
 }

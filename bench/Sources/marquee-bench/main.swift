@@ -11,6 +11,8 @@
 //   marquee-bench keygen es256|rs256 <private.pem> <public.pem>
 //   marquee-bench jwt --key <p8> --kid <key ID> --team <team ID>
 //       an APNs provider token signed now (for h2load)
+//   marquee-bench json --n 200000
+//       JSONValue parse and write, nanoseconds a document (see JSONBench.swift)
 import Foundation
 import PostgresClient
 
@@ -83,6 +85,7 @@ do {
     case "requests": try requests(Array(arguments.dropFirst()))
     case "keygen": try keygen(Array(arguments.dropFirst()))
     case "jwt": try jwt(Array(arguments.dropFirst()))
+    case "json": try jsonBench(Array(arguments.dropFirst()))
     default:
         FileHandle.standardError.write(
             Data(
