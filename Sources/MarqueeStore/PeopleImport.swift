@@ -213,13 +213,21 @@ public struct PeopleImportStore: Sendable {
             SELECT \(tenant), d.token, d.person_id, d.platform FROM import_devices d ORDER BY d.token
             ON CONFLICT (tenant_id, token) DO UPDATE SET person_id = EXCLUDED.person_id, platform = EXCLUDED.platform
             """)
-        // Push-to-start tokens: the one home of the rotation rule, `marquee_register_push_to_start` (0003), per row.
+        // Push-to-start tokens: all at once through the one home of the rotation rule (migration 0065), which a
+        // single registration uses too. The arrays in one order (each aggregate sorts the same way).
         try connection.query(
             """
-            SELECT count(r.outcome) AS n FROM import_push_to_start t
-            CROSS JOIN LATERAL marquee_register_push_to_start(
-                \(tenant), t.person_id, t.device_token, t.activity_type, t.token, NULL, 'marquee',
-                t.default_attributes_type) r
+            SELECT count(r.outcome) AS n
+            FROM (SELECT array_agg(person_id ORDER BY line, device_token, activity_type) AS people,
+                         array_agg(device_token ORDER BY line, device_token, activity_type) AS devices,
+                         array_agg(activity_type ORDER BY line, device_token, activity_type) AS types,
+                         array_agg(token ORDER BY line, device_token, activity_type) AS tokens,
+                         array_agg(NULL::text ORDER BY line, device_token, activity_type) AS attributes_types,
+                         array_agg(default_attributes_type ORDER BY line, device_token, activity_type) AS defaults
+                  FROM import_push_to_start) a
+            CROSS JOIN LATERAL marquee_register_push_to_start_rows(
+                \(tenant), 'marquee', a.people, a.devices, a.types, a.tokens, a.attributes_types, a.defaults) r
+            WHERE a.people IS NOT NULL
             """)
         return ImportOutcome(
             imported: try created[0].decode(Int.self, "n"), updated: updated, rejected: rejected)

@@ -132,6 +132,73 @@ struct PeopleImportTests {
             ])
     }
 
+    @Test("registrations as a set: each row's outcome, rotation and insertion as one registration would give them")
+    func registrationsAsSet() async throws {
+        let fixture = try await RegistryFixture.get()
+        let api = fixture.api
+        let tenant = try await api.createTenant("import-set-" + Fake.hex(6))
+        let (type, other) = (Fake.activityType(), Fake.activityType())
+        let (alice, bob, carol) = (Fake.id("a"), Fake.id("b"), Fake.id("c"))
+        let (phoneA, pixelB, phoneC) = (Fake.hex(), Fake.fcm(), Fake.hex())
+        let first = Fake.hex()
+        let imported = try await Self.post(
+            api, tenant.app,
+            Self.ndjson([
+                try Self.json([
+                    "id": alice, "devices": [["token": phoneA, "platform": "ios", "push_to_start": [type: first]]],
+                ]),
+                try Self.json(["id": bob, "devices": [["token": pixelB, "platform": "android"]]]),
+                try Self.json(["id": carol, "devices": [["token": phoneC, "platform": "ios"]]]),
+            ]))
+        #expect(imported.status == 200, "\(imported.text)")
+        func register(_ rows: [(person: String, device: String, type: String, token: String)]) async throws
+            -> [String]
+        {
+            try await fixture.pool.query(
+                """
+                SELECT ord, outcome, rotated, inserted FROM marquee_register_push_to_start_rows(
+                    \(tenant.uuid), 'marquee', \(rows.map(\.person))::text[], \(rows.map(\.device))::text[],
+                    \(rows.map(\.type))::text[], \(rows.map(\.token))::text[], \(rows.map { _ in String?.none })::text[],
+                    \(rows.map { _ in "Attributes" })::text[])
+                """
+            ).map {
+                "\(try $0.decode(Int.self, "ord")):\(try $0.decode(String.self, "outcome"))"
+                    + "\(try $0.decode(Bool.self, "rotated") ? ",rotated" : "")"
+                    + "\(try $0.decode(Bool.self, "inserted") ? ",inserted" : "")"
+            }
+        }
+        let second = Fake.hex()
+        let carols = Fake.hex()
+        #expect(
+            try await register([
+                (alice, phoneA, type, second),  // rotates the imported token
+                (alice, Fake.hex(), type, Fake.hex()),  // no such device
+                (bob, pixelB, type, Fake.hex()),  // an Android device
+                (carol, phoneC, other, carols),  // new, and a new activity type
+                (carol, phoneA, other, Fake.hex()),  // Alice's device, not Carol's
+            ]) == ["1:ok,rotated,inserted", "2:no_device", "3:not_ios", "4:ok,inserted", "5:no_device"])
+        // Registered again: neither new nor rotating.
+        #expect(try await register([(alice, phoneA, type, second)]) == ["1:ok"])
+        let tokens = try await fixture.pool.query(
+            """
+            SELECT token, status, retired_reason FROM push_to_start_tokens
+            WHERE tenant_id = \(tenant.uuid) ORDER BY token
+            """
+        ).map { "\(try $0.decode(String.self, "token"))=\(try $0.decode(String.self, "status"))" }
+        #expect(tokens == ["\(first)=retired", "\(second)=active", "\(carols)=active"].sorted())
+        let created = try await fixture.pool.query(
+            """
+            SELECT attributes_type, auto_created FROM activity_types
+            WHERE tenant_id = \(tenant.uuid) AND identifier = \(other)
+            """)
+        #expect(try created.count == 1 && created[0].decode(Bool.self, "auto_created"))
+        // A batch naming a (device, type) twice cannot say which token is the newer: refused, nothing written.
+        await #expect(throws: PostgresError.self) {
+            _ = try await register([(alice, phoneA, type, Fake.hex()), (alice, phoneA, type, Fake.hex())])
+        }
+        #expect(try await register([(alice, phoneA, type, second)]) == ["1:ok"])
+    }
+
     @Test("an Idempotency-Key replays the first answer; a JSON body is 415; more than 100,000 people is 422")
     func requestRules() async throws {
         let fixture = try await RegistryFixture.get()
@@ -161,17 +228,18 @@ struct PeopleImportTests {
         expectProblem(try await Self.post(api, tenant.app, tooMany), 422, "invalid-field", field: "body")
     }
 
-    @Test("the per-row registration functions never plan a sequential scan (migration 0048)")
+    @Test("the registration functions never plan a sequential scan (migrations 0048, 0065)")
     func registrationFunctionsUseIndexes() async throws {
         let fixture = try await RegistryFixture.get()
         // Planned on nearly empty tables and kept, a sequential scan made the 100k import quadratic (316–881 s).
         let rows = try await fixture.pool.query(
             """
             SELECT proname, COALESCE(array_to_string(proconfig, ','), '') AS config FROM pg_proc
-            WHERE proname IN ('marquee_register_push_to_start', 'marquee_register_activity_token')
+            WHERE proname IN ('marquee_register_push_to_start', 'marquee_register_push_to_start_rows',
+                              'marquee_register_activity_token')
             ORDER BY proname
             """)
-        #expect(rows.count == 2)
+        #expect(rows.count == 3)
         for row in rows {
             let name = try row.decode(String.self, "proname")
             #expect(try row.decode(String.self, "config").contains("enable_seqscan=off"), "\(name)")
