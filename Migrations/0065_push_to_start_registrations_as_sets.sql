@@ -1,10 +1,12 @@
 -- Push-to-start registrations as a set. A bulk import registered its tokens with one call of
--- marquee_register_push_to_start per row (the one home of the rotation rule): 100,000 calls, each entering the
--- tenant, locking its device, creating the activity type if new, retiring and upserting, were 7.4 s of a 100,000-person
--- import's 11 s (auto_explain, bench/campaign), where the rest of it is a COPY and one merge per table.
+-- marquee_register_push_to_start (0003) per row: 100,000 calls, each entering the tenant, locking its device, creating
+-- the activity type if new, retiring and upserting, were 7.4 s of a 100,000-person import's 11 s (auto_explain,
+-- bench/campaign), where the rest of it is a COPY and one merge per table.
 --
--- The rule now lives here, for any number of registrations at once: marquee_register_push_to_start_rows. The single
--- registration (the SDK's route) calls it with one row, and keeps its signature and outcomes.
+-- The same rule, for any number of rows at once. The single registration (the SDK's route) keeps its own function:
+-- calling this one with one row made it 0.44 → 0.86 ms a call alone and 5.4k → 1.6k calls/s at 32 clients
+-- (pgbench, the bench/registrations statement: its statements planned again at every call). Both are pinned to the
+-- same outcomes and stored rows by PeopleImportTests.registrationsAsSet, which runs every case through each.
 --
 -- One outcome per row, by its position: 'ok', 'no_device' (the device is not this person's), 'not_ios'; `rotated`
 -- when a different active token of that (device, activity type) was retired, `inserted` when the token is new.
@@ -94,15 +96,3 @@ END;
 $$;
 GRANT EXECUTE ON FUNCTION marquee_register_push_to_start_rows(uuid, text, text[], text[], text[], text[], text[], text[])
     TO marquee_api;
-
--- The single registration: one row of the above.
-CREATE OR REPLACE FUNCTION marquee_register_push_to_start(
-    p_tenant uuid, p_person text, p_device text, p_type text, p_token text, p_attributes_type text,
-    p_profile text, p_default_attributes_type text
-) RETURNS TABLE (outcome text, rotated boolean, inserted boolean)
-LANGUAGE sql VOLATILE SECURITY INVOKER SET enable_seqscan = off AS $$
-    SELECT r.outcome, r.rotated, r.inserted
-    FROM marquee_register_push_to_start_rows(
-        p_tenant, p_profile, ARRAY[p_person], ARRAY[p_device], ARRAY[p_type], ARRAY[p_token],
-        ARRAY[p_attributes_type], ARRAY[p_default_attributes_type]) r
-$$;

@@ -132,71 +132,101 @@ struct PeopleImportTests {
             ])
     }
 
-    @Test("registrations as a set: each row's outcome, rotation and insertion as one registration would give them")
+    @Test("registrations as a set give each row the outcome, rotation and stored rows single registrations give")
     func registrationsAsSet() async throws {
         let fixture = try await RegistryFixture.get()
         let api = fixture.api
-        let tenant = try await api.createTenant("import-set-" + Fake.hex(6))
         let (type, other) = (Fake.activityType(), Fake.activityType())
         let (alice, bob, carol) = (Fake.id("a"), Fake.id("b"), Fake.id("c"))
-        let (phoneA, pixelB, phoneC) = (Fake.hex(), Fake.fcm(), Fake.hex())
-        let first = Fake.hex()
-        let imported = try await Self.post(
-            api, tenant.app,
-            Self.ndjson([
-                try Self.json([
-                    "id": alice, "devices": [["token": phoneA, "platform": "ios", "push_to_start": [type: first]]],
-                ]),
-                try Self.json(["id": bob, "devices": [["token": pixelB, "platform": "android"]]]),
-                try Self.json(["id": carol, "devices": [["token": phoneC, "platform": "ios"]]]),
-            ]))
-        #expect(imported.status == 200, "\(imported.text)")
-        func register(_ rows: [(person: String, device: String, type: String, token: String)]) async throws
-            -> [String]
-        {
-            try await fixture.pool.query(
-                """
-                SELECT ord, outcome, rotated, inserted FROM marquee_register_push_to_start_rows(
-                    \(tenant.uuid), 'marquee', \(rows.map(\.person))::text[], \(rows.map(\.device))::text[],
-                    \(rows.map(\.type))::text[], \(rows.map(\.token))::text[], \(rows.map { _ in String?.none })::text[],
-                    \(rows.map { _ in "Attributes" })::text[])
-                """
-            ).map {
-                "\(try $0.decode(Int.self, "ord")):\(try $0.decode(String.self, "outcome"))"
-                    + "\(try $0.decode(Bool.self, "rotated") ? ",rotated" : "")"
-                    + "\(try $0.decode(Bool.self, "inserted") ? ",inserted" : "")"
+        let (phoneA, pixelB, phoneC, unknown) = (Fake.hex(), Fake.fcm(), Fake.hex(), Fake.hex())
+        let (first, second, carols) = (Fake.hex(), Fake.hex(), Fake.hex())
+        // The same people in two tenants: one registers through the set function, the other one row at a time
+        // through the single registration's (migration 0003).
+        var results: [[String]] = []
+        for asSet in [true, false] {
+            let tenant = try await api.createTenant("import-set-" + Fake.hex(6))
+            let imported = try await Self.post(
+                api, tenant.app,
+                Self.ndjson([
+                    try Self.json([
+                        "id": alice, "devices": [["token": phoneA, "platform": "ios", "push_to_start": [type: first]]],
+                    ]),
+                    try Self.json(["id": bob, "devices": [["token": pixelB, "platform": "android"]]]),
+                    try Self.json(["id": carol, "devices": [["token": phoneC, "platform": "ios"]]]),
+                ]))
+            #expect(imported.status == 200, "\(imported.text)")
+            func register(_ rows: [(person: String, device: String, type: String, token: String)]) async throws
+                -> [String]
+            {
+                func line(_ row: PostgresRow) throws -> String {
+                    "\(try row.decode(String.self, "outcome"))"
+                        + "\(try row.decode(Bool.self, "rotated") ? ",rotated" : "")"
+                        + "\(try row.decode(Bool.self, "inserted") ? ",inserted" : "")"
+                }
+                if asSet {
+                    return try await fixture.pool.query(
+                        """
+                        SELECT outcome, rotated, inserted FROM marquee_register_push_to_start_rows(
+                            \(tenant.uuid), 'marquee', \(rows.map(\.person))::text[], \(rows.map(\.device))::text[],
+                            \(rows.map(\.type))::text[], \(rows.map(\.token))::text[],
+                            \(rows.map { _ in String?.none })::text[], \(rows.map { _ in "Attributes" })::text[])
+                        ORDER BY ord
+                        """
+                    ).map(line)
+                }
+                var lines: [String] = []
+                for row in rows {
+                    lines += try await fixture.pool.query(
+                        """
+                        SELECT outcome, rotated, inserted FROM marquee_register_push_to_start(
+                            \(tenant.uuid), \(row.person), \(row.device), \(row.type), \(row.token), NULL, 'marquee',
+                            'Attributes')
+                        """
+                    ).map(line)
+                }
+                return lines
             }
-        }
-        let second = Fake.hex()
-        let carols = Fake.hex()
-        #expect(
-            try await register([
+            var outcomes = try await register([
                 (alice, phoneA, type, second),  // rotates the imported token
-                (alice, Fake.hex(), type, Fake.hex()),  // no such device
+                (alice, unknown, type, Fake.hex()),  // no such device
                 (bob, pixelB, type, Fake.hex()),  // an Android device
                 (carol, phoneC, other, carols),  // new, and a new activity type
                 (carol, phoneA, other, Fake.hex()),  // Alice's device, not Carol's
-            ]) == ["1:ok,rotated,inserted", "2:no_device", "3:not_ios", "4:ok,inserted", "5:no_device"])
-        // Registered again: neither new nor rotating.
-        #expect(try await register([(alice, phoneA, type, second)]) == ["1:ok"])
-        let tokens = try await fixture.pool.query(
-            """
-            SELECT token, status, retired_reason FROM push_to_start_tokens
-            WHERE tenant_id = \(tenant.uuid) ORDER BY token
-            """
-        ).map { "\(try $0.decode(String.self, "token"))=\(try $0.decode(String.self, "status"))" }
-        #expect(tokens == ["\(first)=retired", "\(second)=active", "\(carols)=active"].sorted())
-        let created = try await fixture.pool.query(
-            """
-            SELECT attributes_type, auto_created FROM activity_types
-            WHERE tenant_id = \(tenant.uuid) AND identifier = \(other)
-            """)
-        #expect(try created.count == 1 && created[0].decode(Bool.self, "auto_created"))
-        // A batch naming a (device, type) twice cannot say which token is the newer: refused, nothing written.
-        await #expect(throws: PostgresError.self) {
-            _ = try await register([(alice, phoneA, type, Fake.hex()), (alice, phoneA, type, Fake.hex())])
+            ])
+            // Registered again: neither new nor rotating.
+            outcomes += try await register([(alice, phoneA, type, second)])
+            let tokens = try await fixture.pool.query(
+                """
+                SELECT device_token || '/' || activity_type || '/' || token || '=' || status
+                       || COALESCE('/' || retired_reason, '') AS row
+                FROM push_to_start_tokens WHERE tenant_id = \(tenant.uuid) ORDER BY 1
+                """
+            ).map { try $0.decode(String.self, "row") }
+            let types = try await fixture.pool.query(
+                """
+                SELECT identifier || '=' || attributes_type || '/' || auto_created AS row FROM activity_types
+                WHERE tenant_id = \(tenant.uuid) AND identifier IN (\(type), \(other)) ORDER BY 1
+                """
+            ).map { try $0.decode(String.self, "row") }
+            results.append(outcomes + tokens + types)
+            if asSet {
+                #expect(
+                    outcomes == [
+                        "ok,rotated,inserted", "no_device", "not_ios", "ok,inserted", "no_device", "ok",
+                    ])
+                #expect(
+                    tokens
+                        == [
+                            "\(phoneA)/\(type)/\(first)=retired/rotated", "\(phoneA)/\(type)/\(second)=active",
+                            "\(phoneC)/\(other)/\(carols)=active",
+                        ].sorted())
+                // A batch naming a (device, type) twice cannot say which token is the newer: refused.
+                await #expect(throws: PostgresError.self) {
+                    _ = try await register([(alice, phoneA, type, Fake.hex()), (alice, phoneA, type, Fake.hex())])
+                }
+            }
         }
-        #expect(try await register([(alice, phoneA, type, second)]) == ["1:ok"])
+        #expect(results[0] == results[1], "the set function and the single registration differ")
     }
 
     @Test("an Idempotency-Key replays the first answer; a JSON body is 415; more than 100,000 people is 422")
