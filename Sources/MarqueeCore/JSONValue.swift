@@ -349,7 +349,7 @@ struct JSONParser {
         var runStart = index
         func flushRun(_ parser: JSONParser, upTo end: Int, into scalars: inout String.UnicodeScalarView) -> Bool {
             guard end > runStart else { return true }
-            guard let s = String(validating: parser.bytes[runStart..<end], as: UTF8.self) else { return false }
+            guard let s = JSONParser.string(parser.bytes, runStart..<end, ascii: false) else { return false }
             scalars.append(contentsOf: s.unicodeScalars)
             return true
         }

@@ -52,11 +52,23 @@ struct QueueStatisticsTests {
     }
 
     /// A pool as a worker's: marquee_app in the marquee_system role (every tenant's rows).
-    static func workerPool(_ url: String) throws -> PostgresPool {
+    static func workerPool(_ url: String, connections: Int = 2) throws -> PostgresPool {
         var configuration = try PostgresConfiguration(
             url: url.replacingOccurrences(of: "postgres@", with: "marquee_app@"))
         configuration.startupSettings["role"] = "marquee_system"
-        return PostgresPool(configuration, options: .init(maxConnections: 2))
+        return PostgresPool(configuration, options: .init(maxConnections: connections))
+    }
+
+    /// A migrated database whose queue autovacuum leaves alone (its statistics are the test's to set), with one
+    /// instance `name` of a new tenant. The caller closes `owner`.
+    static func queueWithoutAutovacuum(instance name: String) async throws
+        -> (url: String, owner: PostgresPool, tenant: UUID)
+    {
+        let (url, owner) = try await migratedDatabase()
+        try await owner.execute("ALTER TABLE delivery_queue SET (autovacuum_enabled = false)")
+        let tenant = UUID()
+        try await owner.withConnection { try seedInstance($0, tenant: tenant, name: name) }
+        return (url, owner, tenant)
     }
 
     @Test("a burst of 5,000 queued deliveries is analysed once, as the worker's role; a quiet table is left alone")
@@ -107,12 +119,9 @@ struct QueueStatisticsTests {
     }
     @Test("a claim planned on statistics from before a burst of 50,000 on one instance does not scan the burst per row")
     func claimAfterBurst() async throws {
-        let (url, owner) = try await Self.migratedDatabase()
+        let (url, owner, tenant) = try await Self.queueWithoutAutovacuum(instance: "burst")
         defer { owner.close() }
-        try await owner.execute("ALTER TABLE delivery_queue SET (autovacuum_enabled = false)")
-        let tenant = UUID()
         try await owner.withConnection { connection in
-            try Self.seedInstance(connection, tenant: tenant, name: "burst")
             // Statistics of an empty queue, then the burst: one instance, 50,000 tokens.
             try connection.execute("ANALYZE delivery_queue")
             try connection.execute(
@@ -138,17 +147,11 @@ struct QueueStatisticsTests {
 
     @Test("the claim's tenant skip scan, its plan cached while the queue was empty, does not read a burst")
     func skipScanAfterBurst() async throws {
-        let (url, owner) = try await Self.migratedDatabase()
+        let (url, owner, tenant) = try await Self.queueWithoutAutovacuum(instance: "skip")
         defer { owner.close() }
-        try await owner.execute("ALTER TABLE delivery_queue SET (autovacuum_enabled = false)")
-        let tenant = UUID()
-        try await owner.withConnection { try Self.seedInstance($0, tenant: tenant, name: "skip") }
         // What autovacuum leaves after a queue drained: no pages, statistics of an empty table.
         try await owner.execute("VACUUM ANALYZE delivery_queue")
-        var configuration = try PostgresConfiguration(
-            url: url.replacingOccurrences(of: "postgres@", with: "marquee_app@"))
-        configuration.startupSettings["role"] = "marquee_system"
-        let worker = PostgresPool(configuration, options: .init(maxConnections: 1))
+        let worker = try Self.workerPool(url, connections: 1)
         defer { worker.close() }
         // A worker polling an empty queue: its connection plans the skip scan again and again, then keeps one generic
         // plan — made for a table of no pages, where a sequential scan and sort cost nothing.
@@ -228,11 +231,8 @@ struct QueueStatisticsTests {
 
     @Test("a record planned on statistics of an almost empty queue writes its rows without walking a burst")
     func recordAfterEmptyStatistics() async throws {
-        let (url, owner) = try await Self.migratedDatabase()
+        let (url, owner, tenant) = try await Self.queueWithoutAutovacuum(instance: "empty")
         defer { owner.close() }
-        try await owner.execute("ALTER TABLE delivery_queue SET (autovacuum_enabled = false)")
-        let tenant = UUID()
-        try await owner.withConnection { try Self.seedInstance($0, tenant: tenant, name: "empty") }
         try await owner.withConnection { try Self.seedDeliveries($0, tenant: tenant, prefix: "e", count: 10_000) }
         // Statistics that say the queue holds one row (in bench/campaign: analysed while a campaign's first step
         // was being sent, before the next 10,000 were queued).
