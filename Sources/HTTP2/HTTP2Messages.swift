@@ -119,3 +119,14 @@ public struct HTTP2ServerResponse: Sendable {
         HTTP2ServerResponse(kind: .reset(errorCode))
     }
 }
+
+/// How a server's responder answers a request: at once, on the connection's I/O thread, or later, from a task of
+/// `HTTP2Server.run()`.
+///
+/// `.now` costs no task and no hand-off between threads (for answers computed in microseconds without blocking);
+/// anything that waits, sleeps or takes long belongs in `.later`, since it would hold up every connection of that
+/// I/O thread.
+public enum HTTP2ServerReply: Sendable {
+    case now(HTTP2ServerResponse)
+    case later(@Sendable () async -> HTTP2ServerResponse)
+}

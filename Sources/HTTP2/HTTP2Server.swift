@@ -4,8 +4,9 @@ import Synchronization
 
 /// An HTTP/2 server over TLS (ALPN `h2` only), for simulators and tests.
 ///
-/// Sockets are served by dedicated I/O threads; each complete request is passed to `handler` in a child task of
-/// `run()`, and the handler's answer goes back to the connection's thread. Call `start()` (or let `run()` do it),
+/// Sockets are served by dedicated I/O threads. Each complete request goes to the responder on its connection's
+/// thread, which answers at once or hands the work to a child task of `run()`, whose answer goes back to the
+/// connection's thread (`HTTP2ServerReply`); a plain async `handler` is always run in a task. Call `start()` (or let `run()` do it),
 /// keep `run()` running, and end with `stop()` or by cancelling `run()`: both stop accepting, send GOAWAY, let the
 /// streams in flight finish and then close.
 public final class HTTP2Server: Sendable {
@@ -19,14 +20,27 @@ public final class HTTP2Server: Sendable {
     ///   - maxConcurrentStreams: SETTINGS_MAX_CONCURRENT_STREAMS advertised per connection (default 1000).
     ///   - initialWindowSize: SETTINGS_INITIAL_WINDOW_SIZE (default 4 MiB; the connection window is four times it).
     ///   - ioThreads: I/O threads (default 1).
-    public init(
+    public convenience init(
         host: String = "127.0.0.1", port: Int, tls: TLSServerConfiguration, maxConcurrentStreams: Int = 1000,
         initialWindowSize: Int = 4 << 20, ioThreads: Int = 1,
         handler: @escaping @Sendable (HTTP2ServerRequest) async -> HTTP2ServerResponse
     ) {
+        self.init(
+            host: host, port: port, tls: tls, maxConcurrentStreams: maxConcurrentStreams,
+            initialWindowSize: initialWindowSize, ioThreads: ioThreads,
+            responder: { request in .later { await handler(request) } })
+    }
+
+    /// Creates a server whose `responder` is called on the connection's I/O thread for each complete request and
+    /// answers it there (`.now`) or in a task of `run()` (`.later`). Other parameters as in the `handler` form.
+    public init(
+        host: String = "127.0.0.1", port: Int, tls: TLSServerConfiguration, maxConcurrentStreams: Int = 1000,
+        initialWindowSize: Int = 4 << 20, ioThreads: Int = 1,
+        responder: @escaping @Sendable (HTTP2ServerRequest) -> HTTP2ServerReply
+    ) {
         core = ServerCore(
             host: host, port: port, tls: tls, maxConcurrentStreams: maxConcurrentStreams,
-            initialWindowSize: initialWindowSize, ioThreads: max(1, ioThreads), handler: handler)
+            initialWindowSize: initialWindowSize, ioThreads: max(1, ioThreads), responder: responder)
     }
 
     deinit {
@@ -62,10 +76,7 @@ public final class HTTP2Server: Sendable {
             }
             while let jobs = await core.queue.next() {
                 for job in jobs {
-                    group.addTask {
-                        let response = await core.handler(job.request)
-                        job.respond(response)
-                    }
+                    group.addTask { job.respond(await job.work()) }
                 }
             }
         }
@@ -79,15 +90,16 @@ public final class HTTP2Server: Sendable {
     }
 }
 
-/// A request on its way to the handler, with the way back.
+/// A request's `.later` work on its way to `run()`, with the way back.
 struct ServerJob: Sendable {
-    let request: HTTP2ServerRequest
+    let work: @Sendable () async -> HTTP2ServerResponse
+    let streamID: Int32
     let loop: EventLoop
     let connectionID: Int
 
     func respond(_ response: HTTP2ServerResponse) {
         let connectionID = connectionID
-        let streamID = request.streamID
+        let streamID = streamID
         loop.execute { context in
             (context.object(id: connectionID) as? ServerConnection)?.respond(streamID: streamID, response)
         }
@@ -193,7 +205,7 @@ final class ServerCore: Sendable {
     let maxConcurrentStreams: Int
     let initialWindowSize: Int
     let ioThreads: Int
-    let handler: @Sendable (HTTP2ServerRequest) async -> HTTP2ServerResponse
+    let responder: @Sendable (HTTP2ServerRequest) -> HTTP2ServerReply
     let queue = JobQueue()
     let stopRequested = Signal()
     let connectionCount = Atomic<Int>(0)
@@ -201,7 +213,7 @@ final class ServerCore: Sendable {
 
     init(
         host: String, port: Int, tls: TLSServerConfiguration, maxConcurrentStreams: Int, initialWindowSize: Int,
-        ioThreads: Int, handler: @escaping @Sendable (HTTP2ServerRequest) async -> HTTP2ServerResponse
+        ioThreads: Int, responder: @escaping @Sendable (HTTP2ServerRequest) -> HTTP2ServerReply
     ) {
         self.host = host
         self.port = port
@@ -209,7 +221,7 @@ final class ServerCore: Sendable {
         self.maxConcurrentStreams = maxConcurrentStreams
         self.initialWindowSize = initialWindowSize
         self.ioThreads = ioThreads
-        self.handler = handler
+        self.responder = responder
     }
 
     var isStarted: Bool { state.withLock { $0.phase != .idle } }

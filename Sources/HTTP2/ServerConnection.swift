@@ -219,12 +219,22 @@ final class ServerConnection: TLSConnection, LoopHandler {
             header.flags & UInt8(NGHTTP2_FLAG_END_STREAM.rawValue) != 0,
             let stream = streams[header.stream_id], !stream.dispatched
         else { return }
+        // A GOAWAY already submitted (perhaps by an answer given earlier in this same read) names a lower last
+        // stream: this one is unprocessed, and its client sends it again on a new connection.
+        if let last = goAwayLastStreamID, header.stream_id > last { return }
         stream.dispatched = true
         let request = HTTP2ServerRequest(
             method: stream.method, path: stream.path, authority: stream.authority, scheme: stream.scheme,
             headers: stream.headers, body: stream.body, connectionID: id, streamID: header.stream_id)
         stream.body = []
-        core.submit(ServerJob(request: request, loop: context.loop, connectionID: id))
+        switch core.responder(request) {
+        case .now(let response):
+            // Inside nghttp2's receive callback: submitting is allowed there, and the answer goes out with the
+            // connection's next flush.
+            respond(streamID: header.stream_id, response)
+        case .later(let work):
+            core.submit(ServerJob(work: work, streamID: header.stream_id, loop: context.loop, connectionID: id))
+        }
     }
 
     fileprivate func onStreamClose(streamID: Int32) {

@@ -128,8 +128,7 @@ public final class APNsSimulator: Sendable {
         self.core = core
         host = try SimulatorHost(
             name: "APNs", host: configuration.host, port: configuration.port,
-            caOutputPath: configuration.caOutputPath, ioThreads: configuration.ioThreads
-        ) { request in await core.handle(request) }
+            caOutputPath: configuration.caOutputPath, ioThreads: configuration.ioThreads, responder: core.reply)
         core.server.withLock { $0 = host.server }
     }
 
@@ -202,35 +201,49 @@ final class APNsCore: Sendable {
         now = configuration.now
     }
 
-    func handle(_ request: HTTP2ServerRequest) async -> HTTP2ServerResponse {
+    /// Answers a push on the connection's I/O thread: validation, the fault rules and the record take microseconds.
+    /// A fault's latency and the control endpoints (`/_sim/pushes` may serialize 100,000 records) run in a task.
+    func reply(_ request: HTTP2ServerRequest) -> HTTP2ServerReply {
         if let answer = channels.answer(request, validator: validator, recorder: recorder, now: self.now()) {
-            return answer
+            return .now(answer)
         }
-        if request.path.hasPrefix("/_sim/") { return control(request) }
+        if request.path.hasPrefix("/_sim/") { return .later { self.control(request) } }
         let now = self.now()
         let push: APNsAcceptedPush
         switch validator.validate(request, now: now) {
         case .failure(let rejection):
             recorder.reject(reason: rejection.reason)
-            return Self.error(rejection, apnsID: request.header("apns-id"))
+            return .now(Self.error(rejection, apnsID: request.header("apns-id")))
         case .success(let accepted):
             push = accepted
         }
-        if let rule = faults.decide(token: push.token) {
-            if let latency = rule.latencyMilliseconds, latency > 0 {
-                try? await Task.sleep(for: .milliseconds(latency))
-            }
-            if rule.action != .delay {
-                recorder.inject(rule.action)
-                return injected(rule, push: push, now: now)
-            }
+        guard let rule = faults.decide(token: push.token) else {
+            return .now(accept(push, body: request.body, now: now))
         }
+        guard let latency = rule.latencyMilliseconds, latency > 0 else {
+            return .now(answer(push, body: request.body, now: now, after: rule))
+        }
+        return .later {
+            try? await Task.sleep(for: .milliseconds(latency))
+            return self.answer(push, body: request.body, now: now, after: rule)
+        }
+    }
+
+    /// A push a fault rule matched: the fault's answer, or (a delay alone) the push accepted.
+    private func answer(_ push: APNsAcceptedPush, body: [UInt8], now: Date, after rule: FaultRule)
+        -> HTTP2ServerResponse
+    {
+        guard rule.action != .delay else { return accept(push, body: body, now: now) }
+        recorder.inject(rule.action)
+        return injected(rule, push: push, now: now)
+    }
+
+    private func accept(_ push: APNsAcceptedPush, body: [UInt8], now: Date) -> HTTP2ServerResponse {
         // The record keeps the payload's bytes, not its parsed tree (one allocation instead of one per node: a
         // simulator keeping 100,000 records grew by page faults that took a tenth of its CPU), parsed again when read.
         var copy = push
         copy.payload = .null
         let kept = copy
-        let body = request.body
         recorder.accept(token: push.token) {
             var record: [String: JSONValue] = [
                 "time": .string(HTTPText.timestamp(now)), "token": .string(kept.token), "topic": .string(kept.topic),

@@ -124,8 +124,7 @@ public final class FCMSimulator: Sendable {
         self.core = core
         host = try SimulatorHost(
             name: "FCM", host: configuration.host, port: configuration.port,
-            caOutputPath: configuration.caOutputPath, ioThreads: configuration.ioThreads
-        ) { request in await core.handle(request) }
+            caOutputPath: configuration.caOutputPath, ioThreads: configuration.ioThreads, responder: core.reply)
         core.server.withLock { $0 = host.server }
     }
 
@@ -251,20 +250,24 @@ final class FCMCore: Sendable {
         tokens.withLock { $0.issued = 0 }
     }
 
-    func handle(_ request: HTTP2ServerRequest) async -> HTTP2ServerResponse {
+    /// Answers a message on the connection's I/O thread, as the APNs simulator does; the token endpoint (which may
+    /// be held), a fault's latency and the control endpoints run in a task.
+    func reply(_ request: HTTP2ServerRequest) -> HTTP2ServerReply {
         let path = HTTPText.splitTarget(request.path).path
-        if path.hasPrefix("/_sim/") { return control(request) }
+        if path.hasPrefix("/_sim/") { return .later { self.control(request) } }
         if path == "/token" {
             guard request.method == "POST" else {
-                return oauthError(OAuthRejection("invalid_request", "the token endpoint only accepts POST"))
+                return .now(oauthError(OAuthRejection("invalid_request", "the token endpoint only accepts POST")))
             }
-            await waitForTokenHold()
-            return issueToken(request)
+            return .later {
+                await self.waitForTokenHold()
+                return self.issueToken(request)
+            }
         }
         guard request.method == "POST", let project = FCMValidator.projectID(path: request.path) else {
-            return fcmError(FCMRejection(404, "NOT_FOUND", errorCode: nil, "no such method or resource"))
+            return .now(fcmError(FCMRejection(404, "NOT_FOUND", errorCode: nil, "no such method or resource")))
         }
-        return await send(request, project: project)
+        return send(request, project: project)
     }
 
     private func waitForTokenHold() async {
@@ -311,38 +314,51 @@ final class FCMCore: Sendable {
             ]), headers: [("cache-control", "no-store")])
     }
 
-    private func send(_ request: HTTP2ServerRequest, project: String) async -> HTTP2ServerResponse {
+    private func send(_ request: HTTP2ServerRequest, project: String) -> HTTP2ServerReply {
         let now = configuration.now()
         guard let bearer = HTTPText.bearerToken(request.header("authorization")) else {
-            return fcmError(.unauthenticated("the request has no OAuth 2 bearer token"))
+            return .now(fcmError(.unauthenticated("the request has no OAuth 2 bearer token")))
         }
         guard let access = tokens.withLock({ $0.byValue[bearer] }) else {
-            return fcmError(.unauthenticated("the access token is not valid"))
+            return .now(fcmError(.unauthenticated("the access token is not valid")))
         }
         guard access.expiresAt > now else {
-            return fcmError(.unauthenticated("the access token has expired"))
+            return .now(fcmError(.unauthenticated("the access token has expired")))
         }
         guard access.projectID == project else {
-            return fcmError(
-                FCMRejection(
-                    403, "PERMISSION_DENIED", errorCode: "SENDER_ID_MISMATCH",
-                    "the credential may not send to this project"))
+            return .now(
+                fcmError(
+                    FCMRejection(
+                        403, "PERMISSION_DENIED", errorCode: "SENDER_ID_MISMATCH",
+                        "the credential may not send to this project")))
         }
         let message: FCMAcceptedMessage
         do {
             message = try FCMValidator.message(request.body)
         } catch {
-            return fcmError(error)
+            return .now(fcmError(error))
         }
-        if let rule = faults.decide(token: message.token) {
-            if let latency = rule.latencyMilliseconds, latency > 0 {
-                try? await Task.sleep(for: .milliseconds(latency))
-            }
-            if rule.action != .delay {
-                recorder.inject(rule.action)
-                return injected(rule, bearer: bearer, now: now)
-            }
+        guard let rule = faults.decide(token: message.token) else {
+            return .now(accept(message, request, project: project, access: access, now: now))
         }
+        let answer = { @Sendable in
+            guard rule.action == .delay else {
+                self.recorder.inject(rule.action)
+                return self.injected(rule, bearer: bearer, now: now)
+            }
+            return self.accept(message, request, project: project, access: access, now: now)
+        }
+        guard let latency = rule.latencyMilliseconds, latency > 0 else { return .now(answer()) }
+        return .later {
+            try? await Task.sleep(for: .milliseconds(latency))
+            return answer()
+        }
+    }
+
+    /// A valid message the fault rules let through: recorded, and its name returned.
+    private func accept(
+        _ message: FCMAcceptedMessage, _ request: HTTP2ServerRequest, project: String, access: AccessToken, now: Date
+    ) -> HTTP2ServerResponse {
         if message.validateOnly {
             return HTTPText.json(200, .object(["name": .string("projects/\(project)/messages/fake_message_id")]))
         }

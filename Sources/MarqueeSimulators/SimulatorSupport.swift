@@ -286,14 +286,14 @@ final class SimulatorHost: Sendable {
 
     init(
         name: String, host: String, port: Int, caOutputPath: String?, ioThreads: Int,
-        handler: @escaping @Sendable (HTTP2ServerRequest) async -> HTTP2ServerResponse
+        responder: @escaping @Sendable (HTTP2ServerRequest) -> HTTP2ServerReply
     ) throws {
         let names = SimulatorTLS.subjectAlternativeNames(host: host)
         tls = try SimulatorTLS(name: name, dnsNames: names.dns, ipAddresses: names.ip)
         self.caOutputPath = caOutputPath
         server = HTTP2Server(
             host: host, port: port, tls: tls.server, maxConcurrentStreams: 1000, ioThreads: ioThreads,
-            handler: handler)
+            responder: responder)
     }
 
     func start() throws {

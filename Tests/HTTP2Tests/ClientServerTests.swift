@@ -147,40 +147,84 @@ struct ClientServerTests {
             ledger.answered(request.header("x-id") ?? "?")
             return await echo(request)
         }
-        try await withServer(handler: handler) { server in
-            let client = try HTTP2Client(Fixtures.clientConfiguration(port: server.boundPort))
-            let count = 1000
-            let results = await withTaskGroup(of: (String, Result<HTTP2Response, any Error>).self) { group in
-                for index in 0..<count {
-                    group.addTask {
-                        let id = String(index)
-                        do {
-                            let response = try await client.send(HTTP2Request(path: "/", headers: [("x-id", id)]))
-                            return (id, .success(response))
-                        } catch {
-                            return (id, .failure(error))
-                        }
+        try await withServer(handler: handler) { server in try await sendThroughGoAway(server, ledger) }
+    }
+
+    @Test("a GOAWAY answered at once: streams of the same read after it are left unprocessed, never handled twice")
+    func goAwayAnsweredAtOnce() async throws {
+        // The answer is submitted inside nghttp2's receive callback, while the rest of that read (more streams) is
+        // still to be parsed; those are above the GOAWAY's last stream and are sent again by the client.
+        let ledger = Ledger()
+        let responder: @Sendable (HTTP2ServerRequest) -> HTTP2ServerReply = { request in
+            if ledger.call() == 200 { return .now(.goAway()) }
+            ledger.answered(request.header("x-id") ?? "?")
+            return .now(HTTP2ServerResponse(status: 200, headers: [("x-id", request.header("x-id") ?? "?")]))
+        }
+        try await withServer(responder: responder) { server in try await sendThroughGoAway(server, ledger) }
+    }
+
+    /// Sends 1,000 requests at once through a server that answers one of them with GOAWAY: each completes once,
+    /// with its own answer, and the server handled each exactly once.
+    private func sendThroughGoAway(_ server: HTTP2Server, _ ledger: Ledger) async throws {
+        let client = try HTTP2Client(Fixtures.clientConfiguration(port: server.boundPort))
+        let count = 1000
+        let results = await withTaskGroup(of: (String, Result<HTTP2Response, any Error>).self) { group in
+            for index in 0..<count {
+                group.addTask {
+                    let id = String(index)
+                    do {
+                        let response = try await client.send(HTTP2Request(path: "/", headers: [("x-id", id)]))
+                        return (id, .success(response))
+                    } catch {
+                        return (id, .failure(error))
                     }
                 }
-                return await group.reduce(into: [(String, Result<HTTP2Response, any Error>)]()) { $0.append($1) }
             }
-            var succeeded = Set<String>()
-            var failures: [String] = []
-            for (id, result) in results {
-                switch result {
-                case .success(let response) where response.header("x-id") == id: succeeded.insert(id)
-                case .success: failures.append("\(id): wrong response")
-                case .failure(let error): failures.append("\(id): \(error)")
-                }
-            }
-            #expect(failures.isEmpty, "\(failures.prefix(5))")
-            #expect(succeeded.count == count)
-            #expect(Set(ledger.answered.keys).count == count)
-            #expect(ledger.calls > count)  // the GOAWAY call plus retried ones
-            #expect(client.statistics.goAwaysTotal >= 1)
-            #expect(client.statistics.connectsTotal >= 2)
-            await client.shutdown()
+            return await group.reduce(into: [(String, Result<HTTP2Response, any Error>)]()) { $0.append($1) }
         }
+        var succeeded = Set<String>()
+        var failures: [String] = []
+        for (id, result) in results {
+            switch result {
+            case .success(let response) where response.header("x-id") == id: succeeded.insert(id)
+            case .success: failures.append("\(id): wrong response")
+            case .failure(let error): failures.append("\(id): \(error)")
+            }
+        }
+        #expect(failures.isEmpty, "\(failures.prefix(5))")
+        #expect(succeeded.count == count)
+        #expect(Set(ledger.answered.keys).count == count)
+        let twice = ledger.answered.filter { $0.value > 1 }.keys.sorted()
+        #expect(twice.isEmpty, "handled more than once: \(twice.prefix(5))")
+        #expect(ledger.calls > count)  // the GOAWAY call plus retried ones
+        #expect(client.statistics.goAwaysTotal >= 1)
+        #expect(client.statistics.connectsTotal >= 2)
+        await client.shutdown()
+    }
+
+    @Test("a responder answers at once on the I/O thread without run(); work it defers waits for run()")
+    func responderNowAndLater() async throws {
+        let server = HTTP2Server(port: 0, tls: Fixtures.material.server) { request in
+            request.path == "/now"
+                ? .now(HTTP2ServerResponse(status: 200, body: Array("now".utf8)))
+                : .later { HTTP2ServerResponse(status: 202, body: Array("later".utf8)) }
+        }
+        try server.start()
+        let client = try HTTP2Client(Fixtures.clientConfiguration(port: server.boundPort))
+        let immediate = try await client.send(HTTP2Request(path: "/now"))
+        #expect(immediate.status == 200 && immediate.body == Array("now".utf8))
+        let deferred = Task { try await client.send(HTTP2Request(path: "/later")) }
+        #expect(await eventually { client.statistics.activeStreams == 1 })
+        // Answered at once while the deferred one is still waiting for run().
+        let again = try await client.send(HTTP2Request(path: "/now"))
+        #expect(again.status == 200)
+        #expect(await eventually { client.statistics.activeStreams == 1 })
+        let runner = Task { try await server.run() }
+        let late = try await deferred.value
+        #expect(late.status == 202 && late.body == Array("later".utf8))
+        await client.shutdown()
+        await server.stop()
+        try await runner.value
     }
 
     @Test("REFUSED_STREAM is retried transparently; other resets are reported as possibly processed")

@@ -54,7 +54,19 @@ func withServer<R>(
     handler: @escaping @Sendable (HTTP2ServerRequest) async -> HTTP2ServerResponse = echo,
     _ body: (HTTP2Server) async throws -> R
 ) async throws -> R {
-    let server = HTTP2Server(port: port, tls: tls, maxConcurrentStreams: maxConcurrentStreams, handler: handler)
+    try await withServer(
+        HTTP2Server(port: port, tls: tls, maxConcurrentStreams: maxConcurrentStreams, handler: handler), body)
+}
+
+/// Starts a server whose responder answers on the I/O threads (or later), runs `body`, stops the server.
+func withServer<R>(
+    responder: @escaping @Sendable (HTTP2ServerRequest) -> HTTP2ServerReply,
+    _ body: (HTTP2Server) async throws -> R
+) async throws -> R {
+    try await withServer(HTTP2Server(port: 0, tls: Fixtures.material.server, responder: responder), body)
+}
+
+private func withServer<R>(_ server: HTTP2Server, _ body: (HTTP2Server) async throws -> R) async throws -> R {
     try server.start()
     let runner = Task { try await server.run() }
     do {
