@@ -86,7 +86,7 @@ final class APNsValidator: Sendable {
             }
             let priority = try Self.priority(request.header("apns-priority"))
             let expiration = try Self.expiration(request.header("apns-expiration"))
-            let apnsID = try Self.messageID(request.header("apns-id")) ?? SecureRandom.uuid().uuidString
+            let apnsID = try Self.messageID(request.header("apns-id")) ?? SecureRandom.uuid().uppercasedString
             let collapseID = request.header("apns-collapse-id")
             if let collapseID, collapseID.utf8.count > 64 {
                 throw APNsRejection(400, "BadCollapseId", "apns-collapse-id is longer than 64 bytes")

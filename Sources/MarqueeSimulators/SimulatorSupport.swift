@@ -54,9 +54,9 @@ final class Recorder: Sendable {
     typealias Record = @Sendable () -> JSONValue
 
     private struct State {
-        var byToken: [String: [Record]] = [:]
-        /// Tokens of the kept records, oldest first, from `head` on.
-        var order: [String] = []
+        /// The kept records with their tokens, oldest first, from `head` on. One append per accepted push; a read
+        /// for one token walks them (reads are rare, accepts are every request).
+        var kept: [(token: String, record: Record)] = []
         var head = 0
         var accepted = 0
         /// When the last push was accepted (seconds since 1970), for measuring a fan-out's end without polling fast.
@@ -97,21 +97,21 @@ final class Recorder: Sendable {
         }
     }
 
+    /// What a record past the memory limit is replaced with until its slot is compacted away (frees what it held).
+    private static let dropped: Record = { .null }
+
     /// Keeps `record` for `token` and, with a records file, appends its JSON to the file as one line.
     func accept(token: String, record: @escaping Record) {
         let at = Date().timeIntervalSince1970
         state.withLock { state in
             state.accepted += 1
             state.lastAcceptedAt = at
-            state.byToken[token, default: []].append(record)
-            state.order.append(token)
-            if state.order.count - state.head > memoryLimit {
-                let oldest = state.order[state.head]
+            state.kept.append((token, record))
+            if state.kept.count - state.head > memoryLimit {
+                state.kept[state.head].record = Self.dropped
                 state.head += 1
-                state.byToken[oldest]?.removeFirst()
-                if state.byToken[oldest]?.isEmpty == true { state.byToken[oldest] = nil }
-                if state.head > 4096 && state.head * 2 > state.order.count {
-                    state.order.removeFirst(state.head)
+                if state.head > 4096 && state.head * 2 > state.kept.count {
+                    state.kept.removeFirst(state.head)
                     state.head = 0
                 }
             }
@@ -145,16 +145,9 @@ final class Recorder: Sendable {
     /// The kept records for `token`, or all kept records (oldest first) when `nil`.
     func records(token: String?) -> [JSONValue] {
         let kept: [Record] = state.withLock { state in
-            if let token { return state.byToken[token] ?? [] }
-            var cursors: [String: Int] = [:]
-            var all: [Record] = []
-            all.reserveCapacity(state.order.count - state.head)
-            for token in state.order[state.head...] {
-                let index = cursors[token, default: 0]
-                cursors[token] = index + 1
-                if let list = state.byToken[token], index < list.count { all.append(list[index]) }
-            }
-            return all
+            let live = state.kept[state.head...]
+            guard let token else { return live.map(\.record) }
+            return live.compactMap { $0.token == token ? $0.record : nil }
         }
         return kept.map { $0() }
     }
@@ -241,9 +234,15 @@ enum HTTPText {
     /// The token of an `authorization: Bearer <token>` header (scheme case-insensitive), or `nil`.
     static func bearerToken(_ header: String?) -> String? {
         guard let header else { return nil }
-        let parts = header.split(separator: " ", maxSplits: 1, omittingEmptySubsequences: true)
-        guard parts.count == 2, parts[0].lowercased() == "bearer" else { return nil }
-        let token = trimmed(parts[1])
+        // Byte-level (every push): spaces, the scheme in any case, a space, then the token without surrounding blanks.
+        var text = header[...]
+        while text.utf8.first == 0x20 { text = text.dropFirst() }
+        let scheme = "bearer".utf8
+        guard text.utf8.count > scheme.count,
+            zip(text.utf8, scheme).allSatisfy({ $0 | 0x20 == $1 }),
+            text.utf8.dropFirst(scheme.count).first == 0x20
+        else { return nil }
+        let token = trimmed(Substring(text.utf8.dropFirst(scheme.count)))
         return token.isEmpty ? nil : String(token)
     }
 

@@ -17,4 +17,13 @@ struct RandomTests {
         }
         #expect(seen.count == 10_000)
     }
+
+    @Test("uuid() from many threads at once: the shared pool never hands out the same bytes twice")
+    func uuidsConcurrently() async {
+        let batches = await withTaskGroup(of: [UUID].self) { group in
+            for _ in 0..<8 { group.addTask { (0..<2_000).map { _ in SecureRandom.uuid() } } }
+            return await group.reduce(into: [[UUID]]()) { $0.append($1) }
+        }
+        #expect(Set(batches.joined()).count == 16_000)
+    }
 }

@@ -4,13 +4,14 @@ import Testing
 @testable import MarqueeCore
 
 @Suite struct UUIDTextTests {
-    @Test func lowercasedStringIsUUIDStringLowercased() {
+    @Test func canonicalTextsAreUUIDStringInEitherCase() {
         var uuids = (0..<500).map { _ in UUID() }
         uuids.append(UUID(uuid: (0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)))
         uuids.append(UUID(uuid: (255, 255, 255, 255, 255, 255, 255, 255, 255, 255, 255, 255, 255, 255, 255, 255)))
         uuids.append(UUID(uuidString: "0123456789ABCDEF0123456789ABCDEF".inserting())!)
         for uuid in uuids {
             #expect(uuid.lowercasedString == uuid.uuidString.lowercased())
+            #expect(uuid.uppercasedString == uuid.uuidString)
         }
     }
 }

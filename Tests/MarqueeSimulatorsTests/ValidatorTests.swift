@@ -372,6 +372,11 @@ struct HTTPTextTests {
         #expect(HTTPText.bearerToken("Basic abc") == nil)
         #expect(HTTPText.bearerToken("Bearer") == nil)
         #expect(HTTPText.bearerToken(nil) == nil)
+        #expect(HTTPText.bearerToken("  BEARER\tabc") == nil)
+        #expect(HTTPText.bearerToken("  BeArEr abc\t") == "abc")
+        #expect(HTTPText.bearerToken("Bearerabc") == nil)
+        #expect(HTTPText.bearerToken("Bearer \t ") == nil)
+        #expect(HTTPText.bearerToken("Bbarer abc") == nil)
     }
 }
 
