@@ -471,18 +471,18 @@ public struct CampaignRunner: Sendable {
             """)
     }
 
-    /// How many members a start's step writes, with `remaining` members left (nil: not known). `chunk`, but the last
-    /// `chunk` are written in halves while a half is at least `tailFloor`: the pushes of a step leave only once it
-    /// commits, so the last step's are what the start waits for after its writes are done (bench/campaign: 10,000 of
-    /// them, ~1 s of sending after the last commit). Halves keep the extra steps few (each costs a transaction and a
-    /// plan: ~10–30 ms).
-    static func stepSize(remaining: Int?, chunk: Int) -> Int {
+    /// How many members a start's step writes (or open instances a campaign-wide change's step changes), with
+    /// `remaining` left (nil: not known). `chunk`, but the last `chunk` are written in halves while a half is at least
+    /// `tailFloor`: the pushes of a step leave only once it commits, so the last step's are what the run waits for
+    /// after its writes are done (bench/campaign: 10,000 of them, ~1 s of sending after the last commit). Halves keep
+    /// the extra steps few (each costs a transaction and a plan: ~10–30 ms).
+    static func stepSize(remaining: Int?, chunk: Int, floor: Int = tailFloor) -> Int {
         guard let remaining, remaining <= chunk else { return chunk }
         let half = (remaining + 1) / 2
-        return half >= tailFloor ? half : max(remaining, 1)
+        return half >= floor ? half : max(remaining, 1)
     }
 
-    /// The smallest step ``stepSize(remaining:chunk:)`` splits the end of a start into.
+    /// The smallest step ``stepSize(remaining:chunk:floor:)`` splits the end of a run into.
     static let tailFloor = 1_000
 
     /// The first step of a start: the audience, resolved now and kept in `campaign_members`. Returns its size.
@@ -602,7 +602,7 @@ public struct CampaignRunner: Sendable {
     /// open instances each, so that the pushes of each leave while the next is written.
     static func change(
         _ c: PostgresConnection, _ tenant: UUID, _ campaignID: String, _ change: CampaignChange, scope: Scope,
-        schedule: UUID? = nil, progress: JSONValue? = nil, chunk: Int = .max
+        schedule: UUID? = nil, progress: JSONValue? = nil, chunk: Int = .max, tailFloor: Int = tailFloor
     ) throws -> (result: JSONValue, representative: String?, done: Bool) {
         let rows = try c.query(
             """
@@ -684,19 +684,37 @@ public struct CampaignRunner: Sendable {
         // (none when no more than a chunk is left: the last step). Found first, then locked as a range, so that an
         // instance ending meanwhile cannot make a short chunk look like the last.
         let after = progress?["after"]?.stringValue ?? ""
-        let ends =
-            only != nil
-            ? []
-            : try c.query(
+        // The IDs of the open instances after `after`, in order, from position `offset` (0-based).
+        func open(offset: Int, limit: Int) throws -> [String] {
+            try c.query(
                 """
                 SELECT i.id FROM instances i
                 WHERE i.tenant_id = \(tenant) AND i.campaign_id = \(campaignID) AND i.id > \(after)
                   AND i.state IN ('pending', 'active') AND i.expires_at > now()
                   AND (\(excluded)::text IS NULL OR i.id <> \(excluded))
-                ORDER BY i.id OFFSET \(chunk - 1) LIMIT 2
+                ORDER BY i.id OFFSET \(offset) LIMIT \(limit)
                 """
             ).map { try $0.decode(String.self, "id") }
-        let bound = ends.count == 2 ? ends[0] : nil
+        }
+        var bound: String?
+        if only == nil {
+            let ends = try open(offset: chunk - 1, limit: 2)
+            if ends.count == 2 {
+                bound = ends[0]
+            } else {
+                // The last chunk in halves, as a start's (`stepSize`): its pushes leave only once it commits.
+                let left = try c.query(
+                    """
+                    SELECT count(*)::int AS n FROM instances i
+                    WHERE i.tenant_id = \(tenant) AND i.campaign_id = \(campaignID) AND i.id > \(after)
+                      AND i.state IN ('pending', 'active') AND i.expires_at > now()
+                      AND (\(excluded)::text IS NULL OR i.id <> \(excluded))
+                    """
+                )[0].decode(Int.self, "n")
+                let size = Self.stepSize(remaining: left, chunk: chunk, floor: tailFloor)
+                if size < left { bound = try open(offset: size - 1, limit: 1).first }
+            }
+        }
 
         // The chunk's open instances, locked: a single update racing this one waits, then finds a new version and
         // retries.

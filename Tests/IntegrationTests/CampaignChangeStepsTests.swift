@@ -100,6 +100,44 @@ extension CampaignTests {
             "each instance written once by the change")
     }
 
+    @Test("a campaign-wide change writes its last chunk in halves, down to the floor, and ends in its last step")
+    func changeEndsInHalves() async throws {
+        let t = try await Self.tenant()
+        let pool = t.fixture.pool
+        let tenant = t.tenant.uuid
+        let id = try await Self.campaignStartedHere(t, people: 8)
+        let instances = try await pool.query(
+            "SELECT id FROM instances WHERE tenant_id = \(tenant) AND campaign_id = \(id) ORDER BY id"
+        ).map { try $0.decode(String.self, "id") }
+        try #require(instances.count == 8)
+        let posted = try await t.api.call(
+            "POST", "/v1/campaigns/\(id)/update", key: t.tenant.app, json: ["content_state_patch": ["home": 1]])
+        #expect(posted.status == 202, "\(posted.text)")
+        let (scheduleID, change) = try await Self.changeSchedule(pool, tenant, id, .update)
+        // Chunks of 4 and a floor of 1: 4, then the last 4 as 2, 1 and 1 (no half of a single one).
+        var progress: JSONValue?
+        var reached: [String] = []
+        var steps = 0
+        while true {
+            let step = try await Self.changeStep(
+                pool, tenant, id, change, scheduleID, progress: progress, chunk: 4, tailFloor: 1)
+            steps += 1
+            if step.done {
+                #expect(step.result["instances"]?.intValue == 8, "\(step.result)")
+                break
+            }
+            reached.append(step.result["after"]?.stringValue ?? "")
+            progress = step.result
+            try #require(steps < 10)
+        }
+        #expect(reached == [instances[3], instances[5], instances[6]])
+        #expect(steps == 4)
+        let homes = try await pool.query(
+            "SELECT (content_state ->> 'home')::int AS home FROM instances WHERE tenant_id = \(tenant) AND campaign_id = \(id)"
+        ).map { try $0.decode(Int.self, "home") }
+        #expect(homes == Array(repeating: 1, count: 8))
+    }
+
     @Test("a campaign-wide end in steps: the campaign is marked ended by its last step only; a runner runs every step")
     func endInSteps() async throws {
         let t = try await Self.tenant()

@@ -374,7 +374,7 @@ extension CampaignTests {
     /// chunk of the rest), its progress kept on the schedule (which stays pending).
     static func changeStep(
         _ pool: PostgresPool, _ tenant: UUID, _ id: String, _ change: CampaignChange, _ scheduleID: UUID,
-        progress: JSONValue?, chunk: Int
+        progress: JSONValue?, chunk: Int, tailFloor: Int = CampaignRunner.tailFloor
     ) async throws -> (result: JSONValue, representative: String?, done: Bool) {
         try await pool.transaction { c in
             try c.enterSystem()
@@ -382,7 +382,7 @@ extension CampaignTests {
             let step = try CampaignRunner.change(
                 c, tenant, id, change,
                 scope: progress == nil ? .broadcastFirst : .rest(progress?["representative"]?.stringValue),
-                schedule: scheduleID, progress: progress, chunk: chunk)
+                schedule: scheduleID, progress: progress, chunk: chunk, tailFloor: tailFloor)
             try c.execute(
                 "UPDATE campaign_schedules SET result = \(step.result) WHERE tenant_id = \(tenant) AND id = \(scheduleID)"
             )
