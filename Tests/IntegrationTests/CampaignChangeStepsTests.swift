@@ -15,11 +15,7 @@ extension CampaignTests {
         let t = try await Self.tenant()
         let pool = t.fixture.pool
         let tenant = t.tenant.uuid
-        let id = try await Self.campaignStartedHere(t, people: 8)
-        let instances = try await pool.query(
-            "SELECT id FROM instances WHERE tenant_id = \(tenant) AND campaign_id = \(id) ORDER BY id"
-        ).map { try $0.decode(String.self, "id") }
-        try #require(instances.count == 8)
+        let (id, instances) = try await Self.campaignOfEight(t)
         // One of them reports its activity token (the others stay pending: no token, no push).
         let device = try await pool.query(
             """
@@ -105,11 +101,7 @@ extension CampaignTests {
         let t = try await Self.tenant()
         let pool = t.fixture.pool
         let tenant = t.tenant.uuid
-        let id = try await Self.campaignStartedHere(t, people: 8)
-        let instances = try await pool.query(
-            "SELECT id FROM instances WHERE tenant_id = \(tenant) AND campaign_id = \(id) ORDER BY id"
-        ).map { try $0.decode(String.self, "id") }
-        try #require(instances.count == 8)
+        let (id, instances) = try await Self.campaignOfEight(t)
         let posted = try await t.api.call(
             "POST", "/v1/campaigns/\(id)/update", key: t.tenant.app, json: ["content_state_patch": ["home": 1]])
         #expect(posted.status == 202, "\(posted.text)")
@@ -136,6 +128,16 @@ extension CampaignTests {
             "SELECT (content_state ->> 'home')::int AS home FROM instances WHERE tenant_id = \(tenant) AND campaign_id = \(id)"
         ).map { try $0.decode(Int.self, "home") }
         #expect(homes == Array(repeating: 1, count: 8))
+    }
+
+    /// A campaign started here for eight people, and its instances' IDs in order.
+    static func campaignOfEight(_ t: Tenant) async throws -> (id: String, instances: [String]) {
+        let id = try await campaignStartedHere(t, people: 8)
+        let instances = try await t.fixture.pool.query(
+            "SELECT id FROM instances WHERE tenant_id = \(t.tenant.uuid) AND campaign_id = \(id) ORDER BY id"
+        ).map { try $0.decode(String.self, "id") }
+        try #require(instances.count == 8)
+        return (id, instances)
     }
 
     @Test("a campaign-wide end in steps: the campaign is marked ended by its last step only; a runner runs every step")
