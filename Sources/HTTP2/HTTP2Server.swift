@@ -6,9 +6,9 @@ import Synchronization
 ///
 /// Sockets are served by dedicated I/O threads. Each complete request goes to the responder on its connection's
 /// thread, which answers at once or hands the work to a child task of `run()`, whose answer goes back to the
-/// connection's thread (`HTTP2ServerReply`); a plain async `handler` is always run in a task. Call `start()` (or let `run()` do it),
-/// keep `run()` running, and end with `stop()` or by cancelling `run()`: both stop accepting, send GOAWAY, let the
-/// streams in flight finish and then close.
+/// connection's thread (`HTTP2ServerReply`); a plain async `handler` is always run in a task. Call `start()` (or let
+/// `run()` do it), keep `run()` running, and end with `stop()` or by cancelling `run()`: both stop accepting, send
+/// GOAWAY, let the streams in flight finish and then close.
 public final class HTTP2Server: Sendable {
     private let core: ServerCore
 
