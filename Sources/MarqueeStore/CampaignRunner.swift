@@ -366,7 +366,9 @@ public struct CampaignRunner: Sendable {
             ), ok AS (
                 SELECT * FROM m
                 WHERE attrs IS NOT NULL
-                  AND octet_length(attrs::text) - octet_length(\(sample)::jsonb::text) <= \(headroom)
+                  -- The sample's length once (an InitPlan): in a generic plan the parameter would be written out
+                  -- as text again for every row.
+                  AND octet_length(attrs::text) - (SELECT octet_length(\(sample)::jsonb::text)) <= \(headroom)
             ), t AS MATERIALIZED (
                 SELECT ok.instance_id, d.token AS device_token, d.platform, s.token AS pts
                 FROM ok

@@ -248,7 +248,9 @@ struct CampaignTests {
         #expect(late.status == 409, "\(late.text)")
     }
 
-    @Test("people and all audiences; a $person default; a person without the attribute is skipped and counted")
+    @Test(
+        "people and all audiences; a $person default; a person without the attribute, or too large for a push, is skipped and counted"
+    )
     func peopleAndAll() async throws {
         let t = try await Self.tenant()
         let workers = try (0..<2).map { _ in try t.fixture.worker() }
@@ -296,6 +298,21 @@ struct CampaignTests {
             "POST", "/v1/live_notifications/update", key: t.tenant.app,
             json: ["instance_id": "\(everyone).\(c)", "content_state_patch": ["home": 3]])
         #expect(single.status == 200, "\(single.text)")
+
+        // A person whose filled attributes would not fit in a push (past the headroom the campaign's checks left)
+        // is skipped and counted as such; the others start.
+        let d = Fake.id("p")
+        let (ld, pd) = Self.iosPerson(d, type: t.type, attributes: ["team": String(repeating: "x", count: 5_000)])
+        try await t.importPeople([ld])
+        let pushedToA = t.fixture.apns.pushes(token: pa).count
+        let large = Fake.id("large")
+        let r3 = try await t.create(["campaign_id": large, "audience": ["people": [a, d]]])
+        #expect(r3.status == 202, "\(r3.text)")
+        let third = try await t.settled(large, schedules: 1)
+        #expect(third["audience_size"] as? Int == 2, "\(third)")
+        #expect((third["skipped"] as? [String: Any])?["payload_too_large"] as? Int == 1, "\(third)")
+        #expect(t.fixture.apns.pushes(token: pa).count == pushedToA + 1)
+        #expect(t.fixture.apns.pushes(token: pd).isEmpty)
     }
 
     @Test("scheduled start, update and end run exactly once with three workers, one restarted in between")
