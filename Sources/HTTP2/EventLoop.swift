@@ -113,6 +113,14 @@ final class EventLoop: Sendable {
     }
 
     private func run() {
+        // Every socket write of this module happens on a loop thread, and OpenSSL writes with write(2): a peer that
+        // closed first would raise SIGPIPE, whose default action ends the process (the `marquee` binary ignores it,
+        // a process embedding this module may not). Blocked on this thread, the write fails with EPIPE instead, and
+        // the connection is torn down as for any other write error.
+        var pipe = sigset_t()
+        sigemptyset(&pipe)
+        sigaddset(&pipe, SIGPIPE)
+        pthread_sigmask(SIG_BLOCK, &pipe, nil)
         let context = LoopContext(loop: self)
         var events = [epoll_event](repeating: epoll_event(), count: 256)
         var nextTick = ContinuousClock.now + Self.tickInterval
