@@ -220,13 +220,7 @@ final class APNsCore: Sendable {
         guard let rule = faults.decide(token: push.token) else {
             return .now(accept(push, body: request.body, now: now))
         }
-        guard let latency = rule.latencyMilliseconds, latency > 0 else {
-            return .now(answer(push, body: request.body, now: now, after: rule))
-        }
-        return .later {
-            try? await Task.sleep(for: .milliseconds(latency))
-            return self.answer(push, body: request.body, now: now, after: rule)
-        }
+        return rule.reply { self.answer(push, body: request.body, now: now, after: rule) }
     }
 
     /// A push a fault rule matched: the fault's answer, or (a delay alone) the push accepted.

@@ -341,17 +341,12 @@ final class FCMCore: Sendable {
         guard let rule = faults.decide(token: message.token) else {
             return .now(accept(message, request, project: project, access: access, now: now))
         }
-        let answer = { @Sendable in
+        return rule.reply {
             guard rule.action == .delay else {
                 self.recorder.inject(rule.action)
                 return self.injected(rule, bearer: bearer, now: now)
             }
             return self.accept(message, request, project: project, access: access, now: now)
-        }
-        guard let latency = rule.latencyMilliseconds, latency > 0 else { return .now(answer()) }
-        return .later {
-            try? await Task.sleep(for: .milliseconds(latency))
-            return answer()
         }
     }
 

@@ -304,3 +304,15 @@ final class SimulatorHost: Sendable {
         }
     }
 }
+
+extension FaultRule {
+    /// The reply to a request this rule matched: `answer` at once, or after the rule's latency in a task (never a
+    /// sleep on the connection's I/O thread).
+    func reply(_ answer: @escaping @Sendable () -> HTTP2ServerResponse) -> HTTP2ServerReply {
+        guard let latency = latencyMilliseconds, latency > 0 else { return .now(answer()) }
+        return .later {
+            try? await Task.sleep(for: .milliseconds(latency))
+            return answer()
+        }
+    }
+}
