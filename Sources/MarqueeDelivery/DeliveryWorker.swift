@@ -36,12 +36,14 @@ public final class DeliveryWorker: Sendable {
         public var retryPolicy: RetryPolicy
         /// The channel the API notifies. Default `marquee_deliveries`.
         public var channel: String
+        /// The most lanes a campaign's start is split into, for workers to write at the same time. Default 2.
+        public var campaignLanes: Int
 
         public init(
             workerID: String, batchSize: Int = 256, loops: Int = 2, expressBatch: Int = 16,
             hold: Duration = .seconds(60),
             pollInterval: Duration = .seconds(1), retryPolicy: RetryPolicy = RetryPolicy(),
-            channel: String = "marquee_deliveries"
+            channel: String = "marquee_deliveries", campaignLanes: Int = 2
         ) {
             self.workerID = workerID
             self.batchSize = batchSize
@@ -51,6 +53,7 @@ public final class DeliveryWorker: Sendable {
             self.pollInterval = pollInterval
             self.retryPolicy = retryPolicy
             self.channel = channel
+            self.campaignLanes = campaignLanes
         }
     }
 
@@ -89,7 +92,9 @@ public final class DeliveryWorker: Sendable {
         self.fcm = fcm
         self.configuration = configuration
         self.queue = DeliveryQueue(pool: pool)
-        self.campaigns = CampaignRunner(database: TenantDatabase(pool: pool), notifyChannel: configuration.channel)
+        self.campaigns = CampaignRunner(
+            database: TenantDatabase(pool: pool), notifyChannel: configuration.channel,
+            lanes: configuration.campaignLanes)
         self.listener = PostgresListener(listenerConfiguration, channels: [configuration.channel])
         self.apns = apns
         self.keyRing = keyRing

@@ -62,7 +62,8 @@ struct WorkerCommand {
                 pollInterval: .milliseconds(configuration.workerPollMilliseconds),
                 retryPolicy: RetryPolicy(
                     maxAttempts: configuration.retryMaxAttempts,
-                    initialDelay: .milliseconds(configuration.retryInitialMilliseconds))),
+                    initialDelay: .milliseconds(configuration.retryInitialMilliseconds)),
+                campaignLanes: configuration.campaignLanes),
             metrics: metrics, logger: logger)
 
         let retention = RetentionService(
