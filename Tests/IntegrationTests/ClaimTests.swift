@@ -213,3 +213,51 @@ final class AsyncGate: Sendable {
         throw TestFailure("not opened within \(limit)")
     }
 }
+
+extension ClaimTests {
+    @Test("a burst queued in one statement: each row's look for an older version is an index lookup (migration 0067)")
+    func burstLooksUpByIndex() async throws {
+        let w = try await LifecycleTests.world(fixture: .holding)
+        let instance = Fake.id("burst")
+        #expect(try await w.start(["instance_id": instance]).status == 200)
+        let config = try await w.fixture.pool.query(
+            """
+            SELECT COALESCE(array_to_string(proconfig, ','), '') AS config FROM pg_proc
+            WHERE proname = 'marquee_queue_row_follows'
+            """)
+        #expect(try config.first?.decode(String.self, "config").contains("enable_seqscan=off") == true)
+        // Rolled back: never claimed. Two versions for each of 500 tokens, in one statement each.
+        struct RollBack: Error {}
+        let outcome = Mutex<(scans: Int, follows: [Int])?>(nil)
+        await #expect(throws: RollBack.self) {
+            try await w.fixture.pool.transaction { c in
+                for version in [2, 3] {
+                    try c.execute(
+                        """
+                        INSERT INTO delivery_queue (tenant_id, id, instance_id, device_token, provider, token_kind,
+                                                    token, operation, instance_version, next_attempt_at)
+                        SELECT \(w.tenant.uuid), marquee_new_ulid(), \(instance), 'burst-device', 'apns', 'activity',
+                               'burst-' || n, 'update', \(version), now() + interval '1 hour'
+                        FROM generate_series(1, 500) n
+                        """)
+                }
+                let scans = try c.query(
+                    "SELECT seq_scan::int AS n FROM pg_stat_xact_user_tables WHERE relname = 'delivery_queue'"
+                )[0].decode(Int.self, "n")
+                let follows = try c.query(
+                    """
+                    SELECT instance_version::int AS v, count(*) FILTER (WHERE follows)::int AS n FROM delivery_queue
+                    WHERE tenant_id = \(w.tenant.uuid) AND instance_id = \(instance) AND token LIKE 'burst-%'
+                    GROUP BY 1 ORDER BY 1
+                    """
+                ).map { try $0.decode(Int.self, "n") }
+                outcome.withLock { $0 = (scans, follows) }
+                throw RollBack()
+            }
+        }
+        let seen = try #require(outcome.withLock { $0 })
+        #expect(seen.scans == 0, "the queue was scanned sequentially while rows were queued")
+        // The second version of each token follows the first; the first follows nothing.
+        #expect(seen.follows == [0, 500])
+    }
+}
