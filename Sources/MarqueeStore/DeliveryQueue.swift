@@ -462,16 +462,14 @@ public struct DeliveryQueue: Sendable {
                       AND d.next_attempt_at <= now() - t.grace_ms * interval '1 millisecond'
                       AND d.next_attempt_at > '-infinity'
                       AND d.provider = ANY(\(providers)::text[]) AND d.id <> ALL(\(excluding)::uuid[])
-                      -- A token never gets version N+1 while N is in flight or waiting for its retry: looked up
-                      -- only for rows queued behind an older version (`follows`, migration 0067), as the look cost
-                      -- more than the rest of the claim, for each row taken and each row walked past. OFFSET 0 keeps
-                      -- it a per-row lookup of the token: as an anti-join, planned on statistics from before a burst
+                      -- A token never gets version N+1 while N is in flight or waiting for its retry. OFFSET 0 keeps
+                      -- this a per-row lookup of the token: as an anti-join, planned on statistics from before a burst
                       -- (the queue "empty"), it read the whole burst once per claimed row.
-                      AND (NOT d.follows OR NOT EXISTS (
+                      AND NOT EXISTS (
                           SELECT 1 FROM delivery_queue o
                           WHERE o.tenant_id = d.tenant_id AND o.instance_id = d.instance_id AND o.token = d.token
                             AND o.status = 'queued' AND o.instance_version < d.instance_version
-                          OFFSET 0))
+                          OFFSET 0)
                     ORDER BY d.next_attempt_at
                     LIMIT t.share
                     FOR UPDATE OF d SKIP LOCKED

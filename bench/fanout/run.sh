@@ -214,10 +214,10 @@ FROM (
   FROM delivery_queue d
   WHERE d.tenant_id = '$tenant' AND d.status = 'queued' AND d.next_attempt_at <= now()
     AND d.next_attempt_at > '-infinity' AND d.provider = ANY('{apns,fcm}'::text[])
-    AND (NOT d.follows OR NOT EXISTS (
+    AND NOT EXISTS (
         SELECT 1 FROM delivery_queue o
         WHERE o.tenant_id = d.tenant_id AND o.instance_id = d.instance_id AND o.token = d.token
-          AND o.status = 'queued' AND o.instance_version < d.instance_version OFFSET 0))
+          AND o.status = 'queued' AND o.instance_version < d.instance_version OFFSET 0)
   ORDER BY d.next_attempt_at
   LIMIT $batch
   FOR UPDATE OF d SKIP LOCKED
