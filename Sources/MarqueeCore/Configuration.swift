@@ -111,9 +111,6 @@ public struct MarqueeConfiguration: Sendable, Equatable {
     public var workerHoldSeconds: Int
     /// `MARQUEE_WORKER_POLL_MS`: the longest a worker waits between claims without a notification. Default 1000.
     public var workerPollMilliseconds: Int
-    /// `MARQUEE_CAMPAIGN_LANES`: the most lanes (ranges of its audience) a campaign's start is split into, which
-    /// workers write at the same time; at most one per 10,000 people. Default 2.
-    public var campaignLanes: Int
     /// `MARQUEE_APNS_CONNECTIONS`: HTTP/2 connections per APNs host per worker. Default 2.
     public var apnsConnections: Int
     /// `MARQUEE_RETENTION_DAYS`: days lifecycle events, delivery metrics and finished instances are kept; 0 keeps
@@ -274,7 +271,6 @@ public struct MarqueeConfiguration: Sendable, Equatable {
         workerExpressBatch = integer("MARQUEE_WORKER_EXPRESS_BATCH", default: 16, range: 0...10_000)
         workerHoldSeconds = integer("MARQUEE_WORKER_HOLD_SECONDS", default: 60, range: 2...3600)
         workerPollMilliseconds = integer("MARQUEE_WORKER_POLL_MS", default: 1000, range: 10...600_000)
-        campaignLanes = integer("MARQUEE_CAMPAIGN_LANES", default: 2, range: 1...64)
         apnsConnections = integer("MARQUEE_APNS_CONNECTIONS", default: 2, range: 1...64)
         retentionDays = integer("MARQUEE_RETENTION_DAYS", default: 30, range: 0...3650)
         retryInitialMilliseconds = integer("MARQUEE_RETRY_INITIAL_MS", default: 8000, range: 10...600_000)

@@ -36,14 +36,12 @@ public final class DeliveryWorker: Sendable {
         public var retryPolicy: RetryPolicy
         /// The channel the API notifies. Default `marquee_deliveries`.
         public var channel: String
-        /// The most lanes a campaign's start is split into, for workers to write at the same time. Default 2.
-        public var campaignLanes: Int
 
         public init(
             workerID: String, batchSize: Int = 256, loops: Int = 2, expressBatch: Int = 16,
             hold: Duration = .seconds(60),
             pollInterval: Duration = .seconds(1), retryPolicy: RetryPolicy = RetryPolicy(),
-            channel: String = "marquee_deliveries", campaignLanes: Int = 2
+            channel: String = "marquee_deliveries"
         ) {
             self.workerID = workerID
             self.batchSize = batchSize
@@ -53,7 +51,6 @@ public final class DeliveryWorker: Sendable {
             self.pollInterval = pollInterval
             self.retryPolicy = retryPolicy
             self.channel = channel
-            self.campaignLanes = campaignLanes
         }
     }
 
@@ -92,9 +89,7 @@ public final class DeliveryWorker: Sendable {
         self.fcm = fcm
         self.configuration = configuration
         self.queue = DeliveryQueue(pool: pool)
-        self.campaigns = CampaignRunner(
-            database: TenantDatabase(pool: pool), notifyChannel: configuration.channel,
-            lanes: configuration.campaignLanes)
+        self.campaigns = CampaignRunner(database: TenantDatabase(pool: pool), notifyChannel: configuration.channel)
         self.listener = PostgresListener(listenerConfiguration, channels: [configuration.channel])
         self.apns = apns
         self.keyRing = keyRing

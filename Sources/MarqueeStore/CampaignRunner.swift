@@ -13,10 +13,6 @@ import PostgresClient
 /// the next are written) and the position reached, on the schedule, which stays pending until the last. Any worker
 /// continues from there. A campaign-wide change writes the campaign's open instances the same way, `chunk` at a time
 /// in instance ID order.
-///
-/// A start of more than one chunk (and no pacing) is split into `lanes`: ranges of its audience that workers write at
-/// the same time, each a step at a time with its own progress (`campaign_start_lanes`, migration 0066). One step runs
-/// on one PostgreSQL backend, which a start's chain of steps kept to one core shared with the fan-out of its pushes.
 public struct CampaignRunner: Sendable {
     let database: TenantDatabase
     let notifyChannel: String
@@ -24,18 +20,15 @@ public struct CampaignRunner: Sendable {
     let lifetime: TimeInterval
     /// Members a start writes, or instances a campaign-wide change writes, per transaction.
     let chunk: Int
-    /// The most lanes a start is split into (never more than its chunks).
-    let lanes: Int
 
     public init(
         database: TenantDatabase, notifyChannel: String = "marquee_deliveries",
-        lifetime: TimeInterval = Lifetime.maximum, chunk: Int = 10_000, lanes: Int = 2
+        lifetime: TimeInterval = Lifetime.maximum, chunk: Int = 10_000
     ) {
         self.database = database
         self.notifyChannel = notifyChannel
         self.lifetime = lifetime
         self.chunk = max(1, chunk)
-        self.lanes = max(1, lanes)
     }
 
     /// The phases a schedule records while partway (it stays pending): a start writing its audience, a channel
@@ -77,7 +70,6 @@ public struct CampaignRunner: Sendable {
         let lifetime = self.lifetime
         let channel = notifyChannel
         let chunk = self.chunk
-        let lanes = self.lanes
         do {
             return try await database.pool.transaction { c in
                 try c.enterSystem()
@@ -86,8 +78,6 @@ public struct CampaignRunner: Sendable {
                     SELECT tenant_id, campaign_id, id, operation, change, result FROM campaign_schedules s
                     WHERE state = 'pending' AND due_at <= now() AND (\(scheduleID)::uuid IS NULL OR id = \(scheduleID))
                       AND NOT s.id = ANY(\(busy)::uuid[])
-                      -- A start in lanes is run a lane at a time (claimLane), never held whole.
-                      AND s.result ->> 'lanes' IS NULL
                       -- A campaign's changes wait for its start to finish (it runs in several transactions).
                       AND (operation = 'start' OR NOT EXISTS (
                           SELECT 1 FROM campaign_schedules b
@@ -98,13 +88,7 @@ public struct CampaignRunner: Sendable {
                     ORDER BY COALESCE(s.result ->> 'phase', '') IN ('broadcast', 'changing'), due_at, id LIMIT 1
                     FOR UPDATE OF s SKIP LOCKED
                     """)
-                var lane: StartLane?
-                var found = due.first
-                if found == nil, let row = try Self.claimLane(c, scheduleID, skipping: busy) {
-                    found = row
-                    lane = try StartLane(row)
-                }
-                guard let row = found else { return nil }
+                guard let row = due.first else { return nil }
                 let tenant = try row.decode(UUID.self, "tenant_id")
                 let campaignID = try row.decode(String.self, "campaign_id")
                 let scheduleID = try row.decode(UUID.self, "id")
@@ -117,22 +101,10 @@ public struct CampaignRunner: Sendable {
                 var state = "done"
                 var result: JSONValue
                 do {
-                    if operation == "start", let lane {
-                        let step = try Self.startLane(
-                            c, tenant, campaignID, scheduleID, change, lane, lifetime: lifetime, chunk: chunk)
-                        guard step.done else {
-                            // The schedule is left as it is (pending, "lanes") while lanes remain.
-                            try c.query("SELECT pg_notify(\(channel), '')")
-                            return CampaignRun(
-                                tenantID: tenant, campaignID: campaignID, scheduleID: scheduleID,
-                                operation: operation, state: "starting", result: step.result)
-                        }
-                        result = step.result
-                    } else if operation == "start" {
+                    if operation == "start" {
                         let step = try Self.start(
                             c, tenant, campaignID, change, lifetime: lifetime,
-                            progress: recorded?["phase"]?.stringValue == "starting" ? recorded : nil, chunk: chunk,
-                            lanes: lanes, schedule: scheduleID)
+                            progress: recorded?["phase"]?.stringValue == "starting" ? recorded : nil, chunk: chunk)
                         result = step.result
                         if !step.done { state = "starting" }
                     } else {
@@ -249,9 +221,6 @@ public struct CampaignRunner: Sendable {
                 WHERE tenant_id = \(f.tenant) AND id = \(f.scheduleID) AND state = 'pending' FOR UPDATE
                 """)
             guard !pending.isEmpty else { return nil }
-            // A start in lanes: the lanes left are not written (nor claimed: the schedule is no longer pending).
-            try c.execute(
-                "DELETE FROM campaign_start_lanes WHERE tenant_id = \(f.tenant) AND schedule_id = \(f.scheduleID)")
             let (state, result) = try Self.failed(
                 c, f.tenant, f.campaignID, f.operation, reason: f.reason, detail: f.detail)
             try c.execute(
@@ -323,143 +292,62 @@ public struct CampaignRunner: Sendable {
     /// deliveries (push-to-start tokens of their iPhones, FCM tokens of their Android devices) in one statement. The
     /// last makes the campaign active and returns `done` with the counts of all steps; the others return the position
     /// reached, the audience's size and the counts so far, kept on the schedule.
-    ///
-    /// With `lanes` above 1 and a `schedule`, a first step whose audience is more than a `chunk` and not paced splits
-    /// it into lanes (`openLanes`), writes the first lane's first step, and returns the schedule's progress `{phase:
-    /// "starting", lanes, members}`: workers then write the lanes at the same time (`startLane`). Paced starts stay in
-    /// one lane: their rows are due in person order across all steps.
     static func start(
         _ c: PostgresConnection, _ tenant: UUID, _ campaignID: String, _ plan: JSONValue, lifetime: TimeInterval,
-        progress: JSONValue?, chunk: Int, lanes: Int = 1, schedule: UUID? = nil
+        progress: JSONValue?, chunk: Int
     ) throws -> (result: JSONValue, done: Bool) {
-        let campaign = try StartCampaign.read(c, tenant, campaignID, lifetime: lifetime, resuming: progress != nil)
+        let rows = try c.query(
+            """
+            SELECT \(unsafeRaw: CampaignStore.columns), c.state AS stored_state,
+                   (SELECT ch.status = 'active' FROM channels ch
+                    WHERE ch.tenant_id = c.tenant_id AND ch.id = c.channel_id) AS channel_active
+            FROM campaigns c
+            WHERE c.tenant_id = \(tenant) AND c.id = \(campaignID) FOR NO KEY UPDATE
+            """)
+        guard let row = rows.first else { throw Refusal(reason: "campaign_gone", detail: "the campaign was deleted") }
+        guard try row.decode(String.self, "stored_state") == "scheduled" else {
+            throw Refusal(reason: "not_scheduled", detail: "the campaign is no longer waiting to start")
+        }
+        let activityType = try row.decode(String.self, "activity_type")
+        let platform = try row.decode(String?.self, "platform")
+        // A channel-backed campaign: its instances subscribe at start (and live without push-to-start targets, as
+        // apps may subscribe themselves); a channel gone since the campaign was created is not used.
+        let channel =
+            try row.decode(Bool?.self, "channel_active") == true ? try row.decode(UUID?.self, "channel_id") : nil
+        let expiresAt =
+            try row.decode(Date?.self, "expires_at") ?? Lifetime.defaultExpiration(now: Date(), maximum: lifetime)
+        guard expiresAt > Date() || progress != nil else {
+            throw Refusal(reason: "expired", detail: "the campaign's expiration passed before it could start")
+        }
+        guard let audience = CampaignAudience(json: try row.decode(JSONValue.self, "audience")) else {
+            throw Refusal(reason: "bad_audience", detail: "the stored audience is not one Marquee knows")
+        }
+
         try planForBulk(c)
         // The audience's size, once resolved (a start recorded partway by an older version has none: its steps are
         // all `chunk`).
         let members =
             progress == nil
-            ? try resolveAudience(c, tenant, campaignID, campaign.audience)
+            ? try resolveAudience(c, tenant, campaignID, audience)
             : progress?["members"]?.intValue.map(Int.init)
-        if progress == nil, lanes > 1, campaign.rate == nil, let schedule, let members, members > chunk {
-            let count = min(lanes, (members + chunk - 1) / chunk)
-            let first = try openLanes(c, tenant, campaignID, schedule, members: members, lanes: count)
-            _ = try laneStep(c, tenant, campaignID, schedule, plan, campaign, first, chunk: chunk)
-            return (
-                .object(["phase": .string("starting"), "lanes": .int(Int64(count)), "members": .int(Int64(members))]),
-                false
-            )
-        }
         // Where this step starts: after the last member the previous one wrote. Paced deliveries are due `rate` a
         // second from the first step's start, counted over every step's rows.
         let after = progress?["after"]?.stringValue ?? ""
         let (pacedFrom, pacedBefore) = try pacing(c, progress)
         let before = progress?["counts"] ?? .object([:])
         let written = Int(before["audience"]?.intValue ?? 0)
-        // None once the expiration passed: the start ends with what it wrote.
-        let limit =
-            campaign.expiresAt > Date() ? Self.stepSize(remaining: members.map { $0 - written }, chunk: chunk) : 0
-        let step = try writeMembers(
-            c, tenant, campaignID, plan, campaign, after: after, bound: nil, limit: limit,
-            pacing: (pacedFrom, pacedBefore))
-        let counts = merged(before, step.counts)
-        // More to write: members left (or, without the size, a full step, which may have been the last).
-        let more = members.map { written + step.members < $0 } ?? (step.members == limit)
-        if step.members == limit, more, let last = step.last {
-            var next: [String: JSONValue] = [
-                "phase": .string("starting"), "after": .string(last), "paced_from": .double(pacedFrom),
-                "paced": .int(Int64(pacedBefore + step.deliveries)), "counts": counts,
-            ]
-            if let members { next["members"] = .int(Int64(members)) }
-            return (.object(next), false)
-        }
-        try markStarted(c, tenant, campaignID, audienceSize: Int(counts["audience"]?.intValue ?? 0))
-        return (counts, true)
-    }
 
-    /// A start's campaign as its steps need it, read (and locked) at each step.
-    struct StartCampaign {
-        var activityType: String
-        var platform: String?
-        /// A channel-backed campaign's channel, if still active.
-        var channel: UUID?
-        var expiresAt: Date
-        var audience: CampaignAudience
-        var contentState: JSONValue
-        var options: JSONValue
-        var attributes: JSONValue
-        var rate: Int?
-
-        /// Reads the campaign, still waiting to start, and locks it: a cancel waits for the step. `shared`: lanes'
-        /// steps, which run at the same time, share the lock. `resuming`: a later step, which runs even once the
-        /// campaign's expiration passed (writing nothing).
-        static func read(
-            _ c: PostgresConnection, _ tenant: UUID, _ campaignID: String, lifetime: TimeInterval, resuming: Bool,
-            shared: Bool = false
-        ) throws -> StartCampaign {
-            let rows = try c.query(
-                """
-                SELECT \(unsafeRaw: CampaignStore.columns), c.state AS stored_state,
-                       (SELECT ch.status = 'active' FROM channels ch
-                        WHERE ch.tenant_id = c.tenant_id AND ch.id = c.channel_id) AS channel_active
-                FROM campaigns c
-                WHERE c.tenant_id = \(tenant) AND c.id = \(campaignID) FOR \(unsafeRaw: shared ? "SHARE" : "NO KEY UPDATE")
-                """)
-            guard let row = rows.first else {
-                throw Refusal(reason: "campaign_gone", detail: "the campaign was deleted")
-            }
-            guard try row.decode(String.self, "stored_state") == "scheduled" else {
-                throw Refusal(reason: "not_scheduled", detail: "the campaign is no longer waiting to start")
-            }
-            let expiresAt =
-                try row.decode(Date?.self, "expires_at") ?? Lifetime.defaultExpiration(now: Date(), maximum: lifetime)
-            guard expiresAt > Date() || resuming else {
-                throw Refusal(reason: "expired", detail: "the campaign's expiration passed before it could start")
-            }
-            guard let audience = CampaignAudience(json: try row.decode(JSONValue.self, "audience")) else {
-                throw Refusal(reason: "bad_audience", detail: "the stored audience is not one Marquee knows")
-            }
-            // A channel-backed campaign: its instances subscribe at start (and live without push-to-start targets,
-            // as apps may subscribe themselves); a channel gone since the campaign was created is not used.
-            let channel =
-                try row.decode(Bool?.self, "channel_active") == true ? try row.decode(UUID?.self, "channel_id") : nil
-            return StartCampaign(
-                activityType: try row.decode(String.self, "activity_type"),
-                platform: try row.decode(String?.self, "platform"), channel: channel, expiresAt: expiresAt,
-                audience: audience, contentState: try row.decode(JSONValue.self, "content_state"),
-                options: try row.decode(JSONValue.self, "options"),
-                attributes: try row.decode(JSONValue.self, "attributes"),
-                rate: try row.decode(Int?.self, "rate_limit_per_second"))
-        }
-    }
-
-    /// What one step wrote: members taken, the last of them (nil: none), deliveries queued, and the counts a start's
-    /// result adds up (audience, instances, deliveries by provider, skipped by reason).
-    struct StepWrite {
-        var members: Int
-        var last: String?
-        var deliveries: Int
-        var counts: JSONValue
-    }
-
-    /// Instances and deliveries for the next `limit` members after `after` (and no later than `bound`), in person
-    /// order, in one statement. `pacing`: where a paced start's spread stands (`pacing(_:_:)`).
-    static func writeMembers(
-        _ c: PostgresConnection, _ tenant: UUID, _ campaignID: String, _ plan: JSONValue, _ campaign: StartCampaign,
-        after: String, bound: String?, limit: Int, pacing: (from: Double, before: Int)?
-    ) throws -> StepWrite {
+        // 2. Instances and deliveries for the next members, in one statement (none once the expiration passed: the
+        // start ends with what it wrote).
         let fills = plan["fills"] ?? .array([])
         let sample = plan["sample"] ?? .object([:])
         let headroom = plan["headroom"]?.intValue.map(Int.init) ?? 0
-        let activityType = campaign.activityType
-        let platform = campaign.platform
-        let channel = campaign.channel
-        let contentState = campaign.contentState
-        let options = campaign.options
-        let template = campaign.attributes
-        let expiresAt = campaign.expiresAt
+        let contentState = try row.decode(JSONValue.self, "content_state")
+        let options = try row.decode(JSONValue.self, "options")
+        let template = try row.decode(JSONValue.self, "attributes")
+        let rate = try row.decode(Int?.self, "rate_limit_per_second")
         let timestamp = Int64(Date().timeIntervalSince1970.rounded(.down))
-        let due = Self.paced(
-            campaign.rate, order: "t.instance_id, t.device_token", from: pacing?.from, after: pacing?.before ?? 0)
+        let limit = expiresAt > Date() ? Self.stepSize(remaining: members.map { $0 - written }, chunk: chunk) : 0
         let wrote = try c.query(
             """
             -- A step's members, their people, devices and push-to-start tokens are looked up row by row (LATERAL
@@ -470,7 +358,6 @@ public struct CampaignRunner: Sendable {
                        marquee_fill_person(\(template)::jsonb, \(fills)::jsonb, p.attributes) AS attrs
                 FROM (SELECT person_id, instance_id FROM campaign_members
                       WHERE tenant_id = \(tenant) AND campaign_id = \(campaignID) AND person_id > \(after)
-                        AND (\(bound)::text IS NULL OR person_id <= \(bound))
                       ORDER BY person_id LIMIT \(limit)) m
                 CROSS JOIN LATERAL (
                     SELECT p.email, p.attributes FROM people p
@@ -522,7 +409,7 @@ public struct CampaignRunner: Sendable {
                        CASE t.platform WHEN 'ios' THEN 'push_to_start' ELSE 'fcm' END,
                        CASE t.platform WHEN 'ios' THEN t.pts ELSE t.device_token END,
                        'start', 1, ins.attributes, \(contentState), \(options), \(timestamp),
-                       \(unsafeRaw: due)
+                       \(unsafeRaw: Self.paced(rate, order: "t.instance_id, t.device_token", from: pacedFrom, after: pacedBefore))
                 FROM t JOIN ins ON ins.id = t.instance_id
                 RETURNING provider
             ), devs AS (
@@ -548,155 +435,28 @@ public struct CampaignRunner: Sendable {
                    (SELECT COALESCE(jsonb_object_agg(reason, n), '{}') FROM (
                        SELECT skipped_reason AS reason, count(*) AS n FROM skip GROUP BY 1) s) AS skipped
             """)[0]
-        let members = try wrote.decode(Int.self, "audience")
+        let step = try wrote.decode(Int.self, "audience")
         let apns = try wrote.decode(Int.self, "apns")
         let fcm = try wrote.decode(Int.self, "fcm")
-        return StepWrite(
-            members: members, last: try wrote.decode(String?.self, "last_person"), deliveries: apns + fcm,
-            counts: .object([
-                "audience": .int(Int64(members)), "instances": .int(Int64(try wrote.decode(Int.self, "instances"))),
+        let counts = merged(
+            before,
+            .object([
+                "audience": .int(Int64(step)), "instances": .int(Int64(try wrote.decode(Int.self, "instances"))),
                 "deliveries": .object(["apns": .int(Int64(apns)), "fcm": .int(Int64(fcm))]),
                 "skipped": try wrote.decode(JSONValue.self, "skipped"),
             ]))
-    }
-
-    // MARK: Lanes
-
-    /// A lane of a start (a row of `campaign_start_lanes`): its range of the audience (after `after`, up to `bound`
-    /// inclusive, nil: to the end), its size, how many it wrote and their counts.
-    struct StartLane {
-        var lane: Int
-        var after: String
-        var bound: String?
-        var members: Int
-        var written: Int
-        var counts: JSONValue
-
-        init(lane: Int, after: String, bound: String?, members: Int, written: Int = 0, counts: JSONValue = .object([:]))
-        {
-            self.lane = lane
-            self.after = after
-            self.bound = bound
-            self.members = members
-            self.written = written
-            self.counts = counts
+        // More to write: members left (or, without the size, a full step, which may have been the last).
+        let more = members.map { written + step < $0 } ?? (step == limit)
+        if step == limit, more, let last = try wrote.decode(String?.self, "last_person") {
+            var next: [String: JSONValue] = [
+                "phase": .string("starting"), "after": .string(last), "paced_from": .double(pacedFrom),
+                "paced": .int(Int64(pacedBefore + apns + fcm)), "counts": counts,
+            ]
+            if let members { next["members"] = .int(Int64(members)) }
+            return (.object(next), false)
         }
-
-        init(_ row: PostgresRow) throws {
-            self.init(
-                lane: try row.decode(Int.self, "lane"), after: try row.decode(String.self, "after"),
-                bound: try row.decode(String?.self, "bound"), members: try row.decode(Int.self, "members"),
-                written: try row.decode(Int.self, "written"), counts: try row.decode(JSONValue.self, "counts"))
-        }
-    }
-
-    /// Claims the next lane nobody is writing of a pending start in lanes (`scheduleID`'s, or the oldest due): its row
-    /// locked until the claim commits, beside its schedule's row (to run it, as the runner's own query reads it).
-    /// The schedule is only share-locked (KEY SHARE), so that each lane is claimed by another worker at the same time;
-    /// a failure's record (FOR UPDATE) waits for the lanes being written.
-    static func claimLane(_ c: PostgresConnection, _ scheduleID: UUID?, skipping busy: [UUID]) throws -> PostgresRow? {
-        try c.query(
-            """
-            SELECT s.tenant_id, s.campaign_id, s.id, s.operation, s.change, s.result,
-                   l.lane, l.after, l.bound, l.members, l.written, l.counts
-            FROM campaign_start_lanes l
-            JOIN campaign_schedules s ON s.tenant_id = l.tenant_id AND s.id = l.schedule_id
-            WHERE NOT l.done AND s.state = 'pending' AND s.due_at <= now()
-              AND (\(scheduleID)::uuid IS NULL OR s.id = \(scheduleID)) AND NOT s.id = ANY(\(busy)::uuid[])
-            ORDER BY s.due_at, s.id, l.lane LIMIT 1
-            FOR UPDATE OF l SKIP LOCKED FOR KEY SHARE OF s
-            """
-        ).first
-    }
-
-    /// Splits a start's resolved audience of `members` into `lanes` ranges of about the same size, by person ID, and
-    /// records them; returns the first.
-    static func openLanes(
-        _ c: PostgresConnection, _ tenant: UUID, _ campaignID: String, _ schedule: UUID, members: Int, lanes: Int
-    ) throws -> StartLane {
-        // Lane i ends at the member at position members * (i + 1) / lanes - 1 (0-based); the last lane has no end.
-        let ends = (0..<(lanes - 1)).map { members * ($0 + 1) / lanes - 1 }
-        let bounds = try c.query(
-            """
-            SELECT b.person_id FROM unnest(\(ends)::int[]) WITH ORDINALITY AS e(position, n)
-            CROSS JOIN LATERAL (
-                SELECT person_id FROM campaign_members
-                WHERE tenant_id = \(tenant) AND campaign_id = \(campaignID)
-                ORDER BY person_id OFFSET e.position LIMIT 1
-            ) b
-            ORDER BY e.n
-            """
-        ).map { try $0.decode(String.self, "person_id") }
-        guard bounds.count == lanes - 1 else {
-            throw Refusal(reason: "audience_changed", detail: "the resolved audience has fewer members than counted")
-        }
-        let limits = bounds.map { Optional($0) } + [nil]
-        let afters = [""] + bounds
-        let sizes = (0..<lanes).map { members * ($0 + 1) / lanes - members * $0 / lanes }
-        try c.execute(
-            """
-            INSERT INTO campaign_start_lanes (tenant_id, schedule_id, lane, after, bound, members)
-            SELECT \(tenant), \(schedule), l.n - 1, l.after, l.bound, l.members
-            FROM unnest(\(afters)::text[], \(limits)::text[], \(sizes)::int[]) WITH ORDINALITY
-                 AS l(after, bound, members, n)
-            """)
-        return StartLane(lane: 0, after: "", bound: limits[0], members: sizes[0])
-    }
-
-    /// One step of a claimed lane: its campaign read with a shared lock (the other lanes' steps run meanwhile), then
-    /// `laneStep`.
-    static func startLane(
-        _ c: PostgresConnection, _ tenant: UUID, _ campaignID: String, _ schedule: UUID, _ plan: JSONValue,
-        _ lane: StartLane, lifetime: TimeInterval, chunk: Int
-    ) throws -> (result: JSONValue, done: Bool) {
-        let campaign = try StartCampaign.read(c, tenant, campaignID, lifetime: lifetime, resuming: true, shared: true)
-        try planForBulk(c)
-        return try laneStep(c, tenant, campaignID, schedule, plan, campaign, lane, chunk: chunk)
-    }
-
-    /// Writes a lane's next step (its last chunk in halves, as a start's) and records how far it got. Returns `done`
-    /// only for the step that finished the start: it sums the lanes' counts (the result), removes their rows and makes
-    /// the campaign active. Otherwise the lane's progress (for the log).
-    static func laneStep(
-        _ c: PostgresConnection, _ tenant: UUID, _ campaignID: String, _ schedule: UUID, _ plan: JSONValue,
-        _ campaign: StartCampaign, _ lane: StartLane, chunk: Int
-    ) throws -> (result: JSONValue, done: Bool) {
-        // None once the expiration passed: the start ends with what it wrote.
-        let limit =
-            campaign.expiresAt > Date() ? Self.stepSize(remaining: lane.members - lane.written, chunk: chunk) : 0
-        let step = try writeMembers(
-            c, tenant, campaignID, plan, campaign, after: lane.after, bound: lane.bound, limit: limit, pacing: nil)
-        let counts = merged(lane.counts, step.counts)
-        let written = lane.written + step.members
-        let more = limit > 0 && step.members == limit && written < lane.members
-        try c.execute(
-            """
-            UPDATE campaign_start_lanes
-            SET after = COALESCE(\(step.last), after), written = \(written), counts = \(counts), done = \(!more)
-            WHERE tenant_id = \(tenant) AND schedule_id = \(schedule) AND lane = \(lane.lane)
-            """)
-        let progress: JSONValue = .object([
-            "phase": .string("starting"), "lane": .int(Int64(lane.lane)), "written": .int(Int64(written)),
-            "counts": counts,
-        ])
-        if more { return (progress, false) }
-        // The lane is done; the start is once every lane is. Lanes ending together look one at a time (the
-        // schedule's row, held to the commit), so that the second sees the first's commit: exactly one finishes.
-        try c.query(
-            "SELECT 1 FROM campaign_schedules WHERE tenant_id = \(tenant) AND id = \(schedule) FOR NO KEY UPDATE")
-        let lanes = try c.query(
-            """
-            SELECT done, counts FROM campaign_start_lanes
-            WHERE tenant_id = \(tenant) AND schedule_id = \(schedule) ORDER BY lane
-            """)
-        var total: JSONValue = .object([:])
-        for row in lanes {
-            guard try row.decode(Bool.self, "done") else { return (progress, false) }
-            total = merged(total, try row.decode(JSONValue.self, "counts"))
-        }
-        try c.execute("DELETE FROM campaign_start_lanes WHERE tenant_id = \(tenant) AND schedule_id = \(schedule)")
-        try markStarted(c, tenant, campaignID, audienceSize: Int(total["audience"]?.intValue ?? 0))
-        return (total, true)
+        try markStarted(c, tenant, campaignID, audienceSize: Int(counts["audience"]?.intValue ?? 0))
+        return (counts, true)
     }
 
     /// A start that wrote instances: its campaign is active from now, with the size of its audience (the members

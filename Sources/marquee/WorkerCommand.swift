@@ -62,8 +62,7 @@ struct WorkerCommand {
                 pollInterval: .milliseconds(configuration.workerPollMilliseconds),
                 retryPolicy: RetryPolicy(
                     maxAttempts: configuration.retryMaxAttempts,
-                    initialDelay: .milliseconds(configuration.retryInitialMilliseconds)),
-                campaignLanes: configuration.campaignLanes),
+                    initialDelay: .milliseconds(configuration.retryInitialMilliseconds))),
             metrics: metrics, logger: logger)
 
         let retention = RetentionService(
