@@ -193,8 +193,8 @@ struct QueueStatisticsTests {
         try await owner.withConnection { connection in
             try Self.seedDeliveries(connection, tenant: tenant, prefix: "r", count: 20_000)
             // In bench/campaign, on statistics that did not know the tenant, the planner served the record's
-            // (tenant_id, id) lookups from deliveries_instance (tenant_id, instance_id, token, instance_version, id),
-            // reading every entry of the tenant per row. Here that index is the only one that can serve them.
+            // (tenant_id, id) lookups from deliveries_instance (tenant_id, instance_id, token, id), reading every entry
+            // of the tenant per row. Here that index is the only one that can serve them.
             try connection.execute("ALTER TABLE delivery_queue DROP CONSTRAINT delivery_queue_pkey")
             // This backend's counts, published before it answers (the inserts' pages are not the record's).
             _ = try connection.query("SELECT pg_stat_force_next_flush()")
