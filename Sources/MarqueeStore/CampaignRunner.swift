@@ -704,11 +704,17 @@ public struct CampaignRunner: Sendable {
             if ends.count == 2 {
                 bound = ends[0]
             } else {
-                // The last chunk in halves, as a start's (`stepSize`): its pushes leave only once it commits. No more
-                // than a chunk is left: its IDs say how many, and where a half ends.
-                let left = try open(offset: 0, limit: chunk)
-                let size = Self.stepSize(remaining: left.count, chunk: chunk, floor: tailFloor)
-                if size < left.count { bound = left[size - 1] }
+                // The last chunk in halves, as a start's (`stepSize`): its pushes leave only once it commits.
+                let left = try c.query(
+                    """
+                    SELECT count(*)::int AS n FROM instances i
+                    WHERE i.tenant_id = \(tenant) AND i.campaign_id = \(campaignID) AND i.id > \(after)
+                      AND i.state IN ('pending', 'active') AND i.expires_at > now()
+                      AND (\(excluded)::text IS NULL OR i.id <> \(excluded))
+                    """
+                )[0].decode(Int.self, "n")
+                let size = Self.stepSize(remaining: left, chunk: chunk, floor: tailFloor)
+                if size < left { bound = try open(offset: size - 1, limit: 1).first }
             }
         }
 
