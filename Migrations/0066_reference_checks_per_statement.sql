@@ -2,10 +2,10 @@
 --
 -- A start resolves its audience into campaign_members (100,000 rows in one statement), then writes 10,000 people a
 -- statement as instances. A foreign key checks every row on its own: one query per row that looks its parent up and
--- locks it. On a copy of the schema (fsync off, quiet): the 100,000 members' check of their one campaign 663 against
--- 335–373 ms without it, while nothing of the start can be sent yet; 10,000 instances 161 against 89–101 ms. In
--- bench/campaign, with these constraints dropped outright, the start's steps ended in 7.9–10.4 s against 10.2–11.1 s
--- (six runs each, alternated).
+-- locks it. On a copy of the schema (fsync off, quiet), with the checks below instead of the foreign keys: inserting
+-- the 100,000 members (nothing of the start can be sent yet) 335–373 against 663 ms; 10,000 instances 89–101 against
+-- 161 ms. bench/campaign (six runs each, alternated): the start's steps done in 8.7–10.0 s against 10.0–11.2 s, its
+-- last push-to-start 9.8–11.3 s against 10.5–11.9 s.
 --
 -- The three become statement-level triggers over the statement's new rows (a transition table): one look per
 -- distinct parent, the campaigns locked FOR KEY SHARE as a foreign key locks them (a concurrent delete of the
@@ -18,7 +18,7 @@
 -- check it.
 --
 -- Kept as a foreign key: delivery_queue → instances. Its rows each name a different instance, so a statement's check
--- is as many lookups and locks as the rows: 10,000 queue rows 162 against 134–157 ms, for more code on every write.
+-- is as many lookups and locks as the rows: 10,000 queue rows 134–157 against 162 ms, for more work on every write.
 --
 -- Tenants are not locked: no Marquee role may delete one (marquee_api and marquee_system have no DELETE on tenants).
 -- SECURITY INVOKER: the checks see what the writer sees. The API's role writes only its own tenant's rows (row-level
@@ -39,38 +39,46 @@ BEGIN
 END;
 $$;
 
--- The tenants and campaigns that the statement's new instances name: each campaign locked KEY SHARE, or the error of
--- a row whose parent is missing.
+-- The campaigns (tenant, ID: distinct pairs, by position) that new rows of `p_table` name, each locked KEY SHARE as a
+-- foreign key locks its parent; a missing one is `p_constraint`'s violation.
+CREATE FUNCTION marquee_lock_campaigns(p_constraint text, p_table text, p_tenants uuid[], p_ids text[]) RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY INVOKER SET enable_nestloop = on SET enable_seqscan = off AS $$
+DECLARE
+    v_locked bigint;
+    v_missing record;
+BEGIN
+    SELECT count(*) INTO v_locked FROM (
+        SELECT 1 FROM campaigns c JOIN unnest(p_tenants, p_ids) AS w(tenant_id, id)
+            ON c.tenant_id = w.tenant_id AND c.id = w.id
+        FOR KEY SHARE OF c) l;
+    IF v_locked < cardinality(p_ids) THEN
+        SELECT w.tenant_id, w.id INTO v_missing FROM unnest(p_tenants, p_ids) AS w(tenant_id, id)
+        WHERE NOT EXISTS (SELECT 1 FROM campaigns c WHERE c.tenant_id = w.tenant_id AND c.id = w.id)
+        LIMIT 1;
+        PERFORM marquee_missing_parent(p_constraint, p_table, 'campaigns',
+                                       format('(tenant_id, campaign_id)=(%s, %s)', v_missing.tenant_id, v_missing.id));
+    END IF;
+END;
+$$;
+
+-- The tenants and campaigns that a statement's new instances name.
 CREATE FUNCTION marquee_instances_parents() RETURNS trigger
 LANGUAGE plpgsql VOLATILE SECURITY INVOKER SET enable_nestloop = on SET enable_seqscan = off AS $$
 DECLARE
-    v_wanted bigint;
-    v_locked bigint;
-    v_missing record;
+    v_missing uuid;
+    v_tenants uuid[];
+    v_ids text[];
 BEGIN
     SELECT n.tenant_id INTO v_missing FROM (SELECT DISTINCT tenant_id FROM new_instances) n
     WHERE NOT EXISTS (SELECT 1 FROM tenants t WHERE t.id = n.tenant_id) LIMIT 1;
     IF FOUND THEN
         PERFORM marquee_missing_parent('instances_tenant_id_fkey', 'instances', 'tenants',
-                                       format('(tenant_id)=(%s)', v_missing.tenant_id));
+                                       format('(tenant_id)=(%s)', v_missing));
     END IF;
-    SELECT count(*) INTO v_wanted
+    SELECT array_agg(tenant_id), array_agg(campaign_id) INTO v_tenants, v_ids
     FROM (SELECT DISTINCT tenant_id, campaign_id FROM new_instances WHERE campaign_id IS NOT NULL) n;
-    IF v_wanted = 0 THEN
-        RETURN NULL;
-    END IF;
-    SELECT count(*) INTO v_locked FROM (
-        SELECT 1 FROM campaigns c
-        WHERE (c.tenant_id, c.id) IN (SELECT tenant_id, campaign_id FROM new_instances)
-        FOR KEY SHARE OF c) l;
-    IF v_locked < v_wanted THEN
-        SELECT n.tenant_id, n.campaign_id INTO v_missing FROM new_instances n
-        WHERE n.campaign_id IS NOT NULL
-          AND NOT EXISTS (SELECT 1 FROM campaigns c WHERE c.tenant_id = n.tenant_id AND c.id = n.campaign_id)
-        LIMIT 1;
-        PERFORM marquee_missing_parent('instances_tenant_id_campaign_id_fkey', 'instances', 'campaigns',
-                                       format('(tenant_id, campaign_id)=(%s, %s)', v_missing.tenant_id,
-                                              v_missing.campaign_id));
+    IF v_ids IS NOT NULL THEN
+        PERFORM marquee_lock_campaigns('instances_tenant_id_campaign_id_fkey', 'instances', v_tenants, v_ids);
     END IF;
     RETURN NULL;
 END;
@@ -78,25 +86,18 @@ $$;
 CREATE TRIGGER instances_parents AFTER INSERT ON instances REFERENCING NEW TABLE AS new_instances
     FOR EACH STATEMENT EXECUTE FUNCTION marquee_instances_parents();
 
+-- The campaigns that a statement's new members name.
 CREATE FUNCTION marquee_campaign_members_parent() RETURNS trigger
-LANGUAGE plpgsql VOLATILE SECURITY INVOKER SET enable_nestloop = on SET enable_seqscan = off AS $$
+LANGUAGE plpgsql VOLATILE SECURITY INVOKER AS $$
 DECLARE
-    v_wanted bigint;
-    v_locked bigint;
-    v_missing record;
+    v_tenants uuid[];
+    v_ids text[];
 BEGIN
-    SELECT count(*) INTO v_wanted FROM (SELECT DISTINCT tenant_id, campaign_id FROM new_members) n;
-    SELECT count(*) INTO v_locked FROM (
-        SELECT 1 FROM campaigns c
-        WHERE (c.tenant_id, c.id) IN (SELECT tenant_id, campaign_id FROM new_members)
-        FOR KEY SHARE OF c) l;
-    IF v_locked < v_wanted THEN
-        SELECT n.tenant_id, n.campaign_id INTO v_missing FROM new_members n
-        WHERE NOT EXISTS (SELECT 1 FROM campaigns c WHERE c.tenant_id = n.tenant_id AND c.id = n.campaign_id)
-        LIMIT 1;
-        PERFORM marquee_missing_parent('campaign_members_tenant_id_campaign_id_fkey', 'campaign_members',
-                                       'campaigns', format('(tenant_id, campaign_id)=(%s, %s)',
-                                                           v_missing.tenant_id, v_missing.campaign_id));
+    SELECT array_agg(tenant_id), array_agg(campaign_id) INTO v_tenants, v_ids
+    FROM (SELECT DISTINCT tenant_id, campaign_id FROM new_members) n;
+    IF v_ids IS NOT NULL THEN
+        PERFORM marquee_lock_campaigns('campaign_members_tenant_id_campaign_id_fkey', 'campaign_members', v_tenants,
+                                       v_ids);
     END IF;
     RETURN NULL;
 END;

@@ -231,7 +231,7 @@ struct ReferenceChecksTests {
     func checksPlanLookups() async throws {
         let (_, pool) = try await QueueStatisticsTests.migratedDatabase()
         defer { pool.close() }
-        for function in ["marquee_instances_parents", "marquee_campaign_members_parent"] {
+        for function in ["marquee_instances_parents", "marquee_lock_campaigns"] {
             let config = try await pool.query(
                 "SELECT array_to_string(proconfig, ',') AS c FROM pg_proc WHERE proname = \(function)"
             )[0].decode(String?.self, "c")
