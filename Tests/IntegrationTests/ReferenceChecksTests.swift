@@ -178,38 +178,48 @@ struct ReferenceChecksTests {
         try await Self.seed(pool, tenant: tenant)
         let configuration = try PostgresConfiguration(url: url)
 
+        // Each side holds its transaction through a pool session (its statements run on the connection's thread).
+        let writers = PostgresPool(configuration, options: .init(maxConnections: 1))
+        let deleters = PostgresPool(configuration, options: .init(maxConnections: 1))
+        defer {
+            writers.close()
+            deleters.close()
+        }
+
         // The writer first: its statement's check holds the campaign KEY SHARE until it commits, so the delete waits
         // and then sees the instance.
-        let writer = try PostgresConnection(connecting: configuration)
-        try writer.execute("BEGIN")
-        try writer.execute(Self.insertInstances(tenant: tenant, prefix: "w", count: 10, campaign: "c"))
-        let writerPID = try writer.query("SELECT pg_backend_pid() AS pid")[0].decode(Int.self, "pid")
-        let deleter = PostgresPool(configuration, options: .init(maxConnections: 1))
-        defer { deleter.close() }
-        let delete = Task {
-            await Self.violation {
-                _ = try await deleter.execute("DELETE FROM campaigns WHERE tenant_id = \(tenant) AND id = 'c'")
+        let refused = try await writers.withSession { writer in
+            try await writer.execute("BEGIN")
+            try await writer.execute(Self.insertInstances(tenant: tenant, prefix: "w", count: 10, campaign: "c"))
+            let writerPID = try await writer.query("SELECT pg_backend_pid() AS pid")[0].decode(Int.self, "pid")
+            let delete = Task {
+                await Self.violation {
+                    _ = try await deleters.execute("DELETE FROM campaigns WHERE tenant_id = \(tenant) AND id = 'c'")
+                }
             }
+            #expect(try await Self.blocked(pool, by: writerPID), "the delete waits for the writer")
+            try await writer.execute("COMMIT")
+            return await delete.value
         }
-        #expect(try await Self.blocked(pool, by: writerPID), "the delete waits for the writer")
-        try writer.execute("COMMIT")
-        let refused = await delete.value
         #expect(refused?.constraint == "instances_tenant_id_campaign_id_fkey")
         #expect(try await Self.count(pool, "campaigns", tenant: tenant) == 1)
 
         // The delete first: the writer's check waits for it, then finds the campaign gone.
         _ = try await pool.execute("DELETE FROM instances WHERE tenant_id = \(tenant)")
-        try writer.execute("BEGIN")
-        #expect(try writer.execute("DELETE FROM campaigns WHERE tenant_id = \(tenant) AND id = 'c'") == 1)
-        let insert = Task {
-            await Self.violation {
-                _ = try await deleter.execute(
-                    Self.insertInstances(tenant: tenant, prefix: "late", count: 10, campaign: "c"))
+        let failed = try await deleters.withSession { deleter in
+            try await deleter.execute("BEGIN")
+            #expect(try await deleter.execute("DELETE FROM campaigns WHERE tenant_id = \(tenant) AND id = 'c'") == 1)
+            let deleterPID = try await deleter.query("SELECT pg_backend_pid() AS pid")[0].decode(Int.self, "pid")
+            let insert = Task {
+                await Self.violation {
+                    _ = try await writers.execute(
+                        Self.insertInstances(tenant: tenant, prefix: "late", count: 10, campaign: "c"))
+                }
             }
+            #expect(try await Self.blocked(pool, by: deleterPID), "the writer's check waits for the delete")
+            try await deleter.execute("COMMIT")
+            return await insert.value
         }
-        #expect(try await Self.blocked(pool, by: writerPID), "the writer's check waits for the delete")
-        try writer.execute("COMMIT")
-        let failed = await insert.value
         #expect(failed?.constraint == "instances_tenant_id_campaign_id_fkey")
         #expect(try await Self.count(pool, "instances", tenant: tenant) == 0, "no instance names a deleted campaign")
     }
