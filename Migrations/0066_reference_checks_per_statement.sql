@@ -15,7 +15,7 @@
 --   instances → campaigns (NO ACTION)                 a campaign that has instances cannot be deleted;
 --   campaign_members → campaigns (ON DELETE CASCADE)  a campaign's delete deletes its members.
 -- The keys on both sides are never updated by Marquee; a trigger refuses an update that would change one, rather than
--- check it.
+-- check it. TRUNCATE … CASCADE (no Marquee role may truncate) no longer follows these three: name the tables.
 --
 -- Kept as a foreign key: delivery_queue → instances. Its rows each name a different instance, so a statement's check
 -- is as many lookups and locks as the rows: 10,000 queue rows 134–157 against 162 ms, for more work on every write.
