@@ -60,4 +60,11 @@ if [ "$status" = 124 ] || [ "$status" = 137 ]; then
   comm -23 <(sed -n 's/^◇ Test \("[^"]*"\) started.*/\1/p' "$work/test.log" | sort -u) \
     <(sed -n 's/^[✔✘] Test \("[^"]*"\).*/\1/p' "$work/test.log" | sort -u) >&2
 fi
+if [ "$status" != 0 ] && [ -f "$work/pg/server.log" ]; then
+  # What the cluster said about failing connections (too many clients, a crashed backend, a restart), if anything.
+  echo "test: PostgreSQL's log, its FATAL, PANIC and LOG lines about connections and restarts (counted):" >&2
+  grep -E "FATAL|PANIC|terminated by signal|all server processes terminated|database system is (ready|shut down)" \
+    "$work/pg/server.log" | sed -E 's/^[0-9-]+ [0-9:.]+ [A-Z]+ \[[0-9]+\] //' | sort | uniq -c | sort -rn | head -20 >&2 \
+    || true
+fi
 exit "$status"
