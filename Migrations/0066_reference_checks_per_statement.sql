@@ -39,71 +39,50 @@ BEGIN
 END;
 $$;
 
--- The campaigns (tenant, ID: distinct pairs, by position) that new rows of `p_table` name, each locked KEY SHARE as a
--- foreign key locks its parent; a missing one is `p_constraint`'s violation.
-CREATE FUNCTION marquee_lock_campaigns(p_constraint text, p_table text, p_tenants uuid[], p_ids text[]) RETURNS void
+-- The parents that a statement's new rows name: for both tables, their campaigns (distinct), each locked KEY SHARE as
+-- a foreign key locks its parent, a missing one the violation of the constraint named by the trigger's first argument;
+-- with a second argument (instances), their tenants too. One function for both tables (PL/pgSQL compiles a trigger
+-- function once per table, so `new_rows` is each table's own).
+CREATE FUNCTION marquee_check_parents() RETURNS trigger
 LANGUAGE plpgsql VOLATILE SECURITY INVOKER SET enable_nestloop = on SET enable_seqscan = off AS $$
 DECLARE
+    v_wanted bigint;
     v_locked bigint;
     v_missing record;
 BEGIN
+    IF TG_NARGS > 1 THEN
+        SELECT n.tenant_id INTO v_missing FROM (SELECT DISTINCT tenant_id FROM new_rows) n
+        WHERE NOT EXISTS (SELECT 1 FROM tenants t WHERE t.id = n.tenant_id) LIMIT 1;
+        IF FOUND THEN
+            PERFORM marquee_missing_parent(TG_ARGV[1], TG_TABLE_NAME, 'tenants',
+                                           format('(tenant_id)=(%s)', v_missing.tenant_id));
+        END IF;
+    END IF;
+    SELECT count(*) INTO v_wanted
+    FROM (SELECT DISTINCT tenant_id, campaign_id FROM new_rows WHERE campaign_id IS NOT NULL) n;
+    IF v_wanted = 0 THEN
+        RETURN NULL;
+    END IF;
     SELECT count(*) INTO v_locked FROM (
-        SELECT 1 FROM campaigns c JOIN unnest(p_tenants, p_ids) AS w(tenant_id, id)
-            ON c.tenant_id = w.tenant_id AND c.id = w.id
+        SELECT 1 FROM campaigns c WHERE (c.tenant_id, c.id) IN (SELECT tenant_id, campaign_id FROM new_rows)
         FOR KEY SHARE OF c) l;
-    IF v_locked < cardinality(p_ids) THEN
-        SELECT w.tenant_id, w.id INTO v_missing FROM unnest(p_tenants, p_ids) AS w(tenant_id, id)
-        WHERE NOT EXISTS (SELECT 1 FROM campaigns c WHERE c.tenant_id = w.tenant_id AND c.id = w.id)
+    IF v_locked < v_wanted THEN
+        SELECT n.tenant_id, n.campaign_id INTO v_missing FROM new_rows n
+        WHERE n.campaign_id IS NOT NULL
+          AND NOT EXISTS (SELECT 1 FROM campaigns c WHERE c.tenant_id = n.tenant_id AND c.id = n.campaign_id)
         LIMIT 1;
-        PERFORM marquee_missing_parent(p_constraint, p_table, 'campaigns',
-                                       format('(tenant_id, campaign_id)=(%s, %s)', v_missing.tenant_id, v_missing.id));
-    END IF;
-END;
-$$;
-
--- The tenants and campaigns that a statement's new instances name.
-CREATE FUNCTION marquee_instances_parents() RETURNS trigger
-LANGUAGE plpgsql VOLATILE SECURITY INVOKER SET enable_nestloop = on SET enable_seqscan = off AS $$
-DECLARE
-    v_missing uuid;
-    v_tenants uuid[];
-    v_ids text[];
-BEGIN
-    SELECT n.tenant_id INTO v_missing FROM (SELECT DISTINCT tenant_id FROM new_instances) n
-    WHERE NOT EXISTS (SELECT 1 FROM tenants t WHERE t.id = n.tenant_id) LIMIT 1;
-    IF FOUND THEN
-        PERFORM marquee_missing_parent('instances_tenant_id_fkey', 'instances', 'tenants',
-                                       format('(tenant_id)=(%s)', v_missing));
-    END IF;
-    SELECT array_agg(tenant_id), array_agg(campaign_id) INTO v_tenants, v_ids
-    FROM (SELECT DISTINCT tenant_id, campaign_id FROM new_instances WHERE campaign_id IS NOT NULL) n;
-    IF v_ids IS NOT NULL THEN
-        PERFORM marquee_lock_campaigns('instances_tenant_id_campaign_id_fkey', 'instances', v_tenants, v_ids);
+        PERFORM marquee_missing_parent(TG_ARGV[0], TG_TABLE_NAME, 'campaigns',
+                                       format('(tenant_id, campaign_id)=(%s, %s)', v_missing.tenant_id,
+                                              v_missing.campaign_id));
     END IF;
     RETURN NULL;
 END;
 $$;
-CREATE TRIGGER instances_parents AFTER INSERT ON instances REFERENCING NEW TABLE AS new_instances
-    FOR EACH STATEMENT EXECUTE FUNCTION marquee_instances_parents();
-
--- The campaigns that a statement's new members name.
-CREATE FUNCTION marquee_campaign_members_parent() RETURNS trigger
-LANGUAGE plpgsql VOLATILE SECURITY INVOKER AS $$
-DECLARE
-    v_tenants uuid[];
-    v_ids text[];
-BEGIN
-    SELECT array_agg(tenant_id), array_agg(campaign_id) INTO v_tenants, v_ids
-    FROM (SELECT DISTINCT tenant_id, campaign_id FROM new_members) n;
-    IF v_ids IS NOT NULL THEN
-        PERFORM marquee_lock_campaigns('campaign_members_tenant_id_campaign_id_fkey', 'campaign_members', v_tenants,
-                                       v_ids);
-    END IF;
-    RETURN NULL;
-END;
-$$;
-CREATE TRIGGER campaign_members_parent AFTER INSERT ON campaign_members REFERENCING NEW TABLE AS new_members
-    FOR EACH STATEMENT EXECUTE FUNCTION marquee_campaign_members_parent();
+CREATE TRIGGER instances_parents AFTER INSERT ON instances REFERENCING NEW TABLE AS new_rows
+    FOR EACH STATEMENT
+    EXECUTE FUNCTION marquee_check_parents('instances_tenant_id_campaign_id_fkey', 'instances_tenant_id_fkey');
+CREATE TRIGGER campaign_members_parent AFTER INSERT ON campaign_members REFERENCING NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION marquee_check_parents('campaign_members_tenant_id_campaign_id_fkey');
 
 -- A campaign's delete, after its row is gone: the delete waited for any writer holding the campaign KEY SHARE, whose
 -- instances are committed by now and seen here (each statement of a function takes a new snapshot).
