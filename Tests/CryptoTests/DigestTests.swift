@@ -33,6 +33,21 @@ struct DigestTests {
             key: [UInt8](repeating: 0xaa, count: 131),
             message: "Test Using Larger Than Block-Size Key - Hash Key First".utf8)
         #expect(Hex.encode(case6) == "60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54")
+
+        let case7 = HMACSHA256.authenticationCode(
+            key: [UInt8](repeating: 0xaa, count: 131),
+            message: ("This is a test using a larger than block-size key and a larger than block-size data. The key "
+                + "needs to be hashed before being used by the HMAC algorithm.").utf8)
+        #expect(Hex.encode(case7) == "9b09ffa71b942fcb27635fbcd5b0e944bfdc63644f0713938a7f51535c3a35e2")
+    }
+
+    @Test("HMAC keys of exactly a block and one byte more (values from Python's hmac module)")
+    func hmacBlockSizedKeys() {
+        let block = HMACSHA256.authenticationCode(
+            key: (0..<64).map(UInt8.init), message: Array(repeating: 0x78, count: 200))
+        #expect(Hex.encode(block) == "52fd44b1fdd78b34d0f057a61b148eaed55fa024e2a0422e5182887b367f7727")
+        let longer = HMACSHA256.authenticationCode(key: (0..<65).map(UInt8.init), message: [UInt8]())
+        #expect(Hex.encode(longer) == "93ff3114f20ef700222fc1c0334737a51a88740dc0dd2ce0ab3151f0a4a0e85a")
     }
 
     @Test("HMAC with an empty key works and equals a zero-byte key (RFC 2104 zero padding)")
