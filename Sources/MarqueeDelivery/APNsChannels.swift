@@ -145,7 +145,7 @@ public final class APNsChannelClient: Sendable {
             "apns.bundle_id": .string(target.bundleID), "http.status": .int(response.status),
         ]
         // The echoed ID only when it is a UUID (it is the host's text).
-        if let echoed = response.header("apns-request-id"), echoed.utf8.count == 36, UUID(uuidString: echoed) != nil,
+        if let echoed = response.header("apns-request-id"), UUID(text: echoed) != nil,
             echoed.lowercased() != requestID.lowercasedString
         {
             metadata["apns.request_id_echoed"] = .string(echoed.lowercased())

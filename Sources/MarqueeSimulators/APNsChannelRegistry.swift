@@ -171,7 +171,7 @@ final class APNsChannelRegistry: Sendable {
         if let bundles = validator.bundlesByTeam[key.teamID], !bundles.contains(bundleID) {
             throw APNsRejection(400, "TopicDisallowed", "the bundle is not configured for the key's team")
         }
-        if let id = request.header("apns-request-id"), id.utf8.count != 36 || UUID(uuidString: id) == nil {
+        if let id = request.header("apns-request-id"), UUID(text: id) == nil {
             throw APNsRejection(400, "BadMessageId", "apns-request-id must be a UUID")
         }
         return key
@@ -243,7 +243,7 @@ final class APNsChannelRegistry: Sendable {
     }
 
     static func echo(_ requestID: String?) -> String {
-        requestID.flatMap { $0.utf8.count == 36 && UUID(uuidString: $0) != nil ? $0 : nil }
+        requestID.flatMap { UUID(text: $0) != nil ? $0 : nil }
             ?? SecureRandom.uuid().uuidString.lowercased()
     }
 

@@ -284,7 +284,7 @@ final class APNsCore: Sendable {
     }
 
     static func error(_ rejection: APNsRejection, apnsID: String?) -> HTTP2ServerResponse {
-        let id = apnsID.flatMap { UUID(uuidString: $0) != nil ? $0 : nil } ?? SecureRandom.uuid().uuidString
+        let id = apnsID.flatMap { UUID(text: $0) != nil ? $0 : nil } ?? SecureRandom.uuid().uuidString
         return HTTPText.json(
             rejection.status, .object(["reason": .string(rejection.reason)]),
             headers: [("apns-id", id), ("x-sim-detail", rejection.detail)])

@@ -233,7 +233,7 @@ final class APNsValidator: Sendable {
     /// `apns-id`: a canonical UUID, when present.
     static func messageID(_ header: String?) throws(APNsRejection) -> String? {
         guard let header else { return nil }
-        guard header.utf8.count == 36, UUID(uuidString: header) != nil else {
+        guard UUID(text: header) != nil else {
             throw APNsRejection(400, "BadMessageId", "apns-id must be a UUID")
         }
         return header

@@ -153,7 +153,7 @@ public struct TenantStore: Sendable {
     /// Checks a presented key. Returns nil for anything unknown, malformed or revoked (the caller answers 401
     /// without saying which). Records `last_used_at`, at most once a minute per key.
     public func authenticate(_ presented: String) async throws -> Principal? {
-        guard let parsed = APIKeyText(parsing: presented), let tenant = UUID(uuidString: parsed.tenantUUIDString) else {
+        guard let parsed = APIKeyText(parsing: presented), let tenant = UUID(text: parsed.tenantUUIDString) else {
             return nil
         }
         let hash = SHA256.hash(Array(presented.utf8))

@@ -12,6 +12,23 @@ import Testing
         for uuid in uuids {
             #expect(uuid.lowercasedString == uuid.uuidString.lowercased())
             #expect(uuid.uppercasedString == uuid.uuidString)
+            #expect(UUID(text: uuid.lowercasedString) == uuid)
+            #expect(UUID(text: uuid.uppercasedString) == uuid)
+        }
+    }
+
+    @Test func textParsesTheCanonicalFormOnly() {
+        let good = "0123456789abcdefABCDEF0123456789".inserting()
+        #expect(UUID(text: good) == UUID(uuidString: good))
+        #expect(UUID(text: good[...]) == UUID(uuidString: good))
+        let bad = [
+            "", "0123456789abcdef0123456789abcdef", String(good.dropLast()), good + "0",
+            good.replacingOccurrences(of: "-", with: "0", options: [], range: good.range(of: "-")),
+            "g" + good.dropFirst(), "01234567-89ab-cdef0-123-456789abcdef", "{" + good.dropFirst(2) + "}",
+            "0123456é-89ab-cdef-0123-456789abcdef", " " + good.dropFirst(), "01234567-89ab-cdef-0123-456789abcde\u{0}",
+        ]
+        for text in bad {
+            #expect(UUID(text: text) == nil, "\(text)")
         }
     }
 }
