@@ -567,7 +567,7 @@ public final class DeliveryWorker: Sendable {
             return (retry(d, reason: "credential_load", retryAfter: nil), nil, nil)
         }
         // Composed from the delivery's own snapshot: a queued start keeps its alert even if an update came since.
-        let options = StoredOptions(json: d.options)
+        let options = d.options
         var content = DeliverySnapshot(
             attributes: d.attributes, contentState: d.contentState, options: options, timestamp: d.contentTimestamp
         ).content(

@@ -25,7 +25,7 @@ public struct ClaimedDelivery: Sendable {
     /// snapshot columns): attributes, content state, options (alert included) and the push timestamp of its version.
     public var attributes: JSONValue
     public var contentState: JSONValue
-    public var options: JSONValue
+    public var options: StoredOptions
     public var contentTimestamp: Int64
     /// The instance's broadcast channel: a `channel` delivery broadcasts on it; a start carries it.
     public var channel: ChannelBinding?
@@ -497,9 +497,14 @@ public struct DeliveryQueue: Sendable {
             """
     }
 
-    /// The deliveries of a `lockQuery`'s rows.
+    /// The deliveries of a `lockQuery`'s rows. A batch's rows mostly repeat their content state, options and type
+    /// (a campaign's start or update: one content state and one set of options for every row), so each distinct text
+    /// of those columns is parsed once per batch.
     static func claimedDeliveries(_ rows: PostgresRows) throws -> [ClaimedDelivery] {
-        try rows.map { row in
+        var contentStates = RepeatedTexts<JSONValue>()
+        var options = RepeatedTexts<StoredOptions>()
+        var dateFields = RepeatedTexts<[String: DateEncoding]>()
+        return try rows.map { row in
             ClaimedDelivery(
                 tenantID: try row.decode(UUID.self, "tenant_id"), id: try row.decode(UUID.self, "delivery_id"),
                 instanceID: try row.decode(String.self, "instance_id"),
@@ -516,11 +521,15 @@ public struct DeliveryQueue: Sendable {
                 profile: ClaimedDelivery.TypeProfile(
                     attributesType: try row.decode(String.self, "attributes_type"),
                     payloadProfile: try row.decodeRaw(PayloadProfile.self, "payload_profile"),
-                    dateFields: try RegistryStore.dateFields(row.decode(JSONValue.self, "date_fields")),
+                    dateFields: try dateFields.value(of: row["date_fields"]) {
+                        try RegistryStore.dateFields($0.decode(JSONValue.self))
+                    },
                     frequentUpdates: try row.decode(Bool.self, "frequent_updates")),
                 attributes: try row.decode(JSONValue.self, "snap_attributes"),
-                contentState: try row.decode(JSONValue.self, "snap_content_state"),
-                options: try row.decode(JSONValue.self, "snap_options"),
+                contentState: try contentStates.value(of: row["snap_content_state"]) { try $0.decode(JSONValue.self) },
+                options: try options.value(of: row["snap_options"]) {
+                    StoredOptions(json: try $0.decode(JSONValue.self))
+                },
                 contentTimestamp: try row.decode(Int64.self, "snap_content_timestamp"),
                 channel: try ChannelBinding.decode(row),
                 deviceOSVersion: try row.decode(String?.self, "device_os_version"))

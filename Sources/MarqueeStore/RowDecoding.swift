@@ -20,3 +20,19 @@ extension PostgresRow {
         return value
     }
 }
+
+/// Decodes cells whose text repeats from row to row (a batch's shared content state, options or type) once per
+/// distinct text: the last few texts and their values are kept, and a cell equal to one of them byte for byte gets
+/// its value without being parsed again.
+struct RepeatedTexts<Value> {
+    private var recent: [(text: ArraySlice<UInt8>?, value: Value)] = []
+    private static var kept: Int { 4 }
+
+    mutating func value(of cell: PostgresCell, _ decode: (PostgresCell) throws -> Value) throws -> Value {
+        if let hit = recent.first(where: { $0.text == cell.bytes }) { return hit.value }
+        let value = try decode(cell)
+        if recent.count == Self.kept { recent.removeFirst() }
+        recent.append((cell.bytes, value))
+        return value
+    }
+}

@@ -90,6 +90,40 @@ struct ClaimTests {
         #expect(try await Self.statuses(w, instance, operation: "start") == ["superseded": 3])
     }
 
+    @Test("a batch's deliveries each carry their own content state and options, repeated or not")
+    func batchKeepsEachRowsContent() async throws {
+        // A claim parses each distinct content state and set of options once per batch (it keeps the last four):
+        // seven instances, five distinct contents, repeats before and after the oldest is dropped.
+        let w = try await LifecycleTests.world(fixture: .holding)
+        let contents = [0, 1, 0, 2, 3, 4, 0]
+        var expected: [String: Int] = [:]
+        for (index, content) in contents.enumerated() {
+            let instance = Fake.id("batch\(index)")
+            expected[instance] = content
+            let started = try await w.start([
+                "instance_id": instance, "content_state": ["status": "s\(content)", "eta": content],
+                "push_payload": ["alert": ["title": "t\(content)", "body": "b\(content)"]],
+            ])
+            #expect(started.status == 200, "\(started.text)")
+        }
+        var seen = 0
+        try await DeliveryQueue(pool: w.fixture.pool).claim(
+            limit: 100, hold: .seconds(60), tenants: [w.tenant.uuid]
+        ) { batch in
+            for d in batch {
+                guard let content = expected[d.instanceID] else {
+                    Issue.record("claimed a delivery of another instance: \(d.instanceID)")
+                    continue
+                }
+                #expect(d.contentState == .object(["status": .string("s\(content)"), "eta": .int(Int64(content))]))
+                #expect(d.options.alert?.title == "t\(content)" && d.options.alert?.body == "b\(content)")
+                seen += 1
+            }
+            return ClaimResults(results: [])
+        }
+        #expect(seen == contents.count * 3, "each start's three deliveries")
+    }
+
     @Test("a claim locks only what it sends: of two versions queued for one token it holds the older alone")
     func locksOnlyWhatItSends() async throws {
         let w = try await LifecycleTests.world(fixture: .holding)
