@@ -13,6 +13,10 @@ public enum InstanceState: String, Sendable, CaseIterable, Codable {
 
     /// No further update or end is accepted.
     public var isClosed: Bool { self == .ended || self == .expired }
+
+    /// An instance in this state becomes `active` once one of its pushes reaches a device: a start that was waiting
+    /// for it, or one whose latest change found no target (the push of an earlier change got through).
+    public var isActivatedByDelivery: Bool { self == .pending || self == .failed }
 }
 
 /// Where a delivery stands (`deliveries.status`).

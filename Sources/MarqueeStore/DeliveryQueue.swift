@@ -41,6 +41,17 @@ public struct ClaimedDelivery: Sendable {
     }
 }
 
+/// An instance by its tenant and ID.
+struct InstanceKey: Hashable {
+    var tenant: UUID
+    var instance: String
+
+    init(_ tenant: UUID, _ instance: String) {
+        self.tenant = tenant
+        self.instance = instance
+    }
+}
+
 /// How one attempt ended, to record.
 public struct DeliveryResult: Sendable {
     /// `queued` is a retry; `parked` waits for the tenant to replace a broken credential; `superseded` was not sent
@@ -292,7 +303,16 @@ public struct DeliveryQueue: Sendable {
                 }
                 statements.append("COMMIT")
                 let rows = try connection.pipelined(statements)
-                let sentTo = try record == nil ? [] : Self.sentTo(rows[1])
+                // Only instances this claim found waiting to become active are settled: a change to an active
+                // instance (every push of a campaign-wide update) has nothing to settle, and one that became active
+                // or failed since stays as its newer change left it.
+                let waiting = Set(
+                    claimed.lazy.filter(\.instanceState.isActivatedByDelivery).map {
+                        InstanceKey($0.tenantID, $0.instanceID)
+                    })
+                let sentTo = try (record == nil ? [] : Self.sentTo(rows[1])).filter {
+                    waiting.contains(InstanceKey($0.tenant, $0.instance))
+                }
                 // After the commit, in a transaction of its own (one round trip), planned generically like the
                 // claim (planned for its values, the instances' UPDATE took longer to plan than to run).
                 let settle = Self.settleStatements(sentTo: sentTo, retire: outcome.retirements)
@@ -652,7 +672,8 @@ public struct DeliveryQueue: Sendable {
                 UPDATE instances i SET state = 'active', updated_at = now()
                 FROM unnest(\(sentTo.map(\.tenant))::uuid[], \(sentTo.map(\.instance))::text[])
                      AS s(tenant_id, instance_id)
-                WHERE i.tenant_id = s.tenant_id AND i.id = s.instance_id AND i.state IN ('pending', 'failed')
+                WHERE i.tenant_id = s.tenant_id AND i.id = s.instance_id
+                  AND i.state = ANY(\(InstanceState.allCases.filter(\.isActivatedByDelivery).map(\.rawValue))::text[])
                 """)
         }
         for r in retire {

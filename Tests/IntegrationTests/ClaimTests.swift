@@ -124,6 +124,48 @@ struct ClaimTests {
         #expect(seen == contents.count * 3, "each start's three deliveries")
     }
 
+    @Test("a push that gets through marks its instance active only if the claim found it waiting for one")
+    func settleLeavesNewerState() async throws {
+        let w = try await LifecycleTests.world(fixture: .holding)
+        let instance = Fake.id("settle")
+        #expect(try await w.start(["instance_id": instance]).status == 200)
+        _ = try await w.registerActivityTokens(instance)
+        let queue = DeliveryQueue(pool: w.fixture.pool)
+        func sent(_ batch: [ClaimedDelivery]) -> ClaimResults {
+            ClaimResults(
+                results: batch.map {
+                    DeliveryResult(tenantID: $0.tenantID, id: $0.id, instanceID: $0.instanceID, status: .sent)
+                })
+        }
+        // The start's pushes reach the devices: the pending instance becomes active.
+        var states: [InstanceState] = []
+        try await queue.claim(limit: 100, hold: .seconds(60), tenants: [w.tenant.uuid]) { batch in
+            states = batch.map(\.instanceState)
+            return sent(batch)
+        }
+        #expect(!states.isEmpty && states.allSatisfy { $0 == .pending })
+        #expect(try await w.instance(instance)["state"] as? String == "active")
+        let update = try await w.update([
+            "instance_id": instance, "content_state": ["status": "on_the_way", "eta": 300],
+        ])
+        #expect(update.status == 200, "\(update.text)")
+        states = []
+        try await queue.claim(limit: 100, hold: .seconds(60), tenants: [w.tenant.uuid]) { batch in
+            states = batch.map(\.instanceState)
+            // While the update is sent, a newer change finds no target (its tokens were gone): the instance fails.
+            try? await w.fixture.pool.execute(
+                """
+                UPDATE instances SET state = 'failed', failure_reason = 'no_activity_token'
+                WHERE tenant_id = \(w.tenant.uuid) AND id = \(instance)
+                """)
+            return sent(batch)
+        }
+        #expect(!states.isEmpty && states.allSatisfy { $0 == .active })
+        #expect(
+            try await w.instance(instance)["state"] as? String == "failed",
+            "the older update reaching a device does not hide that the newer change reached none")
+    }
+
     @Test("a claim locks only what it sends: of two versions queued for one token it holds the older alone")
     func locksOnlyWhatItSends() async throws {
         let w = try await LifecycleTests.world(fixture: .holding)
