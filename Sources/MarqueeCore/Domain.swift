@@ -15,7 +15,9 @@ public enum InstanceState: String, Sendable, CaseIterable, Codable {
     public var isClosed: Bool { self == .ended || self == .expired }
 
     /// An instance in this state becomes `active` once one of its pushes reaches a device: a start that was waiting
-    /// for it, or one whose latest change found no target (the push of an earlier change got through).
+    /// for it, or one whose latest change found no target (the push of an earlier change got through). The worker
+    /// settles only instances its claim found in such a state: one it found `active` is left as it is when the push
+    /// is recorded (a change that failed meanwhile keeps it `failed`).
     public var isActivatedByDelivery: Bool { self == .pending || self == .failed }
 }
 

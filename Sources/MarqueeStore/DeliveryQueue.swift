@@ -303,9 +303,9 @@ public struct DeliveryQueue: Sendable {
                 }
                 statements.append("COMMIT")
                 let rows = try connection.pipelined(statements)
-                // Only instances this claim found waiting to become active are settled: a change to an active
-                // instance (every push of a campaign-wide update) has nothing to settle, and one that became active
-                // or failed since stays as its newer change left it.
+                // Only instances this claim found waiting to become active are settled (the rule and its race:
+                // InstanceState.isActivatedByDelivery): a change to an active instance (every push of a campaign-wide
+                // update) has nothing to settle.
                 let waiting = Set(
                     claimed.lazy.filter(\.instanceState.isActivatedByDelivery).map {
                         InstanceKey($0.tenantID, $0.instanceID)
