@@ -384,7 +384,7 @@ struct ConsoleBrowserTests {
             #expect(try await browser.execute("return document.activeElement.textContent;") as? String == "Refresh")
             let ring = try await browser.execute("return getComputedStyle(document.activeElement).outlineStyle;")
             #expect(ring as? String == "solid", "a visible focus ring")
-            try await browser.execute("document.querySelector('nav a[data-section=activities]').focus();")
+            _ = try await browser.execute("document.querySelector('nav a[data-section=activities]').focus();")
             try await browser.press(Browser.enter)
             try await browser.wait(for: "h1", containing: "Live activities")
             // A key revoked while the console is open signs it out at its next call, saying why.
