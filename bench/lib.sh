@@ -82,6 +82,11 @@ SQL
     2>&1 | grep -E "^(tps|latency average|number of failed)"
 }
 
+# Where the CPU of a measured part goes, from /proc: a process's user + system ticks (0 once it is gone), and the
+# machine's busy ticks (user, nice, system, irq, softirq). Take both before and after; CLK_TCK ticks make a second.
+bench_ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat" 2>/dev/null || echo 0; }
+bench_busy_ticks() { awk '/^cpu / { print $2 + $3 + $4 + $7 + $8 }' /proc/stat; }
+
 # Prints what a `perf record -g` file ($1) saw: CPU by thread, then the hottest symbols (self time).
 bench_perf_report() {
   perf report -i "$1" --no-children --sort comm --stdio 2>/dev/null | grep -E "^ +[0-9]" | head -5

@@ -150,8 +150,6 @@ machine
 echo "== $mode: $instances updates (one SQL transaction), $workers workers x $loops loops, batch $batch"
 # Where the CPU goes: each process's user + system ticks, and the whole machine's busy ticks, over the round — from
 # the enqueue's COMMIT on (the enqueue's own 100,000-row writes are not the fan-out's).
-ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat" 2>/dev/null || echo 0; }
-busy() { awk '/^cpu / { print $2 + $3 + $4 + $7 + $8 }' /proc/stat; }
 declare -A cpu0
 bench_pgss_reset
 perf_pid=
@@ -161,8 +159,8 @@ if [ "${PERF:-0}" = 1 ]; then
   perf_pid=$!
 fi
 t0=$(enqueue)
-for p in "${worker_pids[@]}" "$api" "$sim"; do cpu0[$p]=$(ticks "$p"); done
-busy0=$(busy)
+for p in "${worker_pids[@]}" "$api" "$sim"; do cpu0[$p]=$(bench_ticks "$p"); done
+busy0=$(bench_busy_ticks)
 deadline=$(($(date +%s) + timeout))
 last=-1
 stalled=0
@@ -192,12 +190,12 @@ echo "simulator: $(sim_stats "$sim_port" "$work/ca.pem")"
 for i in "${!worker_pids[@]}"; do echo "worker $((i + 1)) RSS: $(rss "${worker_pids[$i]}")"; done
 echo "API RSS: $(rss "$api"); simulator RSS: $(rss "$sim")"
 hz=$(getconf CLK_TCK)
-busy1=$(busy)
+busy1=$(bench_busy_ticks)
 ours_cpu=0
-for p in "${worker_pids[@]}" "$api" "$sim"; do ours_cpu=$((ours_cpu + $(ticks "$p") - ${cpu0[$p]})); done
+for p in "${worker_pids[@]}" "$api" "$sim"; do ours_cpu=$((ours_cpu + $(bench_ticks "$p") - ${cpu0[$p]})); done
 workers_cpu=0
-for p in "${worker_pids[@]}"; do workers_cpu=$((workers_cpu + $(ticks "$p") - ${cpu0[$p]})); done
-sim_cpu=$(($(ticks "$sim") - ${cpu0[$sim]}))
+for p in "${worker_pids[@]}"; do workers_cpu=$((workers_cpu + $(bench_ticks "$p") - ${cpu0[$p]})); done
+sim_cpu=$(($(bench_ticks "$sim") - ${cpu0[$sim]}))
 echo "CPU seconds during the round: workers $(awk -v t=$workers_cpu -v h="$hz" 'BEGIN { printf "%.1f", t / h }'), simulator $(awk -v t=$sim_cpu -v h="$hz" 'BEGIN { printf "%.1f", t / h }'), everything else (PostgreSQL, psql polling, the OS) $(awk -v t=$((busy1 - busy0 - ours_cpu)) -v h="$hz" 'BEGIN { printf "%.1f", t / h }') of $(awk -v t=$((busy1 - busy0)) -v h="$hz" 'BEGIN { printf "%.1f", t / h }') busy"
 echo "per push: workers $(awk -v t=$workers_cpu -v h="$hz" -v n="$sent" 'BEGIN { printf "%.0f", t / h * 1e6 / n }') µs, simulator $(awk -v t=$sim_cpu -v h="$hz" -v n="$sent" 'BEGIN { printf "%.0f", t / h * 1e6 / n }') µs, rest $(awk -v t=$((busy1 - busy0 - ours_cpu)) -v h="$hz" -v n="$sent" 'BEGIN { printf "%.0f", t / h * 1e6 / n }') µs"
 # PGSS=1: where PostgreSQL's time went.
