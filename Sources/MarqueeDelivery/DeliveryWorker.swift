@@ -567,9 +567,8 @@ public final class DeliveryWorker: Sendable {
             return (retry(d, reason: "credential_load", retryAfter: nil), nil, nil)
         }
         // Composed from the delivery's own snapshot: a queued start keeps its alert even if an update came since.
-        let options = d.options
         var content = DeliverySnapshot(
-            attributes: d.attributes, contentState: d.contentState, options: options, timestamp: d.contentTimestamp
+            attributes: d.attributes, contentState: d.contentState, options: d.options, timestamp: d.contentTimestamp
         ).content(
             event: d.operation, instanceID: d.instanceID, activityType: d.activityType,
             attributesType: d.profile.attributesType, profile: d.profile.payloadProfile,
@@ -586,7 +585,7 @@ public final class DeliveryWorker: Sendable {
         let clock = ContinuousClock()
         let started = clock.now
         let outcome: SendOutcome
-        let priority = options.apnsPriority(frequentUpdates: d.profile.frequentUpdates)
+        let priority = d.options.apnsPriority(frequentUpdates: d.profile.frequentUpdates)
         switch d.provider {
         case .apns:
             let target: CredentialCache.APNs
@@ -625,7 +624,7 @@ public final class DeliveryWorker: Sendable {
                 return (retry(d, reason: "credential_load", retryAfter: nil), nil, nil)
             }
             let ttl = FCMMessage.ttlSeconds(
-                event: content.event, staleDate: options.staleDate, expiresAt: d.expiresAt, now: Date())
+                event: content.event, staleDate: d.options.staleDate, expiresAt: d.expiresAt, now: Date())
             outcome = await fcm.send(
                 token: d.token, data: FCMData.compose(content, attribution: attribution), ttlSeconds: ttl,
                 collapseKey: FCMMessage.collapseKey(instanceID: d.instanceID), via: tokens)
