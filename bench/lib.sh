@@ -83,9 +83,29 @@ SQL
 }
 
 # Where the CPU of a measured part goes, from /proc: a process's user + system ticks (0 once it is gone), and the
-# machine's busy ticks (user, nice, system, irq, softirq). Take both before and after; CLK_TCK ticks make a second.
+# machine's busy ticks (user, nice, system, irq, softirq). /proc/stat counts the whole machine, so on a shared one
+# work from outside the bench lands in "the rest".
 bench_ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat" 2>/dev/null || echo 0; }
 bench_busy_ticks() { awk '/^cpu / { print $2 + $3 + $4 + $7 + $8 }' /proc/stat; }
+
+# bench_cpu_snapshot SIM API WORKER...: the workers' ticks (together), the simulator's, the API's and the machine's
+# busy ticks, on one line. Take one before and one after the measured part, for bench_cpu_report.
+bench_cpu_snapshot() {
+  local sim=$1 api=$2 workers=0 p
+  shift 2
+  for p in "$@"; do workers=$((workers + $(bench_ticks "$p"))); done
+  echo "$workers $(bench_ticks "$sim") $(bench_ticks "$api") $(bench_busy_ticks)"
+}
+
+# bench_cpu_report LABEL BEFORE AFTER SECONDS N UNIT: where the CPU went between two snapshots SECONDS apart: the
+# workers, the simulator, the API, the rest (PostgreSQL, the bench's polls, the OS) and idle, in seconds, then per UNIT
+# (N of them: pushes, people).
+bench_cpu_report() {
+  echo "$2 $3" | awk -v hz="$(getconf CLK_TCK)" -v cores="$(nproc)" -v secs="$4" -v n="$5" -v unit="$6" -v label="$1" '{
+    w = ($5 - $1) / hz; s = ($6 - $2) / hz; a = ($7 - $3) / hz; busy = ($8 - $4) / hz; rest = busy - w - s - a
+    printf "%s: CPU over %.2f s x %d cores: workers %.1f s, simulator %.1f s, API %.1f s, rest (PostgreSQL, polls, OS) %.1f s, idle %.1f s; per %s: workers %.0f, simulator %.0f, API %.0f, rest %.0f µs\n",
+      label, secs, cores, w, s, a, rest, secs * cores - busy, unit, w * 1e6 / n, s * 1e6 / n, a * 1e6 / n, rest * 1e6 / n }'
+}
 
 # Prints what a `perf record -g` file ($1) saw: CPU by thread, then the hottest symbols (self time).
 bench_perf_report() {

@@ -50,11 +50,9 @@ bench_scenario_through_api "$instances" "$work" "$port"
 psql -q "$DATABASE_URL" -c "VACUUM ANALYZE"
 
 machine
-ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat" 2>/dev/null || echo 0; }
-busy() { awk '/^cpu / { print $2 + $3 + $4 + $7 + $8 }' /proc/stat; }
 api_cpu0=0
-for p in "${api_pids[@]}"; do api_cpu0=$((api_cpu0 + $(ticks "$p"))); done
-busy0=$(busy)
+for p in "${api_pids[@]}"; do api_cpu0=$((api_cpu0 + $(bench_ticks "$p"))); done
+busy0=$(bench_busy_ticks)
 before=$(psql -qtA "$DATABASE_URL" -c "SELECT count(*) FROM deliveries WHERE tenant_id = '$tenant'")
 bench_pgss_reset
 if [ "$apis" = 1 ]; then
@@ -83,9 +81,9 @@ else
   cat "$out"/api-update-wrk-*.txt | grep -E "Requests/sec|^p50"
   echo "sum: $(cat "$out"/api-update-wrk-*.txt | awk '/Requests\/sec/ { s += $2 } END { printf "%.0f", s }') requests/s"
 fi
-busy1=$(busy)
+busy1=$(bench_busy_ticks)
 api_cpu1=0
-for p in "${api_pids[@]}"; do api_cpu1=$((api_cpu1 + $(ticks "$p"))); done
+for p in "${api_pids[@]}"; do api_cpu1=$((api_cpu1 + $(bench_ticks "$p"))); done
 after=$(psql -qtA "$DATABASE_URL" -c "SELECT count(*) FROM deliveries WHERE tenant_id = '$tenant'")
 hz=$(getconf CLK_TCK)
 echo "CPU seconds during the run: API $(awk -v t=$((api_cpu1 - api_cpu0)) -v h="$hz" 'BEGIN { printf "%.1f", t / h }'), everything else (PostgreSQL, wrk, the OS) $(awk -v t=$((busy1 - busy0 - api_cpu1 + api_cpu0)) -v h="$hz" 'BEGIN { printf "%.1f", t / h }') of $(awk -v t=$((busy1 - busy0)) -v h="$hz" 'BEGIN { printf "%.1f", t / h }') busy"

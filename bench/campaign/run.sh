@@ -128,13 +128,6 @@ sys.exit(1)
 PY
 }
 
-# The CPU ticks of the workers (together), the simulator and the API, and the machine's busy ticks, on one line.
-cpu_snapshot() {
-  local w=0 p
-  for p in "${pids[@]:2}"; do w=$((w + $(bench_ticks "$p"))); done
-  echo "$w $(bench_ticks "${pids[0]}") $(bench_ticks "${pids[1]}") $(bench_busy_ticks)"
-}
-
 # measure OPERATION WHAT METHOD PATH BODY: calls the API once with the simulator's counters reset, then reports the
 # answer's time, when the simulator had accepted a push for every person, when the run finished, and sent_at − call;
 # and where the machine's CPU went from the call until the simulator was seen to have every push (its poll comes
@@ -143,20 +136,16 @@ cpu_snapshot() {
 measure() {
   local operation=$1 what=$2 t0 t1 t2 answer done_at before after
   sim_reset "$sim_port" "$work/ca.pem"
-  before=$(cpu_snapshot)
+  before=$(bench_cpu_snapshot "${pids[@]}")
   t0=$(date +%s.%N)
   answer=$(api "$3" "$4" "$5")
   t1=$(date +%s.%N)
   done_at=$(await_sim "$people")
-  after=$(cpu_snapshot)
+  after=$(bench_cpu_snapshot "${pids[@]}")
   t2=$(date +%s.%N)
   echo "campaign $operation: answered in $(echo "($t1 - $t0) * 1000" | bc) ms ($answer)"
   echo "campaign $operation: last $what accepted by the simulator $(echo "$done_at - $t0" | bc) s after the call (goal ≤ 10 s)"
-  echo "$before $after" | awk -v hz="$(getconf CLK_TCK)" -v cores="$(nproc)" -v secs="$(echo "$t2 - $t0" | bc)" \
-    -v n="$people" -v op="$operation" '{
-      w = ($5 - $1) / hz; s = ($6 - $2) / hz; a = ($7 - $3) / hz; busy = ($8 - $4) / hz; rest = busy - w - s - a
-      printf "campaign %s: CPU over %.2f s x %d cores: workers %.1f s, simulator %.1f s, API %.1f s, rest (PostgreSQL, polls, OS) %.1f s, idle %.1f s; per person: workers %.0f, simulator %.0f, API %.0f, rest %.0f µs\n",
-        op, secs, cores, w, s, a, rest, secs * cores - busy, w * 1e6 / n, s * 1e6 / n, a * 1e6 / n, rest * 1e6 / n }'
+  bench_cpu_report "campaign $operation" "$before" "$after" "$(echo "$t2 - $t0" | bc)" "$people" person
   psql -qtA "$DATABASE_URL" -c "
     SELECT '$operation run: ' || (result ->> 'instances') || ' instances in '
            || round(extract(epoch FROM executed_at - created_at)::numeric, 2) || ' s after the call'

@@ -150,7 +150,6 @@ machine
 echo "== $mode: $instances updates (one SQL transaction), $workers workers x $loops loops, batch $batch"
 # Where the CPU goes: each process's user + system ticks, and the whole machine's busy ticks, over the round — from
 # the enqueue's COMMIT on (the enqueue's own 100,000-row writes are not the fan-out's).
-declare -A cpu0
 bench_pgss_reset
 perf_pid=
 if [ "${PERF:-0}" = 1 ]; then
@@ -159,8 +158,7 @@ if [ "${PERF:-0}" = 1 ]; then
   perf_pid=$!
 fi
 t0=$(enqueue)
-for p in "${worker_pids[@]}" "$api" "$sim"; do cpu0[$p]=$(bench_ticks "$p"); done
-busy0=$(bench_busy_ticks)
+cpu0=$(bench_cpu_snapshot "$sim" "$api" "${worker_pids[@]}")
 deadline=$(($(date +%s) + timeout))
 last=-1
 stalled=0
@@ -181,6 +179,8 @@ while :; do
   [ "$(date +%s)" -ge "$deadline" ] && { echo "timeout" >&2; break; }
   sleep 0.5
 done
+cpu1=$(bench_cpu_snapshot "$sim" "$api" "${worker_pids[@]}")
+round_end=$(date +%s.%N)
 t1=$(psql -qtA "$DATABASE_URL" -c "SELECT extract(epoch FROM max(sent_at)) FROM deliveries WHERE tenant_id = '$tenant' AND instance_version = 2 AND status = 'sent'")
 read -r sent queued other < <(round_counts 2)
 echo "sent $sent, still queued $queued, other $other (by status: $(psql -qtA -F'=' -R' ' "$DATABASE_URL" -c "SELECT status, count(*) FROM deliveries WHERE tenant_id = '$tenant' AND instance_version = 2 GROUP BY 1 ORDER BY 1"))"
@@ -189,15 +189,8 @@ echo "marquee: $ours pushes/s ($(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.2f
 echo "simulator: $(sim_stats "$sim_port" "$work/ca.pem")"
 for i in "${!worker_pids[@]}"; do echo "worker $((i + 1)) RSS: $(rss "${worker_pids[$i]}")"; done
 echo "API RSS: $(rss "$api"); simulator RSS: $(rss "$sim")"
-hz=$(getconf CLK_TCK)
-busy1=$(bench_busy_ticks)
-ours_cpu=0
-for p in "${worker_pids[@]}" "$api" "$sim"; do ours_cpu=$((ours_cpu + $(bench_ticks "$p") - ${cpu0[$p]})); done
-workers_cpu=0
-for p in "${worker_pids[@]}"; do workers_cpu=$((workers_cpu + $(bench_ticks "$p") - ${cpu0[$p]})); done
-sim_cpu=$(($(bench_ticks "$sim") - ${cpu0[$sim]}))
-echo "CPU seconds during the round: workers $(awk -v t=$workers_cpu -v h="$hz" 'BEGIN { printf "%.1f", t / h }'), simulator $(awk -v t=$sim_cpu -v h="$hz" 'BEGIN { printf "%.1f", t / h }'), everything else (PostgreSQL, psql polling, the OS) $(awk -v t=$((busy1 - busy0 - ours_cpu)) -v h="$hz" 'BEGIN { printf "%.1f", t / h }') of $(awk -v t=$((busy1 - busy0)) -v h="$hz" 'BEGIN { printf "%.1f", t / h }') busy"
-echo "per push: workers $(awk -v t=$workers_cpu -v h="$hz" -v n="$sent" 'BEGIN { printf "%.0f", t / h * 1e6 / n }') µs, simulator $(awk -v t=$sim_cpu -v h="$hz" -v n="$sent" 'BEGIN { printf "%.0f", t / h * 1e6 / n }') µs, rest $(awk -v t=$((busy1 - busy0 - ours_cpu)) -v h="$hz" -v n="$sent" 'BEGIN { printf "%.0f", t / h * 1e6 / n }') µs"
+bench_cpu_report "$mode round" "$cpu0" "$cpu1" "$(awk -v a="$t0" -v b="$round_end" 'BEGIN { printf "%.3f", b - a }')" \
+  "$sent" push
 # PGSS=1: where PostgreSQL's time went.
 bench_pgss_report
 if [ -n "$perf_pid" ]; then

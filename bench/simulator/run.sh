@@ -27,7 +27,6 @@ JSON
 awk -v port="$port" 'BEGIN { for (i = 0; i < 10000; i++) { t = sprintf("%08x", i);
   printf "https://127.0.0.1:%d/3/device/%s%s%s%s%s%s%s%s\n", port, t, t, t, t, t, t, t, t } }' >"$work/uris.txt"
 jwt=$("$bin/marquee-bench" jwt --key "$work/key.p8" --kid "$kid" --team "$team")
-cpu_ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
 hz=$(getconf CLK_TCK)
 
 machine
@@ -38,11 +37,11 @@ for threads in ${SIM_IO_THREADS:-1 2}; do
     MARQUEE_SIM_IO_THREADS=$threads MARQUEE_LOG_LEVEL=warning "$bin/marquee" simulate apns 2>"$work/sim.log" &
   sim=$!
   wait_sim "$port" "$work/ca.pem"
-  before=$(cpu_ticks $sim)
+  before=$(bench_ticks $sim)
   h2load -n "$n" -c "$c" -m "$m" -t 2 -i "$work/uris.txt" -d "$work/payload.json" \
     -H "authorization: bearer $jwt" -H "apns-push-type: liveactivity" -H "apns-topic: $topic" \
     -H "apns-priority: 10" -H "content-type: application/json" >"$work/h2load-$threads.out" 2>&1 || true
-  after=$(cpu_ticks $sim)
+  after=$(bench_ticks $sim)
   accepted=$(sim_stats "$port" "$work/ca.pem" | sed -n 's/.*"accepted":\([0-9]*\).*/\1/p')
   echo "simulator, $threads I/O thread(s): $(sed -n 's/^finished in \([^,]*\), \([0-9.]*\) req\/s.*/\2 req\/s (\1)/p' "$work/h2load-$threads.out"), accepted $accepted, $(awk -v t=$((after - before)) -v hz="$hz" -v n="$n" 'BEGIN { printf "%.1f", t / hz * 1e6 / n }') µs CPU per request, RSS $(rss $sim)"
   kill -TERM $sim; wait $sim 2>/dev/null || true
@@ -59,11 +58,11 @@ if command -v nghttpd >/dev/null; then
   ng=$!
   sleep 0.5
   sed "s/:$port\//:$((port + 1))\//" "$work/uris.txt" >"$work/uris-ng.txt"
-  before=$(cpu_ticks $ng)
+  before=$(bench_ticks $ng)
   h2load -n "$n" -c "$c" -m "$m" -t 2 -i "$work/uris-ng.txt" -d "$work/payload.json" \
     -H "authorization: bearer $jwt" -H "apns-push-type: liveactivity" -H "apns-topic: $topic" \
     -H "content-type: application/json" >"$work/h2load-ng.out" 2>&1 || true
-  after=$(cpu_ticks $ng)
+  after=$(bench_ticks $ng)
   echo "nghttpd (1 thread): $(sed -n 's/^finished in \([^,]*\), \([0-9.]*\) req\/s.*/\2 req\/s (\1)/p' "$work/h2load-ng.out"), $(grep -E '^status codes' "$work/h2load-ng.out"), $(awk -v t=$((after - before)) -v hz="$hz" -v n="$n" 'BEGIN { printf "%.1f", t / hz * 1e6 / n }') µs CPU per request"
   kill $ng; wait $ng 2>/dev/null || true
 fi

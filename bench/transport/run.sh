@@ -119,14 +119,13 @@ if [ "${NGHTTPD:-1}" = 1 ]; then
     sleep 0.1
   done
   TIMEFORMAT='cpu %U %S'
-  ng_ticks() { awk '{ print $14 + $15 }' "/proc/$ng/stat"; }
   # cpu_per_request CPU_FILE NGHTTPD_TICKS_BEFORE REQUESTS: "client X µs, nghttpd Y µs"
   cpu_per_request() {
-    awk -v hz="$(getconf CLK_TCK)" -v t0="$2" -v t1="$(ng_ticks)" -v n="$3" '/^cpu / { c = $2 + $3 } END {
+    awk -v hz="$(getconf CLK_TCK)" -v t0="$2" -v t1="$(bench_ticks "$ng")" -v n="$3" '/^cpu / { c = $2 + $3 } END {
       printf "client %.1f µs, nghttpd %.1f µs", c * 1e6 / n, (t1 - t0) / hz * 1e6 / n }' "$1"
   }
   echo "== against nghttpd (one thread, TLS): marquee-bench transport (APNsProvider)"
-  t0=$(ng_ticks)
+  t0=$(bench_ticks "$ng")
   ours_ng=$( { time "$bin/marquee-bench" transport --host 127.0.0.1 --port "$ng_port" --ca "$work/nghttpd/cert.pem" \
     --key "$work/key.p8" --kid "$kid" --team "$team" --topic "$topic" --payload "$work/payload.json" --n "$n" \
     --connections "$c" --concurrency "$k" --tokens "$tokens" --warmup 1000; } 2>"$work/ours-nghttpd.cpu")
@@ -135,7 +134,7 @@ if [ "${NGHTTPD:-1}" = 1 ]; then
   echo "CPU per request (process total, setup and warm-up included): $cpu_ours"
   echo "== against nghttpd: h2load -n $n -c $c -m $((k / c)) -t 1 (same requests)"
   sed "s#:$port/#:$ng_port/#" "$work/uris.txt" >"$work/uris-nghttpd.txt"
-  t0=$(ng_ticks)
+  t0=$(bench_ticks "$ng")
   { time h2load -n "$n" -c "$c" -m $((k / c)) -t 1 -i "$work/uris-nghttpd.txt" -d "$work/payload.json" \
     -H "authorization: bearer $jwt" -H "apns-push-type: liveactivity" -H "apns-topic: $topic" \
     -H "apns-priority: 10" -H "apns-expiration: $(($(date +%s) + 3600))" -H "content-type: application/json" \
