@@ -71,9 +71,9 @@ final class ProviderConnections: Sendable {
     /// The I/O threads and TLS context every pool uses, started with the first pool.
     private let threads = Mutex<HTTP2ClientThreads?>(nil)
     private let threadName: String
-    /// The last host found in the allowlist and its pool key: a worker sends to one or two hosts, so the check and the
-    /// key (string work on every send) are done once per host change.
-    private let lastAllowed = Mutex<(host: String, port: Int, key: String)?>(nil)
+    /// The last host and identity found in the allowlist and their pool key: a worker sends to one or two hosts with
+    /// a key or two, so the check and the key (string work on every send) are done once per change.
+    private let lastAllowed = Mutex<(host: String, port: Int, identity: String, key: String)?>(nil)
 
     init(
         _ configuration: Configuration, name: String = "provider",
@@ -120,8 +120,7 @@ final class ProviderConnections: Sendable {
     private func acquire(
         host: String, port: Int, identity: String
     ) throws -> (Result<HTTP2Client, any Error>, key: String, evicted: [HTTP2Client]) {
-        let hostKey = try allowedKey(host: host, port: port)
-        let key = identity.isEmpty ? hostKey : hostKey + " " + identity
+        let key = try poolKey(host: host, port: port, identity: identity)
         let current = now()
         let (result, evicted): (Result<HTTP2Client, any Error>, [HTTP2Client]) = clients.withLock { clients in
             var evicted: [HTTP2Client] = []
@@ -160,14 +159,17 @@ final class ProviderConnections: Sendable {
         return (result, key, evicted)
     }
 
-    /// The pool key of `host:port`, or `hostNotAllowed` when the allowlist does not have it.
-    private func allowedKey(host: String, port: Int) throws -> String {
-        if let last = lastAllowed.withLock({ $0 }), last.port == port, last.host == host { return last.key }
+    /// The pool key of `host:port` and `identity`, or `hostNotAllowed` when the allowlist does not have the host.
+    private func poolKey(host: String, port: Int, identity: String) throws -> String {
+        if let last = lastAllowed.withLock({ $0 }), last.port == port, last.host == host, last.identity == identity {
+            return last.key
+        }
         guard configuration.allowedHosts.allows(host: host, port: port) else {
             throw ProviderConnectionError.hostNotAllowed
         }
-        let key = ProviderHosts.poolKey(host: host, port: port)
-        lastAllowed.withLock { $0 = (host, port, key) }
+        let hostKey = ProviderHosts.poolKey(host: host, port: port)
+        let key = identity.isEmpty ? hostKey : hostKey + " " + identity
+        lastAllowed.withLock { $0 = (host, port, identity, key) }
         return key
     }
 

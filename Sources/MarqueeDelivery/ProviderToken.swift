@@ -16,6 +16,10 @@ public final class ProviderTokenCache: Sendable {
 
     public let teamID: String
     public let keyID: String
+    /// What a connection authenticates as (`team/key`): APNs takes one team's tokens per connection, and a second key
+    /// on it counts as a token update, so each gets connections of its own (`ProviderConnections`). Made once: every
+    /// send names it.
+    public let connectionIdentity: String
     private let key: ES256PrivateKey
     private let refreshAfter: TimeInterval
     private let now: @Sendable () -> Date
@@ -27,6 +31,7 @@ public final class ProviderTokenCache: Sendable {
     ) {
         self.teamID = teamID
         self.keyID = keyID
+        self.connectionIdentity = teamID + "/" + keyID
         self.key = key
         self.refreshAfter = Double(refreshAfter.components.seconds)
         self.now = now
@@ -46,10 +51,6 @@ public final class ProviderTokenCache: Sendable {
         if let current = cached.withLock({ $0 }), current.token != rejected { return current.token }
         return try issue(replacing: rejected, at: now())
     }
-
-    /// What a connection authenticates as (`team/key`): APNs takes one team's tokens per connection, and a second key
-    /// on it counts as a token update, so each gets connections of its own (`ProviderConnections`).
-    public var connectionIdentity: String { teamID + "/" + keyID }
 
     /// When the cached token was signed (nil before the first send).
     public var issuedAt: Date? { cached.withLock { $0?.issuedAt } }

@@ -518,9 +518,10 @@ public struct DeliveryQueue: Sendable {
     }
 
     /// The deliveries of a `lockQuery`'s rows. A batch's rows mostly repeat their content state, options and type
-    /// (a campaign's start or update: one content state and one set of options for every row), so each distinct text
-    /// of those columns is parsed once per batch.
+    /// (a campaign's start or update: one content state and one set of options for every row; its attributes too,
+    /// unless they are filled in per person), so each distinct text of those columns is parsed once per batch.
     static func claimedDeliveries(_ rows: PostgresRows) throws -> [ClaimedDelivery] {
+        var attributes = RepeatedTexts<JSONValue>()
         var contentStates = RepeatedTexts<JSONValue>()
         var options = RepeatedTexts<StoredOptions>()
         var dateFields = RepeatedTexts<[String: DateEncoding]>()
@@ -545,7 +546,7 @@ public struct DeliveryQueue: Sendable {
                         try RegistryStore.dateFields($0.decode(JSONValue.self))
                     },
                     frequentUpdates: try row.decode(Bool.self, "frequent_updates")),
-                attributes: try row.decode(JSONValue.self, "snap_attributes"),
+                attributes: try attributes.value(of: row["snap_attributes"]) { try $0.decode(JSONValue.self) },
                 contentState: try contentStates.value(of: row["snap_content_state"]) { try $0.decode(JSONValue.self) },
                 options: try options.value(of: row["snap_options"]) {
                     StoredOptions(json: try $0.decode(JSONValue.self))

@@ -67,8 +67,7 @@ enum PostgresTimestamp {
         // Compared as bytes: a String made of every cell just for these two was a good part of the parse.
         if bytes.elementsEqual("infinity".utf8) { return .distantFuture }
         if bytes.elementsEqual("-infinity".utf8) { return .distantPast }
-        let text = Array(bytes)
-        var scanner = ByteScanner(bytes: text)
+        var scanner = ByteScanner(bytes)
         guard let year = scanner.number(minDigits: 4, maxDigits: 7), scanner.skip("-"),
             let month = scanner.number(minDigits: 2, maxDigits: 2), scanner.skip("-"),
             let day = scanner.number(minDigits: 2, maxDigits: 2), (1...12).contains(month), (1...31).contains(day)
@@ -127,24 +126,32 @@ enum PostgresTimestamp {
     }
 }
 
-/// A tiny cursor over ASCII bytes.
+/// A tiny cursor over ASCII bytes, read where they are (no copy).
 struct ByteScanner {
-    let bytes: [UInt8]
-    var index = 0
+    let bytes: ArraySlice<UInt8>
+    var index: Int
 
-    var atEnd: Bool { index == bytes.count }
+    init(_ bytes: ArraySlice<UInt8>) {
+        self.bytes = bytes
+        self.index = bytes.startIndex
+    }
 
-    mutating func skip(_ literal: String) -> Bool {
-        let utf8 = Array(literal.utf8)
-        guard bytes.count - index >= utf8.count, Array(bytes[index..<(index + utf8.count)]) == utf8 else {
-            return false
+    var atEnd: Bool { index == bytes.endIndex }
+
+    /// Consumes `literal` if the bytes at the index are it. Compared in place: copying both sides into arrays made
+    /// this most of a timestamp's parse (a claim decodes two per delivery).
+    mutating func skip(_ literal: StaticString) -> Bool {
+        let count = literal.utf8CodeUnitCount
+        guard bytes.endIndex - index >= count else { return false }
+        let matches = literal.withUTF8Buffer { utf8 in
+            utf8.indices.allSatisfy { bytes[index + $0] == utf8[$0] }
         }
-        index += utf8.count
-        return true
+        if matches { index += count }
+        return matches
     }
 
     func peekDigit() -> Bool {
-        index < bytes.count && bytes[index] &- UInt8(ascii: "0") < 10
+        index < bytes.endIndex && bytes[index] &- UInt8(ascii: "0") < 10
     }
 
     mutating func digit() -> Int64? {

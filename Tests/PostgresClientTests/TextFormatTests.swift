@@ -13,8 +13,14 @@ struct TextFormatTests {
             from: DateComponents(year: year, month: month, day: day, hour: hour, minute: minute, second: second))!
     }
 
+    /// Parses `text` alone and as a slice in the middle of a larger buffer (as a result cell is), which must agree:
+    /// the bytes around it ("C" after, so reading past the end finds " BC" in "… B") are never read.
     func parse(_ text: String) -> Date? {
-        PostgresTimestamp.parse(ArraySlice(text.utf8))
+        let alone = PostgresTimestamp.parse(ArraySlice(text.utf8))
+        let buffer = Array("##".utf8) + Array(text.utf8) + Array("C#".utf8)
+        let inside = PostgresTimestamp.parse(buffer[2..<(buffer.count - 2)])
+        #expect(alone == inside, "\(text)")
+        return alone
     }
 
     @Test("timestamptz output with fractions and offsets")
@@ -37,8 +43,10 @@ struct TextFormatTests {
         #expect(parse("0044-03-15 00:00:00+00 BC") == Date(timeIntervalSince1970: -63_517_824_000))
         #expect(parse("infinity") == .distantFuture)
         #expect(parse("-infinity") == .distantPast)
-        for bad in ["", "2024-13-01", "2024-03-05 12:34", "2024-03-05 12:34:56+", "yesterday", "2024-03-05 12:34:56 x"]
-        {
+        for bad in [
+            "", "2024-13-01", "2024-03-05 12:34", "2024-03-05 12:34:56+", "yesterday", "2024-03-05 12:34:56 x",
+            "2024-03-05 12:34:56 B",
+        ] {
             #expect(parse(bad) == nil, "\(bad)")
         }
     }
