@@ -61,6 +61,14 @@ struct MigrateCommand {
         logger.info(
             applied.isEmpty ? "database is current" : "migrations done",
             metadata: ["migrations.applied": .int(applied.count), "migrations.known": .int(migrations.count)])
+        let collation = try await pool.query(
+            "SELECT datcollate FROM pg_database WHERE datname = current_database()"
+        ).first?.decode(String.self, "datcollate")
+        if let collation, !Database.bytewiseCollations.contains(collation) {
+            logger.notice(
+                "the database collates text by locale; Marquee's text keys compare faster byte by byte (LC_COLLATE C)",
+                metadata: ["database.collation": .string(collation)])
+        }
     }
 }
 
@@ -70,6 +78,11 @@ enum Database {
     /// a burst makes large: a claim over 100,000 queued rows crossed `jit_above_cost` and spent 67 ms of its 75 in
     /// LLVM compilation, every claim (auto_explain in bench/campaign; bench/RESULTS.md).
     static let jit = "off"
+
+    /// Database collations under which PostgreSQL compares text byte by byte. Marquee's keys are text (instance,
+    /// person, device and token IDs) in most of its indexes; under any other collation each comparison goes through
+    /// the C library's strcoll (bench/RESULTS.md: 3–5% of PostgreSQL's CPU in a campaign start).
+    static let bytewiseCollations: Set<String> = ["C", "POSIX"]
 
     static func migrations(_ configuration: MarqueeConfiguration) throws -> [Migration] {
         guard let directory = MigrationFiles.locate(explicit: configuration.migrationsDirectory) else {
