@@ -55,7 +55,7 @@ case "$cmd" in
     if [ "$(id -u)" = 0 ]; then chown postgres: "$dir"; fi
     if [ ! -f "$dir/PG_VERSION" ]; then
       # Text compares byte by byte (LC_COLLATE C): Marquee's keys are text (instance, person, token IDs), and under a
-      # locale every index comparison goes through strcoll (see README, "PostgreSQL"). Character classes stay UTF-8.
+      # locale every index comparison goes through strcoll (README, "The database's collation"). Character classes stay UTF-8.
       as_owner "$bin/initdb" -D "$dir" -U postgres --auth=trust -E UTF8 --locale=C.UTF-8 --lc-collate=C >"$dir/../$(basename "$dir").initdb.log" 2>&1 \
         || as_owner "$bin/initdb" -D "$dir" -U postgres --auth=trust -E UTF8 --locale=C >"$dir/../$(basename "$dir").initdb.log" 2>&1
     fi
