@@ -153,7 +153,7 @@ struct ClaimTests {
         try await queue.claim(limit: 100, hold: .seconds(60), tenants: [w.tenant.uuid]) { batch in
             states = batch.map(\.instanceState)
             // While the update is sent, a newer change finds no target (its tokens were gone): the instance fails.
-            try? await w.fixture.pool.execute(
+            _ = try? await w.fixture.pool.execute(
                 """
                 UPDATE instances SET state = 'failed', failure_reason = 'no_activity_token'
                 WHERE tenant_id = \(w.tenant.uuid) AND id = \(instance)

@@ -49,7 +49,7 @@ struct JSONValueTests {
         #expect(JSONValue.int(1) == .double(1.0))
         #expect(JSONValue.int(1).hashValue == JSONValue.double(1.0).hashValue)
         #expect(try JSONValue.parse("9223372036854775807") == .int(Int64.max))
-        #expect(try JSONValue.parse("92233720368547758070") == .double(92_233_720_368_547_758_070))
+        #expect(try JSONValue.parse("92233720368547758070") == .double(92_233_720_368_547_758_080))
         #expect(JSONValue.double(2.0).serialized() == "2")
         #expect(JSONValue.int(3).typeName == "integer")
         #expect(JSONValue.double(3.5).typeName == "number")

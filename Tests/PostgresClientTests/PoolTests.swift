@@ -61,7 +61,7 @@ struct PoolTests {
         #expect(try await TestDatabase.terminateBackends(admin, application: application) == 1)
         _ = try? await holder.value
         #expect(
-            try await eventually(timeout: .seconds(20)) {
+            await eventually(timeout: .seconds(20)) {
                 (try? await pool.query("SELECT 1 AS one")[0].decode(Int.self, "one")) == 1
             })
     }
