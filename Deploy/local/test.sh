@@ -67,4 +67,11 @@ if [ "$status" != 0 ] && [ -f "$work/pg/server.log" ]; then
     "$work/pg/server.log" | sed -E 's/^[0-9-]+ [0-9:.]+ [A-Z]+ \[[0-9]+\] //' | sort | uniq -c | sort -rn | head -20 >&2 \
     || true
 fi
+if [ "$status" != 0 ]; then
+  # What the processes the tests spawned (serve, worker, simulators) logged at warning and above: a 503 from a test's
+  # server names its cause there (a pool timeout, a lost connection), and the run's directory goes with the cleanup.
+  echo "test: warnings and errors the spawned processes logged (counted by message):" >&2
+  cat "$work"/tmp/marquee-*.log 2>/dev/null | grep -E '"level":"(warning|error|critical)"' \
+    | sed -E 's/^\{"ts":"[^"]*",//; s/"request\.id":"[^"]*",?//g' | sort | uniq -c | sort -rn | head -30 >&2 || true
+fi
 exit "$status"

@@ -23,6 +23,7 @@ public struct MarqueeAPI: Sendable {
     let campaigns: CampaignRoutes
     let overview: OverviewRoutes
     let console: ConsoleRoutes
+    let logger: Logger
     /// The group committer of lifecycle writes (exposed for metrics).
     public let committer: GroupCommitter
 
@@ -32,6 +33,7 @@ public struct MarqueeAPI: Sendable {
         providerHosts: ProviderHosts = .standard, channelManager: (any BroadcastChannelManaging)? = nil,
         metrics: MetricsRegistry, logger: Logger
     ) {
+        self.logger = logger
         let database = TenantDatabase(pool: pool)
         let tenants = TenantStore(database: database, keyRing: keyRing)
         let registryStore = RegistryStore(database: database)
@@ -106,6 +108,6 @@ public struct MarqueeAPI: Sendable {
         campaigns.register(in: &router)
         overview.register(in: &router)
         console.register(in: &router)
-        router.wrapHandlers(guarded)
+        router.wrapHandlers { [logger] in guarded($0, logger: logger) }
     }
 }

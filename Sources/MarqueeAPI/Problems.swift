@@ -1,6 +1,7 @@
 import HTTPServer
 import MarqueeCore
 import MarqueeStore
+import Observability
 import PostgresClient
 
 /// Marquee's problem types. Each `type` is stable: clients may branch on it.
@@ -95,14 +96,23 @@ func problem(for error: any Error) -> HTTPProblem? {
     }
 }
 
-/// Wraps a handler so that domain errors render as problems.
-func guarded(_ handler: @escaping HTTPHandler) -> HTTPHandler {
+/// Wraps a handler so that domain errors render as problems. A database outage or timeout (a 503) is also logged
+/// with the request ID and the error's value-free description (its code, e.g. `pool timeout`), so an operator can
+/// tell an unreachable PostgreSQL from a pool too small for the load.
+func guarded(_ handler: @escaping HTTPHandler, logger: Logger? = nil) -> HTTPHandler {
     { request in
         do {
             return try await handler(request)
         } catch {
-            if let p = problem(for: error) { throw p }
-            throw error
+            guard let p = problem(for: error) else { throw error }
+            if let logger, p.status >= 500, let database = error as? PostgresError {
+                logger.warning(
+                    "request failed: database",
+                    metadata: [
+                        "request.id": .string(request.requestID), "error": .string(String(describing: database)),
+                    ])
+            }
+            throw p
         }
     }
 }
