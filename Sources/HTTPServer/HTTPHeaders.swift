@@ -100,6 +100,16 @@ public struct HTTPHeaders: Sendable, Sequence, Equatable, ExpressibleByDictionar
         return zip(lhs.fields, rhs.fields).allSatisfy { namesEqual($0.name, $1.name) && $0.value == $1.value }
     }
 
+    /// `value` without the optional whitespace (spaces and tabs) HTTP allows around a field value and its parts,
+    /// removed byte by byte. Foundation's `trimmingCharacters` goes through `NSString` on Linux: trimming the
+    /// `Authorization` header that way was 6.5% of the API's CPU under bench/api-update.
+    public static func trimmed(_ value: some StringProtocol) -> Substring {
+        var text = Substring(value)
+        while let first = text.utf8.first, first == 0x20 || first == 0x09 { text = text.dropFirst() }
+        while let last = text.utf8.last, last == 0x20 || last == 0x09 { text = text.dropLast() }
+        return text
+    }
+
     /// ASCII case-insensitive comparison, which is what header names need (they are tokens).
     static func namesEqual(_ a: String, _ b: String) -> Bool {
         let x = a.utf8

@@ -59,7 +59,7 @@ public struct HTTPRequest: Sendable {
     public var mediaType: String? {
         guard let value = headers["Content-Type"] else { return nil }
         let base = value.split(separator: ";", maxSplits: 1, omittingEmptySubsequences: false).first ?? ""
-        let trimmed = base.trimmingCharacters(in: .whitespaces).lowercased()
+        let trimmed = HTTPHeaders.trimmed(base).lowercased()
         return trimmed.isEmpty ? nil : trimmed
     }
 

@@ -529,7 +529,7 @@ final class ServerCore: Sendable {
                 s.path = path
                 s.requestID = RequestID.accept(headers["X-Request-Id"]) ?? RequestID.generate()
             }
-            if let length = headers["Content-Length"].flatMap({ Int($0.trimmingCharacters(in: .whitespaces)) }),
+            if let length = headers["Content-Length"].flatMap({ Int(HTTPHeaders.trimmed($0)) }),
                 length > configuration.maxBodySize, length > bodyLimit(context)
             {
                 // Answer before the body is read (MHD then skips it and closes the connection); with

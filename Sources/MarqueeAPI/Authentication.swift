@@ -71,10 +71,10 @@ struct Authenticator: Sendable {
     }
 
     static func presentedKey(_ request: HTTPRequest, scheme: Scheme) -> String? {
-        guard let header = request.headers["Authorization"]?.trimmingCharacters(in: .whitespaces) else { return nil }
+        guard let header = request.headers["Authorization"].map(HTTPHeaders.trimmed) else { return nil }
         let parts = header.split(separator: " ", maxSplits: 1)
         guard parts.count == 2 else { return nil }
-        let value = parts[1].trimmingCharacters(in: .whitespaces)
+        let value = String(HTTPHeaders.trimmed(parts[1]))
         switch parts[0].lowercased() {
         case "bearer":
             return value.isEmpty ? nil : value

@@ -46,7 +46,7 @@ struct IdentityGuard: Sendable {
         guard principal.kind == .sdk else { return Verdict(state: .unchecked) }
         let keys = try await identityKeys(principal.tenantID)
         guard keys.verification == .required else { return Verdict(state: .unchecked) }
-        guard let token = request.headers[Self.header]?.trimmingCharacters(in: .whitespaces), !token.isEmpty else {
+        guard let token = request.headers[Self.header].map({ String(HTTPHeaders.trimmed($0)) }), !token.isEmpty else {
             return Verdict(state: .refused(Problems.userTokenRequired()))
         }
         let date = now()

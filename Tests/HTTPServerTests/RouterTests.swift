@@ -156,6 +156,20 @@ struct RequestTests {
         #expect(headers.count == 1)
     }
 
+    @Test("header values lose the spaces and tabs around them, and nothing else")
+    func headerValuesAreTrimmed() {
+        #expect(HTTPHeaders.trimmed(" \t Bearer  mq_app_x \t") == "Bearer  mq_app_x")
+        #expect(HTTPHeaders.trimmed("plain") == "plain")
+        #expect(HTTPHeaders.trimmed(" \t ").isEmpty)
+        #expect(HTTPHeaders.trimmed("").isEmpty)
+        // Only HTTP's optional whitespace: a newline or a no-break space is part of the value.
+        #expect(HTTPHeaders.trimmed("\nx\u{A0}") == "\nx\u{A0}")
+        #expect(HTTPHeaders.trimmed(" é ") == "é")
+        let request = HTTPRequest(
+            method: .POST, target: "/", headers: ["Content-Type": " \tApplication/JSON ; charset=utf-8"])
+        #expect(request.mediaType == "application/json")
+    }
+
     static func jsonRequest(_ body: String, contentType: String? = "application/json") -> HTTPRequest {
         var headers = HTTPHeaders()
         if let contentType { headers["Content-Type"] = contentType }
