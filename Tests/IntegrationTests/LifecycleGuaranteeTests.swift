@@ -66,6 +66,13 @@ struct LifecycleGuaranteeTests {
         #expect(
             try stamps.allSatisfy { try $0.decode(Int64.self, "content_timestamp") == $0.decode(Int64.self, "current") }
         )
+        // The same token reported again (an app relaunch) gets no second end: one was already queued for it.
+        for (iphone, token) in zip(w.iphones, tokens) {
+            let again = try await w.api.call(
+                "PUT", "/v1/live_notifications/\(instance)/tokens/\(iphone)", key: w.tenant.sdk, json: ["token": token])
+            #expect(again.status == 200, "\(again.text)")
+        }
+        #expect(try await Self.statuses(w, instance).filter { $0.0 == "end" }.count == tokens.count)
         _ = try await w.registerActivityTokens(instance)
         #expect(
             try await Self.statuses(w, instance).filter { $0.0 == "end" }.count == 2 * tokens.count,
