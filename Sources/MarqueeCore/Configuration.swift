@@ -71,6 +71,9 @@ public struct MarqueeConfiguration: Sendable, Equatable {
     public var adminToken: String?
     /// `MARQUEE_DB_POOL_SIZE`: connections per process. Default 16.
     public var databasePoolSize: Int
+    /// `MARQUEE_DB_ACQUIRE_TIMEOUT`: seconds a request (or a worker's step) waits for a free pooled connection before
+    /// it fails (503 `database-unavailable` from the API). Default 5.
+    public var databaseAcquireTimeoutSeconds: Int
     /// `MARQUEE_DB_STATEMENT_TIMEOUT`: seconds any one statement of `marquee serve` may run (PostgreSQL's
     /// `statement_timeout`; the people import allows itself 15 minutes). PostgreSQL keeps running a statement whose
     /// client is gone: this bounds what a disconnected or stuck request costs. 0 disables it. Default 60.
@@ -231,6 +234,7 @@ public struct MarqueeConfiguration: Sendable, Equatable {
         }
 
         databasePoolSize = integer("MARQUEE_DB_POOL_SIZE", default: 16, range: 1...500)
+        databaseAcquireTimeoutSeconds = integer("MARQUEE_DB_ACQUIRE_TIMEOUT", default: 5, range: 1...3600)
         databaseStatementTimeoutSeconds = integer("MARQUEE_DB_STATEMENT_TIMEOUT", default: 60, range: 0...86_400)
         httpThreads = integer(
             "MARQUEE_HTTP_THREADS", default: max(2, ProcessInfo.processInfo.activeProcessorCount), range: 1...256)

@@ -26,7 +26,11 @@ struct ServeCommand {
         if configuration.databaseStatementTimeoutSeconds > 0 {
             pgConfiguration.startupSettings["statement_timeout"] = "\(configuration.databaseStatementTimeoutSeconds)s"
         }
-        let pool = PostgresPool(pgConfiguration, options: .init(maxConnections: configuration.databasePoolSize))
+        let pool = PostgresPool(
+            pgConfiguration,
+            options: .init(
+                maxConnections: configuration.databasePoolSize,
+                acquireTimeout: .seconds(configuration.databaseAcquireTimeoutSeconds)))
         let migrator = Migrator(pool: pool, migrations: migrations)
         let metrics = MetricsRegistry()
         let httpMetrics = HTTPMetrics(registry: metrics)

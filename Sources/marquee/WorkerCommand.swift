@@ -39,7 +39,8 @@ struct WorkerCommand {
             pgConfiguration,
             options: .init(
                 maxConnections: DeliveryWorker.poolConnections(
-                    loops: configuration.workerLoops, expressBatch: configuration.workerExpressBatch)))
+                    loops: configuration.workerLoops, expressBatch: configuration.workerExpressBatch),
+                acquireTimeout: .seconds(configuration.databaseAcquireTimeoutSeconds)))
         let metrics = MetricsRegistry()
         RuntimeMetrics.register(pool: pool, in: metrics)
         let worker = DeliveryWorker(

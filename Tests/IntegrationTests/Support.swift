@@ -212,6 +212,10 @@ final class MarqueeProcess: Sendable {
             "MARQUEE_MASTER_KEY": Self.masterKey, "MARQUEE_ADMIN_TOKEN": Self.adminToken,
             // Revocation must be visible at once in tests; the cache itself is exercised separately.
             "MARQUEE_KEY_CACHE_SECONDS": "0",
+            // A shared server on a loaded 2-core CI machine was seen to stall for 8 s as a whole (no request read,
+            // none answered; the other servers kept going) and then fail every request that had waited for a pooled
+            // connection meanwhile with the pool's 5-second timeout. Waits beyond 5 s are not under test here.
+            "MARQUEE_DB_ACQUIRE_TIMEOUT": "30",
             // Apple's and Google's hosts plus the simulators on loopback (any port): credentials may point there, in
             // serve and worker alike.
             "MARQUEE_PROVIDER_HOSTS":

@@ -12,7 +12,14 @@ struct ConfigurationTests {
         #expect(c.databaseURL == nil)
         #expect(c.masterKey == nil)
         #expect(c.maxBodyBytes == 1 << 20)
+        #expect(c.databasePoolSize == 16 && c.databaseAcquireTimeoutSeconds == 5)
         #expect(throws: ConfigurationError.self) { try c.requireDatabaseURL() }
+        #expect(
+            try MarqueeConfiguration(environment: ["MARQUEE_DB_ACQUIRE_TIMEOUT": "30"]).databaseAcquireTimeoutSeconds
+                == 30)
+        #expect(throws: ConfigurationError.self) {
+            try MarqueeConfiguration(environment: ["MARQUEE_DB_ACQUIRE_TIMEOUT": "0"])
+        }
     }
 
     @Test("values are read and validated")
