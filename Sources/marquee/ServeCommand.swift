@@ -35,6 +35,7 @@ struct ServeCommand {
         let metrics = MetricsRegistry()
         let httpMetrics = HTTPMetrics(registry: metrics)
         RuntimeMetrics.register(pool: pool, in: metrics)
+        StallWatch.start(logger: logger, registry: metrics)
 
         let keyRing = try Startup.keyRing(configuration, command: "serve")
 

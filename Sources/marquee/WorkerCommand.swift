@@ -43,6 +43,7 @@ struct WorkerCommand {
                 acquireTimeout: .seconds(configuration.databaseAcquireTimeoutSeconds)))
         let metrics = MetricsRegistry()
         RuntimeMetrics.register(pool: pool, in: metrics)
+        StallWatch.start(logger: logger, registry: metrics)
         let worker = DeliveryWorker(
             pool: pool, listenerConfiguration: pgConfiguration,
             apns: APNsProvider(

@@ -69,6 +69,12 @@ struct ServeTests {
             metrics.text.contains(#"marquee_http_requests_total{method="GET",route="/healthz",status="200"}"#))
         #expect(metrics.text.contains("# TYPE marquee_http_request_duration_seconds histogram"))
         #expect(metrics.text.contains(#"marquee_http_request_duration_seconds_bucket{method="GET",route="/readyz""#))
+        // The stall watch's probe runs every 500 ms from the start.
+        try await eventually("a probe task measured") {
+            let text = try await HTTP.get(serve.baseURL + "/metrics").text
+            return text.contains("# TYPE marquee_runtime_task_start_lag_seconds histogram")
+                && !text.contains("marquee_runtime_task_start_lag_seconds_count 0")
+        }
     }
 
     @Test("readyz is 503 problem+json until migrations are applied")
