@@ -153,7 +153,9 @@ final class ClientConnection: TLSConnection, LoopHandler {
             connected(to: resolve(host: host, port: port, allowsSpecialAddresses: special))
             return
         }
-        DispatchQueue.global().async {
+        // getaddrinfo blocks, for seconds when DNS is slow: on a serial queue of its own (Dispatch's overcommitting
+        // threads), not `DispatchQueue.global()`, whose threads (one per core) on Linux also run every Swift task.
+        DispatchQueue(label: "http2.resolve").async {
             let result = resolve(host: host, port: port, allowsSpecialAddresses: special)
             loop.execute { context in
                 (context.object(id: id) as? ClientConnection)?.connected(to: result)

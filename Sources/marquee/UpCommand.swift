@@ -192,11 +192,14 @@ final class Supervisor: Sendable {
         logger.info("started", metadata: ["process": .string(child.name), "pid": .int(Int(pid))])
     }
 
-    /// Waits for children to exit (on a Dispatch thread) and restarts them unless stopping.
+    /// Waits for children to exit (on a Dispatch thread) and restarts them unless stopping. The blocking `waitpid` runs
+    /// on a serial queue of its own (an overcommitting thread), not `DispatchQueue.global()`, whose threads (one per
+    /// core) on Linux also run every Swift task: it would hold one of them for as long as the children run.
     private func reap() async {
+        let waiter = DispatchQueue(label: "marquee.up.waitpid")
         while true {
             let (pid, status) = await withCheckedContinuation { continuation in
-                DispatchQueue.global().async {
+                waiter.async {
                     var raw: Int32 = 0
                     var pid: pid_t
                     repeat { pid = waitpid(-1, &raw, 0) } while pid == -1 && errno == EINTR

@@ -120,7 +120,9 @@ func runCommand(_ executable: String, _ arguments: [String], timeoutSeconds: Int
     guard rc == 0 else { throw TestFailure("posix_spawn \(executable) failed: \(rc)") }
     let child = pid
     let status: Int32 = await withCheckedContinuation { continuation in
-        DispatchQueue.global().async {
+        // A serial queue of its own (an overcommitting thread): on Linux `DispatchQueue.global()`'s threads, one per
+        // core, also run every Swift task, and a wait held there for a child's lifetime starved the test process.
+        DispatchQueue(label: "test.waitpid").async {
             let deadline = Date().addingTimeInterval(TimeInterval(timeoutSeconds))
             var raw: Int32 = 0
             while true {
@@ -199,7 +201,9 @@ final class Child: Sendable {
         let pid = self.pid
         kill(pid, SIGKILL)
         await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
-            DispatchQueue.global().async {
+            // A serial queue of its own (an overcommitting thread): on Linux `DispatchQueue.global()`'s threads, one per
+            // core, also run every Swift task, and a wait held there for a child's lifetime starved the test process.
+            DispatchQueue(label: "test.waitpid").async {
                 var status: Int32 = 0
                 waitpid(pid, &status, 0)
                 continuation.resume()

@@ -165,7 +165,9 @@ final class Subprocess: Sendable {
         if let status = terminationStatus { return status }
         let pid = self.pid
         let raw: Int32 = await withCheckedContinuation { continuation in
-            DispatchQueue.global().async {
+            // A serial queue of its own (an overcommitting thread): on Linux `DispatchQueue.global()`'s threads, one per
+            // core, also run every Swift task, and a wait held there for a child's lifetime starved the test process.
+            DispatchQueue(label: "test.waitpid").async {
                 var raw: Int32 = 0
                 while waitpid(pid, &raw, 0) == -1 && errno == EINTR {}
                 continuation.resume(returning: raw)
