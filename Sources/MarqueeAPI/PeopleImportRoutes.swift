@@ -27,7 +27,7 @@ struct PeopleImportRoutes: Sendable {
     func importPeople(_ request: HTTPRequest, _ principal: Principal) async throws -> HTTPResponse {
         let idempotencyKey = try LifecycleRoutes.idempotencyKey(request)
         let requestHash = LifecycleRoutes.requestHash(request)
-        // Seconds of CPU for 100,000 lines: on a thread of its own, not one of the few cooperative threads that every
+        // Seconds of CPU for 100,000 lines: off the few cooperative threads that every
         // other request of this process needs to make progress (held here, they starve, and requests holding
         // database connections stall with them until other requests' pool waits time out). Not on
         // `DispatchQueue.global()` either: on Linux Swift's tasks run on that same pool of one thread per core, so two

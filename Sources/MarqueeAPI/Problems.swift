@@ -99,13 +99,13 @@ func problem(for error: any Error) -> HTTPProblem? {
 /// Wraps a handler so that domain errors render as problems. A database outage or timeout (a 503) is also logged
 /// with the request ID and the error's value-free description (its code, e.g. `pool timeout`), so an operator can
 /// tell an unreachable PostgreSQL from a pool too small for the load.
-func guarded(_ handler: @escaping HTTPHandler, logger: Logger? = nil) -> HTTPHandler {
+func guarded(_ handler: @escaping HTTPHandler, logger: Logger) -> HTTPHandler {
     { request in
         do {
             return try await handler(request)
         } catch {
             guard let p = problem(for: error) else { throw error }
-            if let logger, p.status >= 500, let database = error as? PostgresError {
+            if p.status >= 500, let database = error as? PostgresError {
                 logger.warning(
                     "request failed: database",
                     metadata: [

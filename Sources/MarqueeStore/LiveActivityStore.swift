@@ -194,10 +194,10 @@ public struct LiveActivityStore: Sendable {
         t.created_at AS type_created_at, t.updated_at AS type_updated_at
         """
 
-    static func instanceColumns(_ alias: String) -> String {
-        instanceColumns.split(separator: ",").map { "\(alias).\($0.trimmingCharacters(in: .whitespacesAndNewlines))" }
-            .joined(separator: ", ")
-    }
+    /// `instanceColumns` for a join with `instances i`, each `i.`-prefixed; built once (building it on every
+    /// change-context read, trimming with Foundation, was 3.5–5.6% of the API's CPU).
+    static let instanceColumnsJoined = instanceColumns.split(separator: ",")
+        .map { "i." + $0.trimmingCharacters(in: .whitespacesAndNewlines) }.joined(separator: ", ")
 
     /// The stored response for an idempotency key, if any.
     public func idempotentResponse(tenant: UUID, key: String) async throws -> StoredResponse? {

@@ -29,8 +29,7 @@ enum StallWatch {
                 let ran = DispatchSemaphore(value: 0)
                 Task.detached {
                     let waited = clock.now - started
-                    let (seconds, attoseconds) = waited.components
-                    lag.observe(Double(seconds) + Double(attoseconds) / 1e18)
+                    lag.observe(waited)
                     if waited > threshold {
                         logger.warning(
                             "cooperative threads stalled", metadata: ["stall.ms": .int(milliseconds(waited))])
