@@ -79,12 +79,23 @@ struct ServeTests {
 
     @Test("readyz is 503 problem+json until migrations are applied")
     func readyNeedsMigrations() async throws {
+        // `serve` logs in as marquee_app, a cluster-wide role that migration 0010 creates. On a fresh cluster this
+        // test may run before any other has migrated a database: without the role, /readyz could only answer
+        // database-unavailable. Another database is migrated first so that the role exists.
+        let other = try await runCommand(
+            TestEnvironment.marqueeBinary, ["migrate"],
+            environment: [
+                "DATABASE_URL": try await TestEnvironment.makeDatabase(),
+                "MARQUEE_MIGRATIONS_DIR": TestEnvironment.migrationsDirectory,
+            ])
+        try #require(other.status == 0, "\(other.output)")
         let url = try await TestEnvironment.makeDatabase()
         let serve = try await startServe(databaseURL: url, migrate: false)
         let before = try await HTTP.get(serve.baseURL + "/readyz")
         #expect(before.status == 503)
         #expect(before.header("Content-Type") == "application/problem+json")
-        #expect(try before.json()["type"] as? String == "https://marquee.dev/problems/migrations-pending")
+        #expect(
+            try before.json()["type"] as? String == "https://marquee.dev/problems/migrations-pending", "\(before.text)")
         let result = try await runCommand(
             TestEnvironment.marqueeBinary, ["migrate"],
             environment: ["DATABASE_URL": url, "MARQUEE_MIGRATIONS_DIR": TestEnvironment.migrationsDirectory])
