@@ -3,9 +3,10 @@ import PostgresClient
 import Testing
 
 /// Migration 0066: instances → tenants, instances → campaigns and campaign_members → campaigns are checked once per
-/// statement by triggers instead of foreign keys. Each rule a foreign key kept is pinned here: the missing parent,
-/// the statement that fails whole, the parent's delete (cascade or refusal), the keys that may not change, and the
-/// lock that makes a concurrent delete of a campaign wait for its writer.
+/// statement by triggers instead of foreign keys; migration 0069: delivery_queue → instances too, with the parking of
+/// deliveries for a broken credential. Each rule a foreign key kept is pinned here: the missing parent, the statement
+/// that fails whole, the parent's delete (cascade or refusal), the keys that may not change, and the lock that makes
+/// a concurrent delete of a parent wait for its writer.
 @Suite("Reference checks per statement")
 struct ReferenceChecksTests {
     /// A tenant with activity type `a` and a scheduled campaign `c`.
@@ -43,6 +44,17 @@ struct ReferenceChecksTests {
         INSERT INTO campaign_members (tenant_id, campaign_id, person_id, instance_id)
         SELECT \(tenant), CASE WHEN i = \(odd) THEN \(oddCampaign)::text ELSE \(campaign)::text END, 'p' || i, 'i' || i
         FROM generate_series(1, \(count)) i
+        """
+    }
+
+    /// One queued start per element of `instances` (an instance named twice gets two rows), for `provider`.
+    static func insertQueued(tenant: UUID, instances: [String], provider: String = "apns") -> PostgresQuery {
+        """
+        INSERT INTO delivery_queue (tenant_id, id, instance_id, device_token, provider, token_kind, token, operation,
+                                    instance_version)
+        SELECT \(tenant), gen_random_uuid(), i, 'd', \(provider),
+               CASE WHEN \(provider) = 'apns' THEN 'push_to_start' ELSE 'fcm' END, 't' || i, 'start', 1
+        FROM unnest(\(instances)::text[]) i
         """
     }
 
@@ -126,7 +138,7 @@ struct ReferenceChecksTests {
         #expect(try await Self.count(pool, "campaign_members", tenant: tenant) == 3)
 
         _ = try await pool.execute("DELETE FROM instances WHERE tenant_id = \(tenant)")
-        #expect(try await Self.count(pool, "delivery_queue", tenant: tenant) == 0, "the queue's foreign key stays")
+        #expect(try await Self.count(pool, "delivery_queue", tenant: tenant) == 0, "the queue's rows go with them")
         #expect(try await pool.execute("DELETE FROM campaigns WHERE tenant_id = \(tenant) AND id = 'c'") == 1)
         #expect(try await Self.count(pool, "campaign_members", tenant: tenant) == 0)
 
@@ -149,8 +161,11 @@ struct ReferenceChecksTests {
         try await Self.seed(pool, tenant: tenant)
         _ = try await pool.execute(Self.insertInstances(tenant: tenant, prefix: "i", count: 1, campaign: "c"))
         _ = try await pool.execute(Self.insertMembers(tenant: tenant, count: 1, campaign: "c"))
+        _ = try await pool.execute(Self.insertQueued(tenant: tenant, instances: ["i1"]))
         let updates: [PostgresQuery] = [
             "UPDATE instances SET campaign_id = NULL WHERE tenant_id = \(tenant)",
+            "UPDATE instances SET id = 'other' WHERE tenant_id = \(tenant)",
+            "UPDATE delivery_queue SET instance_id = 'other' WHERE tenant_id = \(tenant)",
             "UPDATE campaign_members SET campaign_id = 'other' WHERE tenant_id = \(tenant)",
             "UPDATE campaigns SET id = 'other' WHERE tenant_id = \(tenant)",
             "UPDATE tenants SET id = \(UUID()) WHERE id = \(tenant)",
@@ -217,6 +232,131 @@ struct ReferenceChecksTests {
         #expect(try await Self.count(pool, "instances", tenant: tenant) == 0, "no instance names a deleted campaign")
     }
 
+    @Test("a queued delivery whose instance is missing fails its whole statement; an instance's delete takes its rows")
+    func queueParent() async throws {
+        let (_, pool) = try await QueueStatisticsTests.migratedDatabase()
+        defer { pool.close() }
+        let tenant = UUID()
+        try await Self.seed(pool, tenant: tenant)
+        _ = try await pool.execute(Self.insertInstances(tenant: tenant, prefix: "i", count: 3, campaign: nil))
+
+        let missing = await Self.violation {
+            _ = try await pool.execute(Self.insertQueued(tenant: tenant, instances: ["i1", "i2", "gone", "i3"]))
+        }
+        #expect(missing?.code == .foreignKeyViolation)
+        #expect(missing?.constraint == "deliveries_tenant_id_instance_id_fkey")
+        #expect(missing?.detail?.contains("gone") == true, "\(String(describing: missing))")
+        #expect(
+            try await Self.count(pool, "delivery_queue", tenant: tenant) == 0, "nothing of a failed statement stays")
+
+        // Another tenant's instance of the same name is not this tenant's parent.
+        let other = UUID()
+        try await Self.seed(pool, tenant: other)
+        _ = try await pool.execute(Self.insertInstances(tenant: other, prefix: "x", count: 1, campaign: nil))
+        let foreign = await Self.violation {
+            _ = try await pool.execute(Self.insertQueued(tenant: tenant, instances: ["x1"]))
+        }
+        #expect(foreign?.constraint == "deliveries_tenant_id_instance_id_fkey")
+
+        _ = try await pool.execute(Self.insertQueued(tenant: tenant, instances: ["i1", "i1", "i2", "i3"]))
+        #expect(try await Self.count(pool, "delivery_queue", tenant: tenant) == 4)
+        #expect(try await pool.execute("DELETE FROM instances WHERE tenant_id = \(tenant) AND id = 'i1'") == 1)
+        let left = try await pool.query(
+            "SELECT instance_id FROM delivery_queue WHERE tenant_id = \(tenant) ORDER BY instance_id"
+        ).map { try $0.decode(String.self, "instance_id") }
+        #expect(left == ["i2", "i3"])
+    }
+
+    @Test("deliveries queued for a broken credential are parked; the statement's other provider stays queued")
+    func parkedWhenQueued() async throws {
+        let (_, pool) = try await QueueStatisticsTests.migratedDatabase()
+        defer { pool.close() }
+        let tenant = UUID()
+        try await Self.seed(pool, tenant: tenant)
+        _ = try await pool.execute(Self.insertInstances(tenant: tenant, prefix: "i", count: 4, campaign: nil))
+        _ = try await pool.execute(
+            """
+            INSERT INTO apns_credentials (tenant_id, team_id, key_id, bundle_id, environment, sealed_private_key, status)
+            VALUES (\(tenant), 't', 'k', 'b', 'sandbox', '\\x00', 'broken')
+            """)
+        _ = try await pool.execute(
+            """
+            INSERT INTO fcm_credentials (tenant_id, project_id, client_email, token_uri, sealed_service_account)
+            VALUES (\(tenant), 'p', 'e', 'u', '\\x00')
+            """)
+        _ = try await pool.execute(
+            """
+            INSERT INTO delivery_queue (tenant_id, id, instance_id, device_token, provider, token_kind, token,
+                                        operation, instance_version)
+            SELECT \(tenant), gen_random_uuid(), v.i, 'd', v.p, CASE v.p WHEN 'apns' THEN 'push_to_start' ELSE 'fcm' END,
+                   't' || v.i, 'start', 1
+            FROM (VALUES ('i1', 'apns'), ('i2', 'apns'), ('i3', 'fcm'), ('i4', 'fcm')) AS v(i, p)
+            """)
+        let statuses = try await pool.query(
+            "SELECT provider, status FROM delivery_queue WHERE tenant_id = \(tenant) ORDER BY instance_id"
+        ).map { "\(try $0.decode(String.self, "provider")):\(try $0.decode(String.self, "status"))" }
+        #expect(statuses == ["apns:parked", "apns:parked", "fcm:queued", "fcm:queued"])
+    }
+
+    @Test("an instance's delete waits for a writer queueing for it, and takes the writer's rows; a late writer fails")
+    func queueConcurrentDelete() async throws {
+        let (url, pool) = try await QueueStatisticsTests.migratedDatabase()
+        defer { pool.close() }
+        let tenant = UUID()
+        try await Self.seed(pool, tenant: tenant)
+        _ = try await pool.execute(Self.insertInstances(tenant: tenant, prefix: "i", count: 3, campaign: nil))
+        let configuration = try PostgresConfiguration(url: url)
+        let writers = PostgresPool(configuration, options: .init(maxConnections: 1))
+        let deleters = PostgresPool(configuration, options: .init(maxConnections: 1))
+        defer {
+            writers.close()
+            deleters.close()
+        }
+        // i1: the writer only queues (its check locks the instance KEY SHARE); i2: the writer also updates the
+        // instance, as Marquee's writes do (the check leaves it to the update's lock). Either way the delete waits,
+        // then deletes the rows the writer committed.
+        for (instance, writes) in [("i1", false), ("i2", true)] {
+            let deleted = try await writers.withSession { writer in
+                try await writer.execute("BEGIN")
+                if writes {
+                    try await writer.execute(
+                        "UPDATE instances SET version = version + 1 WHERE tenant_id = \(tenant) AND id = \(instance)")
+                }
+                try await writer.execute(Self.insertQueued(tenant: tenant, instances: [instance, instance]))
+                let writerPID = try await writer.query("SELECT pg_backend_pid() AS pid")[0].decode(Int.self, "pid")
+                let delete = Task {
+                    try await deleters.execute(
+                        "DELETE FROM instances WHERE tenant_id = \(tenant) AND id = \(instance)")
+                }
+                #expect(try await Self.blocked(pool, by: writerPID), "the delete of \(instance) waits for the writer")
+                try await writer.execute("COMMIT")
+                return try await delete.value
+            }
+            #expect(deleted == 1)
+            let left = try await pool.query(
+                "SELECT count(*)::int AS n FROM delivery_queue WHERE tenant_id = \(tenant) AND instance_id = \(instance)"
+            )[0].decode(Int.self, "n")
+            #expect(left == 0, "no queued row outlives \(instance)")
+        }
+
+        // The delete first: the writer's check waits for it, then finds the instance gone.
+        let failed = try await deleters.withSession { deleter in
+            try await deleter.execute("BEGIN")
+            #expect(try await deleter.execute("DELETE FROM instances WHERE tenant_id = \(tenant) AND id = 'i3'") == 1)
+            let deleterPID = try await deleter.query("SELECT pg_backend_pid() AS pid")[0].decode(Int.self, "pid")
+            let insert = Task {
+                await Self.violation {
+                    _ = try await writers.execute(Self.insertQueued(tenant: tenant, instances: ["i3"]))
+                }
+            }
+            #expect(try await Self.blocked(pool, by: deleterPID), "the writer's check waits for the delete")
+            try await deleter.execute("COMMIT")
+            return await insert.value
+        }
+        #expect(failed?.constraint == "deliveries_tenant_id_instance_id_fkey")
+        #expect(try await Self.count(pool, "delivery_queue", tenant: tenant) == 0)
+    }
+
     /// Whether a backend comes to wait for `holder` within 30 s.
     static func blocked(_ pool: PostgresPool, by holder: Int) async throws -> Bool {
         let deadline = ContinuousClock.now + .seconds(30)
@@ -234,9 +374,11 @@ struct ReferenceChecksTests {
     func checksPlanLookups() async throws {
         let (_, pool) = try await QueueStatisticsTests.migratedDatabase()
         defer { pool.close() }
-        let config = try await pool.query(
-            "SELECT array_to_string(proconfig, ',') AS c FROM pg_proc WHERE proname = 'marquee_check_parents'"
-        )[0].decode(String?.self, "c")
-        #expect(config == "enable_nestloop=on,enable_seqscan=off")
+        for function in ["marquee_check_parents", "marquee_queue_rows_added", "marquee_instances_deleted"] {
+            let config = try await pool.query(
+                "SELECT array_to_string(proconfig, ',') AS c FROM pg_proc WHERE proname = \(function)"
+            )[0].decode(String?.self, "c")
+            #expect(config == "enable_nestloop=on,enable_seqscan=off", "\(function)")
+        }
     }
 }
