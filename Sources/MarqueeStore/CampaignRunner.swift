@@ -719,17 +719,27 @@ public struct CampaignRunner: Sendable {
         }
 
         // The chunk's open instances, locked: a single update racing this one waits, then finds a new version and
-        // retries.
-        try c.query(
-            """
-            SELECT count(*) FROM (
-                SELECT 1 FROM instances i
-                WHERE i.tenant_id = \(tenant) AND i.campaign_id = \(campaignID) AND i.state IN ('pending', 'active')
-                  AND i.expires_at > now()
-                  AND (\(only)::text IS NULL OR i.id = \(only)) AND (\(excluded)::text IS NULL OR i.id <> \(excluded))
-                  AND i.id > \(after) AND (\(bound)::text IS NULL OR i.id <= \(bound))
-                FOR UPDATE) x
-            """)
+        // retries. For an end, those of them whose end waits for an activity token, asked once for the chunk.
+        let isEnd = change.operation == .end
+        let waiting =
+            try c.query(
+                """
+                WITH locked AS MATERIALIZED (
+                    SELECT i.id FROM instances i
+                    WHERE i.tenant_id = \(tenant) AND i.campaign_id = \(campaignID) AND i.state IN ('pending', 'active')
+                      AND i.expires_at > now()
+                      AND (\(only)::text IS NULL OR i.id = \(only)) AND (\(excluded)::text IS NULL OR i.id <> \(excluded))
+                      AND i.id > \(after) AND (\(bound)::text IS NULL OR i.id <= \(bound))
+                    FOR UPDATE
+                ), ids AS (
+                    SELECT COALESCE(array_agg(id), '{}') AS all_ids FROM locked
+                )
+                SELECT CASE WHEN \(isEnd) THEN
+                           ARRAY(SELECT w.instance_id FROM marquee_ends_waiting_for_token(\(tenant), ids.all_ids) w)
+                       END AS waiting
+                FROM ids
+                """
+            )[0].decode([String]?.self, "waiting") ?? []
         let states = try c.query(
             """
             SELECT DISTINCT i.content_state FROM instances i
@@ -761,7 +771,6 @@ public struct CampaignRunner: Sendable {
                 rejected[error.field, default: 0] += 1
             }
         }
-        let isEnd = change.operation == .end
         let timestamp = Int64(Date().timeIntervalSince1970.rounded(.down))
         // A paced campaign's pushes are due `rate` a second from the first step's start, counted over every step's.
         let pacing = try rate == nil ? nil : Self.pacing(c, progress)
@@ -777,7 +786,7 @@ public struct CampaignRunner: Sendable {
                     content_timestamp = GREATEST(\(timestamp)::bigint, i.content_timestamp + 1),
                     state = CASE WHEN \(isEnd) THEN 'ended' ELSE i.state END,
                     ended_at = CASE WHEN \(isEnd) THEN now() ELSE i.ended_at END,
-                    pending_end = \(isEnd) AND marquee_end_waits_for_token(i.tenant_id, i.id),
+                    pending_end = \(isEnd) AND i.id IN (SELECT unnest(\(waiting)::text[])),
                     updated_at = now()
                 FROM map
                 WHERE i.tenant_id = \(tenant) AND i.campaign_id = \(campaignID) AND i.state IN ('pending', 'active')

@@ -55,15 +55,19 @@ extension ChangeWrite: SetWrite {
                         r.idem_response || jsonb_build_object(
                             'coalesced', COALESCE((SELECT p.due > now() FROM pace p WHERE p.i = r.i), false))
                         """))
+            ), waits AS MATERIALIZED (
+                -- An end that reaches no activity token while a start went (or may go) out by push-to-start is
+                -- kept: it is queued when the activity token registers (marquee_register_activity_token). Asked once
+                -- for the statement's ends, and only when one of its rows is an end (upd reads it for those alone).
+                SELECT w.instance_id
+                FROM marquee_ends_waiting_for_token(\(tenant), ARRAY(SELECT instance_id FROM req WHERE op = 'end')) w
             ), upd AS (
                 UPDATE instances SET
                     state = r.state, failure_reason = r.failure_reason, attributes = r.attributes,
                     content_state = r.content_state, options = r.options, version = r.version,
                     content_timestamp = r.content_timestamp,
                     ended_at = CASE WHEN r.op = 'end' THEN now() ELSE ended_at END,
-                    -- An end that reaches no activity token while a start went (or may go) out by push-to-start is
-                    -- kept: it is queued when the activity token registers (marquee_register_activity_token).
-                    pending_end = r.op = 'end' AND marquee_end_waits_for_token(\(tenant), r.instance_id),
+                    pending_end = r.op = 'end' AND r.instance_id IN (SELECT instance_id FROM waits),
                     updated_at = now()
                 FROM req r
                 WHERE instances.tenant_id = \(tenant) AND instances.id = r.instance_id

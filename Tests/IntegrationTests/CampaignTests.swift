@@ -315,6 +315,61 @@ struct CampaignTests {
         #expect(t.fixture.apns.pushes(token: pd).isEmpty)
     }
 
+    @Test("a campaign-wide end keeps the ends still waiting for an activity token, and sends each when it registers")
+    func campaignEndWaitsForTokens() async throws {
+        let t = try await Self.tenant()
+        let worker = try t.fixture.worker()
+        defer { worker.signal(SIGKILL) }
+        let early = Fake.id("early")
+        let late = Fake.id("late")
+        let (earlyLine, _) = Self.iosPerson(early, type: t.type, attributes: ["team": "Red Lions"])
+        let (lateLine, _) = Self.iosPerson(late, type: t.type, attributes: ["team": "Red Lions"])
+        try await t.importPeople([earlyLine, lateLine])
+        let campaignID = Fake.id("cup")
+        let created = try await t.create(["campaign_id": campaignID, "audience": ["people": [early, late]]])
+        #expect(created.status == 202, "\(created.text)")
+        _ = try await t.settled(campaignID, schedules: 1)
+
+        // Both push-to-starts went out; only the early activity reports its token before the end.
+        func register(_ line: [String: Any], _ person: String) async throws -> String {
+            let device = try #require((line["devices"] as? [[String: Any]])?.first?.string("token"))
+            let token = Fake.hex()
+            let put = try await t.api.call(
+                "PUT", "/v1/live_notifications/\(campaignID).\(person)/tokens/\(device)", key: t.tenant.sdk,
+                json: ["token": token])
+            #expect(put.status == 200, "\(put.text)")
+            return token
+        }
+        let earlyToken = try await register(earlyLine, early)
+        let end = try await t.api.call(
+            "POST", "/v1/campaigns/\(campaignID)/end", key: t.tenant.app, json: ["content_state_patch": ["away": 2]])
+        #expect(end.status == 202, "\(end.text)")
+        let campaign = try await t.settled(campaignID, schedules: 2)
+        #expect(campaign.string("state") == "ended", "\(campaign)")
+        #expect(t.fixture.apns.pushes(token: earlyToken).last?["payload"]?["aps"]?["event"]?.stringValue == "end")
+        let pending = try await t.fixture.pool.query(
+            """
+            SELECT id, state, pending_end FROM instances
+            WHERE tenant_id = \(t.tenant.uuid) AND campaign_id = \(campaignID) ORDER BY id
+            """
+        ).map {
+            "\(try $0.decode(String.self, "id")):\(try $0.decode(String.self, "state")):\(try $0.decode(Bool.self, "pending_end"))"
+        }
+        #expect(
+            Set(pending) == ["\(campaignID).\(early):ended:false", "\(campaignID).\(late):ended:true"], "\(pending)")
+
+        // The late token registers after the end: the kept end goes to it, with the end's content state.
+        let lateToken = try await register(lateLine, late)
+        try await eventually("the late activity got its end") {
+            t.fixture.apns.pushes(token: lateToken).contains { $0["payload"]?["aps"]?["event"]?.stringValue == "end" }
+        }
+        let lateEnd = try #require(t.fixture.apns.pushes(token: lateToken).last)
+        #expect(lateEnd["payload"]?["aps"]?["content-state"]?["away"]?.intValue == 2)
+        #expect(
+            t.fixture.apns.pushes(token: earlyToken).filter { $0["payload"]?["aps"]?["event"]?.stringValue == "end" }
+                .count == 1)
+    }
+
     @Test("scheduled start, update and end run exactly once with three workers, one restarted in between")
     func schedulesRunOnce() async throws {
         let t = try await Self.tenant()
