@@ -8,7 +8,8 @@
 #   3. Every started activity reports its activity token (PUT /v1/live_notifications/{id}/tokens/{device}, with
 #      `marquee-bench requests`, 64 connections): the rate.
 #   4. POST /v1/campaigns/{id}/update: the seconds from the call to the last update accepted by the simulator.
-# For 2 and 4 also where the CPU went from the call to the last push (workers, simulator, API, the rest, idle).
+#   5. POST /v1/campaigns/{id}/end: the same for the ends (every activity has its token by then, so none waits).
+# For 2, 4 and 5 also where the CPU went from the call to the last push (workers, simulator, API, the rest, idle).
 # Env: PEOPLE (100000), WORKERS (2), PORT, SIM_PORT, METRICS_PORT.
 source "$(dirname "$0")/../lib.sh"
 MARQUEE_EXTRA_PACKAGES="" "$root/Deploy/local/deps.sh"
@@ -166,6 +167,10 @@ bench_pgss_report
 
 bench_pgss_reset
 measure update update POST /v1/campaigns/cup/update '{"content_state_patch":{"home":1}}'
+bench_pgss_report
+
+bench_pgss_reset
+measure end end POST /v1/campaigns/cup/end '{"content_state_patch":{"away":1}}'
 bench_pgss_report
 echo "simulator: $(sim_stats "$sim_port" "$work/ca.pem")"
 echo "deliveries: $(psql -qtA -F'=' -R' ' "$DATABASE_URL" -c "SELECT operation || ':' || status, count(*) FROM deliveries GROUP BY 1 ORDER BY 1")"
