@@ -23,6 +23,14 @@ struct ReferenceChecksTests {
             """)
     }
 
+    /// A migrated database (its URL, and the owner's pool for the caller to close) with `seed`'s tenant.
+    static func seeded() async throws -> (url: String, pool: PostgresPool, tenant: UUID) {
+        let (url, pool) = try await QueueStatisticsTests.migratedDatabase()
+        let tenant = UUID()
+        try await seed(pool, tenant: tenant)
+        return (url, pool, tenant)
+    }
+
     /// `count` instances `<prefix>1…` of `campaign` (the one numbered `odd`, if any, names `odd_campaign` instead).
     static func insertInstances(
         tenant: UUID, prefix: String, count: Int, campaign: String?, odd: Int = 0, oddCampaign: String? = nil
@@ -76,10 +84,8 @@ struct ReferenceChecksTests {
 
     @Test("a row whose tenant or campaign is missing fails its whole statement, as a foreign key would")
     func missingParents() async throws {
-        let (_, pool) = try await QueueStatisticsTests.migratedDatabase()
+        let (_, pool, tenant) = try await Self.seeded()
         defer { pool.close() }
-        let tenant = UUID()
-        try await Self.seed(pool, tenant: tenant)
 
         let campaign = await Self.violation {
             _ = try await pool.execute(
@@ -117,10 +123,8 @@ struct ReferenceChecksTests {
 
     @Test("a campaign with instances cannot be deleted; its delete takes its members; a tenant's, its instances")
     func parentsDeleted() async throws {
-        let (_, pool) = try await QueueStatisticsTests.migratedDatabase()
+        let (_, pool, tenant) = try await Self.seeded()
         defer { pool.close() }
-        let tenant = UUID()
-        try await Self.seed(pool, tenant: tenant)
         _ = try await pool.execute(Self.insertInstances(tenant: tenant, prefix: "i", count: 3, campaign: "c"))
         _ = try await pool.execute(Self.insertMembers(tenant: tenant, count: 3, campaign: "c"))
         _ = try await pool.execute(
@@ -155,10 +159,8 @@ struct ReferenceChecksTests {
 
     @Test("the keys of the references cannot change")
     func keysFixed() async throws {
-        let (_, pool) = try await QueueStatisticsTests.migratedDatabase()
+        let (_, pool, tenant) = try await Self.seeded()
         defer { pool.close() }
-        let tenant = UUID()
-        try await Self.seed(pool, tenant: tenant)
         _ = try await pool.execute(Self.insertInstances(tenant: tenant, prefix: "i", count: 1, campaign: "c"))
         _ = try await pool.execute(Self.insertMembers(tenant: tenant, count: 1, campaign: "c"))
         _ = try await pool.execute(Self.insertQueued(tenant: tenant, instances: ["i1"]))
@@ -180,10 +182,8 @@ struct ReferenceChecksTests {
 
     @Test("a campaign's delete waits for a writer of its instances, and a writer fails on a campaign deleted meanwhile")
     func concurrentDelete() async throws {
-        let (url, pool) = try await QueueStatisticsTests.migratedDatabase()
+        let (url, pool, tenant) = try await Self.seeded()
         defer { pool.close() }
-        let tenant = UUID()
-        try await Self.seed(pool, tenant: tenant)
         let configuration = try PostgresConfiguration(url: url)
 
         // Each side holds its transaction through a pool session (its statements run on the connection's thread).
@@ -234,10 +234,8 @@ struct ReferenceChecksTests {
 
     @Test("a queued delivery whose instance is missing fails its whole statement; an instance's delete takes its rows")
     func queueParent() async throws {
-        let (_, pool) = try await QueueStatisticsTests.migratedDatabase()
+        let (_, pool, tenant) = try await Self.seeded()
         defer { pool.close() }
-        let tenant = UUID()
-        try await Self.seed(pool, tenant: tenant)
         _ = try await pool.execute(Self.insertInstances(tenant: tenant, prefix: "i", count: 3, campaign: nil))
 
         let missing = await Self.violation {
@@ -269,10 +267,8 @@ struct ReferenceChecksTests {
 
     @Test("deliveries queued for a broken credential are parked; the statement's other provider stays queued")
     func parkedWhenQueued() async throws {
-        let (_, pool) = try await QueueStatisticsTests.migratedDatabase()
+        let (_, pool, tenant) = try await Self.seeded()
         defer { pool.close() }
-        let tenant = UUID()
-        try await Self.seed(pool, tenant: tenant)
         _ = try await pool.execute(Self.insertInstances(tenant: tenant, prefix: "i", count: 4, campaign: nil))
         _ = try await pool.execute(
             """
@@ -300,10 +296,8 @@ struct ReferenceChecksTests {
 
     @Test("an instance's delete waits for a writer queueing for it, and takes the writer's rows; a late writer fails")
     func queueConcurrentDelete() async throws {
-        let (url, pool) = try await QueueStatisticsTests.migratedDatabase()
+        let (url, pool, tenant) = try await Self.seeded()
         defer { pool.close() }
-        let tenant = UUID()
-        try await Self.seed(pool, tenant: tenant)
         _ = try await pool.execute(Self.insertInstances(tenant: tenant, prefix: "i", count: 3, campaign: nil))
         let configuration = try PostgresConfiguration(url: url)
         let writers = PostgresPool(configuration, options: .init(maxConnections: 1))
