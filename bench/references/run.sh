@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # references: a campaign start's bulk writes — its audience's 100,000 members, then 10,000 instances and their 10,000
 # queue rows, twice — timed in one transaction (rolled back) under a step's settings, on two databases of one cluster
-# (fsync on): migrated up to UPTO (default 0066: the per-statement reference checks) and migrated without it and later
-# ones (the foreign keys). ROUNDS (default 3) alternate the two. Prints ms per statement.
+# (fsync on): migrated up to UPTO (default 0066: the per-statement reference checks; 0069: the queue rows' checks)
+# and migrated without it and later ones (the foreign keys). ROUNDS (default 3) alternate the two. Prints ms per
+# statement.
 source "$(dirname "$0")/../lib.sh"
 MARQUEE_EXTRA_PACKAGES="" "$root/Deploy/local/deps.sh"
 bench_build
