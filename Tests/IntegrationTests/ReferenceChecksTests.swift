@@ -66,6 +66,15 @@ struct ReferenceChecksTests {
         """
     }
 
+    /// The text of an INSERT of one queued start for `instance` (values written out: it goes inside a CTE).
+    static func queuedRow(tenant: UUID, instance: String) -> String {
+        """
+        INSERT INTO delivery_queue (tenant_id, id, instance_id, device_token, provider, token_kind, token, operation,
+                                    instance_version)
+        VALUES ('\(tenant.uuidString)', gen_random_uuid(), '\(instance)', 'd', 'apns', 'push_to_start', 't', 'start', 1)
+        """
+    }
+
     static func count(_ pool: PostgresPool, _ table: String, tenant: UUID) async throws -> Int {
         try await pool.query("SELECT count(*)::int AS n FROM \(unsafeRaw: table) WHERE tenant_id = \(tenant)")[0]
             .decode(Int.self, "n")
@@ -246,6 +255,19 @@ struct ReferenceChecksTests {
         #expect(missing?.detail?.contains("gone") == true, "\(String(describing: missing))")
         #expect(
             try await Self.count(pool, "delivery_queue", tenant: tenant) == 0, "nothing of a failed statement stays")
+
+        // One statement inserting into the queue twice (as a campaign-wide change queues its broadcast and its pushes):
+        // the rows of both are checked, whichever names the missing instance.
+        let twice = await Self.violation {
+            _ = try await pool.execute(
+                """
+                WITH first AS (\(unsafeRaw: Self.queuedRow(tenant: tenant, instance: "i1")) RETURNING 1),
+                     second AS (\(unsafeRaw: Self.queuedRow(tenant: tenant, instance: "gone")) RETURNING 1)
+                SELECT (SELECT count(*) FROM first) + (SELECT count(*) FROM second) AS n
+                """)
+        }
+        #expect(twice?.constraint == "deliveries_tenant_id_instance_id_fkey")
+        #expect(try await Self.count(pool, "delivery_queue", tenant: tenant) == 0)
 
         // Another tenant's instance of the same name is not this tenant's parent.
         let other = UUID()
