@@ -205,38 +205,33 @@ struct ReferenceChecksTests {
 
         // The writer first: its statement's check holds the campaign KEY SHARE until it commits, so the delete waits
         // and then sees the instance.
-        let refused = try await writers.withSession { writer in
-            try await writer.execute("BEGIN")
-            try await writer.execute(Self.insertInstances(tenant: tenant, prefix: "w", count: 10, campaign: "c"))
-            let writerPID = try await writer.query("SELECT pg_backend_pid() AS pid")[0].decode(Int.self, "pid")
-            let delete = Task {
+        let refused = try await Self.waits(
+            "the delete waits for the writer", on: writers, watched: pool,
+            holding: {
+                try await $0.execute(Self.insertInstances(tenant: tenant, prefix: "w", count: 10, campaign: "c"))
+            },
+            then: {
                 await Self.violation {
                     _ = try await deleters.execute("DELETE FROM campaigns WHERE tenant_id = \(tenant) AND id = 'c'")
                 }
-            }
-            #expect(try await Self.blocked(pool, by: writerPID), "the delete waits for the writer")
-            try await writer.execute("COMMIT")
-            return await delete.value
-        }
+            })
         #expect(refused?.constraint == "instances_tenant_id_campaign_id_fkey")
         #expect(try await Self.count(pool, "campaigns", tenant: tenant) == 1)
 
         // The delete first: the writer's check waits for it, then finds the campaign gone.
         _ = try await pool.execute("DELETE FROM instances WHERE tenant_id = \(tenant)")
-        let failed = try await deleters.withSession { deleter in
-            try await deleter.execute("BEGIN")
-            #expect(try await deleter.execute("DELETE FROM campaigns WHERE tenant_id = \(tenant) AND id = 'c'") == 1)
-            let deleterPID = try await deleter.query("SELECT pg_backend_pid() AS pid")[0].decode(Int.self, "pid")
-            let insert = Task {
+        let failed = try await Self.waits(
+            "the writer's check waits for the delete", on: deleters, watched: pool,
+            holding: {
+                let deleted = try await $0.execute("DELETE FROM campaigns WHERE tenant_id = \(tenant) AND id = 'c'")
+                #expect(deleted == 1)
+            },
+            then: {
                 await Self.violation {
                     _ = try await writers.execute(
                         Self.insertInstances(tenant: tenant, prefix: "late", count: 10, campaign: "c"))
                 }
-            }
-            #expect(try await Self.blocked(pool, by: deleterPID), "the writer's check waits for the delete")
-            try await deleter.execute("COMMIT")
-            return await insert.value
-        }
+            })
         #expect(failed?.constraint == "instances_tenant_id_campaign_id_fkey")
         #expect(try await Self.count(pool, "instances", tenant: tenant) == 0, "no instance names a deleted campaign")
     }
@@ -332,22 +327,19 @@ struct ReferenceChecksTests {
         // instance, as Marquee's writes do (the check leaves it to the update's lock). Either way the delete waits,
         // then deletes the rows the writer committed.
         for (instance, writes) in [("i1", false), ("i2", true)] {
-            let deleted = try await writers.withSession { writer in
-                try await writer.execute("BEGIN")
-                if writes {
-                    try await writer.execute(
-                        "UPDATE instances SET version = version + 1 WHERE tenant_id = \(tenant) AND id = \(instance)")
-                }
-                try await writer.execute(Self.insertQueued(tenant: tenant, instances: [instance, instance]))
-                let writerPID = try await writer.query("SELECT pg_backend_pid() AS pid")[0].decode(Int.self, "pid")
-                let delete = Task {
-                    try await deleters.execute(
-                        "DELETE FROM instances WHERE tenant_id = \(tenant) AND id = \(instance)")
-                }
-                #expect(try await Self.blocked(pool, by: writerPID), "the delete of \(instance) waits for the writer")
-                try await writer.execute("COMMIT")
-                return try await delete.value
-            }
+            let deleted = try await Self.waits(
+                "the delete of \(instance) waits for the writer", on: writers, watched: pool,
+                holding: { writer in
+                    if writes {
+                        try await writer.execute(
+                            "UPDATE instances SET version = version + 1 WHERE tenant_id = \(tenant) AND id = \(instance)"
+                        )
+                    }
+                    try await writer.execute(Self.insertQueued(tenant: tenant, instances: [instance, instance]))
+                },
+                then: {
+                    try await deleters.execute("DELETE FROM instances WHERE tenant_id = \(tenant) AND id = \(instance)")
+                })
             #expect(deleted == 1)
             let left = try await pool.query(
                 "SELECT count(*)::int AS n FROM delivery_queue WHERE tenant_id = \(tenant) AND instance_id = \(instance)"
@@ -356,21 +348,36 @@ struct ReferenceChecksTests {
         }
 
         // The delete first: the writer's check waits for it, then finds the instance gone.
-        let failed = try await deleters.withSession { deleter in
-            try await deleter.execute("BEGIN")
-            #expect(try await deleter.execute("DELETE FROM instances WHERE tenant_id = \(tenant) AND id = 'i3'") == 1)
-            let deleterPID = try await deleter.query("SELECT pg_backend_pid() AS pid")[0].decode(Int.self, "pid")
-            let insert = Task {
+        let failed = try await Self.waits(
+            "the writer's check waits for the delete", on: deleters, watched: pool,
+            holding: {
+                let deleted = try await $0.execute("DELETE FROM instances WHERE tenant_id = \(tenant) AND id = 'i3'")
+                #expect(deleted == 1)
+            },
+            then: {
                 await Self.violation {
                     _ = try await writers.execute(Self.insertQueued(tenant: tenant, instances: ["i3"]))
                 }
-            }
-            #expect(try await Self.blocked(pool, by: deleterPID), "the writer's check waits for the delete")
-            try await deleter.execute("COMMIT")
-            return await insert.value
-        }
+            })
         #expect(failed?.constraint == "deliveries_tenant_id_instance_id_fkey")
         #expect(try await Self.count(pool, "delivery_queue", tenant: tenant) == 0)
+    }
+
+    /// Runs `hold` in a transaction of `holder` (a one-connection pool), then `other` beside it; expects `other` to come
+    /// to wait for that transaction (`what`), commits it, and returns what `other` returned.
+    static func waits<T: Sendable>(
+        _ what: String, on holder: PostgresPool, watched pool: PostgresPool,
+        holding hold: (PostgresSession) async throws -> Void, then other: @escaping @Sendable () async throws -> T
+    ) async throws -> T {
+        try await holder.withSession { session in
+            try await session.execute("BEGIN")
+            try await hold(session)
+            let pid = try await session.query("SELECT pg_backend_pid() AS pid")[0].decode(Int.self, "pid")
+            let waiting = Task { try await other() }
+            #expect(try await blocked(pool, by: pid), "\(what)")
+            try await session.execute("COMMIT")
+            return try await waiting.value
+        }
     }
 
     /// Whether a backend comes to wait for `holder` within 30 s.
