@@ -731,13 +731,13 @@ public struct CampaignRunner: Sendable {
                       AND (\(only)::text IS NULL OR i.id = \(only)) AND (\(excluded)::text IS NULL OR i.id <> \(excluded))
                       AND i.id > \(after) AND (\(bound)::text IS NULL OR i.id <= \(bound))
                     FOR UPDATE
-                ), ids AS (
-                    SELECT COALESCE(array_agg(id), '{}') AS all_ids FROM locked
                 )
+                -- Every row is locked (the count reads them all); only an end builds the array and asks.
                 SELECT CASE WHEN \(isEnd) THEN
-                           ARRAY(SELECT w.instance_id FROM marquee_ends_waiting_for_token(\(tenant), ids.all_ids) w)
+                           ARRAY(SELECT w.instance_id
+                                 FROM marquee_ends_waiting_for_token(\(tenant), ARRAY(SELECT id FROM locked)) w)
                        END AS waiting
-                FROM ids
+                FROM (SELECT count(*) FROM locked) n
                 """
             )[0].decode([String]?.self, "waiting") ?? []
         let states = try c.query(
