@@ -21,8 +21,13 @@ final class ServerConnection: TLSConnection, LoopHandler {
     private enum Phase {
         case handshaking
         case open
+        /// HTTP/2 is done both ways and our FIN is sent; the peer's late bytes are read and dropped (`linger`).
+        case lingering
         case closed
     }
+
+    /// How long a finished connection keeps reading what the peer still sends before it closes.
+    static let lingerTimeout = Duration.seconds(2)
 
     let core: ServerCore
     private var phase = Phase.handshaking
@@ -30,6 +35,7 @@ final class ServerConnection: TLSConnection, LoopHandler {
     private var goAwayLastStreamID: Int32?
     private var fatal = false
     private let acceptedAt: ContinuousClock.Instant
+    private var lingerUntil: ContinuousClock.Instant?
 
     init(fd: Int32, core: ServerCore, context: LoopContext) {
         self.core = core
@@ -109,6 +115,8 @@ final class ServerConnection: TLSConnection, LoopHandler {
                 return
             }
             context.markDirty(self)
+        case .lingering:
+            drain()
         case .closed:
             break
         }
@@ -121,11 +129,42 @@ final class ServerConnection: TLSConnection, LoopHandler {
             teardown()
             return
         }
-        if sessionFinished { teardown() }
+        if sessionFinished { linger() }
     }
 
     func tick(now: ContinuousClock.Instant) {
         if phase == .handshaking && now - acceptedAt > .seconds(10) { teardown() }
+        if phase == .lingering, let lingerUntil, now >= lingerUntil { teardown() }
+    }
+
+    /// HTTP/2 is done both ways (after a GOAWAY, say), but the peer may still have frames in flight: requests above
+    /// the GOAWAY's last stream. Closed now with those unread, the socket would answer with RST, and an RST can discard
+    /// the GOAWAY from the peer's receive buffer before the peer reads it; the peer would then see a failed write and
+    /// could not know its requests went unprocessed. So: close_notify, then FIN, then read and drop until the peer
+    /// closes or `lingerTimeout` passes, then close.
+    private func linger() {
+        guard phase == .open, let ssl, fd >= 0 else {
+            teardown()
+            return
+        }
+        SSL_shutdown(ssl)
+        Glibc.shutdown(fd, Int32(SHUT_WR))
+        phase = .lingering
+        lingerUntil = context.now + Self.lingerTimeout
+        watch(self, writable: false)
+        drain()
+    }
+
+    /// Reads and drops what the peer sends while lingering; closes at its end of file (or an error).
+    private func drain() {
+        var scratch = [UInt8](repeating: 0, count: 16 * 1024)
+        while phase == .lingering {
+            let count = scratch.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
+            if count > 0 { continue }
+            if count < 0 && errno == EINTR { continue }
+            if count < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) { return }
+            teardown()
+        }
     }
 
     func terminate() {
