@@ -464,12 +464,15 @@ public struct DeliveryQueue: Sendable {
         return (tenants, shares, allowance.filter { $0.value > 0 })
     }
 
-    /// Locks up to each tenant's share of its oldest due deliveries that are the oldest version queued for their
-    /// (instance, token), skipping rows another claim holds, and reads what sending them needs. Rows that fail the
-    /// version check are never locked, so a claim holds only what it sends. A tenant's rows that became due within its
-    /// `graceMilliseconds` are left alone.
+    /// Locks up to each tenant's share of its due deliveries that are the oldest version queued for their (instance,
+    /// token), skipping rows another claim holds, and reads what sending them needs. Rows are taken lane by lane from
+    /// a random lane, oldest first within each (migration 0071), so concurrent claims do not all walk past the rows
+    /// the others hold at the head of one order. Rows that fail the version check are never locked, so a claim holds
+    /// only what it sends. A tenant's rows that became due within its `graceMilliseconds` are left alone. The claim
+    /// starts at lane `startingLane` modulo the number of lanes (random unless a test picks it).
     static func lockQuery(
-        tenants: [UUID], shares: [Int], excluding: [UUID], providers: [String], graceMilliseconds: [Int]? = nil
+        tenants: [UUID], shares: [Int], excluding: [UUID], providers: [String], graceMilliseconds: [Int]? = nil,
+        startingLane lane: Int = Int.random(in: 0..<1024)
     ) -> PostgresQuery {
         let grace = graceMilliseconds ?? Array(repeating: 0, count: tenants.count)
         return """
@@ -477,22 +480,33 @@ public struct DeliveryQueue: Sendable {
                 SELECT c.*
                 FROM unnest(\(tenants)::uuid[], \(shares)::int[], \(grace)::int[]) AS t(tenant_id, share, grace_ms)
                 CROSS JOIN LATERAL (
-                    SELECT d.* FROM delivery_queue d
-                    WHERE d.tenant_id = t.tenant_id AND d.status = 'queued'
-                      AND d.next_attempt_at <= now() - t.grace_ms * interval '1 millisecond'
-                      AND d.next_attempt_at > '-infinity'
-                      AND d.provider = ANY(\(providers)::text[]) AND d.id <> ALL(\(excluding)::uuid[])
-                      -- A token never gets version N+1 while N is in flight or waiting for its retry. OFFSET 0 keeps
-                      -- this a per-row lookup of the token: as an anti-join, planned on statistics from before a burst
-                      -- (the queue "empty"), it read the whole burst once per claimed row.
-                      AND NOT EXISTS (
-                          SELECT 1 FROM delivery_queue o
-                          WHERE o.tenant_id = d.tenant_id AND o.instance_id = d.instance_id AND o.token = d.token
-                            AND o.status = 'queued' AND o.instance_version < d.instance_version
-                          OFFSET 0)
-                    ORDER BY d.next_attempt_at
+                    -- Lane by lane from a random one (migration 0071), each lane oldest first, read lazily: the
+                    -- claim stops at its share, so it locks no row it does not send. No ORDER BY here: a sort would
+                    -- read (and lock) every lane's due rows first.
+                    SELECT l.* FROM generate_series(0, marquee_queue_lanes() - 1) AS g(n)
+                    CROSS JOIN LATERAL (
+                        SELECT d.* FROM delivery_queue d
+                        WHERE d.tenant_id = t.tenant_id AND d.lane = (\(lane) + g.n) % marquee_queue_lanes()
+                          AND d.status = 'queued'
+                          AND d.next_attempt_at <= now() - t.grace_ms * interval '1 millisecond'
+                          AND d.next_attempt_at > '-infinity'
+                          AND d.provider = ANY(\(providers)::text[]) AND d.id <> ALL(\(excluding)::uuid[])
+                          -- A token never gets version N+1 while N is in flight or waiting for its retry (nothing is
+                          -- older than a first version: 0071). OFFSET 0 keeps this a per-row lookup of the token: as
+                          -- an anti-join, planned on statistics from before a burst (the queue "empty"), it read the
+                          -- whole burst once per claimed row.
+                          AND (d.instance_version = 1
+                               OR NOT EXISTS (
+                                   SELECT 1 FROM delivery_queue o
+                                   WHERE o.tenant_id = d.tenant_id AND o.instance_id = d.instance_id
+                                     AND o.token = d.token AND o.status = 'queued'
+                                     AND o.instance_version < d.instance_version
+                                   OFFSET 0))
+                        ORDER BY d.next_attempt_at
+                        LIMIT t.share
+                        FOR UPDATE OF d SKIP LOCKED
+                    ) l
                     LIMIT t.share
-                    FOR UPDATE OF d SKIP LOCKED
                 ) c
             )
             SELECT c.tenant_id, c.id AS delivery_id, c.instance_id, c.device_token, c.provider, c.token_kind,

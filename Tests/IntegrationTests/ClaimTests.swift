@@ -1,9 +1,10 @@
 import Foundation
 import MarqueeCore
-import MarqueeStore
 import PostgresClient
 import Synchronization
 import Testing
+
+@testable import MarqueeStore
 
 /// Claims by row lock (migration 0055): what a claim holds while it sends, what other writers do with held rows, and
 /// what happens to a claim whose worker dies or whose sends are slow. Against the real database, without a worker.
@@ -209,6 +210,50 @@ struct ClaimTests {
         }
         #expect(next == 1)
         #expect(try await Self.statuses(w, instance) == ["sent": 2])
+    }
+
+    @Test("a claim walks the lanes from the one it starts at, oldest first in each, and locks only its share")
+    func lanes() async throws {
+        let w = try await LifecycleTests.world(fixture: .holding)
+        // 24 deliveries, one per instance; delivery j goes to lane j % 8 and is due before delivery j + 1.
+        let prefix = Fake.id("lanes")
+        for j in 0..<24 {
+            #expect(try await w.start(["instance_id": "\(prefix)-\(j)", "platform": "android"]).status == 200)
+        }
+        let placed = try await w.fixture.pool.execute(
+            """
+            UPDATE delivery_queue SET lane = substring(instance_id from '[0-9]+$')::int % marquee_queue_lanes(),
+                   next_attempt_at = now() - interval '1 hour' + substring(instance_id from '[0-9]+$')::int * interval '1 s'
+            WHERE tenant_id = \(w.tenant.uuid) AND instance_id LIKE \(prefix + "-%")
+            """)
+        #expect(placed == 24)
+        let configuration = try PostgresConfiguration(url: w.fixture.databaseURL)
+        let first = try PostgresConnection(connecting: configuration)
+        let second = try PostgresConnection(connecting: configuration)
+        defer {
+            _ = try? first.execute("ROLLBACK")
+            _ = try? second.execute("ROLLBACK")
+        }
+        func claim(_ connection: PostgresConnection, share: Int, from lane: Int) throws -> [Int] {
+            try connection.execute("BEGIN")
+            let rows = try connection.query(
+                DeliveryQueue.lockQuery(
+                    tenants: [w.tenant.uuid], shares: [share], excluding: [], providers: ["apns", "fcm"],
+                    startingLane: lane))
+            return try DeliveryQueue.claimedDeliveries(rows).map { Int($0.instanceID.split(separator: "-").last!)! }
+        }
+        // Lane 6's three, oldest first, then lane 7's two oldest (a starting lane past the last one wraps around).
+        #expect(try claim(first, share: 5, from: 6 + 8 * 3).sorted() == [6, 7, 14, 15, 22])
+        let inFlight = try await w.fixture.pool.query(
+            """
+            SELECT count(*)::int AS n FROM delivery_queue
+            WHERE tenant_id = \(w.tenant.uuid) AND marquee_delivery_in_flight(tenant_id, id)
+            """
+        ).first!.decode(Int.self, "n")
+        #expect(inFlight == 5, "the claim holds its share and no more")
+        // A claim starting at the same lane skips what the first holds and, wrapping around to lane 0, takes the rest.
+        let rest = try claim(second, share: 100, from: 6)
+        #expect(rest.count == 19 && Set(rest).isDisjoint(with: [6, 7, 14, 15, 22]), "\(rest)")
     }
 
     @Test("a slow send is leased past the claim's commit, and its late result is written only under that lease")

@@ -1,7 +1,8 @@
 import Foundation
-import MarqueeStore
 import PostgresClient
 import Testing
+
+@testable import MarqueeStore
 
 @Suite("Migrations")
 struct MigrationTests {
@@ -175,7 +176,7 @@ struct LookupPlanTests {
     }
 
     /// A claim takes each tenant's share in due order (DeliveryQueue.lock). Planned while one tenant's burst makes up
-    /// most of the queue, a small tenant's share must still come from (tenant_id, next_attempt_at): read in the global
+    /// most of the queue, a small tenant's share must still come from (tenant_id, lane, next_attempt_at): read in the global
     /// due order with the tenant as a filter, it walked the other tenant's whole burst (migration 0056).
     @Test("a tenant's share of a claim is read by tenant and due time, whatever another tenant's burst")
     func claimScan() async throws {
@@ -199,23 +200,16 @@ struct LookupPlanTests {
             FROM i, generate_series(1, CASE WHEN i.tenant_id = \(big) THEN 20000 ELSE 5 END) n
             """)
         try await pool.execute("ANALYZE")
+        // The claim's own statement (DeliveryQueue.lockQuery), planned generically as the worker plans it.
+        let claim = DeliveryQueue.lockQuery(tenants: [small], shares: [128], excluding: [], providers: ["apns", "fcm"])
         let plan = try await pool.withConnection { c in
             try c.execute("SET plan_cache_mode = force_generic_plan")
-            try c.execute(
-                """
-                PREPARE share(uuid, int) AS
-                SELECT d.id FROM delivery_queue d
-                WHERE d.tenant_id = $1 AND d.status = 'queued' AND d.next_attempt_at <= now()
-                  AND d.next_attempt_at > '-infinity' AND d.provider = ANY('{apns,fcm}'::text[])
-                ORDER BY d.next_attempt_at LIMIT $2
-                FOR UPDATE OF d SKIP LOCKED
-                """)
-            defer { _ = try? c.execute("DEALLOCATE share") }
+            try c.execute("SET enable_seqscan = off")
             let rows = try c.query(
-                "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) EXECUTE share('\(unsafeRaw: small.uuidString)', 128)")
+                PostgresQuery(unsafeSQL: "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) " + claim.sql, binds: claim.binds))
             return try rows.map { try $0.decode(String.self, "QUERY PLAN") }.joined(separator: "\n")
         }
-        #expect(plan.contains("deliveries_due_by_tenant"), "\(plan)")
+        #expect(plan.contains("deliveries_due_by_lane"), "\(plan)")
         #expect(!plan.contains("Rows Removed by Filter: 2"), "no other tenant's rows read: \(plan)")
     }
     /// The worker's supersede check on a retry (a newer version of the same instance and token queued, parked or sent)

@@ -205,20 +205,26 @@ for p in "${worker_pids[@]}"; do wait "$p" || true; done
 # The database's ceiling: DeliveryQueue.claim + record, as pgbench scripts, on a second round of updates.
 clients=$((workers * loops))
 cat >"$out/fanout-claim-record.sql" <<SQL
+\\set lane random(0, 1023)
 BEGIN;
 SELECT COALESCE(array_agg(c.tenant_id), '{}') AS tenants, COALESCE(array_agg(c.id), '{}') AS ids
 FROM (
-  SELECT d.tenant_id, d.id
-  FROM delivery_queue d
-  WHERE d.tenant_id = '$tenant' AND d.status = 'queued' AND d.next_attempt_at <= now()
-    AND d.next_attempt_at > '-infinity' AND d.provider = ANY('{apns,fcm}'::text[])
-    AND NOT EXISTS (
-        SELECT 1 FROM delivery_queue o
-        WHERE o.tenant_id = d.tenant_id AND o.instance_id = d.instance_id AND o.token = d.token
-          AND o.status = 'queued' AND o.instance_version < d.instance_version OFFSET 0)
-  ORDER BY d.next_attempt_at
+  SELECT l.tenant_id, l.id
+  FROM generate_series(0, marquee_queue_lanes() - 1) AS g(n)
+  CROSS JOIN LATERAL (
+    SELECT d.tenant_id, d.id
+    FROM delivery_queue d
+    WHERE d.tenant_id = '$tenant' AND d.lane = (:lane + g.n) % marquee_queue_lanes() AND d.status = 'queued'
+      AND d.next_attempt_at <= now() AND d.next_attempt_at > '-infinity' AND d.provider = ANY('{apns,fcm}'::text[])
+      AND (d.instance_version = 1 OR NOT EXISTS (
+          SELECT 1 FROM delivery_queue o
+          WHERE o.tenant_id = d.tenant_id AND o.instance_id = d.instance_id AND o.token = d.token
+            AND o.status = 'queued' AND o.instance_version < d.instance_version OFFSET 0))
+    ORDER BY d.next_attempt_at
+    LIMIT $batch
+    FOR UPDATE OF d SKIP LOCKED
+  ) l
   LIMIT $batch
-  FOR UPDATE OF d SKIP LOCKED
 ) c \\gset
 SELECT c.tenant_id, c.id AS delivery_id, c.instance_id, c.device_token, c.provider, c.token_kind,
        c.token, c.operation, c.attempts + 1, c.created_at AS delivery_created_at, i.*,
