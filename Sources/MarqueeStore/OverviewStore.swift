@@ -102,13 +102,21 @@ public struct OverviewStore: Sendable {
                 WHERE tenant_id = \(tenant) AND id >= \(firstID) AND created_at >= \(deliveriesSince)
                 GROUP BY 1, 2, 3
                 """,
+                // Counted in the due index's order (by lane, migration 0071), at most queueCap + 1 rows; the oldest
+                // due (of any provider) is the oldest of each lane's first, wherever the count stopped.
                 """
                 SELECT provider, count(*) FILTER (WHERE next_attempt_at <= \(now))::int AS due,
                        count(*) FILTER (WHERE next_attempt_at > \(now))::int AS later,
-                       min(next_attempt_at) FILTER (WHERE next_attempt_at <= \(now)) AS oldest_due
+                       (SELECT min(o.next_attempt_at)
+                        FROM generate_series(0, marquee_queue_lanes() - 1) AS g(n)
+                        CROSS JOIN LATERAL (
+                            SELECT d.next_attempt_at FROM delivery_queue d
+                            WHERE d.tenant_id = \(tenant) AND d.lane = g.n AND d.status = 'queued'
+                              AND d.next_attempt_at > '-infinity' AND d.next_attempt_at <= \(now)
+                            ORDER BY d.next_attempt_at LIMIT 1) o) AS oldest_due
                 FROM (SELECT provider, next_attempt_at FROM delivery_queue
                       WHERE tenant_id = \(tenant) AND status = 'queued' AND next_attempt_at > '-infinity'
-                      ORDER BY next_attempt_at LIMIT \(Self.queueCap + 1)) q
+                      LIMIT \(Self.queueCap + 1)) q
                 GROUP BY provider
                 """,
             ])

@@ -77,7 +77,19 @@ struct ConsoleEndpointTests {
         #expect(queue["later"] as? Int == 0)
         #expect((queue["by_provider"] as? [String: Int])?["apns"] == statuses["apns/queued"])
         #expect(queue["capped"] as? Bool == false)
-        #expect(queue["oldest_due_at"] is String)
+        // The oldest due row, wherever it sits in the queue's lanes.
+        let oldest = try #require(
+            try await fixture.pool.query(
+                """
+                SELECT extract(epoch FROM min(next_attempt_at))::float8 AS t FROM delivery_queue
+                WHERE tenant_id = \(a.uuid) AND status = 'queued' AND next_attempt_at <= now()
+                """
+            ).first?.decode(Double?.self, "t"))
+        let shown = try #require(
+            (queue["oldest_due_at"] as? String).flatMap {
+                try? Date($0, strategy: Date.ISO8601FormatStyle(includingFractionalSeconds: true))
+            }, "\(queue)")
+        #expect(abs(shown.timeIntervalSince1970 - oldest) < 0.002, "\(shown) vs \(oldest)")
 
         // Tenant B sees only its own.
         let other = try await api.call("GET", "/v1/overview", key: b.app).json()
