@@ -396,17 +396,18 @@ public final class DeliveryWorker: Sendable {
     final class LateSends {
         let worker: DeliveryWorker
         var iterator: AsyncStream<Outcome>.Iterator
-        let remaining: Int
+        /// The deliveries still being sent, as the claim read them.
+        let still: [ClaimedDelivery]
         let heldUntil: Date
         let providers: [UUID: PlannedDelivery.Provider]
 
         init(
-            worker: DeliveryWorker, iterator: AsyncStream<Outcome>.Iterator, remaining: Int, heldUntil: Date,
-            providers: [UUID: PlannedDelivery.Provider]
+            worker: DeliveryWorker, iterator: AsyncStream<Outcome>.Iterator, still: [ClaimedDelivery],
+            heldUntil: Date, providers: [UUID: PlannedDelivery.Provider]
         ) {
             self.worker = worker
             self.iterator = iterator
-            self.remaining = remaining
+            self.still = still
             self.heldUntil = heldUntil
             self.providers = providers
         }
@@ -414,12 +415,12 @@ public final class DeliveryWorker: Sendable {
         /// Waits for the remaining sends (each ends by the batch's deadline) and records them.
         func finish() async {
             var outcomes: [Outcome] = []
-            while outcomes.count < remaining, let outcome = await iterator.next() { outcomes.append(outcome) }
+            while outcomes.count < still.count, let outcome = await iterator.next() { outcomes.append(outcome) }
             await worker.settleBroken(outcomes)
             let late = ClaimResults(
                 results: outcomes.map(\.0), retirements: outcomes.compactMap(\.1), heldUntil: heldUntil)
             do {
-                try await worker.queue.recordLate(late)
+                try await worker.queue.recordLate(late, claimed: still)
             } catch {
                 // Their lease runs out and they are sent again (at-least-once).
                 worker.logger.warning("recording late results failed", metadata: ["error": .string("\(error)")])
@@ -485,7 +486,7 @@ public final class DeliveryWorker: Sendable {
         return (
             results,
             LateSends(
-                worker: self, iterator: iterator, remaining: still.count, heldUntil: heldUntil, providers: providers)
+                worker: self, iterator: iterator, still: still, heldUntil: heldUntil, providers: providers)
         )
     }
 

@@ -303,13 +303,7 @@ public struct DeliveryQueue: Sendable {
                 }
                 statements.append("COMMIT")
                 let rows = try connection.pipelined(statements)
-                // Only instances this claim found waiting to become active are settled (the rule and its race:
-                // InstanceState.isActivatedByDelivery): a change to an active instance (every push of a campaign-wide
-                // update) has nothing to settle.
-                let waiting = Set(
-                    claimed.lazy.filter(\.instanceState.isActivatedByDelivery).map {
-                        InstanceKey($0.tenantID, $0.instanceID)
-                    })
+                let waiting = Self.waiting(claimed)
                 let sentTo = try (record == nil ? [] : Self.sentTo(rows[1])).filter {
                     waiting.contains(InstanceKey($0.tenant, $0.instance))
                 }
@@ -324,11 +318,19 @@ public struct DeliveryQueue: Sendable {
         }
     }
 
-    /// Records the results of deliveries a claim committed while they were still being sending (`stillSending`),
-    /// with the retirements among them. Only rows still queued under that lease are written: one another worker took
-    /// over after the lease ran out (or holds now) keeps its own result, and one the API superseded meanwhile stays
-    /// superseded.
-    public func recordLate(_ late: ClaimResults) async throws {
+    /// The instances a claim found waiting to become active, the only ones its pushes settle (the rule and its race:
+    /// InstanceState.isActivatedByDelivery). A change to an active instance (every push of a campaign-wide update)
+    /// has nothing to settle, and one that failed meanwhile stays failed.
+    static func waiting(_ claimed: [ClaimedDelivery]) -> Set<InstanceKey> {
+        Set(claimed.lazy.filter(\.instanceState.isActivatedByDelivery).map { InstanceKey($0.tenantID, $0.instanceID) })
+    }
+
+    /// Records the results of deliveries a claim committed while they were still being sent (`stillSending`), with
+    /// the retirements among them; `claimed` are those deliveries as the claim read them. Only rows still queued under
+    /// that lease are written: one another worker took over after the lease ran out (or holds now) keeps its own
+    /// result, and one the API superseded meanwhile stays superseded. As in the claim, only instances the claim found
+    /// waiting are settled.
+    public func recordLate(_ late: ClaimResults, claimed: [ClaimedDelivery]) async throws {
         guard !late.results.isEmpty else { return }
         try await pool.transaction { connection in
             try connection.query(Self.withoutSequentialScans)  // as in the claim
@@ -346,7 +348,10 @@ public struct DeliveryQueue: Sendable {
             ).map { try $0.decode(UUID.self, "id") }
             let kept = Set(leased)
             let results = late.results.filter { kept.contains($0.id) }
-            let sentTo = try Self.record(connection, results)
+            let waiting = Self.waiting(claimed)
+            let sentTo = try Self.record(connection, results).filter {
+                waiting.contains(InstanceKey($0.tenant, $0.instance))
+            }
             try Self.settle(connection, sentTo: sentTo, retire: late.retirements)
         }
     }

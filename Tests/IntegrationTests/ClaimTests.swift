@@ -282,7 +282,7 @@ struct ClaimTests {
                     DeliveryResult(
                         tenantID: d.tenantID, id: d.id, instanceID: d.instanceID, status: .failed, reason: "stale")
                 ],
-                heldUntil: lease.addingTimeInterval(-30)))
+                heldUntil: lease.addingTimeInterval(-30)), claimed: [d])
         #expect(try await Self.statuses(w, instance) == ["queued": 1])
         // …the one under this lease is.
         try await queue.recordLate(
@@ -291,11 +291,52 @@ struct ClaimTests {
                     DeliveryResult(
                         tenantID: d.tenantID, id: d.id, instanceID: d.instanceID, status: .sent, providerID: "p1")
                 ],
-                heldUntil: lease))
+                heldUntil: lease), claimed: [d])
         #expect(try await Self.statuses(w, instance) == ["sent": 1])
         let attempts = try await w.fixture.pool.count(
             "SELECT attempts AS n FROM deliveries WHERE tenant_id = \(w.tenant.uuid) AND id = \(d.id)")
         #expect(attempts == 1)
+        #expect(try await w.instance(instance)["state"] as? String == "active", "the start got through")
+    }
+
+    @Test("a late result marks its instance active only if the claim found it waiting for one")
+    func lateSettleLeavesNewerState() async throws {
+        let w = try await LifecycleTests.world(fixture: .holding)
+        let instance = Fake.id("late-settle")
+        #expect(try await w.start(["instance_id": instance, "platform": "android"]).status == 200)
+        let queue = DeliveryQueue(pool: w.fixture.pool)
+        func sent(_ batch: [ClaimedDelivery]) -> [DeliveryResult] {
+            batch.map { DeliveryResult(tenantID: $0.tenantID, id: $0.id, instanceID: $0.instanceID, status: .sent) }
+        }
+        try await queue.claim(limit: 10, hold: .seconds(60), tenants: [w.tenant.uuid]) {
+            ClaimResults(results: sent($0))
+        }
+        #expect(try await w.instance(instance)["state"] as? String == "active")
+        let update = try await w.update([
+            "instance_id": instance, "content_state": ["status": "on_the_way", "eta": 300],
+        ])
+        #expect(update.status == 200, "\(update.text)")
+        // The update's push is slow: the claim commits without it, leased.
+        let lease = Date().addingTimeInterval(60)
+        var slow: [ClaimedDelivery] = []
+        try await queue.claim(limit: 10, hold: .seconds(60), tenants: [w.tenant.uuid]) { batch in
+            slow = batch
+            return ClaimResults(
+                results: [], stillSending: batch.map { ($0.tenantID, $0.instanceID, $0.id) }, heldUntil: lease)
+        }
+        #expect(slow.count == 1 && slow.allSatisfy { $0.instanceState == .active })
+        // Meanwhile a newer change finds no target: the instance fails. Then the slow push gets through.
+        #expect(
+            try await w.fixture.pool.execute(
+                """
+                UPDATE instances SET state = 'failed', failure_reason = 'no_activity_token'
+                WHERE tenant_id = \(w.tenant.uuid) AND id = \(instance)
+                """) == 1)
+        try await queue.recordLate(ClaimResults(results: sent(slow), heldUntil: lease), claimed: slow)
+        #expect(try await Self.statuses(w, instance, operation: "update") == ["sent": 1])
+        #expect(
+            try await w.instance(instance)["state"] as? String == "failed",
+            "the older update reaching a device does not hide that the newer change reached none")
     }
 }
 
