@@ -2,9 +2,10 @@ import Crypto
 import Foundation
 import MarqueeCore
 import MarqueeSimulators
-import MarqueeStore
 import PostgresClient
 import Testing
+
+@testable import MarqueeStore
 
 /// Campaigns end to end: audiences resolved at start, `$person` attributes, campaign-wide update and end, schedules
 /// run exactly once by three workers (one of them restarted in between), cancel, and the funnel against the
@@ -206,10 +207,21 @@ struct CampaignTests {
         let soloState = try await t.api.call("GET", "/v1/live_notifications/\(outside)", key: t.tenant.app)
         #expect((try soloState.json()["content_state"] as? [String: Any])?["home"] as? Int == 5)
 
-        // Still running: the worker pool's finalizer leaves it active.
+        // Still running: the worker pool's finalizer leaves it active, without looking for its queued pushes (a walk
+        // of every instance of the campaign).
         let finalizer = CampaignRunner(database: TenantDatabase(pool: t.fixture.pool))
         try await finalizer.finalize()
         #expect(try await t.campaign(campaignID).string("state") == "active")
+        let plan = try await t.fixture.pool.withConnection { c in
+            let statement = CampaignRunner.finalizeStatement
+            try c.execute("BEGIN")
+            defer { _ = try? c.execute("ROLLBACK") }
+            return try c.query(
+                PostgresQuery(unsafeSQL: "EXPLAIN (ANALYZE, COSTS OFF) " + statement.sql, binds: statement.binds)
+            ).map { try $0.decode(String.self, "QUERY PLAN") }
+        }
+        let queueScans = plan.filter { $0.contains("on delivery_queue") }
+        #expect(!queueScans.isEmpty && queueScans.allSatisfy { $0.contains("never executed") }, "\(plan)")
 
         let end = try await t.api.call(
             "POST", "/v1/campaigns/\(campaignID)/end", key: t.tenant.app,
