@@ -311,6 +311,44 @@ struct ReferenceChecksTests {
         #expect(statuses == ["apns:parked", "apns:parked", "fcm:queued", "fcm:queued"])
     }
 
+    @Test("a statement's queued rows ask whether a credential is broken once per tenant and provider, not per row")
+    func credentialAskedOnce() async throws {
+        let (url, pool, tenant) = try await Self.seeded()
+        defer { pool.close() }
+        _ = try await pool.execute(Self.insertInstances(tenant: tenant, prefix: "i", count: 200, campaign: nil))
+        _ = try await pool.execute(
+            """
+            INSERT INTO apns_credentials (tenant_id, team_id, key_id, bundle_id, environment, sealed_private_key, status)
+            VALUES (\(tenant), 't', 'k', 'b', 'sandbox', '\\x00', 'broken')
+            """)
+        let connection = try PostgresConnection(connecting: try PostgresConfiguration(url: url))
+        defer { _ = try? connection.execute("ROLLBACK") }
+        try connection.execute("SET track_functions = 'pl'")
+        try connection.execute("BEGIN")
+        // 100 rows for each provider in one statement; the APNs credential is broken.
+        _ = try connection.execute(
+            Self.insertQueued(tenant: tenant, instances: (1...100).map { "i\($0)" }, provider: "apns"))
+        let calls = {
+            try connection.query(
+                """
+                SELECT COALESCE(sum(calls), 0)::int AS n FROM pg_stat_xact_user_functions
+                WHERE funcname = 'marquee_credential_broken'
+                """)[0].decode(Int.self, "n")
+        }
+        // Asked once by the check, once more by the park of its rows.
+        #expect(try calls() == 2)
+        _ = try connection.execute(
+            Self.insertQueued(tenant: tenant, instances: (101...200).map { "i\($0)" }, provider: "fcm"))
+        #expect(try calls() == 3, "the FCM rows: asked once, nothing to park")
+        let statuses = try connection.query(
+            """
+            SELECT provider || ':' || status AS s, count(*)::int AS n FROM delivery_queue WHERE tenant_id = \(tenant)
+            GROUP BY 1 ORDER BY 1
+            """
+        ).map { "\(try $0.decode(String.self, "s"))=\(try $0.decode(Int.self, "n"))" }
+        #expect(statuses == ["apns:parked=100", "fcm:queued=100"])
+    }
+
     @Test("an instance's delete waits for a writer queueing for it, and takes the writer's rows; a late writer fails")
     func queueConcurrentDelete() async throws {
         let (url, pool, tenant) = try await Self.seeded()
