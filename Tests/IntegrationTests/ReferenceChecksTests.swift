@@ -66,6 +66,14 @@ struct ReferenceChecksTests {
         """
     }
 
+    /// The tenant's APNs credential, broken (its deliveries are parked when queued).
+    static func brokenAPNsKey(tenant: UUID) -> PostgresQuery {
+        """
+        INSERT INTO apns_credentials (tenant_id, team_id, key_id, bundle_id, environment, sealed_private_key, status)
+        VALUES (\(tenant), 't', 'k', 'b', 'sandbox', '\\x00', 'broken')
+        """
+    }
+
     /// The text of an INSERT of one queued start for `instance` (values written out: it goes inside a CTE).
     static func queuedRow(tenant: UUID, instance: String) -> String {
         """
@@ -287,11 +295,7 @@ struct ReferenceChecksTests {
         let (_, pool, tenant) = try await Self.seeded()
         defer { pool.close() }
         _ = try await pool.execute(Self.insertInstances(tenant: tenant, prefix: "i", count: 4, campaign: nil))
-        _ = try await pool.execute(
-            """
-            INSERT INTO apns_credentials (tenant_id, team_id, key_id, bundle_id, environment, sealed_private_key, status)
-            VALUES (\(tenant), 't', 'k', 'b', 'sandbox', '\\x00', 'broken')
-            """)
+        _ = try await pool.execute(Self.brokenAPNsKey(tenant: tenant))
         _ = try await pool.execute(
             """
             INSERT INTO fcm_credentials (tenant_id, project_id, client_email, token_uri, sealed_service_account)
@@ -316,11 +320,7 @@ struct ReferenceChecksTests {
         let (url, pool, tenant) = try await Self.seeded()
         defer { pool.close() }
         _ = try await pool.execute(Self.insertInstances(tenant: tenant, prefix: "i", count: 200, campaign: nil))
-        _ = try await pool.execute(
-            """
-            INSERT INTO apns_credentials (tenant_id, team_id, key_id, bundle_id, environment, sealed_private_key, status)
-            VALUES (\(tenant), 't', 'k', 'b', 'sandbox', '\\x00', 'broken')
-            """)
+        _ = try await pool.execute(Self.brokenAPNsKey(tenant: tenant))
         let connection = try PostgresConnection(connecting: try PostgresConfiguration(url: url))
         defer { _ = try? connection.execute("ROLLBACK") }
         try connection.execute("SET track_functions = 'pl'")
