@@ -399,17 +399,14 @@ public final class DeliveryWorker: Sendable {
         /// The deliveries still being sent, as the claim read them.
         let still: [ClaimedDelivery]
         let heldUntil: Date
-        let providers: [UUID: PlannedDelivery.Provider]
 
         init(
-            worker: DeliveryWorker, iterator: AsyncStream<Outcome>.Iterator, still: [ClaimedDelivery],
-            heldUntil: Date, providers: [UUID: PlannedDelivery.Provider]
+            worker: DeliveryWorker, iterator: AsyncStream<Outcome>.Iterator, still: [ClaimedDelivery], heldUntil: Date
         ) {
             self.worker = worker
             self.iterator = iterator
             self.still = still
             self.heldUntil = heldUntil
-            self.providers = providers
         }
 
         /// Waits for the remaining sends (each ends by the batch's deadline) and records them.
@@ -425,7 +422,7 @@ public final class DeliveryWorker: Sendable {
                 // Their lease runs out and they are sent again (at-least-once).
                 worker.logger.warning("recording late results failed", metadata: ["error": .string("\(error)")])
             }
-            worker.countSettled(outcomes, providers: providers)
+            worker.countSettled(outcomes, of: still)
         }
     }
 
@@ -475,8 +472,7 @@ public final class DeliveryWorker: Sendable {
         let done = batch.count - remaining.value
         while outcomes.count < done, let outcome = await iterator.next() { outcomes.append(outcome) }
         await settleBroken(outcomes)
-        let providers = Dictionary(batch.map { ($0.id, $0.provider) }, uniquingKeysWith: { first, _ in first })
-        countSettled(outcomes, providers: providers)
+        countSettled(outcomes, of: batch)
         let finishedIDs = Set(outcomes.map(\.0.id))
         let still = batch.filter { !finishedIDs.contains($0.id) }
         let results = ClaimResults(
@@ -486,7 +482,7 @@ public final class DeliveryWorker: Sendable {
         return (
             results,
             LateSends(
-                worker: self, iterator: iterator, still: still, heldUntil: heldUntil, providers: providers)
+                worker: self, iterator: iterator, still: still, heldUntil: heldUntil)
         )
     }
 
@@ -527,8 +523,9 @@ public final class DeliveryWorker: Sendable {
         }
     }
 
-    /// Counts finished deliveries out of the in-flight gauge, and the retirements among them.
-    func countSettled(_ outcomes: [Outcome], providers: [UUID: PlannedDelivery.Provider]) {
+    /// Counts finished deliveries (outcomes of `deliveries`) out of the in-flight gauge, and the retirements among them.
+    func countSettled(_ outcomes: [Outcome], of deliveries: [ClaimedDelivery]) {
+        let providers = Dictionary(deliveries.map { ($0.id, $0.provider) }, uniquingKeysWith: { first, _ in first })
         for outcome in outcomes {
             if let provider = providers[outcome.0.id] { metrics.inFlight.add(-1, [provider.rawValue]) }
             if let retirement = outcome.1 {
