@@ -29,7 +29,7 @@ public struct MarqueeAPI: Sendable {
 
     public init(
         pool: PostgresPool, migrator: Migrator, keyRing: SealingKeyRing, adminToken: String?,
-        keyCacheTTL: Duration = .seconds(5), groupCommit: GroupCommitter.Configuration = .init(),
+        keyCacheTTL: Duration = .seconds(5), groupCommit: GroupCommitter.Configuration = .init(), readBatches: Int = 2,
         providerHosts: ProviderHosts = .standard, channelManager: (any BroadcastChannelManaging)? = nil,
         metrics: MetricsRegistry, logger: Logger
     ) {
@@ -75,7 +75,7 @@ public struct MarqueeAPI: Sendable {
             buckets: [1, 2, 4, 8, 16, 32, 64])
         lifecycle = LifecycleRoutes(
             authenticator: authenticator,
-            store: LiveActivityStore(database: database, committer: committer) {
+            store: LiveActivityStore(database: database, committer: committer, readBatches: readBatches) {
                 contextBatchSizes.observe(Double($0))
             },
             now: { Date() })

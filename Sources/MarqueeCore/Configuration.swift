@@ -74,6 +74,11 @@ public struct MarqueeConfiguration: Sendable, Equatable {
     /// `MARQUEE_DB_ACQUIRE_TIMEOUT`: seconds a request (or a worker's step) waits for a free pooled connection before
     /// it fails (503 `database-unavailable` from the API). Default 5.
     public var databaseAcquireTimeoutSeconds: Int
+    /// `MARQUEE_DB_WRITE_BATCHES`: transactions of the API's group commit (lifecycle writes) in flight at once. Fewer
+    /// means larger batches: each set-based statement's fixed cost is shared by more requests. Default 2.
+    public var databaseWriteBatches: Int
+    /// `MARQUEE_DB_READ_BATCHES`: batched reads of change and start contexts in flight at once (per kind). Default 2.
+    public var databaseReadBatches: Int
     /// `MARQUEE_DB_STATEMENT_TIMEOUT`: seconds any one statement of `marquee serve` may run (PostgreSQL's
     /// `statement_timeout`; the people import allows itself 15 minutes). PostgreSQL keeps running a statement whose
     /// client is gone: this bounds what a disconnected or stuck request costs. 0 disables it. Default 60.
@@ -235,6 +240,8 @@ public struct MarqueeConfiguration: Sendable, Equatable {
 
         databasePoolSize = integer("MARQUEE_DB_POOL_SIZE", default: 16, range: 1...500)
         databaseAcquireTimeoutSeconds = integer("MARQUEE_DB_ACQUIRE_TIMEOUT", default: 5, range: 1...3600)
+        databaseWriteBatches = integer("MARQUEE_DB_WRITE_BATCHES", default: 2, range: 1...64)
+        databaseReadBatches = integer("MARQUEE_DB_READ_BATCHES", default: 2, range: 1...64)
         databaseStatementTimeoutSeconds = integer("MARQUEE_DB_STATEMENT_TIMEOUT", default: 60, range: 0...86_400)
         httpThreads = integer(
             "MARQUEE_HTTP_THREADS", default: max(2, ProcessInfo.processInfo.activeProcessorCount), range: 1...256)

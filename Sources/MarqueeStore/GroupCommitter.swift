@@ -14,14 +14,16 @@ import Synchronization
 /// the coalesced wake-up for workers.
 public final class GroupCommitter: Sendable {
     public struct Configuration: Sendable {
-        /// Batches committed at once (each on its own connection). Default 4.
+        /// Batches committed at once (each on its own connection). Default 2: fewer batches in flight are larger,
+        /// and a set-based statement's fixed cost (its plan's set-up, its triggers) is shared by more requests
+        /// (bench/RESULTS.md, "batches in flight").
         public var writers: Int
         /// Statements per transaction at most. Default 128.
         public var maxBatch: Int
         /// Channel notified once per committed batch; nil for none. Default `marquee_deliveries`.
         public var notifyChannel: String?
 
-        public init(writers: Int = 4, maxBatch: Int = 128, notifyChannel: String? = "marquee_deliveries") {
+        public init(writers: Int = 2, maxBatch: Int = 128, notifyChannel: String? = "marquee_deliveries") {
             self.writers = writers
             self.maxBatch = maxBatch
             self.notifyChannel = notifyChannel

@@ -147,15 +147,16 @@ public struct LiveActivityStore: Sendable {
     let contexts: ChangeContexts
     let starts: StartContexts
 
-    /// `onContextBatch` is told the size of every batch of change contexts read together (for a histogram).
+    /// Up to `readBatches` batched reads of change contexts at once, and as many of start contexts; `onContextBatch`
+    /// is told the size of every batch of change contexts read together (for a histogram).
     public init(
-        database: TenantDatabase, committer: GroupCommitter,
+        database: TenantDatabase, committer: GroupCommitter, readBatches: Int = 2,
         onContextBatch: @escaping @Sendable (_ requests: Int) -> Void = { _ in }
     ) {
         self.database = database
         self.committer = committer
-        contexts = ChangeContexts(database: database, onBatch: onContextBatch)
-        starts = StartContexts(database: database)
+        contexts = ChangeContexts(database: database, readers: readBatches, onBatch: onContextBatch)
+        starts = StartContexts(database: database, readers: readBatches)
     }
 
     // MARK: Reads before writes

@@ -54,7 +54,9 @@ struct ServeCommand {
         var router = Router()
         MarqueeAPI(
             pool: pool, migrator: migrator, keyRing: keyRing, adminToken: configuration.adminToken,
-            keyCacheTTL: .seconds(configuration.keyCacheSeconds), providerHosts: configuration.providerHosts,
+            keyCacheTTL: .seconds(configuration.keyCacheSeconds),
+            groupCommit: .init(writers: configuration.databaseWriteBatches),
+            readBatches: configuration.databaseReadBatches, providerHosts: configuration.providerHosts,
             channelManager: channelManager, metrics: metrics,
             logger: logger
         ).register(in: &router)

@@ -13,6 +13,14 @@ struct ConfigurationTests {
         #expect(c.masterKey == nil)
         #expect(c.maxBodyBytes == 1 << 20)
         #expect(c.databasePoolSize == 16 && c.databaseAcquireTimeoutSeconds == 5)
+        #expect(c.databaseWriteBatches == 2 && c.databaseReadBatches == 2)
+        let batches = try MarqueeConfiguration(environment: [
+            "MARQUEE_DB_WRITE_BATCHES": "4", "MARQUEE_DB_READ_BATCHES": "1",
+        ])
+        #expect(batches.databaseWriteBatches == 4 && batches.databaseReadBatches == 1)
+        #expect(throws: ConfigurationError.self) {
+            try MarqueeConfiguration(environment: ["MARQUEE_DB_WRITE_BATCHES": "0"])
+        }
         #expect(throws: ConfigurationError.self) { try c.requireDatabaseURL() }
         #expect(
             try MarqueeConfiguration(environment: ["MARQUEE_DB_ACQUIRE_TIMEOUT": "30"]).databaseAcquireTimeoutSeconds
