@@ -32,19 +32,13 @@ extension ChangeWrite: SetWrite {
                     AS d(i, id, device_token, provider, token_kind, token)
             ), pace AS (
                 -- Pacing: an update of an instance whose activity type has min_update_interval_ms is due that long
-                -- after the instance's last update that went out (or is going out now); until then a newer update
-                -- supersedes it (cand below). The one home of the rule.
+                -- after the instance's last update that went out (or is going out now: marquee_paced_due, the one
+                -- home of the rule, asked only for paced updates); until then a newer update supersedes it (cand
+                -- below).
                 SELECT r.i,
-                       CASE WHEN r.op = 'update' AND a.min_update_interval_ms > 0 THEN
-                           GREATEST(now(), COALESCE((
-                               SELECT max(CASE WHEN p.status = 'sent' THEN p.sent_at ELSE now() END)
-                               FROM deliveries p
-                               WHERE p.tenant_id = \(tenant) AND p.instance_id = r.instance_id
-                                 AND p.operation = 'update'
-                                 AND (p.status = 'sent'
-                                      OR (p.status = 'queued' AND marquee_delivery_in_flight(p.tenant_id, p.id)))
-                           ), '-infinity') + make_interval(secs => a.min_update_interval_ms / 1000.0))
-                       ELSE now() END AS due,
+                       CASE WHEN r.op = 'update' AND a.min_update_interval_ms > 0
+                            THEN marquee_paced_due(\(tenant), r.instance_id, a.min_update_interval_ms)
+                            ELSE now() END AS due,
                        CASE WHEN r.op = 'update' THEN a.min_update_interval_ms ELSE 0 END AS interval_ms
                 FROM req r
                 JOIN instances i ON i.tenant_id = \(tenant) AND i.id = r.instance_id
