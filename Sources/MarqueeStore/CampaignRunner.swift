@@ -435,12 +435,8 @@ public struct CampaignRunner: Sendable {
                                           WHEN o.person_id IS NULL THEN 'payload_too_large'
                                           ELSE 'instance_id_taken' END
                 FROM m LEFT JOIN ok o ON o.person_id = m.person_id LEFT JOIN ins ON ins.id = m.instance_id
-                -- Only when a member of the step got no instance (a one-time check: the joins cost 20–80 ms a step of
-                -- 10,000), and bounded below as m is (the merge join the planner picks read the campaign's members
-                -- from its first: 60,000 index entries in a start's sixth step).
-                WHERE (SELECT count(*) FROM ins) < (SELECT count(*) FROM m)
-                  AND cm.tenant_id = \(tenant) AND cm.campaign_id = \(campaignID) AND cm.person_id > \(after)
-                  AND cm.person_id = m.person_id AND ins.id IS NULL
+                WHERE cm.tenant_id = \(tenant) AND cm.campaign_id = \(campaignID) AND cm.person_id = m.person_id
+                  AND ins.id IS NULL
                 RETURNING cm.skipped_reason
             )
             SELECT (SELECT count(*) FROM m)::int AS audience, (SELECT max(person_id) FROM m) AS last_person,
