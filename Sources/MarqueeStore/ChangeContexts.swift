@@ -22,7 +22,7 @@ final class ChangeContexts: Sendable {
     /// Up to `readers` batches at once (each on its own connection), each of up to `maxBatch` requests; `onBatch` is
     /// told the size of every batch read (for a histogram).
     init(
-        database: TenantDatabase, readers: Int = 2, maxBatch: Int = 64,
+        database: TenantDatabase, readers: Int, maxBatch: Int = 64,
         onBatch: @escaping @Sendable (_ requests: Int) -> Void = { _ in }
     ) {
         self.database = database

@@ -21,7 +21,7 @@ final class StartContexts: Sendable {
     private let database: TenantDatabase
     private let batches: Batches<Request, StartContext>
 
-    init(database: TenantDatabase, readers: Int = 2, maxBatch: Int = 64) {
+    init(database: TenantDatabase, readers: Int, maxBatch: Int = 64) {
         self.database = database
         batches = Batches(concurrency: readers, maxBatch: maxBatch)
     }
