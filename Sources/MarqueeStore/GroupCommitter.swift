@@ -149,7 +149,7 @@ public final class GroupCommitter: Sendable {
     /// independent requests, committed together or written alone, so grouping them by tenant (and a tenant's writes
     /// into shared statements) changes no outcome.
     private func write(_ batch: [Submission]) async throws -> [Answer] {
-        var queries: [PostgresQuery] = [Self.genericPlans, Self.indexScans]
+        var queries: [PostgresQuery] = Self.planSettings
         var position = [(statement: Int, row: Int)](repeating: (0, 0), count: batch.count)
         var tenants: [UUID] = []
         var byTenant: [UUID: [(index: Int, submission: Submission)]] = [:]
@@ -172,6 +172,9 @@ public final class GroupCommitter: Sendable {
         let results = try await pool.withConnection { try $0.pipelineTransaction(statements) }
         return position.map { Answer(rows: results[$0.statement], row: $0.row) }
     }
+
+    /// How a batch's statements are planned: `genericPlans` and `indexScans`, set first in every batch's transaction.
+    static let planSettings: [PostgresQuery] = [genericPlans, indexScans]
 
     /// Makes a transaction's statements use their generic plans. A batch's statements are the same few statements
     /// over arrays of 1 to `maxBatch` rows, planned for that: left to `auto`, PostgreSQL re-planned the set-based write
