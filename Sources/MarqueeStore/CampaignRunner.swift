@@ -813,7 +813,8 @@ public struct CampaignRunner: Sendable {
             ), gone AS (
                 -- An end cancels every unsent push of the instance; an update supersedes older ones to its tokens;
                 -- and the campaign's older queued broadcasts (on whichever instance carried them): latest wins. Rows
-                -- a worker holds (claimed, being sent) are skipped, never waited on, and left to finish.
+                -- a worker holds (claimed, or still being sent past its claim: marquee_being_sent) are skipped, never
+                -- waited on, and left to finish.
                 DELETE FROM delivery_queue d
                 WHERE d.tenant_id = \(tenant) AND (
                     d.id IN (
@@ -824,12 +825,13 @@ public struct CampaignRunner: Sendable {
                               SELECT tg.id, tg.token FROM tg WHERE NOT \(isEnd)) x ON q.instance_id = x.id
                         WHERE q.tenant_id = \(tenant)
                           AND (x.token IS NULL OR (q.operation <> 'start' AND q.token = x.token))
+                          AND NOT marquee_being_sent(q.sending_until)
                         FOR UPDATE OF q SKIP LOCKED)
                     OR (\(broadcast) AND NOT \(isEnd) AND d.id IN (
                         SELECT q.id FROM delivery_queue q
                         JOIN instances i ON i.tenant_id = q.tenant_id AND i.id = q.instance_id
                         WHERE q.tenant_id = \(tenant) AND q.token_kind = 'channel' AND q.token = \(apnsChannelID)
-                          AND i.campaign_id = \(campaignID)
+                          AND i.campaign_id = \(campaignID) AND NOT marquee_being_sent(q.sending_until)
                         FOR UPDATE OF q SKIP LOCKED)))
                 RETURNING d
             ), sup AS (

@@ -128,7 +128,8 @@ public struct ClaimResults: Sendable {
     public var retirements: [TokenRetirement]
     /// Claimed deliveries still being sent (a slow endpoint): the claim commits without them, and they are leased
     /// until `heldUntil` instead (due again then, if the worker never records them), to be recorded with
-    /// `recordLate`. Their lock is not held, so one slow tenant does not hold back the others' results.
+    /// `recordLate`. Their lock is not held, so one slow tenant does not hold back the others' results; their
+    /// `sending_until` marks them in flight until then, as a lock would (`marquee_being_sent`, migration 0074).
     public var stillSending: [(tenant: UUID, instance: String, id: UUID)]
     public var heldUntil: Date
 
@@ -142,7 +143,8 @@ public struct ClaimResults: Sendable {
         self.heldUntil = heldUntil
     }
 
-    /// `heldUntil` to the millisecond: the lease's value, written into `next_attempt_at` and later compared with it.
+    /// `heldUntil` to the millisecond: the lease's value, written into `next_attempt_at` (and `sending_until`) and
+    /// later compared with it.
     var lease: Date { Date(timeIntervalSince1970: (heldUntil.timeIntervalSince1970 * 1000).rounded() / 1000) }
 }
 
@@ -168,7 +170,8 @@ public struct FreshRows: Sendable {
 /// The delivery queue as workers see it: claims that lock their rows (`FOR UPDATE SKIP LOCKED`) for as long as the
 /// worker sends them, results recorded and committed in the same transaction.
 ///
-/// A claimed row carries no lease: it is "in flight" while its claim's transaction holds its lock. A worker that dies
+/// A claimed row carries no lease: it is "in flight" while its claim's transaction holds its lock (or, sent past its
+/// claim, while its `sending_until` lease lasts: `ClaimResults.stillSending`). A worker that dies
 /// loses its session and with it its locks, so its deliveries are due again at once; one that hangs is ended by
 /// PostgreSQL after `hold` (idle_in_transaction_session_timeout). Other writers never wait on a held row (they lock
 /// what they change with SKIP LOCKED, migration 0055).
@@ -293,7 +296,7 @@ public struct DeliveryQueue: Sendable {
                     statements.append(
                         """
                         UPDATE delivery_queue d
-                        SET next_attempt_at = \(outcome.lease)
+                        SET next_attempt_at = \(outcome.lease), sending_until = \(outcome.lease)
                         FROM unnest(\(outcome.stillSending.map(\.tenant))::uuid[],
                                     \(outcome.stillSending.map(\.instance))::text[],
                                     \(outcome.stillSending.map(\.id))::uuid[]) AS v(tenant_id, instance_id, id)
@@ -648,7 +651,7 @@ public struct DeliveryQueue: Sendable {
                     status = o.status, provider_id = COALESCE(o.provider_id, d.provider_id),
                     http_status = o.http_status, reason = o.reason, attempts = d.attempts + 1,
                     next_attempt_at = COALESCE(o.next_at, d.next_attempt_at), updated_at = now(),
-                    apns_priority = COALESCE(o.apns_priority, d.apns_priority)
+                    apns_priority = COALESCE(o.apns_priority, d.apns_priority), sending_until = NULL
                 FROM o
                 WHERE d.ctid = ANY(ARRAY(SELECT row_ctid FROM o WHERE status IN ('queued', 'parked')))
                   AND d.ctid = o.row_ctid AND o.status IN ('queued', 'parked')
@@ -729,6 +732,7 @@ public struct DeliveryQueue: Sendable {
                         WHERE d.tenant_id = \(r.tenantID) AND d.id IN (
                             SELECT id FROM delivery_queue
                             WHERE tenant_id = \(r.tenantID) AND token_kind = 'channel' AND token = \(r.token)
+                              AND NOT marquee_being_sent(sending_until)
                             FOR UPDATE SKIP LOCKED)
                         RETURNING d
                     )

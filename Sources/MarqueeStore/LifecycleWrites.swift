@@ -84,10 +84,11 @@ extension ChangeWrite: SetWrite {
                 WHERE r.op = 'end'
                    OR (q.operation <> 'start' AND q.token IN (SELECT p.token FROM planned p WHERE p.i = r.i))
             ), free AS (
-                -- Rows a worker holds (claimed, being sent) are skipped, never waited on, and left to finish (the
-                -- worker supersedes an interrupted one of an ended instance, and a retry of an older version).
+                -- Rows a worker holds (claimed, or still being sent past its claim: marquee_being_sent) are skipped,
+                -- never waited on, and left to finish (the worker supersedes an interrupted one of an ended instance,
+                -- and a retry of an older version).
                 SELECT id FROM delivery_queue
-                WHERE tenant_id = \(tenant) AND id IN (SELECT id FROM cand)
+                WHERE tenant_id = \(tenant) AND id IN (SELECT id FROM cand) AND NOT marquee_being_sent(sending_until)
                 FOR UPDATE SKIP LOCKED
             ), gone AS (
                 DELETE FROM delivery_queue d

@@ -299,6 +299,63 @@ struct ClaimTests {
         #expect(try await w.instance(instance)["state"] as? String == "active", "the start got through")
     }
 
+    @Test("a start still being sent past its claim is in flight: an end waits for the tokens and lets it finish")
+    func leasedStartIsInFlight() async throws {
+        let w = try await LifecycleTests.world(fixture: .holding)
+        let instance = Fake.id("leased")
+        #expect(try await w.start(["instance_id": instance]).status == 200)
+        let queue = DeliveryQueue(pool: w.fixture.pool)
+        let lease = Date().addingTimeInterval(60)
+        var slow: [ClaimedDelivery] = []
+        try await queue.claim(limit: 10, hold: .seconds(60), tenants: [w.tenant.uuid]) { batch in
+            slow = batch
+            return ClaimResults(
+                results: [], stillSending: batch.map { ($0.tenantID, $0.instanceID, $0.id) }, heldUntil: lease)
+        }
+        #expect(slow.count == 3, "two push-to-starts and the Android phone's start, all slow")
+        // The end comes while they are being sent: none is cancelled, and with no activity token registered yet the
+        // end waits for them (else the activities the starts create would never end).
+        let end = try await w.end(["instance_id": instance])
+        #expect(end.status == 200, "\(end.text)")
+        #expect(try await Self.statuses(w, instance, operation: "start") == ["queued": 3])
+        let pending = try await w.fixture.pool.query(
+            "SELECT pending_end FROM instances WHERE tenant_id = \(w.tenant.uuid) AND id = \(instance)")
+        #expect(try pending.first?.decode(Bool.self, "pending_end") == true)
+        // They get through, and are recorded as sent.
+        try await queue.recordLate(
+            ClaimResults(
+                results: slow.map {
+                    DeliveryResult(tenantID: $0.tenantID, id: $0.id, instanceID: $0.instanceID, status: .sent)
+                }, heldUntil: lease), claimed: slow)
+        #expect(try await Self.statuses(w, instance, operation: "start") == ["sent": 3])
+        // The started activities report their tokens: the end goes to each of them too.
+        _ = try await w.registerActivityTokens(instance)
+        #expect(try await Self.statuses(w, instance, operation: "end") == ["queued": 3])
+    }
+
+    @Test("a delivery still being sent past its claim is not parked when its credential breaks")
+    func leasedRowIsNotParked() async throws {
+        let w = try await LifecycleTests.world(fixture: .holding)
+        let (sending, waiting) = (Fake.id("leased-park"), Fake.id("queued-park"))
+        try await w.fixture.pool.execute(
+            """
+            INSERT INTO apns_credentials (tenant_id, team_id, key_id, bundle_id, environment, sealed_private_key)
+            VALUES (\(w.tenant.uuid), 'TEAM', 'KEY', 'com.example.app', 'sandbox', '\\x00'::bytea)
+            """)
+        #expect(try await w.start(["instance_id": sending]).status == 200)
+        let queue = DeliveryQueue(pool: w.fixture.pool)
+        try await queue.claim(limit: 10, hold: .seconds(60), tenants: [w.tenant.uuid]) { batch in
+            ClaimResults(
+                results: [], stillSending: batch.map { ($0.tenantID, $0.instanceID, $0.id) },
+                heldUntil: Date().addingTimeInterval(60))
+        }
+        #expect(try await w.start(["instance_id": waiting]).status == 200)
+        try await queue.markCredentialBroken(tenant: w.tenant.uuid, provider: .apns, reason: "BadCertificate")
+        #expect(try await Self.statuses(w, sending, operation: "start") == ["queued": 3], "left to its worker")
+        let parked = try await Self.statuses(w, waiting, operation: "start")
+        #expect(parked == ["parked": 2, "queued": 1], "\(parked)")
+    }
+
     @Test("a late result marks its instance active only if the claim found it waiting for one")
     func lateSettleLeavesNewerState() async throws {
         let w = try await LifecycleTests.world(fixture: .holding)
