@@ -11,7 +11,7 @@ extension ChangeWrite: SetWrite {
 
     /// The write of a batch's updates and ends of one tenant: one statement over arrays, one row per change (in
     /// order) with `version` (NULL when the instance was no longer at the expected version, or the Idempotency-Key
-    /// was taken), `deliveries`, `idem_written` and `coalesced`. The one home of the change's write rules: a version
+    /// was taken: then `key_taken`), `deliveries` and `coalesced`. The one home of the change's write rules: a version
     /// check per instance, supersede (latest wins), pacing, the pending end, the idempotency record.
     public static func statement(tenant: UUID, _ writes: [ChangeWrite]) -> PostgresQuery {
         let c = Columns(writes)
@@ -43,12 +43,23 @@ extension ChangeWrite: SetWrite {
                 FROM req r
                 JOIN instances i ON i.tenant_id = \(tenant) AND i.id = r.instance_id
                 JOIN activity_types a ON a.tenant_id = i.tenant_id AND a.identifier = i.activity_type
+            ), lk AS (
+                -- A change with an Idempotency-Key records it only if it is written: its instance is locked at the
+                -- expected version first (a concurrent change that moved it on fails the check, and the key is not
+                -- recorded), so the version check below cannot fail after the record was made (a retry with the key
+                -- was answered 200 from the record of a change that was never written).
+                SELECT r.i FROM req r
+                JOIN instances i ON i.tenant_id = \(tenant) AND i.id = r.instance_id AND i.version = r.expected_version
+                WHERE r.idem_key IS NOT NULL
+                FOR NO KEY UPDATE OF i
             ), idem AS (
                 \(unsafeRaw: IdempotencyColumns.write(
                     response: """
                         r.idem_response || jsonb_build_object(
-                            'coalesced', COALESCE((SELECT p.due > now() FROM pace p WHERE p.i = r.i), false))
-                        """))
+                            'coalesced', COALESCE((SELECT p.due > now() FROM pace p WHERE p.i = r.i), false)
+                                         AND EXISTS (SELECT 1 FROM planned d WHERE d.i = r.i))
+                        """,
+                    only: "r.i IN (SELECT i FROM lk)"))
             ), waits AS MATERIALIZED (
                 -- An end that reaches no activity token while a start went (or may go) out by push-to-start is
                 -- kept: it is queued when the activity token registers (marquee_register_activity_token). Asked once
@@ -125,7 +136,7 @@ extension ChangeWrite: SetWrite {
                 SELECT instance_id, count(*)::int AS n FROM dels GROUP BY instance_id
             )
             SELECT u.version, COALESCE(q.n, 0) AS deliveries,
-                   r.idem_key IS NOT NULL AND r.idem_key IN (SELECT key FROM idem) AS idem_written,
+                   r.i IN (SELECT i FROM lk) AND r.idem_key NOT IN (SELECT key FROM idem) AS key_taken,
                    COALESCE(pd.due > now(), false) AND q.n IS NOT NULL AS coalesced
             FROM req r
             LEFT JOIN upd u ON u.i = r.i
@@ -240,7 +251,11 @@ extension StartWrite: SetWrite {
             ), queued AS (
                 SELECT instance_id, count(*)::int AS n FROM dels GROUP BY instance_id
             )
-            SELECT r.instance_id IN (SELECT id FROM ins) AS created, COALESCE(q.n, 0) AS deliveries
+            SELECT r.instance_id IN (SELECT id FROM ins) AS created, COALESCE(q.n, 0) AS deliveries,
+                   -- A start whose ID was taken meanwhile must not keep its key's record (migration 0075): the
+                   -- statement fails, and the batch is written again a start at a time.
+                   CASE WHEN r.idem_key IN (SELECT key FROM idem) AND r.instance_id NOT IN (SELECT id FROM ins)
+                        THEN marquee_write_lost('instance ID taken: ' || r.instance_id) END AS lost
             FROM req r
             LEFT JOIN queued q ON q.instance_id = r.instance_id
             ORDER BY r.i
@@ -336,13 +351,14 @@ private struct IdempotencyColumns {
 
     /// The `idem` part of a set-based write (the tenant entered): the record of each `req r` row with a key
     /// (`idem_key`, `idem_hash` in hex, `idem_status`, and `response`, SQL over `r`), written unless the key has a
-    /// record younger than a day, in which case the row's write loses (`alreadyExists`). Returns the keys written.
-    static func write(response: String) -> String {
+    /// record younger than a day, in which case the row's write loses (`alreadyExists`); `only` (SQL over `r`)
+    /// restricts the rows recorded. Returns the keys written.
+    static func write(response: String, only: String = "true") -> String {
         """
         INSERT INTO idempotency_keys (tenant_id, key, request_hash, status, response)
         SELECT marquee_current_tenant(), r.idem_key, decode(r.idem_hash, 'hex'), r.idem_status, \(response)
         FROM req r
-        WHERE r.idem_key IS NOT NULL
+        WHERE r.idem_key IS NOT NULL AND \(only)
         ON CONFLICT (tenant_id, key) DO UPDATE SET
             request_hash = EXCLUDED.request_hash, status = EXCLUDED.status, response = EXCLUDED.response,
             created_at = now()

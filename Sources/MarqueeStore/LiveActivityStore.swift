@@ -232,7 +232,12 @@ public struct LiveActivityStore: Sendable {
     /// Writes a start: the instance, its deliveries and its Android devices. Concurrent starts share one set-based
     /// statement per batch and tenant (`StartWrite.statement`).
     public func start(tenant: UUID, _ write: StartWrite) async throws -> WriteOutcome {
-        let row = try await committer.submit(tenant: tenant, write)
+        let row: PostgresRow
+        do {
+            row = try await committer.submit(tenant: tenant, write)
+        } catch let error as PostgresError where error.sqlState == Self.writeLost {
+            return .alreadyExists  // its ID was taken meanwhile, and its key was not recorded (migration 0075)
+        }
         guard try row.decode(Bool.self, "created") else { return .alreadyExists }
         return .written(version: 1, deliveries: try row.decode(Int.self, "deliveries"))
     }
@@ -243,13 +248,17 @@ public struct LiveActivityStore: Sendable {
     public func change(tenant: UUID, _ write: ChangeWrite) async throws -> WriteOutcome {
         let row = try await committer.submit(tenant: tenant, write)
         guard let version = try row.decode(Int?.self, "version") else {
-            if write.idempotency != nil, try !row.decode(Bool.self, "idem_written") { return .alreadyExists }
+            if try row.decode(Bool.self, "key_taken") { return .alreadyExists }
             return .versionConflict
         }
         return .written(
             version: version, deliveries: try row.decode(Int.self, "deliveries"),
             coalesced: try row.decode(Bool.self, "coalesced"))
     }
+
+    /// The SQLSTATE of a set-based write that lost its race after recording an Idempotency-Key (`marquee_write_lost`,
+    /// migration 0075): the statement fails so that the record goes with it.
+    static let writeLost = "MQ001"
 
     /// Records an idempotent response for a request that wrote nothing else (a suppressed no-op).
     public func recordIdempotent(tenant: UUID, _ record: IdempotencyRecord) async throws {

@@ -192,6 +192,40 @@ struct LifecycleWriteTests {
         #expect(try await b.instance(other)["state"] as? String == "pending")
     }
 
+    @Test("a change or start that loses its race records no Idempotency-Key: a retry with the key is written")
+    func lostWritesRecordNoKey() async throws {
+        let w = try await LifecycleTests.world()
+        let (pool, _, store) = try Self.oneConnection(w.fixture.databaseURL)
+        defer { pool.close() }
+        let tenant = w.tenant.uuid
+        let db = w.fixture.pool
+        func recorded(_ key: String) async throws -> Int {
+            try await db.count(
+                "SELECT count(*)::int AS n FROM idempotency_keys WHERE tenant_id = \(tenant) AND key = \(key)")
+        }
+        // A change planned, then another writer (a campaign-wide change, another API replica) moves the instance on.
+        let instance = Fake.id("lost-change")
+        #expect(try await w.start(["instance_id": instance]).status == 200)
+        let changeKey = "lost-" + Fake.hex(8)
+        let change = try await Self.plan(store, tenant, instance, .update, eta: 1, key: changeKey)
+        #expect(
+            try await db.execute(
+                "UPDATE instances SET version = version + 1 WHERE tenant_id = \(tenant) AND id = \(instance)") == 1)
+        #expect(try await store.change(tenant: tenant, change) == .versionConflict)
+        #expect(try await recorded(changeKey) == 0, "the key of a change that was not written is not recorded")
+        let retried = try await w.update(
+            ["instance_id": instance, "content_state_patch": ["eta": 1]], headers: ["Idempotency-Key": changeKey])
+        #expect(retried.status == 200 && retried.header("Idempotent-Replayed") == nil, "\(retried.text)")
+        #expect((try await w.instance(instance)["content_state"] as? [String: Any])?["eta"] as? Int == 1)
+        // A start planned, then its instance ID taken by another start.
+        let taken = Fake.id("lost-start")
+        let startKey = "lost-" + Fake.hex(8)
+        let start = try await Self.start(store, w, taken, key: startKey)
+        #expect(try await w.start(["instance_id": taken]).status == 200)
+        #expect(try await store.start(tenant: tenant, start) == .alreadyExists)
+        #expect(try await recorded(startKey) == 0, "the key of a start that was not written is not recorded")
+    }
+
     /// A start of `instance` for the world's person, planned from what the store reads.
     static func start(
         _ store: LiveActivityStore, _ w: LifecycleTests.World, _ instance: String, eta: Int64 = 0, key: String? = nil
