@@ -43,7 +43,7 @@ public final class GroupCommitter: Sendable {
         var kind: ObjectIdentifier
         var keys: [String]
         var write: any SetWrite
-        var compose: @Sendable (_ tenant: UUID, _ writes: [any SetWrite]) -> PostgresQuery
+        var compose: @Sendable (_ tenant: UUID, _ writes: [any SetWrite]) -> [PostgresQuery]
     }
 
     /// A submission's row: the rows of the statement it ran in and its row there.
@@ -79,7 +79,11 @@ public final class GroupCommitter: Sendable {
     public func submit<Write: SetWrite>(tenant: UUID, _ write: Write) async throws -> PostgresRow {
         let submission = Submission(
             tenant: tenant, kind: ObjectIdentifier(Write.self), keys: write.exclusiveKeys, write: write,
-            compose: { tenant, writes in Write.statement(tenant: tenant, writes.compactMap { $0 as? Write }) })
+            compose: { tenant, writes in
+                let writes = writes.compactMap { $0 as? Write }
+                return [Write.statement(tenant: tenant, writes)]
+                    + [Write.afterwards(tenant: tenant, writes)].compactMap { $0 }
+            })
         let answer = try await batches.submit(submission) { await self.commit($0) }
         guard answer.row < answer.rows.count else { throw SetWriteUnanswered() }
         return answer.rows[answer.row]
@@ -113,7 +117,8 @@ public final class GroupCommitter: Sendable {
                 for (row, write) in round.writes.enumerated() {
                     placed.append((write.index, queries.count, row))
                 }
-                queries.append(round.writes[0].submission.compose(tenant, round.writes.map(\.submission.write)))
+                queries.append(
+                    contentsOf: round.writes[0].submission.compose(tenant, round.writes.map(\.submission.write)))
             }
         }
         return (queries, placed)
@@ -199,6 +204,13 @@ public protocol SetWrite: Sendable {
     /// One statement writing all of `writes` (at least one; no two share an exclusive key) for `tenant`, inside its
     /// row-level security. Its result has one row per write, in the order of `writes`.
     static func statement(tenant: UUID, _ writes: [Self]) -> PostgresQuery
+    /// A statement to run right after `statement`, in the same transaction but with a snapshot of its own (what
+    /// committed while `statement` ran is seen), or nil. Its rows are not read.
+    static func afterwards(tenant: UUID, _ writes: [Self]) -> PostgresQuery?
+}
+
+extension SetWrite {
+    public static func afterwards(tenant: UUID, _ writes: [Self]) -> PostgresQuery? { nil }
 }
 
 /// A set-based statement returned fewer rows than it had writes (a bug).

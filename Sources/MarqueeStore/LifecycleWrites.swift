@@ -146,6 +146,15 @@ extension ChangeWrite: SetWrite {
             """
     }
 
+    /// After a batch's ends: an end for every activity token registered while they were written (planned from
+    /// targets read before, the ends did not reach it; the registration, which waits for an end holding the instance's
+    /// row, found the instance not ended yet). Migration 0076.
+    public static func afterwards(tenant: UUID, _ writes: [ChangeWrite]) -> PostgresQuery? {
+        let ended = writes.filter { $0.operation == .end }.map(\.instanceID)
+        guard !ended.isEmpty else { return nil }
+        return "SELECT marquee_queue_missing_ends(\(tenant), \(ended)::text[])"
+    }
+
     /// The arrays of a batch's changes (`req`) and their planned deliveries (`planned`, `deliveryIndex` naming each
     /// delivery's change).
     private struct Columns {

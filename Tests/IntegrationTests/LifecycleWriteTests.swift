@@ -226,6 +226,30 @@ struct LifecycleWriteTests {
         #expect(try await recorded(startKey) == 0, "the key of a start that was not written is not recorded")
     }
 
+    @Test("an end planned before the activity tokens registered still reaches them")
+    func endReachesTokensRegisteredMeanwhile() async throws {
+        let w = try await LifecycleTests.world()
+        let (pool, _, store) = try Self.oneConnection(w.fixture.databaseURL)
+        defer { pool.close() }
+        let instance = Fake.id("end-race")
+        #expect(try await w.start(["instance_id": instance, "platform": "ios"]).status == 200)
+        try await w.fixture.pool.recordOutcome(tenant: w.tenant.uuid, instance: instance, status: "sent")
+        // Planned while no activity token is known; the tokens register before it is written, so the write sees
+        // them (it does not wait for them) though its plan has no push for them.
+        let end = try await Self.plan(store, w.tenant.uuid, instance, .end, eta: nil)
+        let tokens = try await w.registerActivityTokens(instance)
+        guard case .written = try await store.change(tenant: w.tenant.uuid, end) else {
+            throw TestFailure("the end was not written")
+        }
+        let ends = try await w.fixture.pool.query(
+            """
+            SELECT token FROM deliveries
+            WHERE tenant_id = \(w.tenant.uuid) AND instance_id = \(instance) AND operation = 'end'
+            """
+        ).map { try $0.decode(String.self, "token") }
+        #expect(Set(ends) == Set(tokens) && ends.count == tokens.count, "\(ends)")
+    }
+
     /// A start of `instance` for the world's person, planned from what the store reads.
     static func start(
         _ store: LiveActivityStore, _ w: LifecycleTests.World, _ instance: String, eta: Int64 = 0, key: String? = nil
