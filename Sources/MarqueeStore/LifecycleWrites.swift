@@ -68,7 +68,10 @@ extension ChangeWrite: SetWrite {
                 FROM marquee_ends_waiting_for_token(\(tenant), ARRAY(SELECT instance_id FROM req WHERE op = 'end')) w
             ), upd AS (
                 UPDATE instances SET
-                    state = r.state, failure_reason = r.failure_reason, attributes = r.attributes,
+                    -- A push that reached a device meanwhile made a pending instance active (a worker's settle, which
+                    -- leaves the version alone): a change planned while it was pending keeps it active.
+                    state = CASE WHEN r.state = 'pending' AND instances.state = 'active' THEN 'active' ELSE r.state END,
+                    failure_reason = r.failure_reason, attributes = r.attributes,
                     content_state = r.content_state, options = r.options, version = r.version,
                     content_timestamp = r.content_timestamp,
                     ended_at = CASE WHEN r.op = 'end' THEN now() ELSE ended_at END,

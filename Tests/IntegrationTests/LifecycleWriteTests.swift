@@ -250,6 +250,25 @@ struct LifecycleWriteTests {
         #expect(Set(ends) == Set(tokens) && ends.count == tokens.count, "\(ends)")
     }
 
+    @Test("a change planned while its instance was pending keeps it active if a push got through meanwhile")
+    func changeKeepsSettledState() async throws {
+        let w = try await LifecycleTests.world()
+        let (pool, _, store) = try Self.oneConnection(w.fixture.databaseURL)
+        defer { pool.close() }
+        let instance = Fake.id("settle-race")
+        #expect(try await w.start(["instance_id": instance]).status == 200)
+        let update = try await Self.plan(store, w.tenant.uuid, instance, .update, eta: 5)
+        #expect(update.plan.state == .pending)
+        // A worker's start got through: it settles the instance active (DeliveryQueue.settle; no new version).
+        #expect(
+            try await w.fixture.pool.execute(
+                "UPDATE instances SET state = 'active' WHERE tenant_id = \(w.tenant.uuid) AND id = \(instance)") == 1)
+        guard case .written = try await store.change(tenant: w.tenant.uuid, update) else {
+            throw TestFailure("the update was not written")
+        }
+        #expect(try await w.instance(instance)["state"] as? String == "active")
+    }
+
     /// A start of `instance` for the world's person, planned from what the store reads.
     static func start(
         _ store: LiveActivityStore, _ w: LifecycleTests.World, _ instance: String, eta: Int64 = 0, key: String? = nil
