@@ -146,7 +146,7 @@ public enum APNsReason: Sendable, Equatable, CustomStringConvertible {
         }
         return decide(
             status: status, reason: reason, unregisteredAt: unregisteredAt,
-            apnsID: apnsID.flatMap { $0.utf8.count <= 64 ? $0 : nil },
+            apnsID: ProviderNumbers.identifier(apnsID),
             retryAfter: ProviderNumbers.retryAfter(header, now: now))
     }
 
@@ -159,8 +159,8 @@ public enum APNsReason: Sendable, Equatable, CustomStringConvertible {
     {
         decide(
             status: status, reason: reason,
-            unregisteredAt: ProviderNumbers.timestamp(milliseconds: timestamp.map(JSONValue.int)), apnsID: apnsID,
-            retryAfter: retryAfter)
+            unregisteredAt: ProviderNumbers.timestamp(milliseconds: timestamp.map(JSONValue.int)),
+            apnsID: ProviderNumbers.identifier(apnsID), retryAfter: retryAfter)
     }
 
     static func decide(

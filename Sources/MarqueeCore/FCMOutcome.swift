@@ -60,7 +60,7 @@ public enum FCMErrorCode: Sendable, Equatable, CustomStringConvertible {
     /// A 401 asks for a refreshed access token; the caller turns a second 401 into a broken credential.
     public static func decide(status: Int, body: JSONValue?, retryAfter: Duration?) -> DeliveryDecision {
         if status == 200 {
-            return .sent(providerID: body?["name"]?.stringValue.flatMap { $0.utf8.count <= 256 ? $0 : nil })
+            return .sent(providerID: ProviderNumbers.identifier(body?["name"]?.stringValue))
         }
         let error = body?["error"]
         let statusText = error?["status"]?.stringValue

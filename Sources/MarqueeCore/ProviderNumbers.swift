@@ -1,6 +1,7 @@
 import Foundation
 
-/// The one home for numbers a provider sends back (`Retry-After`, a 410's `timestamp`, a token's `expires_in`).
+/// The one home for numbers and texts a provider sends back (`Retry-After`, a 410's `timestamp`, a token's
+/// `expires_in`, reasons, the identifiers of sent pushes).
 ///
 /// A tenant chooses (within the operator's allowlist) which endpoint answers, so every such number is hostile
 /// input: these functions never trap, and return only values the rest of the worker can do arithmetic and date
@@ -61,6 +62,19 @@ public enum ProviderNumbers {
                 ($0 >= 0x30 && $0 <= 0x39) || ($0 >= 0x41 && $0 <= 0x5A) || ($0 >= 0x61 && $0 <= 0x7A) || $0 == 0x5F
                     || $0 == 0x2D || $0 == 0x2E
             })
+        else { return nil }
+        return text
+    }
+
+    /// The longest provider-chosen identifier stored (an FCM message `name` is about 80 bytes, an APNs ID 36).
+    public static let maximumIdentifierLength = 256
+
+    /// An identifier a provider names a sent push by (FCM's message `name`, APNs' `apns-id` or `apns-unique-id`),
+    /// made safe to store: 1 to `maximumIdentifierLength` bytes of visible ASCII (`!` … `~`, no spaces, no control
+    /// characters: a NUL would cut the text parameter it is bound in); anything else gives nil (not recorded).
+    public static func identifier(_ text: String?) -> String? {
+        guard let text, (1...maximumIdentifierLength).contains(text.utf8.count),
+            text.utf8.allSatisfy({ $0 >= 0x21 && $0 <= 0x7E })
         else { return nil }
         return text
     }

@@ -96,6 +96,34 @@ struct ProviderNumbersTests {
         #expect(fcm == .fail(reason: "unreadable"))
     }
 
+    @Test("identifiers of sent pushes (FCM name, apns-id, apns-unique-id) are stored only when short and visible ASCII")
+    func identifiers() {
+        let name = "projects/p-1/messages/0:1500415314455276%31bd1c9631bd1c96"
+        func fcm(_ json: String) -> DeliveryDecision {
+            FCMErrorCode.decide(status: 200, body: Array(json.utf8), retryAfter: nil, now: now)
+        }
+        #expect(fcm(#"{"name":"\#(name)"}"#) == .sent(providerID: name))
+        // JSON decodes \u0000 to a NUL, which would cut the text[] parameter the record statement binds it in.
+        #expect(fcm(#"{"name":"projects/p/messages/1\u0000x"}"#) == .sent(providerID: nil))
+        #expect(fcm(#"{"name":"a\nb"}"#) == .sent(providerID: nil))
+        #expect(fcm(#"{"name":"caf\u00e9"}"#) == .sent(providerID: nil))
+        #expect(fcm(#"{"name":"with space"}"#) == .sent(providerID: nil))
+        #expect(fcm(#"{"name":""}"#) == .sent(providerID: nil))
+        #expect(fcm(#"{"name":"\#(String(repeating: "x", count: 257))"}"#) == .sent(providerID: nil))
+        let longest = String(repeating: "x", count: 256)
+        #expect(fcm(#"{"name":"\#(longest)"}"#) == .sent(providerID: longest))
+        func apns(id: String?) -> DeliveryDecision {
+            APNsReason.decide(status: 200, body: [], apnsID: id, retryAfter: nil, now: now)
+        }
+        let uuid = "8c1b8d1e-7f5e-4d5a-9c55-0b1a2b3c4d5e"
+        #expect(apns(id: uuid) == .sent(providerID: uuid))
+        #expect(apns(id: uuid + "\u{0}") == .sent(providerID: nil))
+        #expect(apns(id: "a\r\nb") == .sent(providerID: nil))
+        #expect(
+            APNsReason.decide(status: 200, reason: nil, timestamp: nil, apnsID: "x\u{0}", retryAfter: nil)
+                == .sent(providerID: nil))
+    }
+
     @Test(
         "expires_in: clamped to 10 minutes … a day; missing or odd values mean an hour",
         arguments: [
