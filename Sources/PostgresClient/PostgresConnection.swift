@@ -196,6 +196,7 @@ public final class PostgresConnection {
         if query.binds.isEmpty {
             result = PQexec(handle, query.sql)
         } else {
+            try Self.refuseNUL(query.binds)
             let name = try preparedStatement(query)
             result = Self.withBinds(query.binds) { count, _, values, lengths, formats in
                 PQexecPrepared(handle, name, count, values, lengths, formats, 0)
@@ -358,6 +359,7 @@ public final class PostgresConnection {
     /// answer "skipped").
     private func pipeline(_ queries: [PostgresQuery], syncEach: Bool) throws -> [Result<PostgresRows, PostgresError>] {
         guard !queries.isEmpty else { return [] }
+        for query in queries { try Self.refuseNUL(query.binds) }
         // Statements are prepared before the pipeline starts (one round trip each, the first time only).
         let names = try queries.map { $0.binds.isEmpty ? nil : try preparedStatement($0) }
         guard PQenterPipelineMode(handle) == 1 else {
@@ -591,6 +593,16 @@ public final class PostgresConnection {
         let storage = PostgresResultStorage(
             columns: columns, columnTypes: types, rowCount: rowCount, data: data, starts: starts, lengths: lengths)
         return PostgresRows(storage: storage, affectedRows: affectedRows(result))
+    }
+
+    /// Refuses a text-format parameter holding a NUL byte before anything is sent: libpq sends a text parameter as
+    /// a C string, so it would be cut at the NUL (another value, or a malformed array literal) rather than refused.
+    /// Thrown like any failed statement (`encoding`), so the caller's transaction rolls back as for a server error.
+    static func refuseNUL(_ binds: [PostgresBind]) throws {
+        for (position, bind) in binds.enumerated() where !bind.binary && bind.bytes?.contains(0) == true {
+            throw PostgresError(
+                code: .encoding, context: "parameter $\(position + 1) holds a NUL byte, which text format cannot carry")
+        }
     }
 
     /// Lays out binds as the parallel C arrays `PQexecParams` wants, valid for the duration of `body`.

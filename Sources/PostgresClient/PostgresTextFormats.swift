@@ -373,7 +373,7 @@ enum PostgresByteaText {
 
 /// COPY … FROM STDIN text format.
 enum PostgresCopyText {
-    /// Appends one field, escaping backslash, tab, newline and carriage return; nil becomes `\N`.
+    /// Appends one field, escaping backslash, tab, newline and carriage return; nil becomes `\N`; a NUL is refused.
     static func appendField(_ bind: PostgresBind, to out: inout [UInt8]) throws {
         guard var bytes = bind.bytes else {
             out.append(UInt8(ascii: "\\"))
@@ -403,6 +403,8 @@ enum PostgresCopyText {
             case 0x0D:
                 out.append(UInt8(ascii: "\\"))
                 out.append(UInt8(ascii: "r"))
+            case 0x00:
+                throw PostgresError(code: .encoding, context: "a COPY field holds a NUL byte, which text cannot carry")
             default:
                 out.append(byte)
             }

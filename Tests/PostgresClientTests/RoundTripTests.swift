@@ -141,4 +141,43 @@ struct RoundTripTests {
         }
         #expect(counts == [10, 5, 10, 10])
     }
+
+    @Test("a text parameter holding a NUL is refused before it is sent, never cut at the NUL")
+    func nulRefused() async throws {
+        let pool = try TestDatabase.pool(options: .init(maxConnections: 1))
+        defer { pool.close() }
+        try await pool.withConnection { connection in
+            func code(_ body: () throws -> Void) -> PostgresError.Code? {
+                do {
+                    try body()
+                    return nil
+                } catch {
+                    return (error as? PostgresError)?.code
+                }
+            }
+            let hostile = "projects/p/messages/1\u{0}x"
+            // libpq sends text parameters as C strings: this came back as "projects/p/messages/1".
+            #expect(code { try connection.query("SELECT \(hostile)::text AS t") } == .encoding)
+            // In an array literal the cut made the statement fail as "malformed array literal", or worse, succeed.
+            #expect(code { try connection.query("SELECT \(["ok", hostile])::text[] AS t") } == .encoding)
+            #expect(code { try connection.query("SELECT \([Optional("ok"), nil, hostile])::text[] AS t") } == .encoding)
+            #expect(code { _ = try connection.pipeline(["SELECT \(1)", "SELECT \(hostile)::text"]) } == .encoding)
+            // In a transaction the throw rolls it back like any failed statement; the connection stays usable.
+            try connection.execute("CREATE TEMP TABLE nul (s text)")
+            #expect(
+                code {
+                    try connection.transaction { c in
+                        try c.execute("INSERT INTO nul VALUES (\("kept?"))")
+                        try c.execute("INSERT INTO nul VALUES (\(hostile))")
+                    }
+                } == .encoding)
+            #expect(try connection.query("SELECT count(*) AS n FROM nul")[0].decode(Int.self, "n") == 0)
+            #expect(
+                code { _ = try connection.copyFrom(table: "nul", columns: ["s"], rows: [[hostile.encodePostgres()]]) }
+                    == .encoding)
+            // Binary bytea is not text: its zero bytes go through.
+            #expect(
+                try connection.query("SELECT \([UInt8]([0, 1, 0])) AS b")[0].decode([UInt8].self, "b") == [0, 1, 0])
+        }
+    }
 }
