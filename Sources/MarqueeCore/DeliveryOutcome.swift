@@ -231,3 +231,51 @@ public struct RetryPolicy: Sendable, Equatable {
         Double(d.components.seconds) + Double(d.components.attoseconds) / 1e18
     }
 }
+
+/// The one home for which delivery reasons may label metrics. A reason is stored in full (already made safe by
+/// `ProviderNumbers.reasonText`), but a tenant chooses the endpoint that words it, so as a metric label only a fixed
+/// vocabulary is kept: the reasons APNs and FCM document, the worker's own, `HTTP 4xx`-style status classes; anything
+/// else is `other`.
+public enum DeliveryReason {
+    /// Reasons the worker gives itself (not a provider's words).
+    public static let workerReasons: Set<String> = [
+        "deadline", "instance_expired", "instance_ended", "credential_load", "no_apns_credentials",
+        "no_fcm_credentials", "channel_gone", "transport_error", "endpoint_not_allowed", "provider token refresh loop",
+        "token refresh loop", "unreadable", "oauth_rejected", "oauth_unavailable",
+    ]
+
+    /// The label for any reason: nil gives "" (no reason).
+    public static func metricLabel(_ reason: String?) -> String {
+        guard let reason else { return "" }
+        if reason.hasPrefix(gaveUpPrefix), let colon = reason.range(of: ": ") {
+            return "gave up: " + metricLabel(String(reason[colon.upperBound...]))
+        }
+        if reason.hasSuffix(" twice") {
+            let label = metricLabel(String(reason.dropLast(" twice".count)))
+            return label == "other" ? label : label + " twice"
+        }
+        if reason.hasPrefix("signing failed") { return "signing failed" }
+        if workerReasons.contains(reason) { return reason }
+        if reason.hasPrefix("oauth_"), OAuthTokenAnswer.rejections.contains(String(reason.dropFirst(6))) {
+            return reason
+        }
+        let apns = APNsReason(reason)
+        if apns != .unknown(reason) { return apns.description }
+        let fcm = FCMErrorCode(reason)
+        if fcm != .unknown(reason) { return fcm.description }
+        let digits = reason.utf8.dropFirst(5)
+        if reason.hasPrefix("HTTP "), digits.count == 3, let first = digits.first, (0x31...0x35).contains(first),
+            digits.allSatisfy({ (0x30...0x39).contains($0) })
+        {
+            return "HTTP \(Character(Unicode.Scalar(first)))xx"
+        }
+        return "other"
+    }
+
+    static let gaveUpPrefix = "gave up after "
+
+    /// The stored reason of a delivery that used up its attempts, the last attempt's `reason` in it.
+    public static func gaveUp(after attempts: Int, _ reason: String) -> String {
+        gaveUpPrefix + "\(attempts) attempts: \(reason)"
+    }
+}

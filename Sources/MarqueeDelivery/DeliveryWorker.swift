@@ -673,7 +673,8 @@ public final class DeliveryWorker: Sendable {
         _ d: ClaimedDelivery, _ status: DeliveryResult.Status, providerID: String? = nil, http: Int? = nil,
         reason: String? = nil
     ) -> DeliveryResult {
-        metrics.deliveries.inc(1, [d.provider.rawValue, d.operation.rawValue, status.rawValue, reason ?? ""])
+        metrics.deliveries.inc(
+            1, [d.provider.rawValue, d.operation.rawValue, status.rawValue, DeliveryReason.metricLabel(reason)])
         if status == .sent {
             // Accept → sent, on the database's clock for the accept and this host's for the answer (never negative).
             metrics.acceptToSent.observe(max(0, Date().timeIntervalSince(d.createdAt)), [d.provider.rawValue])
@@ -685,10 +686,11 @@ public final class DeliveryWorker: Sendable {
 
     func retry(_ d: ClaimedDelivery, reason: String, retryAfter: Duration?) -> DeliveryResult {
         guard let delay = configuration.retryPolicy.delay(afterAttempts: d.attempts, retryAfter: retryAfter) else {
-            return result(d, .failed, reason: "gave up after \(d.attempts) attempts: \(reason)")
+            return result(d, .failed, reason: DeliveryReason.gaveUp(after: d.attempts, reason))
         }
         metrics.retries.inc(1, [d.provider.rawValue])
-        metrics.deliveries.inc(1, [d.provider.rawValue, d.operation.rawValue, "retry", reason])
+        metrics.deliveries.inc(
+            1, [d.provider.rawValue, d.operation.rawValue, "retry", DeliveryReason.metricLabel(reason)])
         let seconds = Double(delay.components.seconds) + Double(delay.components.attoseconds) / 1e18
         return DeliveryResult(
             tenantID: d.tenantID, id: d.id, instanceID: d.instanceID, status: .queued, reason: reason,

@@ -107,3 +107,32 @@ struct RetryPolicyTests {
         #expect(policy.delay(afterAttempts: 1, retryAfter: .milliseconds(10), random: { 1 }) == .seconds(1))
     }
 }
+
+@Suite("Reasons as metric labels")
+struct DeliveryReasonLabelTests {
+    @Test("provider-chosen reasons label metrics only from a fixed vocabulary; anything else is other")
+    func metricLabels() {
+        let label = DeliveryReason.metricLabel
+        #expect(label(nil) == "")
+        for known in [
+            "BadDeviceToken", "TooManyRequests", "UNREGISTERED", "QUOTA_EXCEEDED", "deadline", "transport_error",
+        ] {
+            #expect(label(known) == known)
+        }
+        #expect(label("RESOURCE_EXHAUSTED") == "QUOTA_EXCEEDED")
+        #expect(label("oauth_invalid_grant") == "oauth_invalid_grant")
+        #expect(label("oauth_unavailable") == "oauth_unavailable")
+        // What a tenant's endpoint makes up (already safe text, but unbounded in number) is other.
+        for made in ["SomethingNew", "x1", "Zz-9.a", "oauth_whatever", "HTTP 999", "HTTP 4000", "HTTP 04x"] {
+            #expect(label(made) == "other", "\(made)")
+        }
+        #expect(label("HTTP 418") == "HTTP 4xx")
+        #expect(label("HTTP 503") == "HTTP 5xx")
+        #expect(label("UNAUTHENTICATED twice") == "UNAUTHENTICATED twice")
+        #expect(label("Made-Up twice") == "other")
+        #expect(label("signing failed: badKey") == "signing failed")
+        #expect(label(DeliveryReason.gaveUp(after: 10, "TooManyRequests")) == "gave up: TooManyRequests")
+        #expect(label(DeliveryReason.gaveUp(after: 7, "Made-Up")) == "gave up: other")
+        #expect(DeliveryReason.gaveUp(after: 10, "deadline") == "gave up after 10 attempts: deadline")
+    }
+}
