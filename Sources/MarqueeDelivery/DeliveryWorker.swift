@@ -507,9 +507,14 @@ public final class DeliveryWorker: Sendable {
     func settleBroken(_ outcomes: [Outcome]) async {
         for broken in Set(outcomes.compactMap(\.2)) {
             do {
-                try await queue.markCredentialBroken(
-                    tenant: broken.tenant, provider: broken.provider, reason: broken.reason)
+                // The cache reloads the row either way: a rejected key that was replaced meanwhile is not marked
+                // (its deliveries are recorded parked, and queued again at once as the stored credential is fine).
                 credentials.invalidate(broken.tenant)
+                guard
+                    try await queue.markCredentialBroken(
+                        tenant: broken.tenant, provider: broken.provider, reason: broken.reason,
+                        updatedAt: broken.credentialUpdatedAt)
+                else { continue }
                 metrics.credentialsBroken.inc(1, [broken.provider.rawValue])
                 logger.error(
                     "credential rejected; the tenant's deliveries through this provider are paused until it is replaced",
@@ -538,6 +543,8 @@ public final class DeliveryWorker: Sendable {
         var tenant: UUID
         var provider: PlannedDelivery.Provider
         var reason: String
+        /// The rejected credential's `updated_at`, as loaded: only that row is marked broken, not a replacement.
+        var credentialUpdatedAt: Date
     }
 
     /// Composes and sends one delivery; returns its result.
@@ -583,6 +590,7 @@ public final class DeliveryWorker: Sendable {
         let clock = ContinuousClock()
         let started = clock.now
         let outcome: SendOutcome
+        let credentialUpdatedAt: Date
         let priority = d.options.apnsPriority(frequentUpdates: d.profile.frequentUpdates)
         switch d.provider {
         case .apns:
@@ -609,6 +617,7 @@ public final class DeliveryWorker: Sendable {
                 push.broadcast = .init(bundleID: channel.bundleID, channelID: channel.apnsChannelID)
                 if channel.storagePolicy == .none { push.expiration = 0 }
             }
+            credentialUpdatedAt = target.updatedAt
             outcome = await apns.send(push, to: target.target)
         case .fcm:
             let tokens: FCMAccessTokens
@@ -616,7 +625,7 @@ public final class DeliveryWorker: Sendable {
                 guard let found = try await credentials.fcm(d.tenantID) else {
                     return (result(d, .failed, reason: "no_fcm_credentials"), nil, nil)
                 }
-                tokens = found
+                (tokens, credentialUpdatedAt) = found
             } catch {
                 log.warning("credential load failed", metadata: ["error": .string("\(error)")])
                 return (retry(d, reason: "credential_load", retryAfter: nil), nil, nil)
@@ -659,7 +668,8 @@ public final class DeliveryWorker: Sendable {
                 DeliveryResult(
                     tenantID: d.tenantID, id: d.id, instanceID: d.instanceID, status: .parked, httpStatus: http,
                     reason: reason), nil,
-                BrokenCredential(tenant: d.tenantID, provider: d.provider, reason: reason)
+                BrokenCredential(
+                    tenant: d.tenantID, provider: d.provider, reason: reason, credentialUpdatedAt: credentialUpdatedAt)
             )
         case .refreshProviderToken(let reason):
             return (retry(d, reason: reason, retryAfter: nil), nil, nil)
@@ -815,15 +825,16 @@ final class CredentialCache: Sendable {
         _ = fcmEntries.withLock { $0.removeValue(forKey: tenant) }
     }
 
-    func fcm(_ tenant: UUID) async throws -> FCMAccessTokens? {
+    /// The tenant's FCM access tokens, and the `updated_at` of the credential row they were made from.
+    func fcm(_ tenant: UUID) async throws -> (tokens: FCMAccessTokens, updatedAt: Date)? {
         let now = Date()
         if let cached = fcmEntries.withLock({ $0[tenant] }), now.timeIntervalSince(cached.loadedAt) < ttl {
-            return cached.tokens
+            return (cached.tokens, cached.updatedAt)
         }
         guard let (info, sealed) = try await queue.fcmCredential(tenant: tenant) else { return nil }
         if let cached = fcmEntries.withLock({ $0[tenant] }), cached.updatedAt == info.updatedAt {
             fcmEntries.withLock { $0[tenant] = (cached.tokens, cached.updatedAt, now) }
-            return cached.tokens
+            return (cached.tokens, cached.updatedAt)
         }
         let json = try keyRing.open(sealed, associatedData: CredentialStore.context(tenant, "fcm"))
         guard let pem = try JSONValue.parse(json)["private_key"]?.stringValue else { return nil }
@@ -833,7 +844,7 @@ final class CredentialCache: Sendable {
             key: try RS256PrivateKey(pem: pem))
         let tokens = fcmProvider.accessTokens(for: account)
         fcmEntries.withLock { $0[tenant] = (tokens, info.updatedAt, now) }
-        return tokens
+        return (tokens, info.updatedAt)
     }
 
     func apns(_ tenant: UUID) async throws -> APNs? {

@@ -751,14 +751,20 @@ public struct DeliveryQueue: Sendable {
         return statements
     }
 
-    /// Marks a tenant's credentials for `provider` broken, so that its deliveries pause until they are replaced.
-    public func markCredentialBroken(tenant: UUID, provider: PlannedDelivery.Provider, reason: String) async throws {
+    /// Marks a tenant's credentials for `provider` broken, so that its deliveries pause until they are replaced — if
+    /// the stored row is still the one the provider rejected (`updatedAt`, as the worker loaded it): a rejection of a
+    /// key the tenant has replaced meanwhile (a send in flight, a worker's cache) must not break its replacement.
+    /// Returns whether it marked the row.
+    @discardableResult
+    public func markCredentialBroken(
+        tenant: UUID, provider: PlannedDelivery.Provider, reason: String, updatedAt: Date
+    ) async throws -> Bool {
         let table = provider == .apns ? "apns_credentials" : "fcm_credentials"
-        try await pool.execute(
+        return try await pool.execute(
             """
             UPDATE \(unsafeRaw: table) SET status = 'broken', status_reason = \(reason)
-            WHERE tenant_id = \(tenant) AND status <> 'broken'
-            """)
+            WHERE tenant_id = \(tenant) AND status <> 'broken' AND updated_at = \(updatedAt)
+            """) > 0
     }
 
     /// Analyses the queue table once a fifth of it changed since the last analysis (migration 0047), so a burst of
