@@ -70,8 +70,12 @@ public enum FCMErrorCode: Sendable, Equatable, CustomStringConvertible {
                 ?? "HTTP \(status)")
         let reason = code.description
         switch code {
-        case .unregistered, .senderIDMismatch:
+        case .unregistered:
             return .retireToken(reason: reason, unregisteredAt: nil)
+        case .senderIDMismatch:
+            // The token is of another Firebase project than the service account's: almost always the tenant uploaded
+            // the wrong project's account, and retiring would delete every Android device. The credential is at fault.
+            return .credentialBroken(reason: reason)
         case .invalidArgument where namesToken(error):
             return .retireToken(reason: reason, unregisteredAt: nil)
         case .quotaExceeded, .unavailable, .internalError:

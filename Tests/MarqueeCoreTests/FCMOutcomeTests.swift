@@ -43,14 +43,17 @@ struct FCMOutcomeTests {
         #expect(decide(200, nil) == .sent(providerID: nil))
     }
 
-    @Test("UNREGISTERED and SENDER_ID_MISMATCH retire the token; the FcmError code wins over error.status")
+    @Test(
+        "UNREGISTERED retires the token; SENDER_ID_MISMATCH breaks the credential; the FcmError code wins over error.status"
+    )
     func retire() {
         #expect(
             decide(404, Self.error(404, status: "NOT_FOUND", errorCode: "UNREGISTERED"))
                 == .retireToken(reason: "UNREGISTERED", unregisteredAt: nil))
+        // A service account of another Firebase project: the credential is wrong, not every device's token.
         #expect(
             decide(403, Self.error(403, status: "PERMISSION_DENIED", errorCode: "SENDER_ID_MISMATCH"))
-                == .retireToken(reason: "SENDER_ID_MISMATCH", unregisteredAt: nil))
+                == .credentialBroken(reason: "SENDER_ID_MISMATCH"))
         // Without the detail, the same 403 is about the credential, not the token.
         #expect(
             decide(403, Self.error(403, status: "PERMISSION_DENIED")) == .credentialBroken(reason: "PERMISSION_DENIED"))
