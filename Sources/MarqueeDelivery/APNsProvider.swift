@@ -88,13 +88,16 @@ public final class APNsProvider: Sendable {
     public var statistics: (connections: Int, streams: Int) { connections.statistics }
 
     /// Sends one push and classifies the answer. An `ExpiredProviderToken` refreshes the token once and retries.
-    public func send(_ push: APNsPush, to target: APNsTarget) async -> SendOutcome {
+    /// No request outlives `deadline` (the delivery's send deadline), nor is one sent past it.
+    public func send(_ push: APNsPush, to target: APNsTarget, by deadline: ContinuousClock.Instant? = nil) async
+        -> SendOutcome
+    {
         do {
             var token = try target.tokens.token()
             for attempt in 0..<2 {
                 let response = try await connections.send(
                     request(push, providerToken: token), host: target.host, port: target.port,
-                    identity: target.tokens.connectionIdentity)
+                    identity: target.tokens.connectionIdentity, by: deadline)
                 let decision = Self.decide(response, broadcast: push.broadcast != nil)
                 if case .refreshProviderToken = decision, attempt == 0 {
                     token = try target.tokens.refresh(rejected: token)

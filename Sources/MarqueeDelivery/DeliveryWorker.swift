@@ -437,6 +437,9 @@ public final class DeliveryWorker: Sendable {
         // batch's deadline table) until it ends, and a batch's deadline is 45 s away by default.
         let deadline = SendDeadline<ClaimedDelivery, Outcome>()
         let sendDeadline = Self.sendDeadline(hold: configuration.hold)
+        // The providers' requests end by it too (their timeouts cut to the time left): none is still open when the
+        // deadline records a retry that another worker may send.
+        let sendBy = ContinuousClock.now + sendDeadline
         // Stragglers are leased to this worker until the claim's hold ends: due again then if it never records them.
         let heldUntil = Date().addingTimeInterval(
             Double(configuration.hold.components.seconds) + Double(configuration.hold.components.attoseconds) / 1e18)
@@ -458,7 +461,7 @@ public final class DeliveryWorker: Sendable {
                     straggleContinuation.finish()
                 }
             }
-            send(delivery, once: once, within: deadline)
+            send(delivery, once: once, within: deadline, by: sendBy)
         }
         let timer = Task {
             try? await Task.sleep(for: Self.straggleAfter)
@@ -490,13 +493,16 @@ public final class DeliveryWorker: Sendable {
     /// retried later (the request may still complete: at-least-once). The send runs unstructured so that a provider
     /// call that ignores cancellation cannot hold the batch, and with it every other tenant's results, past the
     /// deadline.
-    func send(_ d: ClaimedDelivery, once: Once<Outcome>, within deadline: SendDeadline<ClaimedDelivery, Outcome>) {
+    func send(
+        _ d: ClaimedDelivery, once: Once<Outcome>, within deadline: SendDeadline<ClaimedDelivery, Outcome>,
+        by sendBy: ContinuousClock.Instant
+    ) {
         guard let id = deadline.add(once, d) else {
             once.resume((retry(d, reason: "deadline", retryAfter: nil), nil, nil))
             return
         }
         Task {
-            let outcome = await self.send(d)
+            let outcome = await self.send(d, by: sendBy)
             deadline.remove(id)
             once.resume(outcome)
         }
@@ -547,8 +553,10 @@ public final class DeliveryWorker: Sendable {
         var credentialUpdatedAt: Date
     }
 
-    /// Composes and sends one delivery; returns its result.
-    func send(_ d: ClaimedDelivery) async -> (DeliveryResult, TokenRetirement?, BrokenCredential?) {
+    /// Composes and sends one delivery, its provider requests ending by `sendBy`; returns its result.
+    func send(_ d: ClaimedDelivery, by sendBy: ContinuousClock.Instant? = nil) async -> (
+        DeliveryResult, TokenRetirement?, BrokenCredential?
+    ) {
         let deliveryID = ULID(uuid: d.id).description
         // Made only when something is logged: most pushes log nothing, and this is a dictionary per push.
         var log: Logger {
@@ -618,7 +626,7 @@ public final class DeliveryWorker: Sendable {
                 if channel.storagePolicy == .none { push.expiration = 0 }
             }
             credentialUpdatedAt = target.updatedAt
-            outcome = await apns.send(push, to: target.target)
+            outcome = await apns.send(push, to: target.target, by: sendBy)
         case .fcm:
             let tokens: FCMAccessTokens
             do {
@@ -634,7 +642,7 @@ public final class DeliveryWorker: Sendable {
                 event: content.event, staleDate: d.options.staleDate, expiresAt: d.expiresAt, now: Date())
             outcome = await fcm.send(
                 token: d.token, data: FCMData.compose(content, attribution: attribution), ttlSeconds: ttl,
-                collapseKey: FCMMessage.collapseKey(instanceID: d.instanceID), via: tokens)
+                collapseKey: FCMMessage.collapseKey(instanceID: d.instanceID), via: tokens, by: sendBy)
         }
         metrics.sendLatency.observe(clock.now - started, [d.provider.rawValue])
 

@@ -177,8 +177,11 @@ public final class FCMProvider: Sendable {
     }
 
     /// Sends one message. A 401 refreshes the access token once and retries; a second 401 breaks the credential.
+    /// No message request outlives `deadline` (the delivery's send deadline), nor is one sent past it. (The token
+    /// exchange, shared by concurrent senders, keeps its own timeout: it sends no push.)
     public func send(
-        token: String, data: [String: String], ttlSeconds: Int, collapseKey: String?, via tokens: FCMAccessTokens
+        token: String, data: [String: String], ttlSeconds: Int, collapseKey: String?, via tokens: FCMAccessTokens,
+        by deadline: ContinuousClock.Instant? = nil
     )
         async -> SendOutcome
     {
@@ -201,7 +204,7 @@ public final class FCMProvider: Sendable {
                         method: "POST", path: path,
                         headers: [("authorization", "Bearer " + accessToken), ("content-type", "application/json")],
                         body: body.bytes, timeout: configuration.requestTimeout),
-                    host: target.host, port: target.port)
+                    host: target.host, port: target.port, by: deadline)
                 let decision = FCMErrorCode.decide(
                     status: response.status, body: response.body, retryAfter: response.header("retry-after"))
                 if case .refreshProviderToken(let reason) = decision {

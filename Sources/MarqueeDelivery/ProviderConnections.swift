@@ -9,6 +9,8 @@ enum ProviderConnectionError: Error, Sendable, Equatable {
     case hostNotAllowed
     /// Every client slot is busy with another host; try again later.
     case busy
+    /// The delivery's send deadline passed before this request was sent; nothing was sent.
+    case deadlinePassed
 }
 
 /// How the worker talks to one provider (APNs or FCM): trust, pool sizes, deadlines and where it may connect.
@@ -94,8 +96,20 @@ final class ProviderConnections: Sendable {
         }
     }
 
-    /// Sends `request` to `host:port` over the pool of that host and `identity`.
-    func send(_ request: HTTP2Request, host: String, port: Int, identity: String = "") async throws -> HTTP2Response {
+    /// Sends `request` to `host:port` over the pool of that host and `identity`. With `deadline` (a delivery's send
+    /// deadline), the request's timeout is cut to the time left, so no request outlives it; past it, nothing is sent
+    /// (`deadlinePassed`).
+    func send(
+        _ request: HTTP2Request, host: String, port: Int, identity: String = "",
+        by deadline: ContinuousClock.Instant? = nil
+    ) async throws -> HTTP2Response {
+        var request = request
+        if let deadline {
+            guard let timeout = Self.timeout(request.timeout ?? configuration.requestTimeout, by: deadline) else {
+                throw ProviderConnectionError.deadlinePassed
+            }
+            request.timeout = timeout
+        }
         let (result, key, evicted) = try acquire(host: host, port: port, identity: identity)
         if !evicted.isEmpty { await shutdown(evicted) }
         let client = try result.get()
@@ -113,6 +127,14 @@ final class ProviderConnections: Sendable {
 
     private func shutdown(_ clients: [HTTP2Client]) async {
         for client in clients { await client.shutdown() }
+    }
+
+    /// A request's timeout within `deadline`: `timeout`, cut to the time left; nil when none is left.
+    static func timeout(
+        _ timeout: Duration, by deadline: ContinuousClock.Instant, now: ContinuousClock.Instant = .now
+    ) -> Duration? {
+        let left = now.duration(to: deadline)
+        return left > .zero ? min(timeout, left) : nil
     }
 
     /// `lease` without waiting: the pool (counted as in use when there is one) and the pools evicted to make room,
@@ -219,6 +241,9 @@ enum TransportFailure {
     {
         let decision: DeliveryDecision
         switch error {
+        case ProviderConnectionError.deadlinePassed:
+            // Not the provider's doing, and nothing was sent: the worker has recorded a retry already.
+            return .retry(reason: "deadline", retryAfter: nil)
         case ProviderConnectionError.hostNotAllowed:
             decision = .credentialBroken(reason: "endpoint_not_allowed")
         case ProviderConnectionError.busy:
