@@ -346,13 +346,15 @@ final class FCMCore: Sendable {
                 self.recorder.inject(rule.action)
                 return self.injected(rule, bearer: bearer, now: now)
             }
-            return self.accept(message, request, project: project, access: access, now: now)
+            return self.accept(
+                message, request, project: project, access: access, now: now, answering: rule.messageName)
         }
     }
 
-    /// A valid message the fault rules let through: recorded, and its name returned.
+    /// A valid message the fault rules let through: recorded, and its name returned (or a rule's `answering` name).
     private func accept(
-        _ message: FCMAcceptedMessage, _ request: HTTP2ServerRequest, project: String, access: AccessToken, now: Date
+        _ message: FCMAcceptedMessage, _ request: HTTP2ServerRequest, project: String, access: AccessToken, now: Date,
+        answering: String? = nil
     ) -> HTTP2ServerResponse {
         if message.validateOnly {
             return HTTPText.json(200, .object(["name": .string("projects/\(project)/messages/fake_message_id")]))
@@ -370,7 +372,7 @@ final class FCMCore: Sendable {
                 "message": (try? JSONValue.parse(body))?["message"] ?? .null,
             ])
         }
-        return HTTPText.json(200, .object(["name": .string(name)]))
+        return HTTPText.json(200, .object(["name": .string(answering ?? name)]))
     }
 
     private func injected(_ rule: FaultRule, bearer: String, now: Date) -> HTTP2ServerResponse {

@@ -22,8 +22,9 @@ import Synchronization
 ///
 /// Hostile answers, to test that a tenant's endpoint cannot hurt the worker: `retry_after_header` sends that text
 /// verbatim as `Retry-After` (any status; e.g. `"1e16"`, `"-1"`, `"NaN"`), `timestamp` replaces an APNs 410's
-/// `timestamp` with any JSON value (e.g. `1e17`, `-1`, `"soon"`), and `body_padding` adds that many bytes to the
-/// error body (an oversized answer).
+/// `timestamp` with any JSON value (e.g. `1e17`, `-1`, `"soon"`), `body_padding` adds that many bytes to the
+/// error body (an oversized answer), and `message_name` (FCM, with `delay`) is the accepted message's `name` answered
+/// instead of the real one (e.g. one holding a NUL).
 public struct FaultRule: Sendable, Hashable {
     /// What a matching rule does.
     public enum Action: String, Sendable, Hashable, CaseIterable {
@@ -75,12 +76,14 @@ public struct FaultRule: Sendable, Hashable {
     public var timestamp: JSONValue?
     /// Extra bytes in the error body (`body_padding`), for oversized answers.
     public var bodyPadding: Int?
+    /// FCM, with `delay`: the `name` answered for the accepted message instead of its real one (`message_name`).
+    public var messageName: String?
 
     /// Creates a rule.
     public init(
         tokenPrefix: String? = nil, rate: Double? = nil, action: Action, times: Int? = nil,
         latencyMilliseconds: Int? = nil, retryAfterSeconds: Int? = nil, retryAfterHeader: String? = nil,
-        timestamp: JSONValue? = nil, bodyPadding: Int? = nil
+        timestamp: JSONValue? = nil, bodyPadding: Int? = nil, messageName: String? = nil
     ) {
         self.tokenPrefix = tokenPrefix
         self.rate = rate
@@ -91,6 +94,7 @@ public struct FaultRule: Sendable, Hashable {
         self.retryAfterHeader = retryAfterHeader
         self.timestamp = timestamp
         self.bodyPadding = bodyPadding
+        self.messageName = messageName
     }
 
     /// Parses a rule list (a JSON array, or an object with a `rules` array). Throws `invalidConfiguration`.
@@ -123,7 +127,7 @@ public struct FaultRule: Sendable, Hashable {
         guard let object = json.objectValue else { throw fail("must be an object") }
         let known: Set = [
             "token_prefix", "rate", "action", "times", "latency_ms", "retry_after", "retry_after_header", "timestamp",
-            "body_padding",
+            "body_padding", "message_name",
         ]
         if let unknown = object.keys.sorted().first(where: { !known.contains($0) }) {
             throw fail("unknown field '\(unknown)'")
@@ -157,6 +161,10 @@ public struct FaultRule: Sendable, Hashable {
         }
         if let value = object["timestamp"], !value.isNull { timestamp = value }
         bodyPadding = try count("body_padding")
+        if let value = object["message_name"], !value.isNull {
+            guard let text = value.stringValue else { throw fail("'message_name' must be a string") }
+            messageName = text
+        }
     }
 
     /// The rule as JSON, in the form `parseRules` reads.
@@ -170,6 +178,7 @@ public struct FaultRule: Sendable, Hashable {
         if let retryAfterHeader { object["retry_after_header"] = .string(retryAfterHeader) }
         if let timestamp { object["timestamp"] = timestamp }
         if let bodyPadding { object["body_padding"] = .int(Int64(bodyPadding)) }
+        if let messageName { object["message_name"] = .string(messageName) }
         return .object(object)
     }
 }
