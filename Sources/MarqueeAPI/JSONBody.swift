@@ -136,14 +136,21 @@ struct JSONBody: Sendable {
         return i
     }
 
-    /// A timestamp given as epoch seconds (number) or an ISO 8601 string.
+    /// A timestamp given as epoch seconds (number) or an ISO 8601 string, within ``Timestamps/acceptedRange``
+    /// either way.
     func timestamp(_ key: String) throws(ValidationError) -> Date? {
         guard let v = value(key) else { return nil }
-        if let seconds = v.doubleValue, seconds.isFinite, seconds >= 0, seconds < 32_503_680_000 {
+        if let seconds = v.doubleValue, Timestamps.acceptedRange.contains(seconds) {
             return Date(timeIntervalSince1970: seconds)
         }
-        if let s = v.stringValue, let date = Timestamps.parse(s) { return date }
-        throw ValidationError(field: name(key), reason: "must be epoch seconds or an ISO 8601 date-time")
+        if let s = v.stringValue, let date = Timestamps.parse(s),
+            Timestamps.acceptedRange.contains(date.timeIntervalSince1970)
+        {
+            return date
+        }
+        throw ValidationError(
+            field: name(key),
+            reason: "must be epoch seconds or an ISO 8601 date-time, from 1970-01-01T00:00:00Z to before year 3000")
     }
 
     /// Rejects fields other than `allowed`, so a typo is an error instead of being ignored.
@@ -156,6 +163,12 @@ struct JSONBody: Sendable {
 
 /// ISO 8601 formatting and parsing for API responses and inputs.
 enum Timestamps {
+    /// The instants the API accepts as input, in epoch seconds: 1970-01-01T00:00:00Z to before
+    /// 3000-01-01T00:00:00Z, whether spelled as a number or an ISO 8601 string (which reads years far beyond
+    /// what PostgreSQL or a microsecond count in 64 bits can hold). The one home of this bound: request
+    /// timestamps and list cursors are checked against it.
+    static let acceptedRange: Range<Double> = 0..<32_503_680_000
+
     static func format(_ date: Date) -> String {
         let formatter = ISO8601DateFormatter()
         formatter.formatOptions = [.withInternetDateTime, .withFractionalSeconds]

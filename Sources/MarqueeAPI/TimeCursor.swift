@@ -15,7 +15,9 @@ enum TimeCursor {
     static func decode(_ cursor: String?) throws(ValidationError) -> (Date, String)? {
         guard let cursor else { return nil }
         guard let bytes = Base64URL.decode(cursor), let text = String(validating: bytes, as: UTF8.self),
-            let bar = text.firstIndex(of: "|"), let micros = Int64(text[..<bar])
+            let bar = text.firstIndex(of: "|"), let micros = Int64(text[..<bar]),
+            // Every time this API lists is within the accepted range; one beyond it could not be bound.
+            Timestamps.acceptedRange.contains(Double(micros) / 1e6)
         else { throw ValidationError(field: "cursor", reason: "is not a cursor this API returned") }
         return (Date(timeIntervalSince1970: Double(micros) / 1e6), String(text[text.index(after: bar)...]))
     }

@@ -34,7 +34,13 @@ enum PostgresTimestamp {
         if date == .distantPast {
             return "-infinity"
         }
-        let micros = Int64((date.timeIntervalSince1970 * 1_000_000).rounded())
+        // Beyond ±292,000 years the microseconds do not fit in 64 bits (and PostgreSQL's own range ends before
+        // that): such a date is clamped to the infinity on its side rather than trapping. A NaN time is no time at
+        // all; PostgreSQL refuses its text, so the statement fails instead of the process.
+        let scaled = (date.timeIntervalSince1970 * 1_000_000).rounded()
+        guard let micros = Int64(exactly: scaled) else {
+            return scaled.isNaN ? "NaN" : scaled > 0 ? "infinity" : "-infinity"
+        }
         let microsPerDay: Int64 = 86_400_000_000
         var days = micros / microsPerDay
         var inDay = micros % microsPerDay

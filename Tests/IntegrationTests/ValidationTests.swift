@@ -224,6 +224,21 @@ struct ValidationTests {
             try await api.call(
                 "POST", events, key: tenant.sdk, json: ["event": "started", "device_token": device, "at": "yesterday"]),
             422, "invalid-field", field: "at")
+        // An ISO 8601 formatter reads year 300000; binding it to PostgreSQL trapped and took the process down.
+        for far in ["300000-01-01T00:00:00Z", "-300000-01-01T00:00:00Z", "3000-01-01T00:00:00Z"] {
+            expectProblem(
+                try await api.call(
+                    "POST", events, key: tenant.sdk, json: ["event": "started", "device_token": device, "at": far]),
+                422, "invalid-field", field: "at", far)
+        }
+        // A cursor naming a time no 64-bit microsecond count (or PostgreSQL) holds.
+        for micros in ["9223372036854775807", "-9223372036854775807"] {
+            let cursor = Data("\(micros)|x".utf8).base64EncodedString().replacingOccurrences(of: "+", with: "-")
+                .replacingOccurrences(of: "/", with: "_").replacingOccurrences(of: "=", with: "")
+            expectProblem(
+                try await api.call("GET", "/v1/live_notifications?cursor=\(cursor)", key: tenant.app), 422,
+                "invalid-field", field: "cursor", micros)
+        }
         expectProblem(
             try await api.call("POST", events, key: tenant.sdk, json: ["event": "started", "at": now]), 422,
             "missing-field", field: "device_token")

@@ -61,6 +61,40 @@ struct InProcessTests {
         #expect(Self.field(#"{"content_state_patch":{"a":1}}"#, .update) == "instance_id")
     }
 
+    @Test("timestamps are accepted from 1970 to before year 3000, as numbers and as ISO 8601 strings alike")
+    func timestampRange() throws {
+        func at(_ json: String) throws -> Date? { try Self.body(#"{"at":"# + json + "}").timestamp("at") }
+        #expect(try at(#""2999-12-31T23:59:59Z""#) == Date(timeIntervalSince1970: 32_503_679_999))
+        #expect(try at(#""1970-01-01T00:00:00Z""#) == Date(timeIntervalSince1970: 0))
+        #expect(try at("1800000000") == Date(timeIntervalSince1970: 1_800_000_000))
+        // An ISO 8601 formatter reads these; year 300000 overflowed the microseconds bound to PostgreSQL (a trap).
+        for bad in [
+            #""300000-01-01T00:00:00Z""#, #""3000-01-01T00:00:00Z""#, #""1969-12-31T23:59:59Z""#, "32503680000", "-1",
+        ] {
+            #expect(throws: ValidationError.self, "\(bad)") { try at(bad) }
+            do {
+                _ = try at(bad)
+            } catch let error as ValidationError {
+                #expect(error.field == "at")
+            }
+        }
+    }
+
+    @Test("a cursor naming a time outside the accepted range is a 422 for cursor, never a trap")
+    func cursorRange() throws {
+        func cursor(_ text: String) -> String {
+            Data(text.utf8).base64EncodedString().replacingOccurrences(of: "+", with: "-")
+                .replacingOccurrences(of: "/", with: "_").replacingOccurrences(of: "=", with: "")
+        }
+        let now = Date(timeIntervalSince1970: 1_800_000_000.5)
+        guard case .string(let issued) = TimeCursor.encode(now, "o-1") else { throw CancellationError() }
+        let decoded = try #require(try TimeCursor.decode(issued))
+        #expect(decoded.0 == now && decoded.1 == "o-1")
+        for bad in ["9223372036854775807|x", "-9223372036854775808|x", "-1|x", "32503680000000000|x"] {
+            #expect(throws: ValidationError.self, "\(bad)") { try TimeCursor.decode(cursor(bad)) }
+        }
+    }
+
     @Test("domain errors render themselves as problems: 422 with the field, 413 with over_by")
     func problems() throws {
         let invalid = try #require(

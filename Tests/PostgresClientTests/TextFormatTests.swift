@@ -64,6 +64,17 @@ struct TextFormatTests {
         }
     }
 
+    @Test("a date whose microseconds do not fit in 64 bits is clamped to infinity, never a trap")
+    func timestampFormattingOutOfRange() {
+        // Year 300000 (what an ISO 8601 formatter reads from "300000-01-01T00:00:00Z") and its mirror image.
+        #expect(PostgresTimestamp.format(Date(timeIntervalSince1970: 9_404_694_918_400)) == "infinity")
+        #expect(PostgresTimestamp.format(Date(timeIntervalSince1970: -9_404_694_918_400)) == "-infinity")
+        #expect(PostgresTimestamp.format(Date(timeIntervalSince1970: .greatestFiniteMagnitude)) == "infinity")
+        #expect(PostgresTimestamp.format(Date(timeIntervalSince1970: .nan)) == "NaN")
+        // A count that still fits is formatted as a date (beyond PostgreSQL's range: it refuses it, no trap).
+        #expect(PostgresTimestamp.format(Date(timeIntervalSince1970: 9_000_000_000_000)).hasSuffix("+00"))
+    }
+
     @Test("array literals: quoting, escapes, NULL, whitespace, bounds")
     func arrayParsing() throws {
         func parse(_ text: String) throws -> [String?] {
