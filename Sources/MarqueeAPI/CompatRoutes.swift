@@ -342,7 +342,9 @@ struct CompatRoutes: Sendable {
             return .metric(
                 MetricChange(
                     deliveryID: deliveryID, metric: metric,
-                    recipient: try properties.string("recipient", maxLength: Identifiers.maxRecipientLength),
+                    recipient: try Identifiers.recipient(
+                        properties.string("recipient", maxLength: Identifiers.maxRecipientLength),
+                        field: "properties.recipient"),
                     at: try event.timestamp("timestamp"),
                     deliveryToken: try properties.requiredString("deliveryToken", maxLength: 256)))
 

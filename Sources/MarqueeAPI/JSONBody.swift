@@ -76,14 +76,16 @@ struct JSONBody: Sendable {
         return v
     }
 
-    /// A string field; `nil` when absent or null. Length counted in characters.
+    /// A string field; `nil` when absent or null. Length counted in Unicode code points, as `maxLength` in
+    /// openapi.yaml (JSON Schema) counts: a grapheme cluster can hold any number of them. Values that go into an
+    /// index are bounded in bytes too, by their own rule (`RegistryRoutes.email`, `Identifiers.recipient`).
     func string(_ key: String, maxLength: Int = 1024, allowEmpty: Bool = false) throws(ValidationError) -> String? {
         guard let v = value(key) else { return nil }
         guard let s = v.stringValue else {
             throw ValidationError(field: name(key), reason: "must be a string")
         }
         if !allowEmpty && s.isEmpty { throw ValidationError(field: name(key), reason: "must not be empty") }
-        if s.count > maxLength {
+        if s.unicodeScalars.count > maxLength {
             throw ValidationError(field: name(key), reason: "must be at most \(maxLength) characters")
         }
         return s

@@ -132,9 +132,6 @@ struct PeopleImportRoutes: Sendable {
         switch object["email"] {
         case nil, .null?: break
         case .string(let text)?:
-            guard text.utf8.count <= 320 else {
-                throw ValidationError(field: "email", reason: "must be at most 320 bytes")
-            }
             email = try RegistryRoutes.email(text)
         default: throw ValidationError(field: "email", reason: "must be a string")
         }

@@ -182,7 +182,9 @@ struct RegistryRoutes: Sendable {
         try body.rejectUnknown(["metric", "recipient", "delivery_token", "at"])
         return (
             try body.requiredEnum("metric", DeliveryMetric.self),
-            try body.string("recipient", maxLength: Identifiers.maxRecipientLength), try body.timestamp("at"),
+            try Identifiers.recipient(
+                body.string("recipient", maxLength: Identifiers.maxRecipientLength), field: "recipient"),
+            try body.timestamp("at"),
             try body.requiredString("delivery_token", maxLength: 256)
         )
     }
@@ -220,8 +222,17 @@ struct RegistryRoutes: Sendable {
         return value
     }
 
+    /// The longest email accepted, in UTF-8 bytes (RFC 5321's 320 octets).
+    static let maxEmailBytes = 320
+
+    /// An email address: one `@`, a non-empty local part, a dot after the `@`, no spaces, at most 320 bytes. The one
+    /// home of this rule, for people, the compat `identify` and the import.
     static func email(_ text: String?) throws(ValidationError) -> String? {
         guard let text else { return nil }
+        // Bytes, not characters: `lower(email)` is a B-tree key (people_email), which holds at most 2704 bytes.
+        guard text.utf8.count <= maxEmailBytes else {
+            throw ValidationError(field: "email", reason: "must be at most \(maxEmailBytes) bytes")
+        }
         let parts = text.split(separator: "@", omittingEmptySubsequences: false)
         guard parts.count == 2, !parts[0].isEmpty, parts[1].contains("."), !text.contains(" ") else {
             throw ValidationError(field: "email", reason: "must be an email address")

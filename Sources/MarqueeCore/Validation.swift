@@ -54,8 +54,19 @@ public enum Identifiers {
     /// for a B-tree entry, which longer values would break with a server error.
     public static let maxFCMTokenLength = 1024
 
-    /// The longest delivery-metric recipient accepted (it is part of a unique index, like tokens).
+    /// The longest delivery-metric recipient accepted, in code points and in UTF-8 bytes (it is part of an index,
+    /// like tokens, so its bytes must stay under PostgreSQL's 2704-byte limit for a B-tree entry).
     public static let maxRecipientLength = 1024
+
+    /// A delivery-metric recipient as read from a body (already at most ``maxRecipientLength`` code points): at most
+    /// ``maxRecipientLength`` UTF-8 bytes, since a few characters can carry any number of combining marks.
+    public static func recipient(_ text: String?, field: String) throws(ValidationError) -> String? {
+        guard let text else { return nil }
+        guard text.utf8.count <= maxRecipientLength else {
+            throw ValidationError(field: field, reason: "must be at most \(maxRecipientLength) bytes")
+        }
+        return text
+    }
 
     /// FCM registration tokens: 1–1024 printable ASCII characters.
     public static func fcmToken(_ text: String, field: String) throws(ValidationError) -> String {

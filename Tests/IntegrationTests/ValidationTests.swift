@@ -314,6 +314,29 @@ struct ValidationTests {
             try await api.call(
                 "POST", delivery, key: tenant.sdk, json: ["metric": "delivered", "recipient": recipient + "r"]), 422,
             "invalid-field", field: "recipient")
+
+        // Limits count code points and, for indexed values, bytes: never grapheme clusters, which can hold any number
+        // of combining marks (5 characters, 2005 bytes here).
+        let marks = String(repeating: "\u{301}", count: 1000)
+        expectProblem(
+            try await api.call("PUT", "/v1/people/\(person)", key: tenant.sdk, json: ["email": "a@b.c" + marks]), 422,
+            "invalid-field", field: "email", "combining marks")
+        let wide = String(repeating: "\u{E9}", count: 161) + "@b.c"  // 165 code points, 326 bytes
+        expectProblem(
+            try await api.call("PUT", "/v1/people/\(person)", key: tenant.sdk, json: ["email": wide]), 422,
+            "invalid-field", field: "email", "over 320 bytes")
+        expectProblem(
+            try await api.call(
+                "POST", "/v1/identify", json: ["type": "identify", "userId": person, "traits": ["email": wide]],
+                headers: ["Authorization": tenant.basicSDK]),
+            422, "invalid-field", field: "email", "compat identify")
+        for bad in ["r" + marks, String(repeating: "\u{E9}", count: Identifiers.maxRecipientLength)] {
+            expectProblem(
+                try await api.call(
+                    "POST", delivery, key: tenant.sdk,
+                    json: ["metric": "delivered", "recipient": bad, "delivery_token": deliveryToken]), 422,
+                "invalid-field", field: "recipient", "recipient over 1024 bytes")
+        }
     }
 
     @Test("malformed JSON is 400, a non-object body is 400, text/plain is 415, an empty body is 400")

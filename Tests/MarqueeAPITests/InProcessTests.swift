@@ -80,6 +80,17 @@ struct InProcessTests {
         }
     }
 
+    @Test("string lengths count code points, as openapi.yaml's maxLength does; emails are bounded in bytes too")
+    func stringLengths() throws {
+        let combined = try Self.body(#"{"s":"e\u0301\u0301"}"#)  // one character, three code points
+        #expect(try combined.string("s", maxLength: 3) == "e\u{301}\u{301}")
+        #expect(throws: ValidationError.self) { try combined.string("s", maxLength: 2) }
+        #expect(try RegistryRoutes.email(String(repeating: "\u{E9}", count: 157) + "@b.c") != nil)  // 318 bytes
+        #expect(throws: ValidationError.self) {
+            try RegistryRoutes.email(String(repeating: "\u{E9}", count: 159) + "@b.c")  // 322 bytes
+        }
+    }
+
     @Test("a cursor naming a time outside the accepted range is a 422 for cursor, never a trap")
     func cursorRange() throws {
         func cursor(_ text: String) -> String {
