@@ -35,6 +35,16 @@ public struct HTTPMethod: RawRepresentable, Hashable, Sendable, CustomStringConv
     /// The method token.
     public var description: String { rawValue }
 
+    /// The methods of RFC 9110 and PATCH (RFC 5789). The server passes any token through, so this is what
+    /// bounded uses (metric labels) compare against.
+    public static let standard: Set<String> = [
+        "GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH",
+    ]
+
+    /// The method's token when it is a ``standard`` one, else `OTHER`: a label of bounded cardinality, whatever
+    /// tokens clients invent.
+    public var boundedLabel: String { Self.standard.contains(rawValue) ? rawValue : "OTHER" }
+
     /// Position in `Allow` headers: well-known methods first, in a fixed order.
     var sortKey: Int {
         switch rawValue {

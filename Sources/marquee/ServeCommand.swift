@@ -119,8 +119,9 @@ struct HTTPMetrics: Sendable {
     }
 
     func record(_ record: AccessLogRecord) {
-        // The route pattern, never the raw path: paths carry tokens and would explode cardinality.
-        let labels = [record.method.rawValue, record.route ?? "unmatched", String(record.status)]
+        // The route pattern, never the raw path: paths carry tokens and would explode cardinality. Likewise a method
+        // token a client made up counts as OTHER.
+        let labels = [record.method.boundedLabel, record.route ?? "unmatched", String(record.status)]
         requests.inc(1, labels)
         duration.observe(record.duration, labels)
     }

@@ -69,6 +69,16 @@ struct ServeTests {
             metrics.text.contains(#"marquee_http_requests_total{method="GET",route="/healthz",status="200"}"#))
         #expect(metrics.text.contains("# TYPE marquee_http_request_duration_seconds histogram"))
         #expect(metrics.text.contains(#"marquee_http_request_duration_seconds_bucket{method="GET",route="/readyz""#))
+        // Any method token is passed through by the server; made-up ones share one label instead of one series each.
+        for method in ["AAAA1", "AAAA2"] {
+            _ = try await HTTP.send(method, serve.baseURL + "/healthz", body: nil)
+        }
+        try await eventually("made-up methods counted as OTHER") {
+            let text = try await HTTP.get(serve.baseURL + "/metrics").text
+            return text.contains(#"marquee_http_requests_total{method="OTHER","#)
+        }
+        let counted = try await HTTP.get(serve.baseURL + "/metrics").text
+        #expect(!counted.contains("AAAA"))
         // The stall watch's probe runs every 500 ms from the start.
         try await eventually("a probe task measured") {
             let text = try await HTTP.get(serve.baseURL + "/metrics").text
