@@ -25,6 +25,8 @@ public struct HTTPRequest: Sendable {
     public var remoteAddress: String?
     /// The matched route pattern, e.g. `/v1/people/{id}` (nil before routing or when nothing matched).
     public var route: String?
+    /// Why the request target cannot be taken as text (see `RequestTarget.problem`); the router answers it.
+    var targetProblem: HTTPProblem?
 
     /// Creates a request from a request target such as `/v1/people/a%20b?limit=10`.
     ///
@@ -38,6 +40,7 @@ public struct HTTPRequest: Sendable {
         remoteAddress: String? = nil
     ) {
         let parsed = RequestTarget(target)
+        self.targetProblem = parsed.problem
         self.method = method
         self.rawPath = parsed.rawPath
         self.path = PercentDecoding.decode(parsed.rawPath)
@@ -182,6 +185,10 @@ enum JSONProblems {
 struct RequestTarget {
     var rawPath: String
     var queryItems: [(name: String, value: String)]
+    /// 400 `bad-request` when a path segment, query name or query value decodes to bytes that are not UTF-8 or
+    /// hold U+0000: decoded lossily they would name another resource (`%FF` reads as U+FFFD), and PostgreSQL cuts a
+    /// text parameter short at NUL (`person=alice%00zz` would read as `alice`). The router answers it.
+    var problem: HTTPProblem?
 
     init(_ target: String) {
         var rest = Substring(target)
@@ -202,12 +209,27 @@ struct RequestTarget {
         }
         rawPath = pathPart.isEmpty ? "/" : String(pathPart)
         queryItems = []
+        for segment in pathPart.split(separator: "/", omittingEmptySubsequences: true)
+        where !PercentDecoding.decodeChecked(segment).isText {
+            problem = .badRequest(
+                detail: "A segment of the request path is not UTF-8 once percent-decoded, or holds U+0000.",
+                field: "path")
+            break
+        }
         guard let queryPart else { return }
         for pair in queryPart.split(separator: "&", omittingEmptySubsequences: true) {
             let parts = pair.split(separator: "=", maxSplits: 1, omittingEmptySubsequences: false)
-            let name = PercentDecoding.decode(parts[0], plusIsSpace: true)
-            let value = parts.count > 1 ? PercentDecoding.decode(parts[1], plusIsSpace: true) : ""
-            queryItems.append((name: name, value: value))
+            let name = PercentDecoding.decodeChecked(parts[0], plusIsSpace: true)
+            let value =
+                parts.count > 1 ? PercentDecoding.decodeChecked(parts[1], plusIsSpace: true) : (text: "", isText: true)
+            if problem == nil, !name.isText || !value.isText {
+                problem = .badRequest(
+                    detail: name.isText
+                        ? "The query parameter \(name.text) is not UTF-8 once percent-decoded, or holds U+0000."
+                        : "A query parameter name is not UTF-8 once percent-decoded, or holds U+0000.",
+                    field: name.isText ? name.text : "query")
+            }
+            queryItems.append((name: name.text, value: value.text))
         }
     }
 
@@ -220,8 +242,17 @@ struct RequestTarget {
 /// Percent-decoding (RFC 3986 §2.1). Malformed escapes are kept literally; invalid UTF-8 becomes U+FFFD.
 enum PercentDecoding {
     static func decode<S: StringProtocol>(_ input: S, plusIsSpace: Bool = false) -> String {
+        decodeChecked(input, plusIsSpace: plusIsSpace).text
+    }
+
+    /// The decoded text, and whether it is text as received: valid UTF-8 (nothing replaced by U+FFFD) without U+0000.
+    static func decodeChecked<S: StringProtocol>(_ input: S, plusIsSpace: Bool = false) -> (
+        text: String, isText: Bool
+    ) {
         let utf8 = input.utf8
-        guard utf8.contains(where: { $0 == 0x25 || (plusIsSpace && $0 == 0x2B) }) else { return String(input) }
+        guard utf8.contains(where: { $0 == 0x25 || (plusIsSpace && $0 == 0x2B) }) else {
+            return (String(input), !utf8.contains(0))
+        }
         var bytes: [UInt8] = []
         bytes.reserveCapacity(utf8.count)
         var index = utf8.startIndex
@@ -239,7 +270,8 @@ enum PercentDecoding {
             bytes.append(plusIsSpace && byte == 0x2B ? 0x20 : byte)
             index = utf8.index(after: index)
         }
-        return String(decoding: bytes, as: UTF8.self)
+        if !bytes.contains(0), let text = String(validating: bytes, as: UTF8.self) { return (text, true) }
+        return (String(decoding: bytes, as: UTF8.self), false)
     }
 
     private static func hexValue(_ byte: UInt8) -> UInt8? {

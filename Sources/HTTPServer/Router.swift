@@ -141,7 +141,8 @@ public struct Router: Sendable {
     /// Finds the handler for a request: 404 problem for unknown paths; 405 problem (with `Allow`) when
     /// the path exists but the method doesn't.
     public func route(_ request: HTTPRequest) -> RouteResult {
-        route(method: request.method, rawPath: request.rawPath, path: request.path)
+        if let problem = request.targetProblem { return .problem(problem) }
+        return route(method: request.method, rawPath: request.rawPath, path: request.path)
     }
 
     func route(method: HTTPMethod, rawPath: String, path: String) -> RouteResult {

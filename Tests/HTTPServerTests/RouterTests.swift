@@ -60,6 +60,40 @@ struct RouterTests {
         #expect(try await Self.tag(of: router.route(HTTPRequest(method: .GET, target: "//v1/people/me/"))) == "literal")
     }
 
+    @Test("a path segment or query value that is not UTF-8 or holds U+0000 once decoded is a 400, never routed")
+    func undecodableTargetIs400() {
+        var router = Router()
+        router.put("/v1/people/{id}", Self.ok("person"))
+        router.get("/v1/live_notifications", Self.ok("list"))
+        for (method, target, field) in [
+            (HTTPMethod.PUT, "/v1/people/%FF", "path"), (.PUT, "/v1/people/a%00b", "path"),
+            (.PUT, "/v1/people/%C3", "path"), (.GET, "/v1/live_notifications?person=alice%00zz", "person"),
+            (.GET, "/v1/live_notifications?person=%FE%FF", "person"), (.GET, "/v1/live_notifications?%FF=1", "query"),
+            (.GET, "/v1/live_notifications?limit=10&cursor=a%00", "cursor"),
+        ] {
+            guard case .problem(let problem) = router.route(HTTPRequest(method: method, target: target)) else {
+                Issue.record("\(target) should not be routed")
+                continue
+            }
+            #expect(problem.status == 400, "\(target)")
+            #expect(problem.type == HTTPProblem.typeBase + "bad-request", "\(target)")
+            #expect(problem.field == field, "\(target)")
+        }
+        // Escaped UTF-8 and escaped reserved characters are still fine.
+        for target in ["/v1/people/b%C3%A9", "/v1/people/a%2Fb"] {
+            guard case .matched = router.route(HTTPRequest(method: .PUT, target: target)) else {
+                Issue.record("\(target) should be routed")
+                continue
+            }
+        }
+        let query = HTTPRequest(method: .GET, target: "/v1/live_notifications?person=b%C3%A9+x")
+        #expect(query.query["person"] == "bé x")
+        guard case .matched = router.route(query) else {
+            Issue.record("a UTF-8 query value should be routed")
+            return
+        }
+    }
+
     @Test func unknownPathIs404Problem() {
         var router = Router()
         router.get("/v1/people/{id}", Self.ok("x"))

@@ -65,12 +65,16 @@ struct ConsoleServingTests {
         for path in [
             "/console/nope.js", "/console/app.js/extra", "/console/..%2F..%2Fetc%2Fpasswd", "/console/..%2fapp.js",
             "/console/%2e%2e/%2e%2e/etc/passwd", "/console/../../etc/passwd", "/console/.%2e/Migrations",
-            "/console/ConsoleRoutes.swift", "/console/%00app.js", "/console/APP.JS", "/console/app.js%20",
+            "/console/ConsoleRoutes.swift", "/console/APP.JS", "/console/app.js%20",
             "/console/index.html%2F..%2Fapi.js",
         ] {
             let r = try await api.call("GET", path)
             expectProblem(r, 404, "not-found", path)
             #expect(!r.text.contains("root:"), "\(path)")
+        }
+        // A segment holding U+0000 (or bytes that are not UTF-8) is a bad request on any path.
+        for path in ["/console/%00app.js", "/console/app.js%00", "/console/%FF"] {
+            expectProblem(try await api.call("GET", path), 400, "bad-request", field: "path", path)
         }
         // A file's 404 keeps the console's headers.
         Self.expectSecurityHeaders(try await api.call("GET", "/console/nope.js"), "404")

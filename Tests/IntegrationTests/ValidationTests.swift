@@ -339,6 +339,29 @@ struct ValidationTests {
         }
     }
 
+    @Test("a path segment or query value that is not UTF-8 or holds U+0000 once decoded is 400, never another name")
+    func undecodableTargets() async throws {
+        let fixture = try await RegistryFixture.get()
+        let api = fixture.api
+        let tenant = try await api.createTenant()
+        // Decoded lossily, %FF was person "\u{FFFD}"; a NUL cut the text parameter short in PostgreSQL.
+        expectProblem(
+            try await api.call("PUT", "/v1/people/%FF", key: tenant.sdk, json: [:]), 400, "bad-request", field: "path")
+        expectProblem(
+            try await api.call("PUT", "/v1/people/alice%00zz", key: tenant.sdk, json: [:]), 400, "bad-request",
+            field: "path")
+        expectProblem(try await api.call("GET", "/v1/people/%EF%BF%BD", key: tenant.app), 404, "not-found")
+        let alice = Fake.id("alice")
+        #expect(try await api.call("PUT", "/v1/people/\(alice)", key: tenant.sdk, json: [:]).status == 200)
+        try await fixture.seedInstance(tenant: tenant.uuid, id: Fake.id("i"), person: alice)
+        let listed = try await api.call("GET", "/v1/live_notifications?person=\(alice)", key: tenant.app)
+        #expect(listed.status == 200, "\(listed.text)")
+        #expect(try listed.json().array("data").count == 1, "\(listed.text)")
+        expectProblem(
+            try await api.call("GET", "/v1/live_notifications?person=\(alice)%00zz", key: tenant.app), 400,
+            "bad-request", field: "person")
+    }
+
     @Test("malformed JSON is 400, a non-object body is 400, text/plain is 415, an empty body is 400")
     func bodies() async throws {
         let fixture = try await RegistryFixture.get()
