@@ -400,7 +400,10 @@ struct CompatRoutes: Sendable {
             try identity.check([person])
             _ = try registry.upsertPerson(id: person, email: email, attributes: traits)
         case .device(let registration):
-            try identity.check([registration.personID])
+            // Registering a device another person owns moves it: a write about its owner too, as for token events.
+            try identity.check {
+                [registration.personID, try registry.registeredDevice(token: registration.token)?.personID]
+            }
             _ = try registry.upsertDevice(registration)
         case .deleteDevice(let person, let token):
             try identity.check([person])

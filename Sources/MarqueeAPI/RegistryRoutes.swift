@@ -62,12 +62,17 @@ struct RegistryRoutes: Sendable {
     func putDevice(_ request: HTTPRequest) async throws -> HTTPResponse {
         let principal = try await authenticator.require(request, kinds: Self.anyKey)
         let personID = try Identifiers.personID(request.pathParameters["id"] ?? "")
-        try await identity.check(request, principal, about: [personID])
+        let verdict = try await identity.verdict(request, principal)
+        try verdict.check([personID])
         let body = try JSONBody.parse(request)
         try body.rejectUnknown(["platform", "app_id", "os_version", "app_version", "attributes"])
         let platform = try body.requiredEnum("platform", Platform.self)
         let token = try Identifiers.deviceToken(
             request.pathParameters["device_token"] ?? "", platform: platform, field: "device_token")
+        // Registering a device another person owns moves it: a write about its owner too, as for token events.
+        if verdict.needsPeople {
+            try verdict.check([try await registry.registeredDevice(tenant: principal.tenantID, token: token)?.personID])
+        }
         let device = try await registry.upsertDevice(
             tenant: principal.tenantID,
             DeviceRegistration(

@@ -186,6 +186,39 @@ struct IdentityVerificationTests {
                 "PUT", "/v1/live_notifications/\(instance)/tokens/\(device)", key: tenant.sdk,
                 json: ["token": Fake.hex()], headers: own
             ).status == 200)
+        // Registering the victim's device under the attacker would move it (and its tokens' pushes): a write about
+        // the device's owner too, refused like the token events above, on the REST route and the compat event.
+        let mine = [Self.header: Self.token(attacker, secret)]
+        expectProblem(
+            try await api.call(
+                "PUT", "/v1/people/\(attacker)/devices/\(device)", key: tenant.sdk, json: ["platform": "ios"],
+                headers: mine), 403, "user-token-wrong-person", "device takeover")
+        var takeover = mine
+        takeover["Authorization"] = tenant.basicSDK
+        takeover["Content-Type"] = "application/json"
+        let compat = try await HTTP.send(
+            "POST", api.baseURL + "/v1/batch", headers: takeover,
+            body: try JSONSerialization.data(
+                withJSONObject: [
+                    "batch": [
+                        CompatIngestTests.event(
+                            "track", "Device Created or Updated", userId: attacker, deviceToken: device)
+                    ]
+                ]))
+        expectProblem(compat, 403, "user-token-wrong-person", "compat device takeover")
+        #expect(
+            try await fixture.pool.count(
+                """
+                SELECT count(*)::int AS n FROM devices
+                WHERE tenant_id = \(tenant.uuid) AND token = \(device) AND person_id = \(victim)
+                """) == 1, "the device is still the victim's")
+        // The attacker's own new device is still theirs to register.
+        #expect(
+            try await api.call(
+                "PUT", "/v1/people/\(attacker)/devices/\(Fake.hex())", key: tenant.sdk, json: ["platform": "ios"],
+                headers: mine
+            ).status == 200)
+
         let person = try await api.call("GET", "/v1/people/\(victim)", key: tenant.app).json()
         #expect(person.string("email") == "victim@example.com")
 
