@@ -134,6 +134,10 @@ final class RequestContext: Sendable {
         case new
         /// Headers seen; collecting the body.
         case receiving
+        /// Headers seen; the route's body admission running, connection suspended (see `BodyPolicy.admission`).
+        case admitting
+        /// Admitted: MHD's repeated first call (after the resume) starts collecting the body.
+        case admitted
         /// Handler running, connection suspended.
         case suspended
         /// Handler finished; the next access-handler call queues this.
@@ -151,8 +155,11 @@ final class RequestContext: Sendable {
         var body: [UInt8] = []
         var bytesIn = 0
         var tooLarge = false
-        /// The body limit of this request's route, once looked up (only for bodies over the server's default).
-        var bodyLimit: Int?
+        /// The body limit and admission of this request's route, once looked up (only for bodies that may exceed
+        /// the server's default).
+        var routeBody: (limit: Int, admission: BodyPolicy.Admission?)?
+        /// The route's admission let this request through: its body may have the route's limit.
+        var admitted = false
         var route: String?
         var status = 0
         var bytesOut = 0
@@ -529,43 +536,96 @@ final class ServerCore: Sendable {
                 s.path = path
                 s.requestID = RequestID.accept(headers["X-Request-Id"]) ?? RequestID.generate()
             }
-            if let length = headers["Content-Length"].flatMap({ Int(HTTPHeaders.trimmed($0)) }),
-                length > configuration.maxBodySize, length > bodyLimit(context)
-            {
+            let length = headers["Content-Length"].flatMap { Int(HTTPHeaders.trimmed($0)) }
+            if let length, length > configuration.maxBodySize, length > routeBody(context).limit {
                 // Answer before the body is read (MHD then skips it and closes the connection); with
                 // `Expect: 100-continue` the client never sends it.
                 context.state.withLock { $0.tooLarge = true }
                 setReading(connection, false)
-                var response = HTTPResponse.problem(.payloadTooLarge(limit: bodyLimit(context)))
+                var response = HTTPResponse.problem(.payloadTooLarge(limit: routeBody(context).limit))
                 response.headers["Connection"] = "close"
                 return queue(response, context: context, connection: connection)
+            }
+            // A body that may exceed the server's limit, to a route that admits its callers first: nothing of it is
+            // read before they are admitted.
+            if length.map({ $0 > configuration.maxBodySize }) ?? (headers["Transfer-Encoding"] != nil),
+                let admission = routeBody(context).admission
+            {
+                return admit(admission, context: context, connection: connection)
+            }
+            if uploadSize.pointee == 0 { return true }
+            return receive(context, connection: connection, upload: upload, uploadSize: uploadSize)
+        case .admitted:
+            // MHD repeats its first call (no body yet) after the resume; the body follows.
+            context.state.withLock { s in
+                s.stage = .receiving
+                s.admitted = true
             }
             if uploadSize.pointee == 0 { return true }
             return receive(context, connection: connection, upload: upload, uploadSize: uploadSize)
         case .receiving:
             return receive(context, connection: connection, upload: upload, uploadSize: uploadSize)
         case .ready(let response):
+            setReading(connection, false)
             return queue(response, context: context, connection: connection)
-        case .suspended, .responded:
+        case .admitting, .suspended, .responded:
             uploadSize.pointee = 0
             return true
         }
     }
 
-    /// The largest body the request's route takes: its `BodyPolicy.maxSize`, else the server's `maxBodySize`.
-    /// Looked up only for bodies over the server's limit, once per request.
-    private func bodyLimit(_ context: RequestContext) -> Int {
-        let (known, method, headers) = context.state.withLock { ($0.bodyLimit, $0.method, $0.headers) }
+    /// The request's route's body limit (its `BodyPolicy.maxSize`, else the server's `maxBodySize`) and admission.
+    /// Looked up only for bodies that may exceed the server's limit, once per request.
+    private func routeBody(_ context: RequestContext) -> (limit: Int, admission: BodyPolicy.Admission?) {
+        let (known, method, headers) = context.state.withLock { ($0.routeBody, $0.method, $0.headers) }
         if let known { return known }
-        var limit = configuration.maxBodySize
+        var found: (limit: Int, admission: BodyPolicy.Admission?) = (configuration.maxBodySize, nil)
         if case .matched(let match) = router.route(
             HTTPRequest(method: method, target: context.target, headers: headers)),
             let size = match.bodyPolicy.maxSize
         {
-            limit = size
+            found = (size, match.bodyPolicy.admission)
         }
-        context.state.withLock { $0.bodyLimit = limit }
-        return limit
+        context.state.withLock { $0.routeBody = found }
+        return found
+    }
+
+    /// The largest body this request may send: its route's limit, unless the route admits callers first and this
+    /// request was not admitted, then the server's `maxBodySize`.
+    private func bodyLimit(_ context: RequestContext) -> Int {
+        let route = routeBody(context)
+        if route.admission != nil, !context.state.withLock({ $0.admitted }) { return configuration.maxBodySize }
+        return route.limit
+    }
+
+    /// Runs the route's admission on the request's headers with the connection suspended, before any of the body
+    /// is read. MHD repeats its first call after the resume: admitted, it collects the body (`.admitted`); refused,
+    /// it answers at once and closes the connection without reading the body (`.ready`).
+    private func admit(
+        _ admission: @escaping BodyPolicy.Admission, context: RequestContext, connection: OpaquePointer
+    ) -> Bool {
+        let (method, headers, requestID) = context.state.withLock { ($0.method, $0.headers, $0.requestID) }
+        let request = HTTPRequest(
+            method: method, target: context.target, headers: headers, requestID: requestID,
+            remoteAddress: context.remoteAddress)
+        return suspend(context, connection: connection, as: .admitting) { [self] in
+            var next = RequestContext.Stage.admitted
+            var failure: String?
+            do {
+                try await admission(request)
+            } catch {
+                var response: HTTPResponse
+                if let convertible = error as? any HTTPProblemConvertible {
+                    response = .problem(convertible.problem)
+                } else {
+                    failure = String(describing: error)
+                    response = .problem(.internalError(requestID: request.requestID))
+                }
+                response.headers["Connection"] = "close"
+                next = .ready(response)
+            }
+            self.resume(context, as: next, failure: failure)
+        }
     }
 
     private func receive(
@@ -601,8 +661,7 @@ final class ServerCore: Sendable {
         }
         if snapshot.tooLarge {
             return queue(
-                .problem(.payloadTooLarge(limit: snapshot.bodyLimit ?? configuration.maxBodySize)), context: context,
-                connection: connection)
+                .problem(.payloadTooLarge(limit: bodyLimit(context))), context: context, connection: connection)
         }
         var request = HTTPRequest(
             method: snapshot.method, target: context.target, headers: snapshot.headers, body: snapshot.body,
@@ -623,11 +682,22 @@ final class ServerCore: Sendable {
 
         let handler = match.handler
         let routed = request
+        return suspend(context, connection: connection, as: .suspended) { [self] in
+            await self.runHandler(handler, request: routed, context: context)
+        }
+    }
+
+    /// Suspends the connection (its stage becomes `stage`) and runs `work` as a task, recorded so that a stop
+    /// answers the connection (503) and cancels the task. `work` ends with `resume(_:as:failure:)`.
+    private func suspend(
+        _ context: RequestContext, connection: OpaquePointer, as stage: RequestContext.Stage,
+        _ work: @escaping @Sendable () async -> Void
+    ) -> Bool {
         let handle = MHDHandle(connection)
         let id = ObjectIdentifier(context)
         let suspended = state.withLock { s -> Bool in
             guard s.phase == .running || s.phase == .draining else { return false }
-            context.state.withLock { $0.stage = .suspended }
+            context.state.withLock { $0.stage = stage }
             MHD_suspend_connection(handle.pointer)
             s.suspended[id] = Suspension(context: context, connection: handle, task: nil)
             return true
@@ -642,9 +712,7 @@ final class ServerCore: Sendable {
         // handlers finish during the drain. Started outside the lock (starting one may wake a thread), then
         // recorded for a stop to cancel; if its entry is gone already (a stop answered it, or it finished), it is
         // cancelled here instead (a no-op once finished).
-        let task = Task { [self] in
-            await self.runHandler(handler, request: routed, context: context)
-        }
+        let task = Task { await work() }
         let recorded = state.withLock { s -> Bool in
             guard s.suspended[id] != nil else { return false }
             s.suspended[id]?.task = task
@@ -665,6 +733,11 @@ final class ServerCore: Sendable {
             failure = String(describing: error)
             response = .problem(.internalError(requestID: request.requestID))
         }
+        resume(context, as: .ready(response), failure: failure)
+    }
+
+    /// Ends a suspension: sets the connection's next stage and resumes it, unless a stop took it first.
+    private func resume(_ context: RequestContext, as stage: RequestContext.Stage, failure: String?) {
         // The entry is taken under the lock (whoever takes it resumes the connection: this handler, or a stop
         // answering 503), the resume made outside it: MHD's resume signals the daemon's thread (a syscall), and the
         // server-wide lock is on every request's path. `resuming` keeps the daemon from being stopped meanwhile.
@@ -675,7 +748,7 @@ final class ServerCore: Sendable {
         }
         guard let entry else { return }
         context.state.withLock { c in
-            c.stage = .ready(response)
+            c.stage = stage
             c.handlerError = failure
         }
         MHD_resume_connection(entry.connection.pointer)

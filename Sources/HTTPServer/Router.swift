@@ -2,15 +2,24 @@
 public typealias HTTPHandler = @Sendable (HTTPRequest) async throws -> HTTPResponse
 
 /// What a route accepts as a request body; checked centrally before the handler runs.
-public struct BodyPolicy: Sendable, Hashable {
+public struct BodyPolicy: Sendable {
+    /// Decides from a request's method, target and headers alone (its body empty) whether it may send a body over
+    /// the server's `maxBodySize`; throws (an ``HTTPProblemConvertible`` renders itself) to refuse it.
+    public typealias Admission = @Sendable (HTTPRequest) async throws -> Void
+
     private enum Kind: Hashable { case json, ndjson, any }
     private let kind: Kind
     /// The route's largest body in bytes, when it differs from the server's `maxBodySize`.
     public let maxSize: Int?
+    /// With `maxSize` over the server's limit: run before any of a body that may exceed the server's limit is read
+    /// (`Content-Length` over it, or a chunked body), so that only admitted callers (e.g. authenticated ones) can
+    /// make the server buffer that much. A refused request's body is never read.
+    public let admission: Admission?
 
-    private init(kind: Kind, maxSize: Int? = nil) {
+    private init(kind: Kind, maxSize: Int? = nil, admission: Admission? = nil) {
         self.kind = kind
         self.maxSize = maxSize
+        self.admission = admission
     }
 
     /// A non-empty body must have a JSON `Content-Type` (`application/json` or `application/…+json`),
@@ -20,8 +29,22 @@ public struct BodyPolicy: Sendable, Hashable {
     public static let any = BodyPolicy(kind: .any)
 
     /// Newline-delimited JSON (`application/x-ndjson`, `application/ndjson` or `application/jsonl`), up to
-    /// `maxSize` bytes (which may exceed the server's `maxBodySize`: bulk routes take large bodies).
-    public static func ndjson(maxSize: Int) -> BodyPolicy { BodyPolicy(kind: .ndjson, maxSize: maxSize) }
+    /// `maxSize` bytes (which may exceed the server's `maxBodySize`: bulk routes take large bodies), from callers
+    /// that `admission` lets through before their body is read (see ``admission``).
+    public static func ndjson(maxSize: Int, admission: @escaping Admission) -> BodyPolicy {
+        BodyPolicy(kind: .ndjson, maxSize: maxSize, admission: admission)
+    }
+
+    /// The same policy with its admission run through `middleware` like a handler (so its errors render as the
+    /// handlers' do).
+    func wrappingAdmission(_ middleware: (@escaping HTTPHandler) -> HTTPHandler) -> BodyPolicy {
+        guard let admission else { return self }
+        let wrapped = middleware { request in
+            try await admission(request)
+            return HTTPResponse(status: 204)
+        }
+        return BodyPolicy(kind: kind, maxSize: maxSize) { request in _ = try await wrapped(request) }
+    }
 
     /// The media types `.ndjson` accepts.
     public static let ndjsonMediaTypes: Set<String> = [
@@ -108,9 +131,13 @@ public struct Router: Sendable {
         routes.map { ($0.method, $0.pattern) }
     }
 
-    /// Wraps every handler registered so far in `middleware` (e.g. error rendering that no route may forget).
+    /// Wraps every handler (and body admission) registered so far in `middleware` (e.g. error rendering that no
+    /// route may forget).
     public mutating func wrapHandlers(_ middleware: (@escaping HTTPHandler) -> HTTPHandler) {
-        for index in routes.indices { routes[index].handler = middleware(routes[index].handler) }
+        for index in routes.indices {
+            routes[index].handler = middleware(routes[index].handler)
+            routes[index].bodyPolicy = routes[index].bodyPolicy.wrappingAdmission(middleware)
+        }
     }
 
     /// Registers a `GET` route.

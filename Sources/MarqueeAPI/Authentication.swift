@@ -61,6 +61,13 @@ struct Authenticator: Sendable {
         { request in try await handler(request, try await self.require(request, kinds: [.app])) }
     }
 
+    /// Body admission (`BodyPolicy.admission`) for app-key routes whose bodies may exceed the server's limit: the key
+    /// is checked from the headers before any of the body is read, so that no one without a valid app key can make
+    /// the server buffer a large body. The route's handler still goes through `app` (a cache hit by then).
+    func appAdmission() -> BodyPolicy.Admission {
+        { request in _ = try await self.require(request, kinds: [.app]) }
+    }
+
     func requireAdmin(_ request: HTTPRequest) throws {
         guard let expected = adminTokenHash else {
             throw Problems.forbidden("The admin API is disabled: set MARQUEE_ADMIN_TOKEN to enable it.")

@@ -21,7 +21,9 @@ struct PeopleImportRoutes: Sendable {
 
     func register(in router: inout Router) {
         router.add(
-            .POST, "/v1/people/import", body: .ndjson(maxSize: Self.maxBodyBytes), authenticator.app(importPeople))
+            .POST, "/v1/people/import",
+            body: .ndjson(maxSize: Self.maxBodyBytes, admission: authenticator.appAdmission()),
+            authenticator.app(importPeople))
     }
 
     func importPeople(_ request: HTTPRequest, _ principal: Principal) async throws -> HTTPResponse {

@@ -92,14 +92,24 @@ struct ServerTests {
         }
     }
 
+    /// A bulk route's admission: `Authorization: Bearer ok` only, counting its runs.
+    static func bulkRoute(_ runs: Counter) -> BodyPolicy {
+        .ndjson(maxSize: 3 << 20) { request in
+            runs.enter()
+            guard request.headers["Authorization"] == "Bearer ok", request.body.isEmpty else {
+                throw HTTPProblem(status: 401, slug: "unauthorized", title: "Unauthorized", detail: "No key.")
+            }
+        }
+    }
+
     @Test("a route's own body limit (ndjson bulk route) above the server's, and its media types")
     func routeBodyLimit() async throws {
         var router = Router()
-        router.add(.POST, "/bulk", body: .ndjson(maxSize: 3 << 20)) { request in .text("\(request.body.count)") }
+        router.add(.POST, "/bulk", body: Self.bulkRoute(Counter())) { request in .text("\(request.body.count)") }
         router.add(.POST, "/small") { request in .text("\(request.body.count)") }
         try await withServer(router) { server in
             let port = server.boundPort
-            let ndjson = [("Content-Type", "application/x-ndjson")]
+            let ndjson = [("Content-Type", "application/x-ndjson"), ("Authorization", "Bearer ok")]
             let two = [UInt8](repeating: 0x61, count: 2 << 20)
             let bulk = try await request(port, "POST", "/bulk", headers: ndjson, body: two)
             #expect(bulk.status == 200)
@@ -120,7 +130,7 @@ struct ServerTests {
             let streamed = try await onThread {
                 let connection = try RawConnection(port: port)
                 try connection.send(
-                    "POST /bulk HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-ndjson\r\nTransfer-Encoding: chunked\r\n\r\n"
+                    "POST /bulk HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ok\r\nContent-Type: application/x-ndjson\r\nTransfer-Encoding: chunked\r\n\r\n"
                 )
                 let chunk = [UInt8](repeating: 0x61, count: 65_536)
                 for _ in 0..<64 { try connection.send(Array("10000\r\n".utf8) + chunk + Array("\r\n".utf8)) }
@@ -140,6 +150,66 @@ struct ServerTests {
             let json = try await request(
                 port, "POST", "/bulk", headers: [("Content-Type", "application/json")], body: [0x61])
             #expect(json.status == 415)
+        }
+    }
+
+    @Test("a body over the server's limit to a bulk route is read only once the route's admission let it through")
+    func bulkBodiesNeedAdmission() async throws {
+        let runs = Counter()
+        let handled = Counter()
+        var router = Router()
+        router.add(.POST, "/bulk", body: Self.bulkRoute(runs)) { request in
+            handled.enter()
+            return .text("\(request.body.count)")
+        }
+        try await withServer(router) { server in
+            let port = server.boundPort
+            // Refused from the headers alone: the answer comes although none of the 3 MiB announced was sent.
+            let refused = try await onThread {
+                let connection = try RawConnection(port: port)
+                try connection.send(
+                    "POST /bulk HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-ndjson\r\nContent-Length: \(3 << 20)\r\n\r\n"
+                )
+                return try connection.readResponse()
+            }
+            #expect(refused.status == 401)
+            #expect(try refused.problem().type == HTTPProblem.typeBase + "unauthorized")
+            #expect(refused.headers["Connection"]?.lowercased() == "close")
+            // Chunked: refused before the first chunk, too.
+            let chunked = try await onThread {
+                let connection = try RawConnection(port: port)
+                try connection.send(
+                    "POST /bulk HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-ndjson\r\nTransfer-Encoding: chunked\r\n\r\n"
+                )
+                return try connection.readResponse()
+            }
+            #expect(chunked.status == 401)
+            #expect(handled.total == 0 && runs.total == 2)
+            // Admitted: the body is read up to the route's limit, with and without Expect: 100-continue.
+            let body = [UInt8](repeating: 0x61, count: 2 << 20)
+            let admitted = try await request(
+                port, "POST", "/bulk",
+                headers: [("Content-Type", "application/x-ndjson"), ("Authorization", "Bearer ok")],
+                body: body)
+            #expect(admitted.status == 200)
+            #expect(admitted.text == "\(2 << 20)")
+            let continued = try await onThread {
+                let connection = try RawConnection(port: port)
+                try connection.send(
+                    "POST /bulk HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ok\r\nContent-Type: application/x-ndjson\r\nExpect: 100-continue\r\nContent-Length: \(body.count)\r\n\r\n"
+                )
+                let interim = try connection.readResponse(head: true)  // 100 Continue has no body
+                try connection.send(body)
+                return (interim.status, try connection.readResponse())
+            }
+            #expect(continued.0 == 100)
+            #expect(continued.1.status == 200)
+            #expect(continued.1.text == "\(2 << 20)")
+            // Within the server's own limit no admission runs (the handler authenticates as for any route).
+            let small = try await request(
+                port, "POST", "/bulk", headers: [("Content-Type", "application/x-ndjson")], body: [0x61])
+            #expect(small.status == 200)
+            #expect(runs.total == 4 && handled.total == 3)
         }
     }
 

@@ -258,6 +258,37 @@ struct PeopleImportTests {
         expectProblem(try await Self.post(api, tenant.app, tooMany), 422, "invalid-field", field: "body")
     }
 
+    @Test("a body over the server's 1 MiB limit is read only after the app key is checked: no key, no 64 MiB buffer")
+    func largeBodyNeedsTheKeyFirst() async throws {
+        let fixture = try await RegistryFixture.get()
+        let api = fixture.api
+        let tenant = try await api.createTenant("import-" + Fake.hex(6))
+        let url = try #require(URLComponents(string: api.baseURL))
+        let (host, port) = (try #require(url.host), try #require(url.port))
+        // Only the headers are sent: the answer must come without the 64 MiB body announced.
+        for (authorization, status, slug) in [
+            (nil, 401, "unauthorized"), ("Bearer mq_app_not_a_key", 401, "unauthorized"),
+            ("Bearer \(tenant.sdk)", 403, "forbidden"),
+        ] {
+            var head =
+                "POST /v1/people/import HTTP/1.1\r\nHost: \(host)\r\nContent-Type: application/x-ndjson\r\n"
+                + "Content-Length: \(64 << 20)\r\n"
+            if let authorization { head += "Authorization: \(authorization)\r\n" }
+            let request = Array((head + "\r\n").utf8)
+            let raw = try await withCheckedThrowingContinuation {
+                (continuation: CheckedContinuation<[UInt8], any Error>) in
+                Thread {
+                    continuation.resume(with: Result { try HTTP.exchange(host: host, port: port, request: request) })
+                }
+                .start()
+            }
+            expectProblem(try HTTP.parse(raw), status, slug, "\(authorization ?? "no key")")
+        }
+        // With the app key the body is read (the 100,000-people test imports a body of many MiB).
+        let small = try await Self.post(api, tenant.app, Self.ndjson([try Self.json(["id": Fake.id("k")])]))
+        #expect(small.status == 200, "\(small.text)")
+    }
+
     @Test("the registration functions never plan a sequential scan (migrations 0048, 0065)")
     func registrationFunctionsUseIndexes() async throws {
         let fixture = try await RegistryFixture.get()
