@@ -599,10 +599,15 @@ public final class PostgresConnection {
     /// a C string, so it would be cut at the NUL (another value, or a malformed array literal) rather than refused.
     /// Thrown like any failed statement (`encoding`), so the caller's transaction rolls back as for a server error.
     static func refuseNUL(_ binds: [PostgresBind]) throws {
-        for (position, bind) in binds.enumerated() where !bind.binary && bind.bytes?.contains(0) == true {
+        for (position, bind) in binds.enumerated() where !bind.binary && bind.bytes.map(Self.holdsNUL) == true {
             throw PostgresError(
                 code: .encoding, context: "parameter $\(position + 1) holds a NUL byte, which text format cannot carry")
         }
+    }
+
+    /// Whether `bytes` holds a zero byte (`memchr`: a batch's arrays are tens of kilobytes).
+    static func holdsNUL(_ bytes: [UInt8]) -> Bool {
+        bytes.withUnsafeBufferPointer { $0.isEmpty ? false : memchr($0.baseAddress!, 0, $0.count) != nil }
     }
 
     /// Lays out binds as the parallel C arrays `PQexecParams` wants, valid for the duration of `body`.

@@ -350,7 +350,8 @@ struct ClaimTests {
                 heldUntil: Date().addingTimeInterval(60))
         }
         #expect(try await w.start(["instance_id": waiting]).status == 200)
-        try await queue.markCredentialBroken(tenant: w.tenant.uuid, provider: .apns, reason: "BadCertificate")
+        try await w.fixture.pool.execute(
+            "UPDATE apns_credentials SET status = 'broken' WHERE tenant_id = \(w.tenant.uuid)")
         #expect(try await Self.statuses(w, sending, operation: "start") == ["queued": 3], "left to its worker")
         let parked = try await Self.statuses(w, waiting, operation: "start")
         #expect(parked == ["parked": 2, "queued": 1], "\(parked)")
