@@ -200,8 +200,10 @@ struct LifecycleRoutes: Sendable {
                     }
                 }
                 guard let last = written.last else {
-                    if case .success(let response) = answers[0], let record = record(response) {
-                        try await store.recordIdempotent(tenant: tenant, record)
+                    if case .success(let response) = answers[0], let record = record(response),
+                        try await !store.recordIdempotent(tenant: tenant, record)
+                    {
+                        continue  // a concurrent request with the key won: read again, and answer with its record
                     }
                     return answers.map { $0.map { HTTPResponse.json($0) } }
                 }

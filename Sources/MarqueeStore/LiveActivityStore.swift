@@ -261,8 +261,10 @@ public struct LiveActivityStore: Sendable {
     static let writeLost = "MQ001"
 
     /// Records an idempotent response for a request that wrote nothing else (a suppressed no-op).
-    public func recordIdempotent(tenant: UUID, _ record: IdempotencyRecord) async throws {
-        _ = try await committer.submit(tenant: tenant, record)
+    /// Returns false when the key was taken meanwhile (its own answer is then the one to give).
+    @discardableResult
+    public func recordIdempotent(tenant: UUID, _ record: IdempotencyRecord) async throws -> Bool {
+        try await committer.submit(tenant: tenant, record).decode(Bool.self, "written")
     }
 
     /// Marks an open instance past its expiration as `expired` (so that workers skip it and lists show it).

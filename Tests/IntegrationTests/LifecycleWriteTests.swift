@@ -269,6 +269,17 @@ struct LifecycleWriteTests {
         #expect(try await w.instance(instance)["state"] as? String == "active")
     }
 
+    @Test("recording a suppressed no-op's key tells whether it was taken meanwhile (the route then replays it)")
+    func noopKeyTaken() async throws {
+        let w = try await LifecycleTests.world()
+        let (pool, _, store) = try Self.oneConnection(w.fixture.databaseURL)
+        defer { pool.close() }
+        let record = IdempotencyRecord(
+            key: "noop-" + Fake.hex(8), requestHash: [1], status: 200, response: .object(["ok": .bool(true)]))
+        #expect(try await store.recordIdempotent(tenant: w.tenant.uuid, record))
+        #expect(try await !store.recordIdempotent(tenant: w.tenant.uuid, record))
+    }
+
     /// A start of `instance` for the world's person, planned from what the store reads.
     static func start(
         _ store: LiveActivityStore, _ w: LifecycleTests.World, _ instance: String, eta: Int64 = 0, key: String? = nil
