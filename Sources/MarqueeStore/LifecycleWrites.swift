@@ -252,12 +252,19 @@ extension StartWrite: SetWrite {
                 JOIN req r ON r.i = d.i
                 WHERE r.instance_id IN (SELECT id FROM ins)
                 RETURNING instance_id
+            ), live AS (
+                -- The Android devices still there, held until the commit (a worker deletes a device FCM calls
+                -- unregistered): one deleted since the start was planned is left out, rather than failing the
+                -- statement on instance_devices' reference to it.
+                SELECT dv.token FROM devices dv
+                WHERE dv.tenant_id = \(tenant) AND dv.token IN (SELECT device_token FROM android)
+                FOR KEY SHARE
             ), devs AS (
                 INSERT INTO instance_devices (tenant_id, instance_id, device_token, state, state_at)
                 SELECT \(tenant), r.instance_id, a.device_token, 'started', '-infinity'
                 FROM android a
                 JOIN req r ON r.i = a.i
-                WHERE r.instance_id IN (SELECT id FROM ins)
+                WHERE r.instance_id IN (SELECT id FROM ins) AND a.device_token IN (SELECT token FROM live)
                 ON CONFLICT DO NOTHING
                 RETURNING 1
             ), queued AS (

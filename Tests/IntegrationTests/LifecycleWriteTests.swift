@@ -280,6 +280,27 @@ struct LifecycleWriteTests {
         #expect(try await !store.recordIdempotent(tenant: w.tenant.uuid, record))
     }
 
+    @Test("a start whose Android device was deleted after it was planned is written without it")
+    func startWithoutDeletedDevice() async throws {
+        let w = try await LifecycleTests.world()
+        let (pool, _, store) = try Self.oneConnection(w.fixture.databaseURL)
+        defer { pool.close() }
+        let instance = Fake.id("gone-device")
+        let start = try await Self.start(store, w, instance)
+        #expect(start.plan.androidDevices == [w.pixel])
+        // FCM called the phone unregistered meanwhile: the worker deleted it.
+        #expect(
+            try await w.fixture.pool.execute(
+                "DELETE FROM devices WHERE tenant_id = \(w.tenant.uuid) AND token = \(w.pixel)") == 1)
+        #expect(try await store.start(tenant: w.tenant.uuid, start) == .written(version: 1, deliveries: 3))
+        #expect(
+            try await w.fixture.pool.count(
+                """
+                SELECT count(*)::int AS n FROM instance_devices
+                WHERE tenant_id = \(w.tenant.uuid) AND instance_id = \(instance)
+                """) == 0)
+    }
+
     /// A start of `instance` for the world's person, planned from what the store reads.
     static func start(
         _ store: LiveActivityStore, _ w: LifecycleTests.World, _ instance: String, eta: Int64 = 0, key: String? = nil
