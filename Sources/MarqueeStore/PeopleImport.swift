@@ -167,25 +167,32 @@ public struct PeopleImportStore: Sendable {
         // Temporary tables are never analysed by autovacuum: without statistics the planner guesses their sizes,
         // and the joins below are planned for a handful of rows instead of up to 100,000.
         try connection.execute("ANALYZE import_people, import_devices, import_push_to_start")
-        // An email that belongs to someone else already: the line is refused, the others go on.
+        // An email that belongs to someone else already, or that an earlier line has as the database compares emails
+        // (`lower()`, the people_email index's: the API's check of repeats folds case as Swift does, which differs for
+        // some letters, e.g. U+0130): the line is refused, the others go on.
         let conflicts = try connection.query(
             """
-            WITH bad AS (
+            WITH firsts AS MATERIALIZED (
+                SELECT i.line, min(i.line) OVER (PARTITION BY lower(i.email)) AS first
+                FROM import_people i WHERE i.email IS NOT NULL
+            ), bad AS (
                 DELETE FROM import_people i
-                WHERE i.email IS NOT NULL AND EXISTS (
+                USING firsts f
+                WHERE f.line = i.line AND (f.first <> f.line OR EXISTS (
                     SELECT 1 FROM people p
-                    WHERE p.tenant_id = \(tenant) AND lower(p.email) = lower(i.email) AND p.id <> i.id)
-                RETURNING i.line, i.id
+                    WHERE p.tenant_id = \(tenant) AND lower(p.email) = lower(i.email) AND p.id <> i.id))
+                RETURNING i.line, i.id, NULLIF(f.first, f.line) AS repeats
             ), devices AS (
                 DELETE FROM import_devices d USING bad WHERE d.line = bad.line
             ), tokens AS (
                 DELETE FROM import_push_to_start t USING bad WHERE t.line = bad.line
             )
-            SELECT line FROM bad ORDER BY line
+            SELECT line, repeats FROM bad ORDER BY line
             """)
         let rejected = try conflicts.map {
             ImportRejection(
-                line: try $0.decode(Int.self, "line"), field: "email", reason: "belongs to another person")
+                line: try $0.decode(Int.self, "line"), field: "email",
+                reason: try $0.decode(Int?.self, "repeats").map { "repeats line \($0)" } ?? "belongs to another person")
         }
         // People: new ones inserted (and marked), existing ones updated; absent email and attributes are kept.
         try connection.execute(

@@ -132,6 +132,28 @@ struct PeopleImportTests {
             ])
     }
 
+    @Test("emails the database folds alike are one email: a later line repeating one is refused, not a 500")
+    func emailsFoldedAsTheDatabaseDoes() async throws {
+        let fixture = try await RegistryFixture.get()
+        let api = fixture.api
+        let tenant = try await api.createTenant("import-" + Fake.hex(6))
+        let local = Fake.hex(6)
+        // Swift lowercases U+0130 to "i" and a combining dot; PostgreSQL's lower() (C.UTF-8) to a plain "i".
+        let lines = [
+            try Self.json(["id": Fake.id("p"), "email": "\u{130}\(local)@example.com"]),
+            try Self.json(["id": Fake.id("p"), "email": "i\(local)@example.com"]),
+        ]
+        let response = try await Self.post(api, tenant.app, Self.ndjson(lines))
+        #expect(response.status == 200, "\(response.text)")
+        let body = try response.json()
+        #expect(body["imported"] as? Int == 1)
+        let rejected = (body["rejected"] as? [[String: Any]]) ?? []
+        #expect(rejected.count == 1, "\(rejected)")
+        #expect(rejected.first?["line"] as? Int == 2)
+        #expect(rejected.first?["field"] as? String == "email")
+        #expect(rejected.first?["reason"] as? String == "repeats line 1")
+    }
+
     @Test("registrations as a set give each row the outcome, rotation and stored rows single registrations give")
     func registrationsAsSet() async throws {
         let fixture = try await RegistryFixture.get()
