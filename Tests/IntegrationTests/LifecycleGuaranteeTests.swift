@@ -125,6 +125,35 @@ struct LifecycleGuaranteeTests {
         #expect(Set(ends.map(\.1)) == Set(tokens) && ends.count == tokens.count, "\(ends)")
     }
 
+    @Test("a deleted instance takes its device states and tokens with it: its ID used again reaches only the new")
+    func deletedInstanceLeavesNoTargets() async throws {
+        let w = try await LifecycleTests.world()
+        let instance = Fake.id("reused")
+        #expect(try await w.start(["instance_id": instance]).status == 200)
+        _ = try await w.registerActivityTokens(instance)
+        let db = w.fixture.pool
+        func left() async throws -> Int {
+            try await db.count(
+                """
+                SELECT ((SELECT count(*) FROM instance_devices WHERE tenant_id = \(w.tenant.uuid) AND instance_id = \(instance))
+                      + (SELECT count(*) FROM activity_tokens WHERE tenant_id = \(w.tenant.uuid) AND instance_id = \(instance)))::int AS n
+                """)
+        }
+        #expect(try await left() == 3, "the Android phone's state and the two iPhones' tokens")
+        // Retention's delete (0020), as it removes an instance past its time.
+        #expect(
+            try await db.execute("DELETE FROM instances WHERE tenant_id = \(w.tenant.uuid) AND id = \(instance)") == 1)
+        #expect(try await left() == 0)
+        // The ID started again for another person (no devices): nothing of the first person's is targeted.
+        #expect(
+            try await w.api.call("PUT", "/v1/people/other-\(instance)", key: w.tenant.sdk, json: [:]).status == 200)
+        let again = try await w.start(["instance_id": instance, "identifiers": ["id": "other-\(instance)"]])
+        #expect(again.status == 200, "\(again.text)")
+        let ended = try await w.end(["instance_id": instance])
+        #expect(ended.status == 200, "\(ended.text)")
+        #expect(try await Self.statuses(w, instance).isEmpty, "no push to the first person's phones")
+    }
+
     @Test("an ended instance stays ended, whatever a later write sets")
     func endedIsFinal() async throws {
         let w = try await LifecycleTests.world()
