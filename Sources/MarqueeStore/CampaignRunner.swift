@@ -398,6 +398,15 @@ public struct CampaignRunner: Sendable {
             ), targeted AS (
                 -- Joined, never probed per row: a CTE has no index.
                 SELECT DISTINCT instance_id FROM t
+            ), live AS (
+                -- The step's Android devices still there, held until the commit (a worker deletes a device FCM calls
+                -- unregistered, a person's erasure their devices): one deleted while the step ran is left out of
+                -- instance_devices instead of failing the step, and with it the campaign, on the reference to it.
+                SELECT a.device_token FROM (SELECT DISTINCT device_token FROM t WHERE platform = 'android') a
+                CROSS JOIN LATERAL (
+                    SELECT 1 FROM devices dv WHERE dv.tenant_id = \(tenant) AND dv.token = a.device_token
+                    OFFSET 0 FOR KEY SHARE
+                ) held
             ), ins AS (
                 INSERT INTO instances (tenant_id, id, activity_type, person_id, person_email, state, failure_reason,
                                        attributes, content_state, options, version, content_timestamp,
@@ -426,7 +435,8 @@ public struct CampaignRunner: Sendable {
             ), devs AS (
                 INSERT INTO instance_devices (tenant_id, instance_id, device_token, state, state_at)
                 SELECT \(tenant), t.instance_id, t.device_token, 'started', '-infinity'
-                FROM t JOIN ins ON ins.id = t.instance_id WHERE t.platform = 'android'
+                FROM t JOIN ins ON ins.id = t.instance_id JOIN live ON live.device_token = t.device_token
+                WHERE t.platform = 'android'
                 ON CONFLICT DO NOTHING
                 RETURNING 1
             ), skip AS (

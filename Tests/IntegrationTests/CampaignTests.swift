@@ -3,6 +3,7 @@ import Foundation
 import MarqueeCore
 import MarqueeSimulators
 import PostgresClient
+import Synchronization
 import Testing
 
 @testable import MarqueeStore
@@ -494,6 +495,64 @@ struct CampaignTests {
                 == 5_000)
         let counts = Dictionary(grouping: tokens.prefix(2_000)) { t.fixture.apns.pushes(token: $0).count }
         #expect(counts.keys.sorted() == [1], "pushes per token: \(counts.mapValues(\.count)) \(workers.map(\.log))")
+    }
+
+    @Test("a start step whose Android device is deleted while it runs leaves that device out and goes on")
+    func startStepWithDeletedDevice() async throws {
+        let t = try await Self.tenant()
+        let (kept, gone) = (Fake.fcm(), Fake.fcm())
+        let people = [(Fake.id("a"), kept), (Fake.id("a"), gone)]
+        try await t.importPeople(
+            people.map {
+                ["id": $0.0, "attributes": ["team": "A"], "devices": [["token": $0.1, "platform": "android"]]]
+            })
+        let id = Fake.id("gone-device")
+        #expect(try await t.create(["campaign_id": id, "audience": ["people": people.map(\.0)]]).status == 202)
+        // The device is being deleted (FCM called it unregistered) while the start's step runs.
+        let holder = PostgresPool(
+            try PostgresConfiguration(url: t.fixture.databaseURL), options: .init(maxConnections: 1))
+        defer { holder.close() }
+        let release = DispatchSemaphore(value: 0)
+        let xid = Mutex<String?>(nil)
+        let deleting = Task {
+            try await holder.withConnection { c in
+                try c.execute("BEGIN")
+                xid.withLock {
+                    $0 = try? c.query("SELECT pg_current_xact_id()::text AS x").first?.decode(String.self, "x")
+                }
+                try c.execute("DELETE FROM devices WHERE tenant_id = \(t.tenant.uuid) AND token = \(gone)")
+                release.wait()
+                try c.execute("COMMIT")
+            }
+        }
+        try await eventually("the device is being deleted") { xid.withLock { $0 } != nil }
+        let transaction = try #require(xid.withLock { $0 })
+        let runner = CampaignRunner(database: TenantDatabase(pool: t.fixture.pool))
+        let running = Task { try await runner.runDue() }
+        try await eventually("the step waits for the deletion") {
+            try await t.fixture.pool.count(
+                """
+                SELECT count(*)::int AS n FROM pg_locks
+                WHERE locktype = 'transactionid' AND transactionid::text = \(transaction) AND NOT granted
+                """) > 0
+        }
+        release.signal()
+        try await deleting.value
+        _ = try await running.value
+        let clock = ContinuousClock()
+        let deadline = clock.now + .seconds(30)
+        while try await t.campaign(id).string("state") == "starting" && clock.now < deadline {
+            if try await runner.runDue() == nil { try await Task.sleep(for: .milliseconds(10)) }
+        }
+        #expect(try await t.campaign(id).string("state") == "active")
+        let states = try await t.fixture.pool.query(
+            """
+            SELECT s.device_token FROM instance_devices s JOIN instances i
+              ON i.tenant_id = s.tenant_id AND i.id = s.instance_id
+            WHERE i.tenant_id = \(t.tenant.uuid) AND i.campaign_id = \(id)
+            """
+        ).map { try $0.decode(String.self, "device_token") }
+        #expect(states == [kept], "\(states)")
     }
 
     @Test("a campaign's rate limit spreads its pushes: 20 a second are due 50 ms apart, then all go out")
