@@ -790,6 +790,10 @@ public struct CampaignRunner: Sendable {
                 mapping.append(.object(["old": current, "new": next]))
             } catch {
                 rejected[error.field, default: 0] += 1
+                // An end still ends: an instance whose final content would break its type's rules (a patch meeting a
+                // state single updates changed, a schema changed since the end was scheduled) ends showing what it
+                // shows now, rather than staying on the lock screen until it expires.
+                if change.operation == .end { mapping.append(.object(["old": current, "new": current])) }
             }
         }
         let timestamp = Int64(Date().timeIntervalSince1970.rounded(.down))

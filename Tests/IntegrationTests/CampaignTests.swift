@@ -555,6 +555,49 @@ struct CampaignTests {
         #expect(states == [kept], "\(states)")
     }
 
+    @Test("a campaign-wide end ends every instance, even one whose final content its type now refuses")
+    func endEndsRefusedContent() async throws {
+        let t = try await Self.tenant()
+        var lines: [[String: Any]] = []
+        for _ in 0..<2 { lines.append(Self.iosPerson(Fake.id("e"), type: t.type, attributes: ["team": "E"]).0) }
+        try await t.importPeople(lines)
+        let id = Fake.id("refused-end")
+        #expect(
+            try await t.create(["campaign_id": id, "audience": ["people": lines.compactMap { $0.string("id") }]])
+                .status == 202)
+        let runner = CampaignRunner(database: TenantDatabase(pool: t.fixture.pool))
+        let clock = ContinuousClock()
+        func run(until done: () async throws -> Bool) async throws {
+            let deadline = clock.now + .seconds(30)
+            while try await !done() && clock.now < deadline {
+                if try await runner.runDue() == nil { try await Task.sleep(for: .milliseconds(20)) }
+            }
+        }
+        try await run { try await t.campaign(id).string("state") == "active" }
+        // The end is scheduled; before it runs, the type's rules change: its patched content is refused everywhere.
+        let at = Date().timeIntervalSince1970 + 1
+        let end = try await t.api.call(
+            "POST", "/v1/campaigns/\(id)/end", key: t.tenant.app, json: ["content_state_patch": ["away": 2], "at": at])
+        #expect(end.status == 202, "\(end.text)")
+        let retyped = try await t.api.call(
+            "PUT", "/v1/activity_types/\(t.type)", key: t.tenant.app,
+            json: [
+                "attributes_type": "MatchAttributes",
+                "content_state_schema": [
+                    "type": "object", "required": ["home", "away", "period"],
+                    "properties": [
+                        "home": ["type": "integer"], "away": ["type": "integer"], "period": ["type": "integer"],
+                    ],
+                ],
+            ])
+        #expect(retyped.status < 300, "\(retyped.text)")
+        try await run { try await t.campaign(id).string("state") == "ended" }
+        let states = try await t.fixture.pool.query(
+            "SELECT state FROM instances WHERE tenant_id = \(t.tenant.uuid) AND campaign_id = \(id)"
+        ).map { try $0.decode(String.self, "state") }
+        #expect(states == ["ended", "ended"], "\(states)")
+    }
+
     @Test("a campaign's rate limit spreads its pushes: 20 a second are due 50 ms apart, then all go out")
     func rateLimit() async throws {
         let t = try await Self.tenant()
