@@ -598,6 +598,28 @@ struct CampaignTests {
         #expect(states == ["ended", "ended"], "\(states)")
     }
 
+    @Test("a person whose ID is another person's MD5 gets an instance of their own")
+    func hashedInstanceIDsApart() async throws {
+        let t = try await Self.tenant()
+        let email = "\(Fake.hex(6))@example.com"  // not usable in an instance ID: its instance ID is hashed
+        let hashed = try await t.fixture.pool.query("SELECT md5(\(email)) AS h")[0].decode(String.self, "h")
+        let (first, _) = Self.iosPerson(email, type: t.type, attributes: ["team": "H"])
+        let (second, _) = Self.iosPerson(hashed, type: t.type, attributes: ["team": "H"])
+        try await t.importPeople([first, second])
+        let id = Fake.id("md5")
+        #expect(try await t.create(["campaign_id": id, "audience": ["people": [email, hashed]]]).status == 202)
+        let runner = CampaignRunner(database: TenantDatabase(pool: t.fixture.pool))
+        let clock = ContinuousClock()
+        let deadline = clock.now + .seconds(30)
+        while try await t.campaign(id).string("state") == "starting" && clock.now < deadline {
+            if try await runner.runDue() == nil { try await Task.sleep(for: .milliseconds(10)) }
+        }
+        let owners = try await t.fixture.pool.query(
+            "SELECT id, person_id FROM instances WHERE tenant_id = \(t.tenant.uuid) AND campaign_id = \(id)"
+        ).map { try $0.decode(String.self, "person_id") }
+        #expect(Set(owners) == [email, hashed], "\(owners)")
+    }
+
     @Test("a campaign's rate limit spreads its pushes: 20 a second are due 50 ms apart, then all go out")
     func rateLimit() async throws {
         let t = try await Self.tenant()
