@@ -291,7 +291,15 @@ public struct CampaignStore: Sendable {
     /// Returns whether the campaign itself was cancelled and how many schedules were; `NotFound` when none.
     public func cancel(tenant: UUID, campaignID: String) async throws -> (campaign: Bool, schedules: Int) {
         try await database.tenantTransaction(tenant) { connection in
-            // The campaign row first: a scheduler running its start holds it until it commits.
+            // Its pending schedules first, then the campaign row, in the order a worker running one takes them (the
+            // schedule, then the campaign: CampaignRunner); the other way round, the two deadlocked. A worker running
+            // one holds both until it commits, so what it did is seen here.
+            try connection.execute(
+                """
+                SELECT 1 FROM campaign_schedules
+                WHERE tenant_id = \(tenant) AND campaign_id = \(campaignID) AND state = 'pending'
+                ORDER BY id FOR UPDATE
+                """)
             let rows = try connection.query(
                 "SELECT state FROM campaigns WHERE tenant_id = \(tenant) AND id = \(campaignID) FOR UPDATE")
             guard let row = rows.first else { throw NotFound("campaign") }

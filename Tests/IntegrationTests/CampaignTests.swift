@@ -658,6 +658,58 @@ struct CampaignTests {
         #expect(t.funnel(campaign, "ios", "start")["sent"] as? Int == 20, "\(campaign)")
     }
 
+    @Test("cancel waits for a worker running one of the campaign's schedules, and never deadlocks with it")
+    func cancelWaitsForRun() async throws {
+        let t = try await Self.tenant()
+        let (line, _) = Self.iosPerson(Fake.id("c"), type: t.type, attributes: ["team": "C"])
+        try await t.importPeople([line])
+        let id = Fake.id("racing")
+        #expect(
+            try await t.create([
+                "campaign_id": id, "audience": ["all": true], "start_at": Date().timeIntervalSince1970 + 3600,
+            ])
+            .status == 202)
+        // A worker's run, as CampaignRunner takes its locks: the schedule, then (later) the campaign.
+        let holder = PostgresPool(
+            try PostgresConfiguration(url: t.fixture.databaseURL), options: .init(maxConnections: 1))
+        defer { holder.close() }
+        let next = DispatchSemaphore(value: 0)
+        let xid = Mutex<String?>(nil)
+        let running = Task {
+            try await holder.withConnection { c in
+                try c.execute("BEGIN")
+                _ = try c.query(
+                    "SELECT id FROM campaign_schedules WHERE tenant_id = \(t.tenant.uuid) AND campaign_id = \(id) FOR UPDATE"
+                )
+                xid.withLock {
+                    $0 = try? c.query("SELECT pg_current_xact_id()::text AS x").first?.decode(String.self, "x")
+                }
+                next.wait()
+                // NOWAIT: the cancel, waiting for this run, must not hold the campaign meanwhile (it did, and the
+                // two deadlocked until PostgreSQL aborted one).
+                _ = try c.query(
+                    "SELECT state FROM campaigns WHERE tenant_id = \(t.tenant.uuid) AND id = \(id) FOR NO KEY UPDATE NOWAIT"
+                )
+                try c.execute("COMMIT")
+            }
+        }
+        try await eventually("the run holds the schedule") { xid.withLock { $0 } != nil }
+        let transaction = try #require(xid.withLock { $0 })
+        let cancelling = Task { try await t.api.call("POST", "/v1/campaigns/\(id)/cancel", key: t.tenant.app) }
+        try await eventually("the cancel waits for the run") {
+            try await t.fixture.pool.count(
+                """
+                SELECT count(*)::int AS n FROM pg_locks
+                WHERE locktype = 'transactionid' AND transactionid::text = \(transaction) AND NOT granted
+                """) > 0
+        }
+        next.signal()
+        try await running.value  // the run takes the campaign and commits: no deadlock
+        let cancelled = try await cancelling.value
+        #expect(cancelled.status == 200, "\(cancelled.text)")
+        #expect(try await t.campaign(id).string("state") == "cancelled")
+    }
+
     @Test("cancel: a scheduled campaign never starts; a started one keeps running but loses its pending changes")
     func cancel() async throws {
         let t = try await Self.tenant()
