@@ -56,10 +56,15 @@ BEGIN
         RETURN QUERY SELECT 'no_device'::text, false, false;
         RETURN;
     END IF;
-    -- The instance's row first: an end being written now is waited for, and then seen (its latest version).
+    -- The instance's row first: an end being written now is waited for, and then seen (its latest version); an
+    -- instance deleted meanwhile gets no token.
     SELECT i.state = 'ended' AND i.expires_at > now() INTO v_ended FROM instances i
     WHERE i.tenant_id = p_tenant AND i.id = p_instance
     FOR NO KEY UPDATE;
+    IF NOT FOUND THEN
+        RETURN QUERY SELECT 'no_instance'::text, false, false;
+        RETURN;
+    END IF;
     UPDATE activity_tokens t
     SET status = 'retired', retired_reason = 'rotated', retired_at = now()
     WHERE t.tenant_id = p_tenant AND t.instance_id = p_instance AND t.device_token = p_device
