@@ -3,7 +3,6 @@ import Foundation
 import MarqueeCore
 import MarqueeSimulators
 import PostgresClient
-import Synchronization
 import Testing
 
 @testable import MarqueeStore
@@ -509,35 +508,13 @@ struct CampaignTests {
         let id = Fake.id("gone-device")
         #expect(try await t.create(["campaign_id": id, "audience": ["people": people.map(\.0)]]).status == 202)
         // The device is being deleted (FCM called it unregistered) while the start's step runs.
-        let holder = PostgresPool(
-            try PostgresConfiguration(url: t.fixture.databaseURL), options: .init(maxConnections: 1))
-        defer { holder.close() }
-        let release = DispatchSemaphore(value: 0)
-        let xid = Mutex<String?>(nil)
-        let deleting = Task {
-            try await holder.withConnection { c in
-                try c.execute("BEGIN")
-                xid.withLock {
-                    $0 = try? c.query("SELECT pg_current_xact_id()::text AS x").first?.decode(String.self, "x")
-                }
-                try c.execute("DELETE FROM devices WHERE tenant_id = \(t.tenant.uuid) AND token = \(gone)")
-                release.wait()
-                try c.execute("COMMIT")
-            }
+        let deleting = try await HeldTransaction.open(t.fixture.databaseURL) { c in
+            try c.execute("DELETE FROM devices WHERE tenant_id = \(t.tenant.uuid) AND token = \(gone)")
         }
-        try await eventually("the device is being deleted") { xid.withLock { $0 } != nil }
-        let transaction = try #require(xid.withLock { $0 })
         let runner = CampaignRunner(database: TenantDatabase(pool: t.fixture.pool))
         let running = Task { try await runner.runDue() }
-        try await eventually("the step waits for the deletion") {
-            try await t.fixture.pool.count(
-                """
-                SELECT count(*)::int AS n FROM pg_locks
-                WHERE locktype = 'transactionid' AND transactionid::text = \(transaction) AND NOT granted
-                """) > 0
-        }
-        release.signal()
-        try await deleting.value
+        try await deleting.waitedOn(via: t.fixture.pool, "the step waits for the deletion")
+        try await deleting.commit()
         _ = try await running.value
         let clock = ContinuousClock()
         let deadline = clock.now + .seconds(30)
@@ -670,41 +647,23 @@ struct CampaignTests {
             ])
             .status == 202)
         // A worker's run, as CampaignRunner takes its locks: the schedule, then (later) the campaign.
-        let holder = PostgresPool(
-            try PostgresConfiguration(url: t.fixture.databaseURL), options: .init(maxConnections: 1))
-        defer { holder.close() }
-        let next = DispatchSemaphore(value: 0)
-        let xid = Mutex<String?>(nil)
-        let running = Task {
-            try await holder.withConnection { c in
-                try c.execute("BEGIN")
+        let running = try await HeldTransaction.open(
+            t.fixture.databaseURL,
+            begin: { c in
                 _ = try c.query(
                     "SELECT id FROM campaign_schedules WHERE tenant_id = \(t.tenant.uuid) AND campaign_id = \(id) FOR UPDATE"
                 )
-                xid.withLock {
-                    $0 = try? c.query("SELECT pg_current_xact_id()::text AS x").first?.decode(String.self, "x")
-                }
-                next.wait()
+            },
+            end: { c in
                 // NOWAIT: the cancel, waiting for this run, must not hold the campaign meanwhile (it did, and the
                 // two deadlocked until PostgreSQL aborted one).
                 _ = try c.query(
                     "SELECT state FROM campaigns WHERE tenant_id = \(t.tenant.uuid) AND id = \(id) FOR NO KEY UPDATE NOWAIT"
                 )
-                try c.execute("COMMIT")
-            }
-        }
-        try await eventually("the run holds the schedule") { xid.withLock { $0 } != nil }
-        let transaction = try #require(xid.withLock { $0 })
+            })
         let cancelling = Task { try await t.api.call("POST", "/v1/campaigns/\(id)/cancel", key: t.tenant.app) }
-        try await eventually("the cancel waits for the run") {
-            try await t.fixture.pool.count(
-                """
-                SELECT count(*)::int AS n FROM pg_locks
-                WHERE locktype = 'transactionid' AND transactionid::text = \(transaction) AND NOT granted
-                """) > 0
-        }
-        next.signal()
-        try await running.value  // the run takes the campaign and commits: no deadlock
+        try await running.waitedOn(via: t.fixture.pool, "the cancel waits for the run")
+        try await running.commit()  // the run takes the campaign and commits: no deadlock
         let cancelled = try await cancelling.value
         #expect(cancelled.status == 200, "\(cancelled.text)")
         #expect(try await t.campaign(id).string("state") == "cancelled")

@@ -2,7 +2,6 @@ import Foundation
 import MarqueeCore
 import MarqueeStore
 import PostgresClient
-import Synchronization
 import Testing
 
 /// No push after `end`, no lost end, order per token, snapshots (issue 9, section 3): the rows the API and the queue
@@ -87,39 +86,17 @@ struct LifecycleGuaranteeTests {
         #expect(try await w.start(["instance_id": instance, "platform": "ios"]).status == 200)
         try await w.fixture.pool.recordOutcome(tenant: w.tenant.uuid, instance: instance, status: "sent")
         // An end being written: its transaction holds the instance's row until it commits, as the API's does.
-        let holder = PostgresPool(
-            try PostgresConfiguration(url: w.fixture.databaseURL), options: .init(maxConnections: 1))
-        defer { holder.close() }
-        let release = DispatchSemaphore(value: 0)
-        let xid = Mutex<String?>(nil)
-        let ending = Task {
-            try await holder.withConnection { c in
-                try c.execute("BEGIN")
-                xid.withLock {
-                    $0 = try? c.query("SELECT pg_current_xact_id()::text AS x").first?.decode(String.self, "x")
-                }
-                try c.execute(
-                    """
-                    UPDATE instances SET state = 'ended', ended_at = now(), pending_end = true, version = version + 1
-                    WHERE tenant_id = \(w.tenant.uuid) AND id = \(instance)
-                    """)
-                release.wait()
-                try c.execute("COMMIT")
-            }
+        let ending = try await HeldTransaction.open(w.fixture.databaseURL) { c in
+            try c.execute(
+                """
+                UPDATE instances SET state = 'ended', ended_at = now(), pending_end = true, version = version + 1
+                WHERE tenant_id = \(w.tenant.uuid) AND id = \(instance)
+                """)
         }
-        try await eventually("the end holds the row") { xid.withLock { $0 } != nil }
-        let transaction = try #require(xid.withLock { $0 })
         let registering = Task { try await w.registerActivityTokens(instance) }
         // The registration waits for the end's transaction rather than reading the instance as still open.
-        try await eventually("the registration waits for the end") {
-            try await w.fixture.pool.count(
-                """
-                SELECT count(*)::int AS n FROM pg_locks
-                WHERE locktype = 'transactionid' AND transactionid::text = \(transaction) AND NOT granted
-                """) > 0
-        }
-        release.signal()
-        try await ending.value
+        try await ending.waitedOn(via: w.fixture.pool, "the registration waits for the end")
+        try await ending.commit()
         let tokens = try await registering.value
         let ends = try await Self.statuses(w, instance).filter { $0.0 == "end" }
         #expect(Set(ends.map(\.1)) == Set(tokens) && ends.count == tokens.count, "\(ends)")

@@ -1,0 +1,73 @@
+import Dispatch
+import Foundation
+import PostgresClient
+import Synchronization
+
+/// A transaction held open on a connection of its own, as a concurrent writer's would be: `begin` runs in it, then it
+/// waits to be released, runs `end` and commits. Tests use it to hold row locks while another writer meets them.
+final class HeldTransaction: Sendable {
+    /// What the transaction's task and the test share.
+    private final class Shared: Sendable {
+        let release = DispatchSemaphore(value: 0)
+        let xid = Mutex<String?>(nil)
+        let finished = Mutex(false)
+    }
+
+    private let pool: PostgresPool
+    private let shared = Shared()
+    private let task: Task<Void, any Error>
+
+    /// Opens the transaction and returns once `begin` ran.
+    static func open(
+        _ url: String, begin: @escaping @Sendable (PostgresConnection) throws -> Void,
+        end: @escaping @Sendable (PostgresConnection) throws -> Void = { _ in }
+    ) async throws -> HeldTransaction {
+        let held = try HeldTransaction(url, begin: begin, end: end)
+        // Either it holds its locks, or it failed (and the failure is thrown here).
+        try await eventually("the transaction holds its locks") { held.shared.xid.withLock { $0 } != nil || held.ended }
+        if held.ended { try await held.task.value }
+        return held
+    }
+
+    private init(
+        _ url: String, begin: @escaping @Sendable (PostgresConnection) throws -> Void,
+        end: @escaping @Sendable (PostgresConnection) throws -> Void
+    ) throws {
+        let pool = PostgresPool(try PostgresConfiguration(url: url), options: .init(maxConnections: 1))
+        let shared = shared
+        self.pool = pool
+        task = Task {
+            defer { shared.finished.withLock { $0 = true } }
+            try await pool.withConnection { c in
+                try c.execute("BEGIN")
+                try begin(c)
+                let id = try c.query("SELECT pg_current_xact_id()::text AS x")[0].decode(String.self, "x")
+                shared.xid.withLock { $0 = id }
+                shared.release.wait()
+                try end(c)
+                try c.execute("COMMIT")
+            }
+        }
+    }
+
+    private var ended: Bool { shared.finished.withLock { $0 } }
+
+    /// Waits until another session waits for this transaction (a lock it holds).
+    func waitedOn(via pool: PostgresPool, _ what: String) async throws {
+        let transaction = shared.xid.withLock { $0 } ?? ""
+        try await eventually(what) {
+            try await pool.count(
+                """
+                SELECT count(*)::int AS n FROM pg_locks
+                WHERE locktype = 'transactionid' AND transactionid::text = \(transaction) AND NOT granted
+                """) > 0
+        }
+    }
+
+    /// Lets it run `end` and commit; throws what it threw.
+    func commit() async throws {
+        shared.release.signal()
+        defer { pool.close() }
+        try await task.value
+    }
+}
