@@ -229,6 +229,29 @@ extension StartWrite: SetWrite {
                     AS d(i, id, device_token, provider, token_kind, token)
             ), android AS (
                 SELECT * FROM unnest(\(c.androidIndex)::int[], \(c.androidDevices)::text[]) AS a(i, device_token)
+            ), who AS (
+                -- The people addressed and the owners of the planned devices, held until the commit, before their
+                -- devices are: a person's erasure takes their row first and collects what is theirs after
+                -- (RegistryStore.deletePerson), so it sees this start, or this start finds their devices gone.
+                -- (`= ANY(ARRAY(...))`: looked up on the primary keys, whatever the statistics.)
+                SELECT p.id FROM people p
+                WHERE p.tenant_id = \(tenant)
+                  AND p.id = ANY(ARRAY(SELECT person_id FROM req
+                                       UNION SELECT dv.person_id FROM devices dv
+                                             WHERE dv.tenant_id = \(tenant)
+                                               AND dv.token = ANY(ARRAY(SELECT device_token FROM planned
+                                                                        UNION SELECT device_token FROM android))))
+                FOR KEY SHARE
+            ), live AS (
+                -- The planned devices still there, held until the commit (a worker deletes a device FCM calls
+                -- unregistered; an erasure, its person's): one deleted since the start was planned gets no push,
+                -- and no row in instance_devices (whose reference to it would fail the statement). Read once the
+                -- people are held (the condition is a one-time filter): the erasure takes a person, then devices.
+                SELECT dv.token FROM devices dv
+                WHERE dv.tenant_id = \(tenant)
+                  AND dv.token = ANY(ARRAY(SELECT device_token FROM planned UNION SELECT device_token FROM android))
+                  AND (SELECT count(*) FROM who) >= 0
+                FOR KEY SHARE
             ), idem AS (
                 \(unsafeRaw: IdempotencyColumns.write(response: "r.idem_response"))
             ), ins AS (
@@ -250,15 +273,8 @@ extension StartWrite: SetWrite {
                        r.attributes, r.content_state, r.options, r.content_timestamp
                 FROM planned d
                 JOIN req r ON r.i = d.i
-                WHERE r.instance_id IN (SELECT id FROM ins)
+                WHERE r.instance_id IN (SELECT id FROM ins) AND d.device_token IN (SELECT token FROM live)
                 RETURNING instance_id
-            ), live AS (
-                -- The Android devices still there, held until the commit (a worker deletes a device FCM calls
-                -- unregistered): one deleted since the start was planned is left out, rather than failing the
-                -- statement on instance_devices' reference to it.
-                SELECT dv.token FROM devices dv
-                WHERE dv.tenant_id = \(tenant) AND dv.token IN (SELECT device_token FROM android)
-                FOR KEY SHARE
             ), devs AS (
                 INSERT INTO instance_devices (tenant_id, instance_id, device_token, state, state_at)
                 SELECT \(tenant), r.instance_id, a.device_token, 'started', '-infinity'
@@ -277,6 +293,8 @@ extension StartWrite: SetWrite {
                         THEN marquee_write_lost('instance ID taken: ' || r.instance_id) END AS lost
             FROM req r
             LEFT JOIN queued q ON q.instance_id = r.instance_id
+            -- The people are held even for a start with nothing to send (an erasure must see its instance).
+            CROSS JOIN (SELECT count(*) FROM who) held
             ORDER BY r.i
             """
     }

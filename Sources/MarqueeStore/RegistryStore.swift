@@ -195,6 +195,12 @@ public struct RegistryStore: Sendable {
     /// their devices and tokens (by cascade). Instances are removed, not anonymised: nothing of them is kept.
     public func deletePerson(tenant: UUID, id: String) async throws {
         let deleted = try await database.tenantTransaction(tenant) { connection in
+            // The person first, in a statement of its own: a write that makes something of theirs (a start, a
+            // campaign's step) holds their row until it commits (FOR KEY SHARE), so what they wrote is seen by the
+            // collection below, which takes its snapshot after this lock; a write that comes after finds them gone.
+            let held = try connection.query(
+                "SELECT 1 FROM people WHERE tenant_id = \(tenant) AND id = \(id) FOR UPDATE")
+            guard !held.isEmpty else { return 0 }
             let found = try connection.query(
                 """
                 WITH devs AS (SELECT token FROM devices WHERE tenant_id = \(tenant) AND person_id = \(id))
@@ -210,29 +216,30 @@ public struct RegistryStore: Sendable {
                                     OR (p.email IS NOT NULL AND lower(i.person_email) = lower(p.email))
                                     OR i.target_device IN (SELECT token FROM devs))) AS instances
                 FROM people p WHERE p.tenant_id = \(tenant) AND p.id = \(id)
-                FOR UPDATE OF p
                 """)
             guard let row = found.first else { return 0 }
             let devices = try row.decode([String].self, "devices")
             let tokens = try row.decode([String].self, "tokens")
             let instances = try row.decode([String].self, "instances")
-            // Queued and recorded deliveries alike (the history is append-only, erasure is its one exception).
-            let deliveries = try connection.query(
+            // Queued and recorded deliveries alike (the history is append-only, erasure is its one exception). The
+            // queue first, in a statement of its own: a worker sending one of them holds its row until it has
+            // recorded it, so the history, read with a snapshot taken after, has its record.
+            var deliveries = try connection.query(
                 """
-                WITH q AS (
-                    DELETE FROM delivery_queue
-                    WHERE tenant_id = \(tenant)
-                      AND (instance_id = ANY(\(instances)::text[]) OR device_token = ANY(\(devices)::text[])
-                           OR token = ANY(\(tokens)::text[]))
-                    RETURNING id
-                ), h AS (
-                    DELETE FROM delivery_history
-                    WHERE tenant_id = \(tenant)
-                      AND (instance_id = ANY(\(instances)::text[]) OR device_token = ANY(\(devices)::text[])
-                           OR token = ANY(\(tokens)::text[]))
-                    RETURNING id
-                )
-                SELECT id::text AS id FROM q UNION ALL SELECT id::text FROM h
+                DELETE FROM delivery_queue
+                WHERE tenant_id = \(tenant)
+                  AND (instance_id = ANY(\(instances)::text[]) OR device_token = ANY(\(devices)::text[])
+                       OR token = ANY(\(tokens)::text[]))
+                RETURNING id::text AS id
+                """
+            ).map { try $0.decode(String.self, "id") }
+            deliveries += try connection.query(
+                """
+                DELETE FROM delivery_history
+                WHERE tenant_id = \(tenant)
+                  AND (instance_id = ANY(\(instances)::text[]) OR device_token = ANY(\(devices)::text[])
+                       OR token = ANY(\(tokens)::text[]))
+                RETURNING id::text AS id
                 """
             ).map { try $0.decode(String.self, "id") }
             try connection.execute(

@@ -10,6 +10,7 @@ final class HeldTransaction: Sendable {
     private final class Shared: Sendable {
         let release = DispatchSemaphore(value: 0)
         let xid = Mutex<String?>(nil)
+        let pid = Mutex<Int?>(nil)
         let finished = Mutex(false)
     }
 
@@ -41,7 +42,9 @@ final class HeldTransaction: Sendable {
             try await pool.withConnection { c in
                 try c.execute("BEGIN")
                 try begin(c)
-                let id = try c.query("SELECT pg_current_xact_id()::text AS x")[0].decode(String.self, "x")
+                let me = try c.query("SELECT pg_current_xact_id()::text AS x, pg_backend_pid() AS pid")[0]
+                shared.pid.withLock { $0 = try? me.decode(Int.self, "pid") }
+                let id = try me.decode(String.self, "x")
                 shared.xid.withLock { $0 = id }
                 shared.release.wait()
                 try end(c)
@@ -61,6 +64,21 @@ final class HeldTransaction: Sendable {
                 SELECT count(*)::int AS n FROM pg_locks
                 WHERE locktype = 'transactionid' AND transactionid::text = \(transaction) AND NOT granted
                 """) > 0
+        }
+    }
+
+    /// Waits until `sessions` sessions wait for this transaction, directly (a lock it holds) or one removed (a lock held
+    /// by a session waiting for it).
+    func waitedOn(by sessions: Int, via pool: PostgresPool, _ what: String) async throws {
+        let pid = shared.pid.withLock { $0 } ?? 0
+        try await eventually(what) {
+            try await pool.count(
+                """
+                SELECT count(*)::int AS n FROM pg_stat_activity a
+                WHERE \(pid) = ANY(pg_blocking_pids(a.pid))
+                   OR EXISTS (SELECT 1 FROM unnest(pg_blocking_pids(a.pid)) b(pid)
+                              WHERE \(pid) = ANY(pg_blocking_pids(b.pid)))
+                """) >= sessions
         }
     }
 

@@ -102,6 +102,68 @@ struct LifecycleGuaranteeTests {
         #expect(Set(ends.map(\.1)) == Set(tokens) && ends.count == tokens.count, "\(ends)")
     }
 
+    @Test("a person erased while a start of theirs is being written keeps nothing of it")
+    func erasureWaitsForStart() async throws {
+        let w = try await LifecycleTests.world()
+        let instance = Fake.id("erased")
+        // Something holds the Android phone (as a registration's write would): the start's write waits for it, its
+        // instance written, and the person's erasure begins meanwhile.
+        let holding = try await HeldTransaction.open(w.fixture.databaseURL) { c in
+            _ = try c.query(
+                "SELECT 1 FROM devices WHERE tenant_id = \(w.tenant.uuid) AND token = \(w.pixel) FOR UPDATE")
+        }
+        let starting = Task { try await w.start(["instance_id": instance]) }
+        try await holding.waitedOn(via: w.fixture.pool, "the start waits for the phone")
+        let erasing = Task { try await w.api.call("DELETE", "/v1/people/\(w.person)", key: w.tenant.app) }
+        try await holding.waitedOn(by: 2, via: w.fixture.pool, "the erasure waits too")
+        try await holding.commit()
+        let started = try await starting.value
+        #expect(started.status == 200, "\(started.text)")
+        let erased = try await erasing.value
+        #expect(erased.status == 204, "\(erased.text)")
+        // Neither the instance nor a push to the person's devices outlives the erasure.
+        let left = try await w.fixture.pool.count(
+            """
+            SELECT ((SELECT count(*) FROM instances WHERE tenant_id = \(w.tenant.uuid) AND id = \(instance))
+                  + (SELECT count(*) FROM delivery_queue WHERE tenant_id = \(w.tenant.uuid)))::int AS n
+            """)
+        #expect(left == 0)
+    }
+
+    @Test("a person erased while pushes of theirs are being sent keeps no record of them")
+    func erasureWaitsForSend() async throws {
+        let w = try await LifecycleTests.world()
+        let instance = Fake.id("sending")
+        #expect(try await w.start(["instance_id": instance]).status == 200)
+        // A worker's claim, as it holds the pushes while it sends them, then records them (queue rows deleted,
+        // history rows written) and commits.
+        let sending = try await HeldTransaction.open(
+            w.fixture.databaseURL,
+            begin: { c in
+                _ = try c.query(
+                    "SELECT 1 FROM delivery_queue WHERE tenant_id = \(w.tenant.uuid) AND instance_id = \(instance) FOR UPDATE"
+                )
+            },
+            end: { c in
+                try c.execute(
+                    """
+                    WITH gone AS (
+                        DELETE FROM delivery_queue d WHERE d.tenant_id = \(w.tenant.uuid) AND d.instance_id = \(instance)
+                        RETURNING d
+                    )
+                    INSERT INTO delivery_history SELECT h.* FROM gone, marquee_history_row(gone.d, 'sent') h
+                    """)
+            })
+        let erasing = Task { try await w.api.call("DELETE", "/v1/people/\(w.person)", key: w.tenant.app) }
+        try await sending.waitedOn(via: w.fixture.pool, "the erasure waits for the send")
+        try await sending.commit()
+        let erased = try await erasing.value
+        #expect(erased.status == 204, "\(erased.text)")
+        #expect(
+            try await w.fixture.pool.count(
+                "SELECT count(*)::int AS n FROM delivery_history WHERE tenant_id = \(w.tenant.uuid)") == 0)
+    }
+
     @Test("a deleted instance takes its device states and tokens with it: its ID used again reaches only the new")
     func deletedInstanceLeavesNoTargets() async throws {
         let w = try await LifecycleTests.world()
