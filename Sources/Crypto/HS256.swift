@@ -14,10 +14,13 @@ public enum HS256 {
         public var subject: String
         /// `exp`, in seconds since the epoch.
         public var expiresAt: Int64
+        /// `email`, when the token vouches for the person's email too (a string claim; anything else is ignored).
+        public var email: String?
 
-        public init(subject: String, expiresAt: Int64) {
+        public init(subject: String, expiresAt: Int64, email: String? = nil) {
             self.subject = subject
             self.expiresAt = expiresAt
+            self.email = email
         }
     }
 
@@ -49,10 +52,12 @@ public enum HS256 {
     /// The longest token accepted, in bytes.
     public static let maxLength = 4096
 
-    /// Signs `{"sub": subject, "exp": expiresAt}` (what a tenant's server does; used by tests and tools).
-    public static func sign(subject: String, expiresAt: Int64, secret: [UInt8]) -> String {
+    /// Signs `{"sub": subject, "exp": expiresAt}`, with `email` when given (what a tenant's server does; used by tests
+    /// and tools).
+    public static func sign(subject: String, expiresAt: Int64, secret: [UInt8], email: String? = nil) -> String {
         let header = Base64URL.encode(Array(#"{"alg":"HS256","typ":"JWT"}"#.utf8))
-        let claims: [String: JSONClaim] = ["sub": .string(subject), "exp": .int(expiresAt)]
+        var claims: [String: JSONClaim] = ["sub": .string(subject), "exp": .int(expiresAt)]
+        if let email { claims["email"] = .string(email) }
         let payload = Base64URL.encode((try? JSONEncoder().encode(claims)).map(Array.init) ?? [])
         let input = header + "." + payload
         return input + "." + Base64URL.encode(HMACSHA256.authenticationCode(key: secret, message: Array(input.utf8)))
@@ -86,7 +91,9 @@ public enum HS256 {
         if let nbf = payload["nbf"] {
             guard case .int(let notBefore) = nbf, notBefore <= now + leeway else { throw .notYetValid }
         }
-        return Claims(subject: subject, expiresAt: exp)
+        var email: String?
+        if case .string(let claimed)? = payload["email"] { email = claimed }
+        return Claims(subject: subject, expiresAt: exp, email: email)
     }
 
     static func object(_ bytes: [UInt8]) -> [String: JSONClaim]? {

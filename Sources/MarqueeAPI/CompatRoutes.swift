@@ -398,6 +398,7 @@ struct CompatRoutes: Sendable {
             return .ignored
         case .identify(let person, let email, let traits):
             try identity.check([person])
+            try identity.check(email: email, field: "traits.email")
             _ = try registry.upsertPerson(id: person, email: email, attributes: traits)
         case .device(let registration):
             // Registering a device another person owns moves it: a write about its owner too, as for token events.

@@ -53,7 +53,7 @@ struct IdentityGuard: Sendable {
         do {
             let claims = try HS256.verify(
                 token, secrets: keys.secrets(at: date), now: Int64(date.timeIntervalSince1970.rounded(.down)))
-            return Verdict(state: .subject(claims.subject))
+            return Verdict(state: .subject(claims.subject, email: claims.email))
         } catch {
             return Verdict(state: .refused(Problems.userTokenInvalid(error)))
         }
@@ -66,8 +66,8 @@ struct IdentityGuard: Sendable {
             case unchecked
             /// Required, and the request has no valid user token: every write about a person is refused this way.
             case refused(HTTPProblem)
-            /// Required, and the user token is valid for this person.
-            case subject(String)
+            /// Required, and the user token is valid for this person (and, when it says so, for this email).
+            case subject(String, email: String?)
         }
         let state: State
 
@@ -81,10 +81,22 @@ struct IdentityGuard: Sendable {
             switch state {
             case .unchecked: return
             case .refused(let problem): throw problem
-            case .subject(let subject):
-                for case let person? in people where person != subject {
+            case .subject(let subject, _):
+                // Byte for byte, as PostgreSQL compares them: Swift's `==` takes canonically equivalent strings
+                // ("jos\u{E9}", "jose\u{301}") for one, which would let a token of one write about the other.
+                for case let person? in people where !person.utf8.elementsEqual(subject.utf8) {
                     throw Problems.userTokenWrongPerson()
                 }
+            }
+        }
+
+        /// Checks an email a write sets on its person (nil: none). Under verification it must be the token's `email`
+        /// claim, byte for byte: an email is how a tenant's server may address a person (starts by email, email-domain
+        /// segments), so a person cannot take on an address their token does not vouch for.
+        func check(email: String?, field: String = "email") throws {
+            guard let email, case .subject(_, let vouched) = state else { return }
+            guard let vouched, email.utf8.elementsEqual(vouched.utf8) else {
+                throw Problems.userTokenWrongEmail(field: field)
             }
         }
 
@@ -128,5 +140,14 @@ extension Problems {
             status: 403, type: typeBase + "user-token-wrong-person", title: "User token of another person",
             detail: "The user token's sub is not the person this request writes about.",
             field: IdentityGuard.header)
+    }
+
+    /// 403: under identity verification, an email the user token does not vouch for (its `email` claim).
+    static func userTokenWrongEmail(field: String) -> HTTPProblem {
+        HTTPProblem(
+            status: 403, type: typeBase + "user-token-wrong-email", title: "Email not in the user token",
+            detail:
+                "This workspace requires identity verification: an email set from an app must be the user token's email claim.",
+            field: field)
     }
 }

@@ -32,14 +32,18 @@ struct RegistryRoutes: Sendable {
     func putPerson(_ request: HTTPRequest) async throws -> HTTPResponse {
         let principal = try await authenticator.require(request, kinds: Self.anyKey)
         let id = try Identifiers.personID(request.pathParameters["id"] ?? "")
-        try await identity.check(request, principal, about: [id])
+        let verdict = try await identity.verdict(request, principal)
+        try verdict.check([id])
         let body = try JSONBody.parse(request, allowEmpty: true)
         try body.rejectUnknown(["email", "attributes"])
         let email = try Self.email(body.string("email", maxLength: 320))
+        try verdict.check(email: email)
         let attributes = try body.objectValue("attributes")
         let person = try await registry.upsertPerson(
             tenant: principal.tenantID, id: id, email: email, attributes: attributes)
-        return .json(Render.person(person))
+        // The sdk key is public: it may write a person, never read one (absent members keep what is stored, so the
+        // whole record would answer an empty body).
+        return .json(principal.kind == .sdk ? .object(["id": .string(person.id)]) : Render.person(person))
     }
 
     func getPerson(_ request: HTTPRequest, _ principal: Principal) async throws -> HTTPResponse {

@@ -146,7 +146,10 @@ struct CompatBatchAtomicityTests {
             CompatIngestTests.event("track", "Device Created or Updated", userId: user, deviceToken: Fake.hex()),
             CompatIngestTests.event("identify", userId: Fake.id("victim"), properties: ["email": "evil@example.com"]),
         ]
-        let token = [IdentityVerificationTests.header: IdentityVerificationTests.token(user, secret)]
+        let token = [
+            IdentityVerificationTests.header: IdentityVerificationTests.token(
+                user, secret, email: user + "@example.com")
+        ]
         let refused = try await Self.post(api, tenant, events, headers: token)
         expectProblem(refused, 403, "user-token-wrong-person", field: IdentityVerificationTests.header)
         #expect(try refused.json().string("index") == "2")

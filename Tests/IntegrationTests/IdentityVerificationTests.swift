@@ -12,10 +12,10 @@ struct IdentityVerificationTests {
     static let header = "X-Marquee-User-Token"
 
     /// A user token for `subject`, signed with the base64url `secret` the API returned.
-    static func token(_ subject: String, _ secret: String, expiresIn: Int64 = 600) -> String {
+    static func token(_ subject: String, _ secret: String, expiresIn: Int64 = 600, email: String? = nil) -> String {
         HS256.sign(
             subject: subject, expiresAt: Int64(Date().timeIntervalSince1970) + expiresIn,
-            secret: Base64URL.decode(Substring(secret)) ?? [])
+            secret: Base64URL.decode(Substring(secret)) ?? [], email: email)
     }
 
     /// An unsigned token (`alg: none`) claiming to be `subject`.
@@ -152,7 +152,7 @@ struct IdentityVerificationTests {
             "nothing was written about the victim")
 
         // The victim's own token works, on every route.
-        let own = [Self.header: Self.token(victim, secret)]
+        let own = [Self.header: Self.token(victim, secret, email: "victim@example.com")]
         #expect(
             try await api.call(
                 "PUT", "/v1/people/\(victim)/devices/\(device)", key: tenant.sdk, json: ["platform": "ios"],
@@ -227,6 +227,54 @@ struct IdentityVerificationTests {
             try await api.call(
                 "PUT", "/v1/people/\(Fake.id("server"))", key: tenant.app, json: ["email": "s@example.com"]
             ).status == 200)
+    }
+
+    @Test("required: an email set from an app must be the token's email claim (identify too); IDs compared as bytes")
+    func emailVouchedFor() async throws {
+        let api = try await RegistryFixture.get().api
+        let (tenant, secret) = try await Self.requiredTenant(api)
+        let person = Fake.id("claimer")
+        let victim = "victim-\(person)@example.com"
+        let key = Base64URL.decode(Substring(secret)) ?? []
+        let expires = Int64(Date().timeIntervalSince1970) + 600
+        let plain = HS256.sign(subject: person, expiresAt: expires, secret: key)
+        let vouched = HS256.sign(subject: person, expiresAt: expires, secret: key, email: "\(person)@example.com")
+        // A signed-in person takes on an address no one holds yet: refused, with or without another email vouched.
+        for token in [plain, vouched] {
+            expectProblem(
+                try await api.call(
+                    "PUT", "/v1/people/\(person)", key: tenant.sdk, json: ["email": victim],
+                    headers: [Self.header: token]), 403, "user-token-wrong-email", field: "email", "PUT person")
+            var basic = [Self.header: token, "Content-Type": "application/json"]
+            basic["Authorization"] = tenant.basicSDK
+            var event = CompatIngestTests.event("identify", userId: person)
+            event["type"] = nil
+            event["traits"] = ["email": victim]
+            let identify = try await HTTP.send(
+                "POST", api.baseURL + "/v1/identify", headers: basic,
+                body: try JSONSerialization.data(withJSONObject: event))
+            expectProblem(identify, 403, "user-token-wrong-email", field: "traits.email", "identify")
+        }
+        let app = try await api.call("GET", "/v1/people/\(person)", key: tenant.app)
+        #expect(!app.text.contains(victim), "\(app.text)")
+        // The email the token vouches for, and writes without an email, pass.
+        let own = try await api.call(
+            "PUT", "/v1/people/\(person)", key: tenant.sdk, json: ["email": "\(person)@example.com"],
+            headers: [Self.header: vouched])
+        #expect(own.status == 200, "\(own.text)")
+        let attributes = try await api.call(
+            "PUT", "/v1/people/\(person)", key: tenant.sdk, json: ["attributes": ["plan": "gold"]],
+            headers: [Self.header: plain])
+        #expect(attributes.status == 200, "\(attributes.text)")
+        // A token for "jos\u{E9}" does not write about "jose\u{301}": the same to Swift's `==`, two IDs to PostgreSQL.
+        let composed = "jos\u{E9}-\(person)"
+        let decomposed = "jose\u{301}-\(person)"
+        let token = HS256.sign(subject: composed, expiresAt: expires, secret: key)
+        let path = decomposed.addingPercentEncoding(withAllowedCharacters: .urlPathAllowed) ?? decomposed
+        expectProblem(
+            try await api.call(
+                "PUT", "/v1/people/\(path)/devices/\(Fake.hex())", key: tenant.sdk, json: ["platform": "ios"],
+                headers: [Self.header: token]), 403, "user-token-wrong-person", field: Self.header, "equivalent ID")
     }
 
     @Test("rotation: the previous secret's tokens work during the grace period and are refused after it")

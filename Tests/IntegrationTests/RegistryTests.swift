@@ -234,6 +234,10 @@ struct RegistryTests {
         let update = try await api.call(
             "PUT", "/v1/people/\(person)", key: tenant.sdk, json: ["attributes": ["plan": "silver"]])
         #expect(update.status == 200, "\(update.text)")
+        // The sdk key (public) writes a person but never reads one: not even an empty body shows what is stored.
+        #expect(try update.json().keys.sorted() == ["id"], "\(update.text)")
+        let probe = try await api.call("PUT", "/v1/people/\(person)", key: tenant.sdk, json: [String: Any]())
+        #expect(probe.status == 200 && !probe.text.contains("@example.com") && !probe.text.contains("silver"))
         let got = try await api.call("GET", "/v1/people/\(person)", key: tenant.app)
         #expect(got.status == 200)
         let detail = try got.json()
