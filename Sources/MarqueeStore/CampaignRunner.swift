@@ -307,6 +307,9 @@ public struct CampaignRunner: Sendable {
         _ c: PostgresConnection, _ tenant: UUID, _ campaignID: String, _ plan: JSONValue, lifetime: TimeInterval,
         progress: JSONValue?, chunk: Int
     ) throws -> (result: JSONValue, done: Bool) {
+        // No erasure in the tenant while the step reads people and writes for them; taken before anything is read
+        // or locked (an erasure takes the campaign too, when its audience names the person).
+        try c.query(ErasureLock.shared(tenant))
         let rows = try c.query(
             """
             SELECT \(unsafeRaw: CampaignStore.columns), c.state AS stored_state,
@@ -346,8 +349,7 @@ public struct CampaignRunner: Sendable {
         let after = progress?["after"]?.stringValue ?? ""
         let (pacedFrom, pacedBefore) = try pacing(c, progress)
         let before = progress?["counts"] ?? .object([:])
-        // Members read by the steps so far (a progress recorded by an older version has only the audience written).
-        let written = Int(progress?["read"]?.intValue ?? before["audience"]?.intValue ?? 0)
+        let written = Int(before["audience"]?.intValue ?? 0)
 
         // 2. Instances and deliveries for the next members, in one statement (none once the expiration passed: the
         // start ends with what it wrote).
@@ -365,20 +367,15 @@ public struct CampaignRunner: Sendable {
             -- A step's members, their people, devices and push-to-start tokens are looked up row by row (LATERAL
             -- ... OFFSET 0 is a nested loop whatever the planner settings): hash joins, which planForBulk makes the
             -- rest use, would read the tenant's whole people, devices and tokens in every step.
-            WITH mem AS (
-                SELECT person_id, instance_id FROM campaign_members
-                WHERE tenant_id = \(tenant) AND campaign_id = \(campaignID) AND person_id > \(after)
-                ORDER BY person_id LIMIT \(limit)
-            ), m AS (
+            WITH m AS (
                 SELECT m.person_id, m.instance_id, p.email,
                        marquee_fill_person(\(template)::jsonb, \(fills)::jsonb, p.attributes) AS attrs
-                FROM mem m
+                FROM (SELECT person_id, instance_id FROM campaign_members
+                      WHERE tenant_id = \(tenant) AND campaign_id = \(campaignID) AND person_id > \(after)
+                      ORDER BY person_id LIMIT \(limit)) m
                 CROSS JOIN LATERAL (
-                    -- Held until the commit: a person's erasure takes their row first and collects what is theirs
-                    -- after (RegistryStore.deletePerson), so it sees this step's instance, or this step finds them
-                    -- gone and leaves them out.
                     SELECT p.email, p.attributes FROM people p
-                    WHERE p.tenant_id = \(tenant) AND p.id = m.person_id OFFSET 0 FOR KEY SHARE
+                    WHERE p.tenant_id = \(tenant) AND p.id = m.person_id OFFSET 0
                 ) p
             ), ok AS (
                 SELECT * FROM m
@@ -455,24 +452,20 @@ public struct CampaignRunner: Sendable {
                   AND ins.id IS NULL
                 RETURNING cm.skipped_reason
             )
-            -- The step's members read (`step`) and those still there (`audience`): one erased meanwhile is neither
-            -- written nor skipped, and a step that read `limit` members is not the last.
-            SELECT (SELECT count(*) FROM mem)::int AS step, (SELECT count(*) FROM m)::int AS audience,
-                   (SELECT max(person_id) FROM mem) AS last_person,
+            SELECT (SELECT count(*) FROM m)::int AS audience, (SELECT max(person_id) FROM m) AS last_person,
                    (SELECT count(*) FROM ins)::int AS instances,
                    (SELECT count(*) FROM dels WHERE provider = 'apns')::int AS apns,
                    (SELECT count(*) FROM dels WHERE provider = 'fcm')::int AS fcm,
                    (SELECT COALESCE(jsonb_object_agg(reason, n), '{}') FROM (
                        SELECT skipped_reason AS reason, count(*) AS n FROM skip GROUP BY 1) s) AS skipped
             """)[0]
-        let step = try wrote.decode(Int.self, "step")
+        let step = try wrote.decode(Int.self, "audience")
         let apns = try wrote.decode(Int.self, "apns")
         let fcm = try wrote.decode(Int.self, "fcm")
         let counts = merged(
             before,
             .object([
-                "audience": .int(Int64(try wrote.decode(Int.self, "audience"))),
-                "instances": .int(Int64(try wrote.decode(Int.self, "instances"))),
+                "audience": .int(Int64(step)), "instances": .int(Int64(try wrote.decode(Int.self, "instances"))),
                 "deliveries": .object(["apns": .int(Int64(apns)), "fcm": .int(Int64(fcm))]),
                 "skipped": try wrote.decode(JSONValue.self, "skipped"),
             ]))
@@ -481,7 +474,7 @@ public struct CampaignRunner: Sendable {
         if step == limit, more, let last = try wrote.decode(String?.self, "last_person") {
             var next: [String: JSONValue] = [
                 "phase": .string("starting"), "after": .string(last), "paced_from": .double(pacedFrom),
-                "paced": .int(Int64(pacedBefore + apns + fcm)), "counts": counts, "read": .int(Int64(written + step)),
+                "paced": .int(Int64(pacedBefore + apns + fcm)), "counts": counts,
             ]
             if let members { next["members"] = .int(Int64(members)) }
             return (.object(next), false)

@@ -563,48 +563,6 @@ struct CampaignTests {
         #expect(left == 0)
     }
 
-    @Test("a start step whose member is erased while it runs is not taken for the last one")
-    func memberErasedDuringStep() async throws {
-        let t = try await Self.tenant()
-        let base = Fake.id("m")
-        let people = ["\(base)-1", "\(base)-2", "\(base)-3"]
-        try await t.importPeople(
-            people.map {
-                ["id": $0, "attributes": ["team": "A"], "devices": [["token": Fake.fcm(), "platform": "android"]]]
-                    as [String: Any]
-            })
-        let id = Fake.id("erased-member")
-        #expect(try await t.create(["campaign_id": id, "audience": ["people": people]]).status == 202)
-        // The first member's erasure is under way (it holds the person) when the first step, of two members, runs.
-        let erasing = try await HeldTransaction.open(
-            t.fixture.databaseURL,
-            begin: { c in
-                _ = try c.query(
-                    "SELECT 1 FROM people WHERE tenant_id = \(t.tenant.uuid) AND id = \(people[0]) FOR UPDATE")
-            },
-            end: { c in
-                try c.execute(
-                    "DELETE FROM campaign_members WHERE tenant_id = \(t.tenant.uuid) AND person_id = \(people[0])")
-                try c.execute("DELETE FROM people WHERE tenant_id = \(t.tenant.uuid) AND id = \(people[0])")
-            })
-        let runner = CampaignRunner(database: TenantDatabase(pool: t.fixture.pool), chunk: 2)
-        let running = Task { try await runner.runDue() }
-        try await erasing.waitedOn(via: t.fixture.pool, "the step waits for the erasure")
-        try await erasing.commit()
-        _ = try await running.value
-        let clock = ContinuousClock()
-        let deadline = clock.now + .seconds(30)
-        while try await t.campaign(id).string("state") == "starting" && clock.now < deadline {
-            if try await runner.runDue() == nil { try await Task.sleep(for: .milliseconds(10)) }
-        }
-        let campaign = try await t.campaign(id)
-        #expect(campaign.string("state") == "active", "\(campaign)")
-        let started = try await t.fixture.pool.query(
-            "SELECT person_id FROM instances WHERE tenant_id = \(t.tenant.uuid) AND campaign_id = \(id) ORDER BY 1"
-        ).map { try $0.decode(String.self, "person_id") }
-        #expect(started == Array(people.dropFirst()), "the step after the erased member's still runs")
-    }
-
     @Test("a campaign-wide end ends every instance, even one whose final content its type now refuses")
     func endEndsRefusedContent() async throws {
         let t = try await Self.tenant()
