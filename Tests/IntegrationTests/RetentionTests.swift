@@ -128,6 +128,29 @@ struct RetentionTests {
         #expect(try left.map { try $0.decode(String.self, "id") } == ["still-live-then"])
     }
 
+    @Test("the partition functions (run as the owner) refuse a table retention does not keep")
+    func partitionFunctionsOnlyForTheirTables() async throws {
+        let db = try await Database.make()
+        defer { db.close() }
+        // A partitioned table of the owner's that is not kept by day partitions, with a day partition of its own.
+        try await db.owner.execute(
+            "CREATE TABLE scratch (tenant_id uuid NOT NULL, at timestamptz NOT NULL) PARTITION BY RANGE (at)")
+        try await db.owner.execute(
+            "CREATE TABLE scratch_20200101 PARTITION OF scratch FOR VALUES FROM ('2020-01-01') TO ('2020-01-02')")
+        for call in [
+            "SELECT marquee_drop_day_partitions_before('scratch', current_date)::text AS r",
+            "SELECT marquee_ensure_day_partition('scratch', current_date)::text AS r",
+        ] {
+            await #expect(throws: PostgresError.self, "\(call)") {
+                try await db.system.query(PostgresQuery(unsafeSQL: call))
+            }
+        }
+        #expect(try await db.exists("scratch_20200101"), "the owner's partition is still there")
+        #expect(try await !db.exists("scratch_\(Self.day(Date()))"), "nor was one made")
+        // Their own tables still work.
+        _ = try await db.system.query("SELECT marquee_ensure_day_partition('delivery_history', current_date + 30)")
+    }
+
     @Test("keeping 0 days keeps everything; partitions are still made ahead")
     func keepEverything() async throws {
         let db = try await Database.make()
