@@ -17,6 +17,8 @@ public struct CryptoError: Error, Sendable, CustomStringConvertible, CustomDebug
         public static let unsupportedKeyType = Code("unsupportedKeyType")
         /// An RSA key is shorter than 2048 bits.
         public static let keyTooSmall = Code("keyTooSmall")
+        /// An RSA key is longer than 4096 bits (each signature would cost too much).
+        public static let keyTooLarge = Code("keyTooLarge")
         /// Key generation failed inside OpenSSL.
         public static let keyGenerationFailed = Code("keyGenerationFailed")
         /// Encryption failed.

@@ -21,9 +21,14 @@ private let ecPrivateExpectation =
     "expected a P-256 private key as PKCS#8 PEM (BEGIN PRIVATE KEY, as in an Apple .p8 file) or SEC1 PEM (BEGIN EC PRIVATE KEY)"
 private let ecPublicExpectation = "expected a P-256 public key as PEM (BEGIN PUBLIC KEY or BEGIN CERTIFICATE)"
 private let rsaPrivateExpectation =
-    "expected an RSA private key of at least 2048 bits as PKCS#8 PEM (BEGIN PRIVATE KEY) or PKCS#1 PEM (BEGIN RSA PRIVATE KEY)"
+    "expected an RSA private key of 2048 to 4096 bits as PKCS#8 PEM (BEGIN PRIVATE KEY) or PKCS#1 PEM (BEGIN RSA PRIVATE KEY)"
 private let rsaPublicExpectation =
-    "expected an RSA public key of at least 2048 bits as PEM (BEGIN PUBLIC KEY or BEGIN CERTIFICATE)"
+    "expected an RSA public key of 2048 to 4096 bits as PEM (BEGIN PUBLIC KEY or BEGIN CERTIFICATE)"
+
+/// The RSA key sizes accepted. Below 2048 bits is too weak; above 4096 is refused because signing cost grows with the
+/// cube of the size (a 16,384-bit key takes about half a second per RS256 signature, on the cooperative thread pool,
+/// for every FCM access token), and Google's service-account keys are 2048 bits.
+let rsaKeyBits = 2048...4096
 
 /// Checks that `key` is an EC key on P-256.
 private func requireP256(_ key: EVPKey, expectation: String) throws {
@@ -35,13 +40,16 @@ private func requireP256(_ key: EVPKey, expectation: String) throws {
     }
 }
 
-/// Checks that `key` is an RSA key (not RSA-PSS-restricted) of at least 2048 bits.
+/// Checks that `key` is an RSA key (not RSA-PSS-restricted) of 2048 to 4096 bits (`rsaKeyBits`).
 private func requireRSA(_ key: EVPKey, expectation: String) throws {
     guard key.isA("RSA") else {
         throw CryptoError(.unsupportedKeyType, expectation, details: "key is not an RSA key")
     }
-    guard key.bits >= 2048 else {
+    guard key.bits >= rsaKeyBits.lowerBound else {
         throw CryptoError(.keyTooSmall, expectation, details: "RSA key has \(key.bits) bits")
+    }
+    guard key.bits <= rsaKeyBits.upperBound else {
+        throw CryptoError(.keyTooLarge, expectation + "; this key has \(key.bits) bits")
     }
 }
 
@@ -178,7 +186,7 @@ enum ECDSASignature {
 
 // MARK: - RS256
 
-/// An RSA private key (at least 2048 bits) that signs RS256 JWTs (Google service-account assertions).
+/// An RSA private key (2048 to 4096 bits) that signs RS256 JWTs (Google service-account assertions).
 public struct RS256PrivateKey: JWTSigner {
     let key: EVPKey
     /// The matching public key.
@@ -188,7 +196,8 @@ public struct RS256PrivateKey: JWTSigner {
     public var algorithm: String { "RS256" }
 
     /// Loads an RSA private key from PKCS#8 PEM (`BEGIN PRIVATE KEY`, as in a Google service-account JSON) or
-    /// PKCS#1 PEM (`BEGIN RSA PRIVATE KEY`). Throws `.invalidKey`, `.unsupportedKeyType`, or `.keyTooSmall`.
+    /// PKCS#1 PEM (`BEGIN RSA PRIVATE KEY`). Throws `.invalidKey`, `.unsupportedKeyType`, `.keyTooSmall` or
+    /// `.keyTooLarge`.
     public init(pem: String) throws {
         guard let key = EVPKey.privateKey(pem: pem) else {
             throw CryptoError.openSSL(.invalidKey, rsaPrivateExpectation)
@@ -205,13 +214,14 @@ public struct RS256PrivateKey: JWTSigner {
         self.publicKey = RS256PublicKey(key: publicKey, pem: publicPEM)
     }
 
-    /// Generates a fresh RSA key with public exponent 65537. Throws `.keyTooSmall` below 2048 bits.
+    /// Generates a fresh RSA key with public exponent 65537. Throws `.keyTooSmall` below 2048 bits and
+    /// `.keyTooLarge` above 4096 (a key that `init(pem:)` would refuse).
     public static func generate(bits: Int = 2048) throws -> RS256PrivateKey {
-        guard bits >= 2048 else {
+        guard bits >= rsaKeyBits.lowerBound else {
             throw CryptoError(.keyTooSmall, "RSA keys must have at least 2048 bits", details: "asked for \(bits)")
         }
-        guard bits <= 16384 else {
-            throw CryptoError(.keyGenerationFailed, "RSA keys above 16384 bits are not supported")
+        guard bits <= rsaKeyBits.upperBound else {
+            throw CryptoError(.keyTooLarge, "RSA keys must have at most 4096 bits", details: "asked for \(bits)")
         }
         let key = EVPKey.generate(algorithm: "RSA") { EVP_PKEY_CTX_set_rsa_keygen_bits($0, Int32(bits)) }
         guard let key else { throw CryptoError.openSSL(.keyGenerationFailed, "RSA key generation failed") }
@@ -247,7 +257,7 @@ public struct RS256PublicKey: JWTVerifier {
         self.pem = pem
     }
 
-    /// Loads an RSA public key (at least 2048 bits) from `BEGIN PUBLIC KEY` PEM or a `BEGIN CERTIFICATE` PEM
+    /// Loads an RSA public key (2048 to 4096 bits) from `BEGIN PUBLIC KEY` PEM or a `BEGIN CERTIFICATE` PEM
     /// (Google publishes service-account keys as certificates).
     public init(pem: String) throws {
         guard let key = EVPKey.publicKey(pem: pem) else {

@@ -74,13 +74,7 @@ struct CredentialRoutes: Sendable {
         guard clientEmail.contains("@") else {
             throw ValidationError(field: "service_account.client_email", reason: "must be an email address")
         }
-        let pem = try account.requiredString("private_key", maxLength: 16 * 1024)
-        do {
-            _ = try RS256PrivateKey(pem: pem)
-        } catch let error as CryptoError {
-            throw ValidationError(
-                .invalidKey, field: "service_account.private_key", reason: "is not usable: \(error.description)")
-        }
+        try Self.checkServiceAccountKey(account.requiredString("private_key", maxLength: 16 * 1024))
         let privateKeyID = try account.string("private_key_id", maxLength: 200)
         let tokenURI =
             try allowed(Self.httpsURL(body.string("token_uri"), field: "token_uri"), field: "token_uri")
@@ -104,6 +98,20 @@ struct CredentialRoutes: Sendable {
     func deleteFCM(_ request: HTTPRequest, _ principal: Principal) async throws -> HTTPResponse {
         try await credentials.deleteFCM(tenant: principal.tenantID)
         return .noContent()
+    }
+
+    /// The service account's `private_key`, checked as the worker loads it: an RSA key of 2048 to 4096 bits, or a 422
+    /// naming the field and the reason. The worker refuses a larger key (each access token would cost up to half a
+    /// second of its thread pool to sign), so it is refused here, where the tenant learns why.
+    static func checkServiceAccountKey(_ pem: String) throws(ValidationError) {
+        do {
+            _ = try RS256PrivateKey(pem: pem)
+        } catch let error as CryptoError {
+            throw ValidationError(
+                .invalidKey, field: "service_account.private_key", reason: "is not usable: \(error.description)")
+        } catch {
+            throw ValidationError(.invalidKey, field: "service_account.private_key", reason: "is not usable")
+        }
     }
 
     /// Apple team and key IDs: 10 characters of A-Z and 0-9.

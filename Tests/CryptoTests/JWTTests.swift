@@ -326,6 +326,21 @@ struct KeyErrorTests {
         #expect(generated?.code == .keyTooSmall)
     }
 
+    @Test("RSA keys over 4096 bits are keyTooLarge; 4096 bits load")
+    func largeRSA() throws {
+        // Just over the bound: every bit more costs signing time, and the limit is on the size, not a round number.
+        let (privatePEM, publicPEM) = try cliKey(["genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:4160"])
+        let error = #expect(throws: CryptoError.self) { try RS256PrivateKey(pem: privatePEM) }
+        #expect(error?.code == .keyTooLarge)
+        #expect(error?.description.contains("4160 bits") == true)
+        let pub = #expect(throws: CryptoError.self) { try RS256PublicKey(pem: publicPEM) }
+        #expect(pub?.code == .keyTooLarge)
+        let generated = #expect(throws: CryptoError.self) { try RS256PrivateKey.generate(bits: 16384) }
+        #expect(generated?.code == .keyTooLarge)
+        let largest = try cliKey(["genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:4096"])
+        #expect(try RS256PrivateKey(pem: largest.privatePEM).publicKey.pem == largest.publicPEM)
+    }
+
     @Test("An encrypted PKCS#8 key fails to load instead of prompting for a passphrase")
     func encryptedKey() throws {
         let directory = try TemporaryDirectory()
