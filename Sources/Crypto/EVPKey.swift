@@ -80,6 +80,33 @@ final class EVPKey: @unchecked Sendable {
         writeMemoryBIO { PEM_write_bio_PUBKEY($0, pointer) }
     }
 
+    /// The public key as SubjectPublicKeyInfo DER: one encoding per key, whatever PEM (PKCS#8 or SEC1, LF or CRLF,
+    /// wrapped at any width) it was read from.
+    var publicKeyDER: [UInt8]? {
+        // An EC key writes its point in the form it was read in, and a SEC1 PEM may hold it compressed: a copy set to
+        // uncompressed (the key itself is never modified, see the type's comment) makes the DER one per key.
+        var copy: OpaquePointer?
+        if isA("EC") {
+            guard let duplicate = EVP_PKEY_dup(pointer) else { return nil }
+            copy = duplicate
+            guard EVP_PKEY_set_utf8_string_param(duplicate, "point-format", "uncompressed") == 1 else {
+                EVP_PKEY_free(duplicate)
+                _ = drainOpenSSLErrors()
+                return nil
+            }
+        }
+        defer { if let copy { EVP_PKEY_free(copy) } }
+        let source = copy ?? pointer
+        let length = i2d_PUBKEY(source, nil)
+        guard length > 0 else { return nil }
+        var der = [UInt8](repeating: 0, count: Int(length))
+        let written = der.withUnsafeMutableBufferPointer { buffer -> Int32 in
+            var cursor: UnsafeMutablePointer<UInt8>? = buffer.baseAddress
+            return i2d_PUBKEY(source, &cursor)
+        }
+        return written == length ? der : nil
+    }
+
     var pkcs8PEM: String? {
         writeMemoryBIO { PEM_write_bio_PKCS8PrivateKey($0, pointer, nil, nil, 0, nil, nil) }
     }

@@ -121,6 +121,13 @@ public struct ES256PublicKey: JWTVerifier {
         self.pem = pem
     }
 
+    /// SHA-256 of the key's SubjectPublicKeyInfo DER, as 64 lowercase hex characters: the same for one key in any
+    /// encoding, and different for different keys (unlike the PEM text, which varies in line endings and format).
+    public var fingerprint: String {
+        guard let der = key.publicKeyDER else { preconditionFailure("OpenSSL failed to encode a loaded public key") }
+        return SHA256.hexDigest(der)
+    }
+
     /// Loads a P-256 public key from `BEGIN PUBLIC KEY` PEM or from a `BEGIN CERTIFICATE` PEM.
     public init(pem: String) throws {
         guard let key = EVPKey.publicKey(pem: pem) else {

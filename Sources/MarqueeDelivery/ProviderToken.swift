@@ -16,9 +16,11 @@ public final class ProviderTokenCache: Sendable {
 
     public let teamID: String
     public let keyID: String
-    /// What a connection authenticates as (`team/key`): APNs takes one team's tokens per connection, and a second key
-    /// on it counts as a token update, so each gets connections of its own (`ProviderConnections`). Made once: every
-    /// send names it.
+    /// What a connection authenticates as (`team/key/fingerprint`, the fingerprint of the public key): APNs takes one
+    /// team's tokens per connection, and a second key on it counts as a token update, so each gets connections of its
+    /// own (`ProviderConnections`). The fingerprint keeps a second private key filed under the same team and key ID
+    /// (a mistake, or another tenant's upload) off this key's connections: its tokens would be updates there too, and
+    /// Apple's TooManyProviderTokenUpdates would hit every tenant of the key. Made once: every send names it.
     public let connectionIdentity: String
     private let key: ES256PrivateKey
     private let refreshAfter: TimeInterval
@@ -31,10 +33,15 @@ public final class ProviderTokenCache: Sendable {
     ) {
         self.teamID = teamID
         self.keyID = keyID
-        self.connectionIdentity = teamID + "/" + keyID
+        self.connectionIdentity = Self.identity(teamID: teamID, keyID: keyID, key: key)
         self.key = key
         self.refreshAfter = Double(refreshAfter.components.seconds)
         self.now = now
+    }
+
+    /// `team/key/fingerprint`: the name of a key's connections and of its cache in `ProviderTokenCaches`.
+    static func identity(teamID: String, keyID: String, key: ES256PrivateKey) -> String {
+        teamID + "/" + keyID + "/" + key.publicKey.fingerprint
     }
 
     /// The current token, signing a new one when there is none or it is due.
@@ -72,27 +79,68 @@ public final class ProviderTokenCache: Sendable {
 
 /// The provider-token caches of a process, one per APNs key: tenants that upload the same key (a company's staging
 /// and production tenants) send one token, as Apple asks (several tokens for one team at once are refused as
-/// `TooManyProviderTokenUpdates`), and a credential read again does not parse its key again.
+/// `TooManyProviderTokenUpdates`).
+///
+/// A key is its team, key ID and public key (`ProviderTokenCache.connectionIdentity`), never its PEM text: the same
+/// key uploaded with CRLF line ends or as SEC1 rather than PKCS#8 is the same key, and must not sign tokens of its own
+/// on the same connections.
+///
+/// While anything (a worker's credential cache) holds a key's cache, this registry hands out that one: it keeps every
+/// cache it made weakly, so no eviction can make a second live cache for a key in use. It also holds the `maxKeys` most
+/// recently asked-for caches strongly, so a key nobody holds for a moment keeps its token.
 public final class ProviderTokenCaches: Sendable {
-    private let caches = Mutex<[String: ProviderTokenCache]>([:])
-    /// Keys kept at most; past it the registry starts over (a cache holds a key and one token).
-    static let maxKeys = 10_000
+    private struct Held {
+        weak var cache: ProviderTokenCache?
+    }
 
-    public init() {}
+    private struct State {
+        /// Every cache made and still alive, by identity. Entries of freed caches are swept as the table grows.
+        var live: [String: Held] = [:]
+        /// The table size at which `live` is swept next.
+        var sweepAt: Int
+        /// The most recently asked-for caches with the tick of their last use.
+        var recent: [String: (cache: ProviderTokenCache, used: UInt64)] = [:]
+        var tick: UInt64 = 0
+    }
 
-    /// The cache of `teamID`, `keyID` and the private key `pem` (PKCS#8 PEM), made on first use. Throws when the PEM
-    /// is not an EC P-256 private key.
+    private let state: Mutex<State>
+    /// Caches held strongly at most; past it the least recently used quarter is let go (still found while in use).
+    let maxKeys: Int
+
+    /// A registry that holds up to `maxKeys` unused caches (default 10,000; a cache is a key and one token).
+    public init(maxKeys: Int = 10_000) {
+        self.maxKeys = max(1, maxKeys)
+        state = Mutex(State(sweepAt: self.maxKeys))
+    }
+
+    /// The cache of `teamID`, `keyID` and the private key `pem` (PEM), made on first use. Throws when the PEM is not an
+    /// EC P-256 private key. Parses the key on every call: callers ask once per credential they load, not per push.
     public func cache(teamID: String, keyID: String, pem: [UInt8]) throws -> ProviderTokenCache {
-        // The key's own bytes are in the name: the same team and key ID with another (wrong) key is another cache.
-        let name = teamID + "/" + keyID + "/" + SHA256.hexDigest(pem)
-        if let found = caches.withLock({ $0[name] }) { return found }
         let key = try ES256PrivateKey(pem: String(decoding: pem, as: UTF8.self))
-        return caches.withLock { caches in
-            if let found = caches[name] { return found }
-            if caches.count >= Self.maxKeys { caches.removeAll() }
-            let made = ProviderTokenCache(teamID: teamID, keyID: keyID, key: key)
-            caches[name] = made
-            return made
+        let identity = ProviderTokenCache.identity(teamID: teamID, keyID: keyID, key: key)
+        return state.withLock { state in
+            state.tick += 1
+            let cache: ProviderTokenCache
+            if let found = state.live[identity]?.cache {
+                cache = found
+            } else {
+                cache = ProviderTokenCache(teamID: teamID, keyID: keyID, key: key)
+                state.live[identity] = Held(cache: cache)
+            }
+            state.recent[identity] = (cache, state.tick)
+            if state.recent.count > maxKeys {
+                // A quarter at a time (at least one), so that the sort is paid once per `maxKeys / 4` new keys.
+                let oldest = state.recent.sorted { $0.value.used < $1.value.used }.prefix(max(1, maxKeys / 4))
+                for (name, _) in oldest { state.recent.removeValue(forKey: name) }
+            }
+            if state.live.count >= state.sweepAt {
+                state.live = state.live.filter { $0.value.cache != nil }
+                state.sweepAt = max(maxKeys, state.live.count * 2)
+            }
+            return cache
         }
     }
+
+    /// Caches alive (held here or elsewhere), for tests.
+    var liveCount: Int { state.withLock { $0.live.values.filter { $0.cache != nil }.count } }
 }

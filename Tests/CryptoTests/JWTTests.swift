@@ -166,6 +166,30 @@ struct JWTTests {
         #expect(try ES256PublicKey(pem: ec.publicKey.pem).pem == ec.publicKey.pem)
     }
 
+    @Test("A public key's fingerprint is one per key: PKCS#8, SEC1, a compressed point and CRLF agree")
+    func fingerprints() throws {
+        let directory = try TemporaryDirectory()
+        let (sec1, publicPEM) = try cliKey(["ecparam", "-name", "prime256v1", "-genkey", "-noout"])
+        let path = try directory.write("sec1.pem", sec1)
+        let pkcs8 = try openssl("pkcs8", "-topk8", "-nocrypt", "-in", path, "-out", directory.path("p8.pem"))
+        try #require(pkcs8.status == 0, "\(pkcs8.stderr)")
+        let compressed = try openssl("ec", "-in", path, "-conv_form", "compressed", "-out", directory.path("c.pem"))
+        try #require(compressed.status == 0, "\(compressed.stderr)")
+        let crlf = sec1.split(separator: "\n", omittingEmptySubsequences: false).joined(separator: "\r\n")
+        let fingerprint = try ES256PrivateKey(pem: sec1).publicKey.fingerprint
+        #expect(fingerprint.count == 64)
+        for pem in [try directory.read("p8.pem"), try directory.read("c.pem"), crlf] {
+            #expect(try ES256PrivateKey(pem: pem).publicKey.fingerprint == fingerprint)
+        }
+        #expect(try ES256PublicKey(pem: publicPEM).fingerprint == fingerprint)
+        // SHA-256 of the SubjectPublicKeyInfo DER, as `openssl pkey -pubout -outform DER | sha256sum` prints it.
+        let der = try openssl("pkey", "-in", path, "-pubout", "-outform", "DER", "-out", directory.path("pub.der"))
+        try #require(der.status == 0, "\(der.stderr)")
+        let bytes = try Data(contentsOf: URL(fileURLWithPath: directory.path("pub.der")))
+        #expect(SHA256.hexDigest(bytes) == fingerprint)
+        #expect(ES256PrivateKey.generate().publicKey.fingerprint != fingerprint)
+    }
+
     @Test("A tampered payload, a foreign key, or a swapped signature fails verification")
     func tampering() throws {
         let key = ES256PrivateKey.generate()

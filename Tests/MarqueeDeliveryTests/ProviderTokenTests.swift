@@ -1,5 +1,6 @@
 import Crypto
 import Foundation
+import MarqueeCore
 import Synchronization
 import Testing
 
@@ -42,6 +43,61 @@ struct ProviderTokenTests {
         #expect(throws: (any Error).self) {
             _ = try caches.cache(teamID: "T", keyID: "K", pem: Array("not a key".utf8))
         }
+    }
+
+    @Test("one key in two PEM encodings (LF and CRLF) is one cache and one connection identity")
+    func encodings() throws {
+        let caches = ProviderTokenCaches()
+        let key = ES256PrivateKey.generate()
+        let lf = key.pkcs8PEM
+        let crlf = lf.split(separator: "\n", omittingEmptySubsequences: false).joined(separator: "\r\n")
+        #expect(crlf != lf)
+        let first = try caches.cache(teamID: "TEAM1", keyID: "KEY1", pem: Array(lf.utf8))
+        let second = try caches.cache(teamID: "TEAM1", keyID: "KEY1", pem: Array(crlf.utf8))
+        #expect(first === second)
+        #expect(first.connectionIdentity == second.connectionIdentity)
+        #expect(try first.token() == second.token())
+        // A cache made directly from the key (as tests and channel managers do) names the same connections.
+        #expect(
+            ProviderTokenCache(teamID: "TEAM1", keyID: "KEY1", key: key).connectionIdentity == first.connectionIdentity)
+    }
+
+    @Test("two keys under one team and key ID never share connections, even through ProviderConnections")
+    func otherKeySameNames() async throws {
+        let caches = ProviderTokenCaches()
+        let right = try caches.cache(
+            teamID: "TEAM1", keyID: "KEY1", pem: Array(ES256PrivateKey.generate().pkcs8PEM.utf8))
+        let wrong = try caches.cache(
+            teamID: "TEAM1", keyID: "KEY1", pem: Array(ES256PrivateKey.generate().pkcs8PEM.utf8))
+        #expect(right !== wrong)
+        #expect(right.connectionIdentity != wrong.connectionIdentity)
+        #expect(right.connectionIdentity.hasPrefix("TEAM1/KEY1/"))
+        let pools = ProviderConnections(.init(allowedHosts: ProviderHosts("a.test")!))
+        let (_, k1) = try await pools.lease(host: "a.test", port: 443, identity: right.connectionIdentity)
+        let (_, k2) = try await pools.lease(host: "a.test", port: 443, identity: wrong.connectionIdentity)
+        #expect(k1 != k2)
+        #expect(pools.pools.count == 2)
+        pools.release(k1)
+        pools.release(k2)
+        await pools.shutdown()
+    }
+
+    @Test("past maxKeys a key still held elsewhere keeps its one cache; caches nobody holds are let go")
+    func eviction() throws {
+        let caches = ProviderTokenCaches(maxKeys: 4)
+        let pem = Array(ES256PrivateKey.generate().pkcs8PEM.utf8)
+        let held = try caches.cache(teamID: "TEAM1", keyID: "KEY1", pem: pem)
+        let token = try held.token()
+        for i in 0..<20 {
+            _ = try caches.cache(
+                teamID: "TEAM2", keyID: "KEY\(i)", pem: Array(ES256PrivateKey.generate().pkcs8PEM.utf8))
+        }
+        // A worker still sending with `held` and a credential read again must agree on one token: a second cache
+        // would sign a second token for the same connections.
+        let again = try caches.cache(teamID: "TEAM1", keyID: "KEY1", pem: pem)
+        #expect(again === held)
+        #expect(try again.token() == token)
+        #expect(caches.liveCount <= 5)
     }
 
     @Test("reused until 40 minutes old, then refreshed")
