@@ -117,9 +117,12 @@ public final class APNsChannelClient: Sendable {
                 let response = try await connections.send(
                     request, host: target.host, port: target.port, identity: target.tokens.connectionIdentity)
                 log(operation, target, requestID: requestID, response: response)
-                if response.status == 403, Self.reason(response) == "ExpiredProviderToken", attempt == 0 {
+                if response.status == 403, Self.reason(response) == "ExpiredProviderToken", attempt == 0,
+                    let replacement = try target.tokens.refresh(rejected: token)
+                {
+                    // Without a replacement (the token is too young to be replaced) Apple's answer stands.
                     attempt += 1
-                    token = try target.tokens.refresh(rejected: token)
+                    token = replacement
                     continue
                 }
                 return response

@@ -87,7 +87,8 @@ public final class APNsProvider: Sendable {
     /// Open connections and streams across all hosts, for metrics.
     public var statistics: (connections: Int, streams: Int) { connections.statistics }
 
-    /// Sends one push and classifies the answer. An `ExpiredProviderToken` refreshes the token once and retries.
+    /// Sends one push and classifies the answer. An `ExpiredProviderToken` refreshes the token once and retries, or
+    /// leaves the delivery to be retried later when the token may not be replaced yet (`ProviderTokenCache`).
     /// No request outlives `deadline` (the delivery's send deadline), nor is one sent past it.
     public func send(_ push: APNsPush, to target: APNsTarget, by deadline: ContinuousClock.Instant? = nil) async
         -> SendOutcome
@@ -100,7 +101,11 @@ public final class APNsProvider: Sendable {
                     identity: target.tokens.connectionIdentity, by: deadline)
                 let decision = Self.decide(response, broadcast: push.broadcast != nil)
                 if case .refreshProviderToken = decision, attempt == 0 {
-                    token = try target.tokens.refresh(rejected: token)
+                    // No replacement yet (the token is too young to be replaced): the worker retries the delivery.
+                    guard let replacement = try target.tokens.refresh(rejected: token) else {
+                        return SendOutcome(decision, httpStatus: response.status)
+                    }
+                    token = replacement
                     continue
                 }
                 if case .refreshProviderToken(let reason) = decision {

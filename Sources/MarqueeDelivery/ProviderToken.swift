@@ -5,9 +5,13 @@ import Synchronization
 /// The APNs provider token (an ES256 JWT with `iss` = team ID, `iat`, header `kid`) for one key, cached.
 ///
 /// Apple rejects tokens older than an hour and throttles refreshes more often than every 20 minutes
-/// (`TooManyProviderTokenUpdates`), so a token is reused until it is `refreshAfter` old (default 40 minutes), and an
-/// explicit refresh (after `ExpiredProviderToken`) is honoured only once the current token is `minimumAge` old —
-/// except for one forced refresh when the current token is rejected outright.
+/// (`TooManyProviderTokenUpdates`), so a token is reused until it is `refreshAfter` old (default 40 minutes).
+///
+/// A token Apple calls expired (`ExpiredProviderToken`) is replaced once (`refresh(rejected:)`), but only when it is at
+/// least `minimumAge` old (default 20 minutes) or dated ahead of this host's clock. A younger one was signed with this
+/// host's clock a moment ago: Apple calls it expired only when the clocks disagree, so a new one would be refused too,
+/// and every replacement would count as a token update on the key's connections, for every tenant of the key. It is
+/// replaced once it is old enough (by then Apple may accept the new one); the deliveries wait and retry.
 public final class ProviderTokenCache: Sendable {
     private struct Cached {
         var token: String
@@ -24,18 +28,20 @@ public final class ProviderTokenCache: Sendable {
     public let connectionIdentity: String
     private let key: ES256PrivateKey
     private let refreshAfter: TimeInterval
+    private let minimumAge: TimeInterval
     private let now: @Sendable () -> Date
     private let cached = Mutex<Cached?>(nil)
 
     public init(
         teamID: String, keyID: String, key: ES256PrivateKey, refreshAfter: Duration = .seconds(40 * 60),
-        now: @escaping @Sendable () -> Date = Date.init
+        minimumAge: Duration = .seconds(20 * 60), now: @escaping @Sendable () -> Date = Date.init
     ) {
         self.teamID = teamID
         self.keyID = keyID
         self.connectionIdentity = Self.identity(teamID: teamID, keyID: keyID, key: key)
         self.key = key
         self.refreshAfter = Double(refreshAfter.components.seconds)
+        self.minimumAge = Double(minimumAge.components.seconds)
         self.now = now
     }
 
@@ -46,17 +52,30 @@ public final class ProviderTokenCache: Sendable {
 
     /// The current token, signing a new one when there is none or it is due.
     public func token() throws -> String {
+        // The clock after the cache: a token another sender has just installed is never dated after `now`.
+        let current = cached.withLock { $0 }
         let now = self.now()
-        if let current = cached.withLock({ $0 }), now.timeIntervalSince(current.issuedAt) < refreshAfter {
+        if let current, now.timeIntervalSince(current.issuedAt) < refreshAfter {
             return current.token
         }
-        return try issue(replacing: cached.withLock { $0?.token }, at: now)
+        // The token just judged due is the one to replace. Read again, the cache may already hold a concurrent
+        // sender's new token, and replacing that would rotate twice at the boundary.
+        return try issue(replacing: current?.token, at: now)
     }
 
-    /// Replaces `rejected` with a new token (once: if another sender already replaced it, that one is returned).
-    public func refresh(rejected: String) throws -> String {
-        if let current = cached.withLock({ $0 }), current.token != rejected { return current.token }
-        return try issue(replacing: rejected, at: now())
+    /// A replacement for `rejected`, a token Apple refused as expired: once (if another sender has replaced it already,
+    /// that replacement). Nil while `rejected` is the current token and younger than `minimumAge`: see the type's
+    /// comment; the caller retries later, when this gives a new token.
+    public func refresh(rejected: String) throws -> String? {
+        let current = cached.withLock { $0 }
+        let now = self.now()
+        if let current {
+            guard current.token == rejected else { return current.token }
+            let age = now.timeIntervalSince(current.issuedAt)
+            // Negative: dated ahead of this clock (it was stepped back since), which Apple may rightly refuse.
+            if age >= 0 && age < minimumAge { return nil }
+        }
+        return try issue(replacing: rejected, at: now)
     }
 
     /// When the cached token was signed (nil before the first send).

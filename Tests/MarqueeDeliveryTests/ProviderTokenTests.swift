@@ -120,8 +120,8 @@ struct ProviderTokenTests {
         // Many rounds: signing takes tens of microseconds, so a check-then-sign race shows within a few rounds.
         for _ in 0..<20 {
             let rejected = try cache.token()
-            clock.advance(1)
-            let replacements = try await Self.concurrently(50) { try cache.refresh(rejected: rejected) }
+            clock.advance(20 * 60)
+            let replacements = try await Self.concurrently(50) { try cache.refresh(rejected: rejected) ?? "none" }
             #expect(replacements.count == 1)
             #expect(!replacements.contains(rejected))
             #expect(try cache.token() == replacements.first)
@@ -140,6 +140,63 @@ struct ProviderTokenTests {
             #expect(renewed.count == 1)
             #expect(!renewed.contains(first))
         }
+    }
+
+    @Test(
+        "a token younger than 20 minutes that Apple calls expired is kept (no churn); older, or dated ahead, replaced")
+    func refreshMinimumAge() throws {
+        let clock = ManualClock()
+        let cache = ProviderTokenCache(teamID: "T", keyID: "K", key: ES256PrivateKey.generate(), now: clock.read)
+        let young = try cache.token()
+        clock.advance(19 * 60)
+        // Signed with this clock 19 minutes ago: only a clock Apple disagrees with makes it expired, and a new token
+        // would be refused too while counting as a token update on the key's connections.
+        #expect(try cache.refresh(rejected: young) == nil)
+        #expect(try cache.token() == young)
+        clock.advance(60)
+        let replaced = try #require(try cache.refresh(rejected: young))
+        #expect(replaced != young)
+        #expect(try cache.token() == replaced)
+        // A report about a token already replaced gets the replacement, whatever its age.
+        #expect(try cache.refresh(rejected: young) == replaced)
+        // Dated ahead of the clock (stepped back an hour since): replaced at once.
+        clock.advance(-3600)
+        let ahead = try #require(try cache.refresh(rejected: replaced))
+        #expect(ahead != replaced)
+    }
+
+    @Test("a sender that finds the token due while another replaces it keeps the other's token: one rotation")
+    func boundaryOnce() throws {
+        // The second sender's token() runs inside the first's clock read: after the first found the token due and
+        // before it signs. That is where two senders at the 40-minute boundary meet on two threads, made certain.
+        final class Interleave: Sendable {
+            let cache = Mutex<ProviderTokenCache?>(nil)
+            let armed = Mutex(false)
+            let second = Mutex<String?>(nil)
+        }
+        let interleave = Interleave()
+        let clock = ManualClock()
+        let cache = ProviderTokenCache(
+            teamID: "T", keyID: "K", key: ES256PrivateKey.generate(),
+            now: {
+                if interleave.armed.withLock({ armed in
+                    defer { armed = false }
+                    return armed
+                }) {
+                    let other = try? interleave.cache.withLock { $0 }?.token()
+                    interleave.second.withLock { $0 = other }
+                }
+                return clock.read()
+            })
+        interleave.cache.withLock { $0 = cache }
+        let old = try cache.token()
+        clock.advance(41 * 60)
+        interleave.armed.withLock { $0 = true }
+        let first = try cache.token()
+        let second = try #require(interleave.second.withLock { $0 })
+        #expect(second != old)
+        #expect(first == second)
+        #expect(try cache.token() == second)
     }
 
     /// The distinct results of `count` concurrent calls.
