@@ -86,7 +86,7 @@ final class ClientConnection: TLSConnection, LoopHandler {
 
     /// Client shutdown: GOAWAY and close.
     func closeForShutdown() {
-        run(machine.close())
+        run(machine.close(now: context.now))
     }
 
     // MARK: LoopHandler
@@ -132,7 +132,7 @@ final class ClientConnection: TLSConnection, LoopHandler {
     }
 
     func terminate() {
-        run(machine.close())
+        run(machine.close(now: context.now))
         if phase == .open, let session {
             nghttp2_session_terminate_session(session, NGHTTP2_NO_ERROR.rawValue)
             _ = writeAvailable(self)
@@ -301,11 +301,17 @@ final class ClientConnection: TLSConnection, LoopHandler {
                 core.detach(handle)
             case .close(let reason):
                 if closeReason == nil { closeReason = reason }
-                if phase == .open, let session, reason != .pingTimeout {
-                    nghttp2_session_terminate_session(session, NGHTTP2_NO_ERROR.rawValue)
-                }
-                if reason == .pingTimeout {
+                switch reason {
+                case .pingTimeout:
                     failure = HTTP2Error(.connectionClosed, "PING timeout")
+                case .flushTimeout:
+                    // A failure makes `flush` tear down with output still pending (and skip SSL_shutdown, which
+                    // would write to the peer that stopped reading).
+                    failure = failure ?? HTTP2Error(.connectionClosed, "the peer stopped reading before the close")
+                case .idle, .drained, .connectTimeout, .shutdown:
+                    if phase == .open, let session {
+                        nghttp2_session_terminate_session(session, NGHTTP2_NO_ERROR.rawValue)
+                    }
                 }
                 context.markDirty(self)
             }
@@ -446,7 +452,8 @@ final class ClientConnection: TLSConnection, LoopHandler {
             let goAway = frame.pointee.goaway
             run(
                 machine.goAwayReceived(
-                    lastStreamID: goAway.last_stream_id, errorCode: HTTP2ErrorCode(rawValue: goAway.error_code)))
+                    lastStreamID: goAway.last_stream_id, errorCode: HTTP2ErrorCode(rawValue: goAway.error_code),
+                    now: context.now))
         default:
             break
         }

@@ -14,7 +14,8 @@ struct ConnectionStateMachine<Payload> {
         var connectTimeout: Duration = .seconds(10)
         /// PING interval while connected; `nil` disables keep-alive.
         var pingInterval: Duration? = .seconds(60)
-        /// Time allowed for a PING acknowledgement before the connection counts as dead.
+        /// Time allowed for a PING acknowledgement before the connection counts as dead; also the time a closing
+        /// connection gets to hand its last frames to the peer before it is torn down regardless.
         var pingTimeout: Duration = .seconds(10)
         /// Time without streams after which the connection closes itself; `nil` keeps it open.
         var idleTimeout: Duration? = .seconds(300)
@@ -44,6 +45,9 @@ struct ConnectionStateMachine<Payload> {
         case connectTimeout
         /// The owner asked for it.
         case shutdown
+        /// A close above was asked for `pingTimeout` ago and the connection is still there: the peer has not taken
+        /// the final frames (it stopped reading). Tear it down without them.
+        case flushTimeout
     }
 
     /// Connection phases.
@@ -74,6 +78,10 @@ struct ConnectionStateMachine<Payload> {
     private var pingSentAt: ContinuousClock.Instant?
     private var nextPingAt: ContinuousClock.Instant?
     private var idleSince: ContinuousClock.Instant?
+    /// When a connection told to close (gracefully, after flushing) is torn down anyway; nil when none is pending.
+    private var closeDeadline: ContinuousClock.Instant?
+    /// Whether `.detach` was handed out: the pool routes nothing new here.
+    private var detached = false
     /// Whether the connection ever became active.
     private(set) var didConnect = false
 
@@ -141,23 +149,25 @@ struct ConnectionStateMachine<Payload> {
     }
 
     /// The owner closes the connection (client shutdown). Anything left fails with `shutdown`.
-    mutating func close() -> [ConnectionAction<Payload>] {
+    mutating func close(now: ContinuousClock.Instant) -> [ConnectionAction<Payload>] {
         if state == .closed { return [] }
         let error = HTTP2Error(.shutdown, "the client is shutting down")
         var actions = connectionLost(error)
-        actions.append(.close(.shutdown))
+        closing(.shutdown, now: now, into: &actions)
         return actions
     }
 
     /// GOAWAY from the peer: streams above `lastStreamID` were not processed and are retried (bounded), streams at or
     /// below it finish normally, queued requests move to another connection, and no new stream opens here.
-    mutating func goAwayReceived(lastStreamID: Int32, errorCode: HTTP2ErrorCode) -> [ConnectionAction<Payload>] {
+    mutating func goAwayReceived(
+        lastStreamID: Int32, errorCode: HTTP2ErrorCode, now: ContinuousClock.Instant
+    ) -> [ConnectionAction<Payload>] {
         switch state {
         case .closed: return []
         case .waiting, .connecting, .active, .draining: break
         }
         var actions: [ConnectionAction<Payload>] = []
-        if state != .draining { actions.append(.detach) }
+        detach(into: &actions)
         state = .draining
         let error = HTTP2Error(.goAway, "the server sent GOAWAY", wireCode: errorCode)
         for streamID in inFlight.keys.sorted() where streamID > lastStreamID {
@@ -165,7 +175,7 @@ struct ConnectionStateMachine<Payload> {
             actions.append(retryOrFail(entry, error))
         }
         for entry in drainQueue() { actions.append(.retry(entry)) }
-        closeIfDrained(into: &actions)
+        closeIfDrained(now: now, into: &actions)
         return actions
     }
 
@@ -179,14 +189,16 @@ struct ConnectionStateMachine<Payload> {
 
     /// A new (or retried) request for this connection.
     mutating func enqueue(_ entry: Entry, now: ContinuousClock.Instant) -> [ConnectionAction<Payload>] {
+        // The deadline first: a request past it fails here, rather than being handed back to the pool to come round
+        // again (and again, while the pool still routes to this connection).
+        if let deadline = entry.deadline, deadline <= now {
+            return [.fail(entry, HTTP2Error(.timeout, "the request deadline passed before it was sent"))]
+        }
         switch state {
         case .closed, .draining:
             return [.retry(entry)]
         case .waiting, .connecting, .active:
             break
-        }
-        if let deadline = entry.deadline, deadline <= now {
-            return [.fail(entry, HTTP2Error(.timeout, "the request deadline passed before it was sent"))]
         }
         idleSince = nil
         if state == .active && queuedCount == 0 && activeCount < peerMaxConcurrentStreams {
@@ -249,6 +261,12 @@ struct ConnectionStateMachine<Payload> {
         var actions: [ConnectionAction<Payload>] = []
         switch state {
         case .closed:
+            // A close waits for the output to drain; a peer with a zero window would hold the socket, the session
+            // and up to a write batch of output forever.
+            if let deadline = closeDeadline, now >= deadline {
+                closeDeadline = nil
+                return [.close(.flushTimeout)]
+            }
             return []
         case .waiting(let until):
             if now >= until {
@@ -258,13 +276,13 @@ struct ConnectionStateMachine<Payload> {
         case .connecting(let deadline):
             if now >= deadline {
                 actions = connectionLost(HTTP2Error(.connectFailed, "connect timed out"))
-                actions.append(.close(.connectTimeout))
+                closing(.connectTimeout, now: now, into: &actions)
                 return actions
             }
         case .active, .draining:
             if let sentAt = pingSentAt, now - sentAt >= configuration.pingTimeout {
                 actions = connectionLost(HTTP2Error(.connectionClosed, "the server stopped answering PING"))
-                actions.append(.close(.pingTimeout))
+                closing(.pingTimeout, now: now, into: &actions)
                 return actions
             }
             if state == .active, pingSentAt == nil, let due = nextPingAt, now >= due {
@@ -278,7 +296,7 @@ struct ConnectionStateMachine<Payload> {
             now - since >= idle
         {
             state = .closed
-            actions.append(.close(.idle))
+            closing(.idle, now: now, into: &actions)
         }
         return actions
     }
@@ -324,17 +342,36 @@ struct ConnectionStateMachine<Payload> {
             startQueued(into: &actions)
             markIdleIfEmpty(now: now)
         case .draining:
-            closeIfDrained(into: &actions)
+            closeIfDrained(now: now, into: &actions)
         case .waiting, .connecting, .closed:
             break
         }
     }
 
-    private mutating func closeIfDrained(into actions: inout [ConnectionAction<Payload>]) {
+    private mutating func closeIfDrained(now: ContinuousClock.Instant, into actions: inout [ConnectionAction<Payload>])
+    {
         if state == .draining && activeCount == 0 {
             state = .closed
-            actions.append(.close(.drained))
+            closing(.drained, now: now, into: &actions)
         }
+    }
+
+    /// Hands out `.detach` once: from here on the pool sends new requests elsewhere.
+    private mutating func detach(into actions: inout [ConnectionAction<Payload>]) {
+        if !detached {
+            detached = true
+            actions.append(.detach)
+        }
+    }
+
+    /// Asks for the close (the state is `.closed` already): the pool stops routing here first, and a connection that
+    /// cannot flush its last frames within `pingTimeout` is torn down by `tick` (`flushTimeout`).
+    private mutating func closing(
+        _ reason: CloseReason, now: ContinuousClock.Instant, into actions: inout [ConnectionAction<Payload>]
+    ) {
+        detach(into: &actions)
+        actions.append(.close(reason))
+        closeDeadline = now + configuration.pingTimeout
     }
 
     private mutating func markIdleIfEmpty(now: ContinuousClock.Instant) {
@@ -406,7 +443,7 @@ enum ConnectionAction<Payload> {
     case sendPing
     /// Tell the pool to stop routing new requests here (GOAWAY received); the connection keeps draining.
     case detach
-    /// Close the connection (after flushing what is pending).
+    /// Close the connection (after flushing what is pending; at once for `pingTimeout` and `flushTimeout`).
     case close(ConnectionStateMachine<Payload>.CloseReason)
 }
 

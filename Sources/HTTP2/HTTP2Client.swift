@@ -41,7 +41,8 @@ public final class HTTP2Client: Sendable {
         public var requestTimeout: Duration
         /// PING interval (default 60 s); `nil` disables keep-alive PINGs.
         public var pingInterval: Duration?
-        /// A connection whose PING is not acknowledged within this time is closed (default 10 s).
+        /// A connection whose PING is not acknowledged within this time is closed (default 10 s), and a closing
+        /// connection whose peer has not taken its last frames within this time is torn down without them.
         public var pingTimeout: Duration
         /// Connections without streams for this long close (default 300 s); `nil` keeps them.
         public var idleTimeout: Duration?

@@ -128,7 +128,7 @@ struct ConnectionStateMachineTests {
         for id in 1...5 { harness.send(id) }  // streams 1, 3, 5 in flight; 4 and 5 queued
         #expect(harness.machine.activeCount == 3)
 
-        let actions = harness.machine.goAwayReceived(lastStreamID: 3, errorCode: .noError)
+        let actions = harness.machine.goAwayReceived(lastStreamID: 3, errorCode: .noError, now: at(0))
         #expect(actions.contains { if case .detach = $0 { true } else { false } })
         #expect(Set(retried(actions)) == [3, 4, 5])  // payload 3 had stream 5
         #expect(failed(actions).isEmpty)
@@ -156,7 +156,7 @@ struct ConnectionStateMachineTests {
         var retriedEntry = entry(1)
         retriedEntry.retries = 2  // maxRetries is 2
         harness.confirm(harness.machine.enqueue(retriedEntry, now: at(0)))
-        let actions = harness.machine.goAwayReceived(lastStreamID: 0, errorCode: .noError)
+        let actions = harness.machine.goAwayReceived(lastStreamID: 0, errorCode: .noError, now: at(0))
         let failures = failed(actions)
         #expect(failures.count == 1)
         #expect(failures.first?.1.code == .goAway)
@@ -230,6 +230,51 @@ struct ConnectionStateMachineTests {
         #expect(closeReason(harness.machine.tick(now: at(11))) == nil)
         #expect(closeReason(harness.machine.tick(now: at(12))) == .idle)
         #expect(retried(harness.machine.enqueue(entry(2), now: at(12))) == [2])
+    }
+
+    @Test("a close the peer never lets flush (it stopped reading) ends anyway: flushTimeout after pingTimeout, once")
+    func flushTimeout() {
+        var harness = Harness(limit: 10)
+        harness.send(1)
+        _ = harness.machine.goAwayReceived(lastStreamID: 1, errorCode: .noError, now: at(1))
+        #expect(closeReason(harness.machine.streamClosed(streamID: 1, errorCode: .noError, now: at(1))) == .drained)
+        // The I/O layer now waits for its output to drain; with a zero window it never does.
+        #expect(harness.machine.tick(now: at(2.9)).isEmpty)  // pingTimeout is 2 s here
+        #expect(closeReason(harness.machine.tick(now: at(3))) == .flushTimeout)
+        #expect(harness.machine.tick(now: at(10)).isEmpty)
+
+        var idle = Harness(limit: 10, configuration: configuration(pingInterval: nil, idleTimeout: .seconds(5)))
+        #expect(closeReason(idle.machine.tick(now: at(5))) == .idle)
+        #expect(closeReason(idle.machine.tick(now: at(7))) == .flushTimeout)
+
+        var shutdown = Harness(limit: 10)
+        #expect(closeReason(shutdown.machine.close(now: at(1))) == .shutdown)
+        #expect(closeReason(shutdown.machine.tick(now: at(3))) == .flushTimeout)
+    }
+
+    @Test("a closing connection is detached before it closes; a request past its deadline fails there, not bounces")
+    func closeDetaches() {
+        func detachesBeforeClosing(_ actions: [Action]) -> Bool {
+            let detach = actions.firstIndex { if case .detach = $0 { true } else { false } }
+            let close = actions.firstIndex { if case .close = $0 { true } else { false } }
+            guard let detach, let close else { return false }
+            return detach < close
+        }
+        var idle = Harness(limit: 10, configuration: configuration(pingInterval: nil, idleTimeout: .seconds(5)))
+        #expect(detachesBeforeClosing(idle.machine.tick(now: at(5))))
+        var shutdown = Harness(limit: 10)
+        #expect(detachesBeforeClosing(shutdown.machine.close(now: at(1))))
+
+        // Still routed here (a job queued before the detach): past its deadline it fails with timeout; handing it
+        // back would send it round the pool again.
+        let late = idle.machine.enqueue(entry(1, deadline: 4), now: at(6))
+        #expect(retried(late).isEmpty)
+        #expect(failed(late).first?.1.code == .timeout)
+        #expect(retried(idle.machine.enqueue(entry(2, deadline: 20), now: at(6))) == [2])
+        var draining = Harness(limit: 10)
+        draining.send(3)
+        _ = draining.machine.goAwayReceived(lastStreamID: 1, errorCode: .noError, now: at(1))
+        #expect(failed(draining.machine.enqueue(entry(4, deadline: 1), now: at(2))).first?.1.code == .timeout)
     }
 
     @Test("connection loss fails in-flight requests and retries queued ones; a connect failure fails them")
