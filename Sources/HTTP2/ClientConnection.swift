@@ -36,8 +36,10 @@ final class ClientStream {
     var responseBody: [UInt8] = []
     /// Set once the response outgrew the limit and the stream was reset.
     var tooLarge = false
-    /// Bytes of header names and values received so far.
+    /// The response's header list size so far, as RFC 7541 §4.1 counts it (name, value and 32 bytes per field).
     var headerBytes = 0
+    /// Header fields received so far.
+    var headerFields = 0
 
     init(body: [UInt8]) { self.body = body }
 }
@@ -45,6 +47,10 @@ final class ClientStream {
 /// A client HTTP/2 connection on a loop thread: carries out its `ConnectionStateMachine`'s actions over a
 /// non-blocking TLS socket.
 final class ClientConnection: TLSConnection, LoopHandler {
+    /// Header fields kept per response, with or without a size limit: each costs a tuple of two Swift strings, and
+    /// APNs and Google answer with a few dozen at most.
+    static let maxResponseHeaderFields = 256
+
     private enum Phase {
         case waiting
         case resolving
@@ -250,13 +256,23 @@ final class ClientConnection: TLSConnection, LoopHandler {
         let user = Unmanaged.passUnretained(self).toOpaque()
         guard nghttp2_session_client_new(&session, callbacks, user) == 0, let session else { return false }
         self.session = session
-        let window = core.configuration.initialWindowSize
         submitSettings(
-            [
-                (Int32(NGHTTP2_SETTINGS_ENABLE_PUSH.rawValue), 0),
-                (Int32(NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE.rawValue), UInt32(window)),
-            ], connectionWindow: Int32(clamping: window * 4))
+            Self.settings(core.configuration),
+            connectionWindow: Int32(clamping: core.configuration.initialWindowSize * 4))
         return true
+    }
+
+    /// The SETTINGS the client sends: no push, its stream window and, with a size limit, SETTINGS_MAX_HEADER_LIST_SIZE
+    /// (the limit `onHeader` enforces, so that a well-behaved server knows it before it answers).
+    static func settings(_ configuration: HTTP2Client.Configuration) -> [(Int32, UInt32)] {
+        var settings: [(Int32, UInt32)] = [
+            (Int32(NGHTTP2_SETTINGS_ENABLE_PUSH.rawValue), 0),
+            (Int32(NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE.rawValue), UInt32(configuration.initialWindowSize)),
+        ]
+        if let limit = configuration.maxResponseBodySize {
+            settings.append((Int32(NGHTTP2_SETTINGS_MAX_HEADER_LIST_SIZE.rawValue), UInt32(clamping: limit)))
+        }
+        return settings
     }
 
     // MARK: Actions
@@ -404,13 +420,18 @@ final class ClientConnection: TLSConnection, LoopHandler {
     /// `name` is ASCII: nghttp2 checks response header names before this callback.
     fileprivate func onHeader(streamID: Int32, name: UnsafeBufferPointer<UInt8>, value: UnsafeBufferPointer<UInt8>) {
         guard let stream = stream(streamID), !stream.tooLarge else { return }
-        let value = String(decoding: value, as: UTF8.self)
-        stream.headerBytes += name.count + value.utf8.count
-        // Headers count against the same limit as the body: a hostile server cannot grow them without bound.
-        if let limit = core.configuration.maxResponseBodySize, stream.headerBytes > limit {
+        // Headers count against the same limit as the body, 32 bytes a field besides name and value (RFC 7541 §4.1),
+        // and their number is capped: counting only names and values, a hostile server could send tens of thousands
+        // of empty fields per stream, each kept as a tuple of strings.
+        stream.headerBytes += name.count + value.count + 32
+        stream.headerFields += 1
+        if stream.headerFields > Self.maxResponseHeaderFields
+            || core.configuration.maxResponseBodySize.map({ stream.headerBytes > $0 }) == true
+        {
             refuseOversized(stream, streamID: streamID)
             return
         }
+        let value = String(decoding: value, as: UTF8.self)
         if name.first == UInt8(ascii: ":") {
             if name.elementsEqual(":status".utf8) { stream.status = Int(value) }
         } else {

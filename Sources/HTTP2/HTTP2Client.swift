@@ -54,8 +54,10 @@ public final class HTTP2Client: Sendable {
         public var ioThreads: Int
         /// Per-stream receive window advertised to the server (default 4 MiB; the connection gets four times it).
         public var initialWindowSize: Int
-        /// Largest response body accepted, and separately the largest header list (default `nil`: no limit). A
-        /// bigger one resets the stream and fails the request with `responseTooLarge`.
+        /// Largest response body accepted, and separately the largest header list, sized as RFC 7541 §4.1 does (32
+        /// bytes a field besides name and value) and sent to the server as SETTINGS_MAX_HEADER_LIST_SIZE (default
+        /// `nil`: no limit). A bigger one, or a response with more than 256 header fields (limit or not), resets the
+        /// stream and fails the request with `responseTooLarge`.
         public var maxResponseBodySize: Int?
         /// Whether the host may resolve to loopback, private, link-local, unspecified or other special-purpose
         /// addresses (default `true`). When `false` those addresses are skipped, and the connection goes to the very

@@ -54,6 +54,49 @@ struct ClientLimitsTests {
         }
     }
 
+    @Test("empty header fields cost 32 bytes each against the limit, and more than 256 fail even without a limit")
+    func emptyHeaderFields() async throws {
+        let empty: @Sendable (HTTP2ServerRequest) async -> HTTP2ServerResponse = { request in
+            let count = Int(request.path.dropFirst()) ?? 0
+            return HTTP2ServerResponse(status: 200, headers: (0..<count).map { ("x-\($0)", "") }, body: [])
+        }
+        try await withServer(handler: empty) { server in
+            var limited = Fixtures.clientConfiguration(port: server.boundPort)
+            limited.maxResponseBodySize = 4096
+            let client = try HTTP2Client(limited)
+            // 100 fields: 3,590 bytes with the overhead; 200: 7,290, though their names and values come to 890.
+            #expect(try await client.send(HTTP2Request(method: "GET", path: "/100")).header("x-99") == "")
+            do {
+                _ = try await client.send(HTTP2Request(method: "GET", path: "/200"))
+                Issue.record("200 empty fields passed a 4096-byte header limit")
+            } catch let error as HTTP2Error {
+                #expect(error.code == .responseTooLarge)
+            }
+            await client.shutdown()
+
+            let unlimited = try HTTP2Client(Fixtures.clientConfiguration(port: server.boundPort))
+            #expect(try await unlimited.send(HTTP2Request(method: "GET", path: "/250")).header("x-249") == "")
+            do {
+                _ = try await unlimited.send(HTTP2Request(method: "GET", path: "/1000"))
+                Issue.record("1000 header fields were kept")
+            } catch let error as HTTP2Error {
+                #expect(error.code == .responseTooLarge)
+            }
+            #expect(try await unlimited.send(HTTP2Request(method: "GET", path: "/1")).status == 200)
+            await unlimited.shutdown()
+        }
+    }
+
+    @Test("the header limit is sent as SETTINGS_MAX_HEADER_LIST_SIZE (0x6), and none without a limit")
+    func advertisedHeaderLimit() {
+        var configuration = Fixtures.clientConfiguration(port: 443)
+        #expect(!ClientConnection.settings(configuration).contains { $0.0 == 0x6 })
+        configuration.maxResponseBodySize = 64 << 10
+        let settings = ClientConnection.settings(configuration)
+        #expect(settings.contains { $0.0 == 0x6 && $0.1 == 64 << 10 })
+        #expect(settings.contains { $0.0 == 0x2 && $0.1 == 0 })  // no push, as before
+    }
+
     @Test("with special addresses refused, loopback is not connected to, literal or by name")
     func specialAddressesRefused() async throws {
         try await withServer { server in
