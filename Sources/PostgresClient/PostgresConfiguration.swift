@@ -100,6 +100,13 @@ public struct PostgresConfiguration: Sendable, CustomStringConvertible {
             + "database: \(database ?? "default"), user: \(user ?? "default"))"
     }
 
+    /// libpq's TCP settings that find a dead peer (ignored on Unix-domain sockets): a probe after 10 s idle, every
+    /// 5 s, 3 unanswered end the connection; data unacknowledged for 30 s ends it.
+    static let deadPeerDefaults: [(String, String)] = [
+        ("keepalives", "1"), ("keepalives_idle", "10"), ("keepalives_interval", "5"), ("keepalives_count", "3"),
+        ("tcp_user_timeout", "30000"),
+    ]
+
     /// The keyword/value pairs handed to `PQconnectdbParams`.
     func connectionParameters() -> [Parameter] {
         var result = parameters.filter { $0.key != "client_encoding" && $0.key != "options" }
@@ -108,6 +115,13 @@ public struct PostgresConfiguration: Sendable, CustomStringConvertible {
         result.append(Parameter(key: "connect_timeout", value: String(wholeSeconds)))
         if let applicationName {
             result.append(Parameter(key: "application_name", value: applicationName))
+        }
+        // A peer gone without a word (a failover, a lost VM, a partition) leaves a half-open socket: every call here
+        // blocks in libpq, and a statement sent into it hangs for the kernel's retransmission limit (~15 min) or, if
+        // already acknowledged, until the system's keepalive (~2 h), which statement_timeout (server side) cannot
+        // end. Keepalives and TCP_USER_TIMEOUT bound both to about 30 s, unless the URL sets them.
+        for (key, value) in Self.deadPeerDefaults where self.value(for: key) == nil {
+            result.append(Parameter(key: key, value: value))
         }
         result.append(Parameter(key: "client_encoding", value: "UTF8"))
         var options = value(for: "options") ?? ""

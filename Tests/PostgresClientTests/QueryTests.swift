@@ -85,6 +85,13 @@ struct QueryTests {
         #expect(parameters.contains(.init(key: "connect_timeout", value: "3")))
         #expect(parameters.contains(.init(key: "client_encoding", value: "UTF8")))
         #expect(parameters.contains { $0.key == "options" && $0.value.contains("TimeZone=UTC") })
+        // A dead peer is found within about 30 s, unless the URL says otherwise.
+        #expect(parameters.contains(.init(key: "keepalives", value: "1")))
+        #expect(parameters.contains(.init(key: "tcp_user_timeout", value: "30000")))
+        let tuned = try PostgresConfiguration(url: "postgresql://db/app?tcp_user_timeout=5000&keepalives_idle=60")
+            .connectionParameters()
+        #expect(tuned.filter { $0.key == "tcp_user_timeout" }.map(\.value) == ["5000"])
+        #expect(tuned.filter { $0.key == "keepalives_idle" }.map(\.value) == ["60"])
     }
 
     @Test("error descriptions are redacted; debug descriptions carry the detail")
