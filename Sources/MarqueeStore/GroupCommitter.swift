@@ -134,12 +134,21 @@ public final class GroupCommitter: Sendable {
             onBatch(batch.count)
             return answers.map { .success($0) }
         } catch {
-            // A statement failed (the batch was rolled back), or the batch could not run at all (no connection,
-            // connection lost): each is written alone, which reports each caller's own outcome.
+            // The database cannot be reached (no connection, the pool exhausted or closed): the batch never ran, and
+            // neither would its writes alone, each after its own wait for a connection (up to 128 of them in a row
+            // during an outage: minutes). Every caller hears it at once.
+            if Self.unreachable(error) { return batch.map { _ in .failure(error) } }
+            // A statement failed (the batch was rolled back), or the connection was lost (the batch may have
+            // committed): each is written alone, which reports each caller's own outcome.
         }
         statisticsState.withLock { $0.fallbacks += 1 }
         var answers: [Result<Answer, any Error>] = []
         for item in batch {
+            // Once the database cannot be reached, the rest fail with that at once, as above.
+            if case .failure(let error)? = answers.last, Self.unreachable(error) {
+                answers.append(.failure(error))
+                continue
+            }
             do {
                 answers.append(.success(try await write([item])[0]))
             } catch {
@@ -147,6 +156,12 @@ public final class GroupCommitter: Sendable {
             }
         }
         return answers
+    }
+
+    /// Whether `error` says the database could not be reached at all (nothing of the transaction was sent).
+    static func unreachable(_ error: any Error) -> Bool {
+        guard let error = error as? PostgresError else { return false }
+        return [.connectionFailed, .poolTimeout, .poolClosed].contains(error.code)
     }
 
     /// Writes `batch` in one transaction and round trip. Each tenant is entered once, its statements after it

@@ -30,6 +30,45 @@ struct GroupCommitterTests {
         #expect(committer.statistics.statements == 100)
     }
 
+    @Test("a database that cannot be reached fails a whole batch at once, not each write again alone")
+    func unreachableFailsAtOnce() async throws {
+        // Nothing listens on the port: every connection attempt is refused.
+        let listener = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+        _ = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(listener, $0, length) }
+        }
+        _ = withUnsafeMutablePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(listener, $0, &length) }
+        }
+        let port = UInt16(bigEndian: address.sin_port)
+        close(listener)
+        let pool = PostgresPool(
+            try PostgresConfiguration(url: "postgresql://postgres@127.0.0.1:\(port)/none?connect_timeout=2"),
+            options: .init(maxConnections: 2))
+        defer { pool.close() }
+        let committer = GroupCommitter(pool: pool, configuration: .init(writers: 1, maxBatch: 64, notifyChannel: nil))
+        let tenant = UUID()
+        let failures = try await withThrowingTaskGroup(of: Bool.self) { group in
+            for i in 0..<40 {
+                group.addTask {
+                    do {
+                        _ = try await committer.submit(tenant: tenant, Echo(n: i))
+                        return false
+                    } catch let error as PostgresError {
+                        return error.code == .connectionFailed
+                    }
+                }
+            }
+            return try await group.reduce(0) { $0 + ($1 ? 1 : 0) }
+        }
+        #expect(failures == 40, "every caller hears the database is unreachable")
+        #expect(committer.statistics.fallbacks == 0, "no write was tried again alone")
+    }
+
     @Test("a batch of several tenants' statements runs each inside its own tenant, answered in its caller's order")
     func tenantsInterleaved() async throws {
         let fixture = try await RegistryFixture.get()
