@@ -13,7 +13,11 @@ public struct SystemRoutes: Sendable {
 
     public init(pool: PostgresPool, migrator: Migrator, metrics: MetricsRegistry, logger: Logger) {
         self.pool = pool
-        self.migrator = migrator
+        // A connection of its own: through the requests' pool, a probe waited behind every request for a connection
+        // (up to the acquire timeout, 5 s) and failed its own timeout (1 s by default) on every pod at once during a
+        // load spike, taking the Service's endpoints away when they were needed most.
+        self.migrator = migrator.using(
+            pool.sibling(options: .init(maxConnections: 1, acquireTimeout: .seconds(2))))
         self.metrics = metrics
         self.logger = logger
         self.ready = metrics.gauge(
@@ -53,4 +57,5 @@ public struct SystemRoutes: Sendable {
         }
         return .json(["status": "ready", "database": "ok", "migrations": "current"])
     }
+
 }

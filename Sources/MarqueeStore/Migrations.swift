@@ -146,6 +146,11 @@ public struct Migrator: Sendable {
         self.migrations = migrations
     }
 
+    /// The same migrations, checked and applied through `pool`.
+    public func using(_ pool: PostgresPool) -> Migrator {
+        Migrator(pool: pool, migrations: migrations)
+    }
+
     /// Compares the files with `schema_migrations` without changing anything.
     public func status() async throws -> MigrationStatus {
         let migrations = self.migrations

@@ -197,6 +197,11 @@ public final class PostgresPool: Sendable {
         self.state = Mutex(State(machine: Machine(maxConnections: options.maxConnections)))
     }
 
+    /// A pool of its own on the same database, e.g. for a health check that must not queue behind requests.
+    public func sibling(options: Configuration) -> PostgresPool {
+        PostgresPool(configuration, options: options)
+    }
+
     /// Current counters.
     public var statistics: Statistics {
         state.withLock { state in

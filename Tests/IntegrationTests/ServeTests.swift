@@ -1,4 +1,8 @@
 import Foundation
+import HTTPServer
+import MarqueeAPI
+import MarqueeStore
+import Observability
 import PostgresClient
 import Testing
 
@@ -214,5 +218,50 @@ struct DatabaseRestartTests {
         }
         #expect(status == 200, "readyz did not recover within 5 s:\n\(serve.log)")
         #expect(serve.process.isRunning)
+    }
+}
+
+/// `/readyz` in process, against a request pool the test exhausts.
+@Suite("readiness")
+struct ReadinessTests {
+    @Test("readyz answers on a connection of its own while every request connection is taken")
+    func readyWhilePoolBusy() async throws {
+        let fixture = try await RegistryFixture.get()
+        let pool = PostgresPool(
+            try PostgresConfiguration(url: fixture.databaseURL), options: .init(maxConnections: 1))
+        defer { pool.close() }
+        var router = Router()
+        SystemRoutes(
+            pool: pool,
+            migrator: Migrator(
+                pool: pool, migrations: try MigrationFiles.load(directory: TestEnvironment.migrationsDirectory)),
+            metrics: MetricsRegistry(), logger: Logger(label: "test", level: .critical)
+        ).register(in: &router)
+        guard case .matched(let readyz) = router.route(HTTPRequest(method: .GET, target: "/readyz")) else {
+            Issue.record("no /readyz route")
+            return
+        }
+        // A long request holds the pool's only connection.
+        let (released, release) = AsyncStream.makeStream(of: Void.self)
+        let (held, holding) = AsyncStream.makeStream(of: Void.self)
+        let request = Task {
+            try await pool.withConnection { _ in
+                holding.yield()
+                holding.finish()
+                // Blocks this connection's own thread (never the cooperative pool) until the test is done.
+                let done = DispatchSemaphore(value: 0)
+                Task {
+                    for await _ in released {}
+                    done.signal()
+                }
+                done.wait()
+            }
+        }
+        for await _ in held {}
+        // Sharing the pool, the check waited out its acquire timeout and answered 503.
+        let answer = try await readyz.handler(HTTPRequest(method: .GET, target: "/readyz"))
+        #expect(answer.status == 200)
+        release.finish()
+        try await request.value
     }
 }
