@@ -2,8 +2,9 @@ import Foundation
 import MarqueeStore
 import Observability
 
-/// Runs the retention pass (migration 0020) every hour in each worker; the SQL makes it once a day and one worker at a
-/// time, so a pool of any size does the work once. Failures are logged and tried again at the next tick.
+/// Runs the retention pass (migrations 0020, 0080) every hour in each worker; the SQL makes it once a day and one worker
+/// at a time, so a pool of any size does the work once. Failures are logged and tried again at the next tick, and so
+/// is a pass that left partitions for later because a long reader held their table.
 public struct RetentionService: Sendable {
     public struct Configuration: Sendable {
         /// Days of events, metrics, delivery history and finished instances kept; 0 keeps everything.
@@ -21,6 +22,7 @@ public struct RetentionService: Sendable {
     let logger: Logger
     let runs: Counter
     let dropped: Counter
+    let skipped: Counter
     let purged: Counter
 
     public init(store: RetentionStore, configuration: Configuration, metrics: MetricsRegistry, logger: Logger) {
@@ -33,6 +35,9 @@ public struct RetentionService: Sendable {
                 + "running elsewhere), failed.", labels: ["outcome"])
         dropped = metrics.counter(
             "marquee_retention_partitions_dropped_total", help: "Day partitions dropped by retention.")
+        skipped = metrics.counter(
+            "marquee_retention_partitions_skipped_total",
+            help: "Day partitions retention left for a later pass: their table's locks were not granted in time.")
         purged = metrics.counter(
             "marquee_retention_instances_purged_total", help: "Finished instances purged by retention.")
     }
@@ -47,16 +52,22 @@ public struct RetentionService: Sendable {
             }
             runs.inc(labels: "ran")
             dropped.inc(Double(report.partitionsDropped))
+            skipped.inc(Double(report.partitionsSkipped))
             purged.inc(Double(report.instancesPurged))
-            logger.info(
-                "retention pass",
-                metadata: [
-                    "retention.cutoff": .string(report.cutoff),
-                    "retention.partitions_created": .int(report.partitionsCreated),
-                    "retention.partitions_dropped": .int(report.partitionsDropped),
-                    "retention.default_rows_deleted": .int(report.defaultRowsDeleted),
-                    "retention.instances_purged": .int(report.instancesPurged),
-                ])
+            let metadata: LogMetadata = [
+                "retention.cutoff": .string(report.cutoff),
+                "retention.partitions_created": .int(report.partitionsCreated),
+                "retention.partitions_dropped": .int(report.partitionsDropped),
+                "retention.partitions_skipped": .int(report.partitionsSkipped),
+                "retention.skipped_tables": .string(report.skippedTables.joined(separator: ",")),
+                "retention.default_rows_deleted": .int(report.defaultRowsDeleted),
+                "retention.instances_purged": .int(report.instancesPurged),
+            ]
+            if report.partitionsSkipped > 0 {
+                logger.warning("retention pass left partitions for later (their table was locked)", metadata: metadata)
+            } else {
+                logger.info("retention pass", metadata: metadata)
+            }
             return report
         } catch {
             runs.inc(labels: "failed")

@@ -2,36 +2,82 @@ import Foundation
 import MarqueeCore
 import PostgresClient
 
-/// What one retention pass did (migration 0020's `marquee_apply_retention`).
+/// What one retention pass did (migration 0080's `marquee_retention_pass`).
 public struct RetentionReport: Sendable, Equatable {
     /// Rows received before this day (UTC) are gone.
     public var cutoff: String
     public var partitionsCreated: Int
     public var partitionsDropped: Int
+    /// Partitions due to be created or dropped that were left for a later pass: their table's locks were not
+    /// granted within the lock timeout (a long reader of the table). A pass that skipped any is run again at the
+    /// next tick, until one completes.
+    public var partitionsSkipped: Int
+    /// The tables whose partition work was left for later.
+    public var skippedTables: [String]
     public var defaultRowsDeleted: Int
     public var instancesPurged: Int
 }
 
 /// The daily retention pass: day partitions created ahead, those past the retention dropped, old instances purged.
-/// The rules (which tables, which rows, once a day, one worker at a time) live in SQL, in migration 0020.
+/// The rules (which tables, which rows, once a day, one worker at a time, how long a step may wait for a lock) live
+/// in SQL, in migrations 0020 and 0080.
 public struct RetentionStore: Sendable {
-    let database: TenantDatabase
+    /// How the pass meets the workers' locks.
+    public struct Options: Sendable {
+        /// How long one partition step (create or drop, each in its own transaction) waits for its locks; meanwhile
+        /// the table's other lock requests queue behind it. Default 2 s.
+        public var lockTimeout: Duration
+        /// Attempts per step, with a pause of `lockTimeout` × attempt between them, before the table is left for a
+        /// later pass. Default 3.
+        public var attempts: Int
 
-    public init(pool: PostgresPool) {
-        database = TenantDatabase(pool: pool)
+        public init(lockTimeout: Duration = .seconds(2), attempts: Int = 3) {
+            self.lockTimeout = lockTimeout
+            self.attempts = attempts
+        }
+    }
+
+    let pool: PostgresPool
+    let options: Options
+
+    public init(pool: PostgresPool, options: Options = .init()) {
+        self.pool = pool
+        self.options = options
     }
 
     /// Runs the pass as of `now`, keeping `keepDays` days (0 keeps everything but still creates partitions ahead).
-    /// nil when another worker is running it or it already ran on `now`'s day.
+    /// nil when another worker is running it or a complete pass already ran on `now`'s day.
     public func apply(now: Date = Date(), keepDays: Int) async throws -> RetentionReport? {
-        let rows = try await database.systemTransaction { connection in
-            try connection.query("SELECT marquee_apply_retention(\(now), \(keepDays)::integer) AS summary")
+        let lockTimeout = Self.milliseconds(options.lockTimeout)
+        let attempts = options.attempts
+        let rows = try await pool.withConnection { connection in
+            // The pass commits step by step, so it is called outside any transaction, where a per-transaction role
+            // switch (`enterSystem`) cannot reach: the session switches to marquee_system for the call and back
+            // after it (the worker's sessions start as marquee_system, so for them this changes nothing). The pass
+            // holds a session-level advisory lock while it runs and releases it on its way out; if it failed
+            // half-way, the release here frees it before the connection goes back to the pool.
+            try connection.execute("SET ROLE marquee_system")
+            defer {
+                _ = try? connection.execute("SELECT marquee_retention_release()")
+                _ = try? connection.execute("RESET ROLE")
+            }
+            return try connection.query(
+                """
+                CALL marquee_retention_pass(\(now), \(keepDays)::integer, NULL,
+                                            \(lockTimeout)::bigint * interval '1 millisecond', \(attempts)::integer)
+                """)
         }
-        guard case .object(let summary)? = try rows.first?.decode(JSONValue?.self, "summary") else { return nil }
+        guard case .object(let summary)? = try rows.first?.decode(JSONValue?.self, "p_summary") else { return nil }
         func count(_ key: String) -> Int { summary[key]?.intValue.map { Int($0) } ?? 0 }
         return RetentionReport(
             cutoff: summary["cutoff"]?.stringValue ?? "", partitionsCreated: count("partitions_created"),
-            partitionsDropped: count("partitions_dropped"), defaultRowsDeleted: count("default_rows_deleted"),
-            instancesPurged: count("instances_purged"))
+            partitionsDropped: count("partitions_dropped"), partitionsSkipped: count("partitions_skipped"),
+            skippedTables: summary["skipped_tables"]?.arrayValue?.compactMap(\.stringValue) ?? [],
+            defaultRowsDeleted: count("default_rows_deleted"), instancesPurged: count("instances_purged"))
+    }
+
+    static func milliseconds(_ duration: Duration) -> Int64 {
+        let (seconds, attoseconds) = duration.components
+        return seconds * 1000 + attoseconds / 1_000_000_000_000_000
     }
 }

@@ -1,15 +1,18 @@
 import Foundation
 import MarqueeStore
 import PostgresClient
+import Synchronization
 import Testing
 
-/// Retention (migration 0020) on a database of its own: a pass with the clock moved forward drops whole day
+/// Retention (migrations 0020, 0080) on a database of its own: a pass with the clock moved forward drops whole day
 /// partitions and purges finished instances, and would do the same to every other suite's rows on a shared database.
 @Suite("Retention")
 struct RetentionTests {
     /// A fresh, migrated database; `owner` connects as its owner, `system` as the worker does (marquee_app with the
     /// marquee_system role).
     struct Database {
+        /// The owner's URL.
+        let url: String
         let owner: PostgresPool
         let system: PostgresPool
         let tenant = UUID()
@@ -23,7 +26,7 @@ struct RetentionTests {
             var configuration = try PostgresConfiguration(url: TestEnvironment.appURL(url))
             configuration.startupSettings["role"] = "marquee_system"
             let database = Database(
-                owner: owner, system: PostgresPool(configuration, options: .init(maxConnections: 8)))
+                url: url, owner: owner, system: PostgresPool(configuration, options: .init(maxConnections: 8)))
             try await database.system.execute(
                 "INSERT INTO tenants (id, name, sealed_delivery_secret) VALUES (\(database.tenant), 'r', '\\x00')")
             return database
@@ -128,6 +131,84 @@ struct RetentionTests {
         #expect(try left.map { try $0.decode(String.self, "id") } == ["still-live-then"])
     }
 
+    @Test(
+        "a long reader of delivery_history stalls neither its writers nor the pass; its partitions wait for a later pass"
+    )
+    func longReaderOfDeliveryHistory() async throws {
+        let db = try await Database.make()
+        defer { db.close() }
+        let now = Date()
+        let day: TimeInterval = 86_400
+        @Sendable func recordDelivery(at recordedAt: Date) async throws {
+            try await db.system.execute(
+                """
+                INSERT INTO delivery_history (tenant_id, id, instance_id, device_token, provider, token_kind, token,
+                                              operation, instance_version, status, attempts, created_at, recorded_at)
+                VALUES (\(db.tenant), \(UUID()), 'i', 'd', 'apns', 'activity', 't', 'update', 1, 'sent', 1,
+                        \(recordedAt), \(recordedAt))
+                """)
+        }
+        try await recordDelivery(at: now)
+        try await db.instance("ended-long-ago", expiresAt: now + 8 * 3600, endedAt: now)
+        let summary: PostgresQuery = "SELECT summary::text AS s FROM maintenance_runs WHERE job = 'retention'"
+
+        // An analyst's query, open all along: ACCESS SHARE on delivery_history and each of its partitions.
+        let reader = try await HeldTransaction.open(db.url) { c in
+            try c.query("SELECT 1 FROM delivery_history LIMIT 1")
+        }
+        // 40 days on: every partition of delivery_history is past the retention and must be dropped.
+        let store = RetentionStore(pool: db.system)
+        let passed = Flag()
+        let pass = Task {
+            defer { passed.set() }
+            return try await store.apply(now: now + 40 * day, keepDays: 30)
+        }
+        let failure: (any Error)?
+        let recorded = Flag()
+        var record: Task<Void, any Error>?
+        do {
+            try await reader.waitedOn(by: 1, via: db.owner, "the pass waits for the reader's lock")
+            // A worker records a delivery meanwhile: it must not queue behind the pass (which queues behind the
+            // reader). Before the fix it waited for as long as the reader read.
+            record = Task {
+                try await recordDelivery(at: Date())
+                recorded.set()
+            }
+            try await eventually("the delivery recorded while the reader reads", timeout: .seconds(10)) {
+                recorded.isSet
+            }
+            // The pass gives up on the table after its lock timeouts and finishes the rest, reader or not.
+            try await eventually("the pass finished while the reader reads", timeout: .seconds(90)) {
+                passed.isSet
+            }
+            failure = nil
+        } catch {
+            failure = error
+        }
+        try await reader.commit()
+        try await record?.value
+        let report = try await pass.value
+        if let failure { throw failure }
+
+        let first = try #require(report)
+        #expect(first.instancesPurged == 1, "the purge did not wait for the reader")
+        #expect(try await !db.exists("activity_events_\(Self.day(now))"), "other tables' partitions were dropped")
+        #expect(try await db.exists("delivery_history_\(Self.day(now))"), "the reader's table was left alone")
+        let ran = try await db.owner.query(summary)[0].decode(String.self, "s")
+        #expect(ran.contains(#""partitions_skipped": 18"#), "9 drops and 9 creations left for later: \(ran)")
+        #expect(ran.contains(#""skipped_tables": ["delivery_history"]"#), "\(ran)")
+
+        // The reader is gone: the next pass, the same day, does what was left; then the day is done.
+        let second = try #require(try await store.apply(now: now + 40 * day, keepDays: 30))
+        #expect(second.partitionsDropped >= 9 && second.partitionsCreated == 9)
+        #expect(try await !db.exists("delivery_history_\(Self.day(now))"))
+        #expect(try await db.exists("delivery_history_\(Self.day(now + 43 * day))"))
+        #expect(try await db.count("delivery_history") == 0)
+        let done = try await db.owner.query(summary)[0].decode(String.self, "s")
+        #expect(done.contains(#""partitions_skipped": 0"#), "\(done)")
+        #expect(try await store.apply(now: now + 40 * day, keepDays: 30) == nil)
+    }
+
     @Test("the partition functions (run as the owner) refuse a table retention does not keep")
     func partitionFunctionsOnlyForTheirTables() async throws {
         let db = try await Database.make()
@@ -191,4 +272,11 @@ struct RetentionTests {
         }
         #expect(try await db.count("delivery_metrics") == 4)
     }
+}
+
+/// Set once, read from anywhere: whether something concurrent has happened yet.
+private final class Flag: Sendable {
+    private let state = Mutex(false)
+    func set() { state.withLock { $0 = true } }
+    var isSet: Bool { state.withLock { $0 } }
 }
