@@ -145,6 +145,26 @@ public final class HTTP2Client: Sendable {
     public func shutdown() async {
         await core.shutdown()
     }
+
+    /// `shutdown()`, waiting for requests in flight only until `deadline`: past it this client's connections close at
+    /// once, and their requests (and any dispatched later) fail with `shutdown`, those sent as possibly processed.
+    public func shutdown(by deadline: ContinuousClock.Instant) async {
+        let core = self.core
+        await withTaskGroup(of: Bool.self) { group in
+            group.addTask {
+                await core.shutdown()
+                return true
+            }
+            group.addTask {
+                do { try await Task.sleep(until: deadline, clock: .continuous) } catch { return false }
+                core.abort()
+                return false
+            }
+            while let drained = await group.next() {
+                if drained { group.cancelAll() }
+            }
+        }
+    }
 }
 
 /// One connection as the pool sees it.
@@ -188,6 +208,8 @@ final class ClientCore: Sendable {
     private let state: Mutex<State>
     private let outstanding = Atomic<Int>(0)
     private let shuttingDown = Atomic<Bool>(false)
+    /// Set by `abort()`: requests are failed rather than dispatched.
+    private let aborted = Atomic<Bool>(false)
     let openConnections = Atomic<Int>(0)
     let activeStreams = Atomic<Int>(0)
     let queuedRequests = Atomic<Int>(0)
@@ -241,6 +263,11 @@ final class ClientCore: Sendable {
 
     /// Routes a request to the least busy connection, opening one in a free slot when every open one is busy.
     func dispatch(_ entry: ClientEntry) {
+        // Aborted: a request handed back by a closing connection (or not yet routed) is not given a new one.
+        if aborted.load(ordering: .sequentiallyConsistent) {
+            finish(entry, .failure(HTTP2Error(.shutdown, "the client was shut down")))
+            return
+        }
         let choice: (handle: ConnectionHandle, create: Bool, notBefore: ContinuousClock.Instant?)? = state.withLock {
             state in
             var best: ConnectionHandle?
@@ -377,6 +404,20 @@ final class ClientCore: Sendable {
             loop.shutdown()
         }
         for loop in loops { await loop.join() }
+    }
+
+    /// Closes this client's connections at once, failing their requests; later requests fail too. The I/O threads go
+    /// on (a `shutdown()` in progress stops them once nothing is outstanding).
+    func abort() {
+        shuttingDown.store(true, ordering: .sequentiallyConsistent)
+        aborted.store(true, ordering: .sequentiallyConsistent)
+        for loop in loops {
+            loop.execute { [self] context in
+                for connection in context.all(ClientConnection.self) where connection.core === self {
+                    connection.terminate()
+                }
+            }
+        }
     }
 
     func stopNow() {

@@ -155,6 +155,9 @@ public final class APNsProvider: Sendable {
             retryAfter: response.header("retry-after"))
     }
 
-    /// Closes every connection after in-flight requests finish.
-    public func shutdown() async { await connections.shutdown() }
+    /// Closes every connection after in-flight requests finish; with `deadline`, those still in flight then fail and
+    /// their connections close at once.
+    public func shutdown(by deadline: ContinuousClock.Instant? = nil) async {
+        await connections.shutdown(by: deadline)
+    }
 }

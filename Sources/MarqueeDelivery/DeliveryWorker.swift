@@ -13,7 +13,8 @@ import Synchronization
 /// its rows for as long as the worker sends them (`DeliveryQueue.claim`): a crashed worker's session ends and its
 /// claims are due again at once (at-least-once delivery; duplicates bounded by what it held: `loops` batches and two
 /// express claims). On `beginShutdown()` (SIGTERM, through the service group's graceful shutdown) it stops claiming,
-/// finishes and records what it holds, and returns; nothing it holds is cancelled. Cancellation stops it at once (its
+/// finishes and records what it holds, and returns within `drainTimeout`: sends still in flight near its end are
+/// recorded as retries, as at their deadline. Nothing it holds is cancelled. Cancellation stops it at once (its
 /// claims roll back, other workers take the deliveries over).
 public final class DeliveryWorker: Sendable {
     public struct Configuration: Sendable {
@@ -36,12 +37,17 @@ public final class DeliveryWorker: Sendable {
         public var retryPolicy: RetryPolicy
         /// The channel the API notifies. Default `marquee_deliveries`.
         public var channel: String
+        /// How long `run()` may take to return once `beginShutdown()` is called (`MARQUEE_DRAIN_TIMEOUT`): sends
+        /// still in flight at `shutdownCutoff(drain:)` are recorded as retries (reason `shutdown`) and their provider
+        /// connections closed, so that what the worker holds is recorded and committed in time, whatever `hold`
+        /// allows a send. Default 30 s.
+        public var drainTimeout: Duration
 
         public init(
             workerID: String, batchSize: Int = 256, loops: Int = 2, expressBatch: Int = 16,
             hold: Duration = .seconds(60),
             pollInterval: Duration = .seconds(1), retryPolicy: RetryPolicy = RetryPolicy(),
-            channel: String = "marquee_deliveries"
+            channel: String = "marquee_deliveries", drainTimeout: Duration = .seconds(30)
         ) {
             self.workerID = workerID
             self.batchSize = batchSize
@@ -51,6 +57,7 @@ public final class DeliveryWorker: Sendable {
             self.pollInterval = pollInterval
             self.retryPolicy = retryPolicy
             self.channel = channel
+            self.drainTimeout = drainTimeout
         }
     }
 
@@ -77,6 +84,8 @@ public final class DeliveryWorker: Sendable {
     let inHand = Mutex<Set<UUID>>([])
     /// Set by `beginShutdown()`: the loops stop claiming.
     let stopping = Atomic<Bool>(false)
+    /// Set by `beginShutdown()`: when the sends still in flight are given up.
+    let cutoff = SendCutoff()
     let credentials: CredentialCache
     /// Campaign starts and campaign-wide changes, run when due (woken by the same notifications).
     let campaigns: CampaignRunner
@@ -108,8 +117,10 @@ public final class DeliveryWorker: Sendable {
         }
     }
 
-    /// Stops claiming and campaign runs; `run()` returns once what is in hand is sent and recorded.
+    /// Stops claiming and campaign runs; `run()` returns once what is in hand is sent and recorded, or recorded as
+    /// retries when its sends are still in flight at the drain's cutoff.
     public func beginShutdown() {
+        cutoff.set(ContinuousClock.now + Self.shutdownCutoff(drain: configuration.drainTimeout))
         stopping.store(true, ordering: .releasing)
         wakeup.signal()
         expressWakeup.signal()
@@ -171,8 +182,9 @@ public final class DeliveryWorker: Sendable {
             group.cancelAll()
             while (try? await group.next()) != nil {}
         }
-        await apns.shutdown()
-        await fcm.shutdown()
+        // Sends given up at the cutoff may still have requests open (a provider taking its time): not waited for.
+        await apns.shutdown(by: cutoff.instant)
+        await fcm.shutdown(by: cutoff.instant)
         logger.info("worker stopped", metadata: ["worker.id": .string(configuration.workerID)])
     }
 
@@ -387,6 +399,26 @@ public final class DeliveryWorker: Sendable {
     /// three quarters of the claim's hold, so that its result is recorded while the claim still holds.
     static func sendDeadline(hold: Duration) -> Duration { hold * 3 / 4 }
 
+    /// How long after shutdown begins the sends still in flight are given up (recorded as retries, their requests'
+    /// connections closed): the drain timeout less what recording them and stopping take, 5 s (half of a drain
+    /// shorter than 10 s). A send's own deadline (`sendDeadline`) is usually longer than the drain.
+    static func shutdownCutoff(drain: Duration) -> Duration { drain - min(.seconds(5), drain / 2) }
+
+    /// Waits until a batch's sends end: at its deadline (`deadline` after now, the reason `deadline`) or at the
+    /// shutdown cutoff (`shutdown`), whichever comes first; nil when cancelled (every send finished first).
+    func sendsEnd(after deadline: Duration) async -> String? {
+        await withTaskGroup(of: String?.self) { group in
+            group.addTask {
+                do { try await Task.sleep(for: deadline) } catch { return nil }
+                return "deadline"
+            }
+            group.addTask { await self.cutoff.passed() ? "shutdown" : nil }
+            let first = await group.next() ?? nil
+            group.cancelAll()
+            return Task.isCancelled ? nil : first
+        }
+    }
+
     /// How long a claim waits for its slowest sends before it commits the others' results and leaves the rest to
     /// finish on their own (`LateSends`): a slow endpoint holds back only its own deliveries.
     static let straggleAfter = Duration.milliseconds(500)
@@ -443,10 +475,10 @@ public final class DeliveryWorker: Sendable {
         // Stragglers are leased to this worker until the claim's hold ends: due again then if it never records them.
         let heldUntil = Date().addingTimeInterval(
             Double(configuration.hold.components.seconds) + Double(configuration.hold.components.attoseconds) / 1e18)
+        // Shutdown may end the sends sooner: the drain's cutoff, which leaves time to record them.
         let deadlineTimer = Task {
-            try? await Task.sleep(for: sendDeadline)
-            if Task.isCancelled { return }
-            deadline.expire { (self.retry($0, reason: "deadline", retryAfter: nil), nil, nil) }
+            guard let reason = await self.sendsEnd(after: sendDeadline) else { return }
+            deadline.expire { (self.retry($0, reason: reason, retryAfter: nil), nil, nil) }
         }
         let (stream, continuation) = AsyncStream.makeStream(of: Outcome.self)
         let (straggle, straggleContinuation) = AsyncStream.makeStream(of: Void.self)
@@ -946,6 +978,56 @@ final class SendDeadline<Key: Sendable, Value: Sendable>: Sendable {
             return Array(state.waiting.values)
         }
         for (once, key) in waiting { once.resume(value(key)) }
+    }
+}
+
+/// When shutdown gives up the sends still in flight: unset until `beginShutdown()`, then fixed. Every batch's deadline
+/// timer waits for it besides its own deadline.
+final class SendCutoff: Sendable {
+    private struct State {
+        var at: ContinuousClock.Instant?
+        var nextID = 0
+        var waiters: [Int: CheckedContinuation<Void, Never>] = [:]
+    }
+
+    private let state = Mutex(State())
+
+    /// The cutoff, once set.
+    var instant: ContinuousClock.Instant? { state.withLock { $0.at } }
+
+    /// Sets the cutoff (the first call only) and wakes who waits for it.
+    func set(_ instant: ContinuousClock.Instant) {
+        let waiters = state.withLock { state -> [CheckedContinuation<Void, Never>] in
+            guard state.at == nil else { return [] }
+            state.at = instant
+            defer { state.waiters = [:] }
+            return Array(state.waiters.values)
+        }
+        for waiter in waiters { waiter.resume() }
+    }
+
+    /// Returns true once the cutoff has passed, false when cancelled first.
+    func passed() async -> Bool {
+        let id = state.withLock { state in
+            state.nextID += 1
+            return state.nextID
+        }
+        await withTaskCancellationHandler {
+            await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+                let resumeNow = state.withLock { state -> Bool in
+                    if state.at != nil || Task.isCancelled { return true }
+                    state.waiters[id] = continuation
+                    return false
+                }
+                if resumeNow { continuation.resume() }
+            }
+        } onCancel: {
+            let waiter = state.withLock { $0.waiters.removeValue(forKey: id) }
+            waiter?.resume()
+        }
+        guard let at = instant, !Task.isCancelled else { return false }
+        do { try await Task.sleep(until: at, clock: .continuous) } catch { return false }
+        return true
     }
 }
 

@@ -237,5 +237,9 @@ public final class FCMProvider: Sendable {
         return s.addingPercentEncoding(withAllowedCharacters: allowed) ?? s
     }
 
-    public func shutdown() async { await connections.shutdown() }
+    /// Closes every connection after in-flight requests finish; with `deadline`, those still in flight then fail and
+    /// their connections close at once.
+    public func shutdown(by deadline: ContinuousClock.Instant? = nil) async {
+        await connections.shutdown(by: deadline)
+    }
 }

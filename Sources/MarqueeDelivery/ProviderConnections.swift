@@ -219,13 +219,16 @@ final class ProviderConnections: Sendable {
         }
     }
 
-    /// Closes every pool after its in-flight requests finish, then stops the I/O threads.
-    func shutdown() async {
+    /// Closes every pool after its in-flight requests finish, then stops the I/O threads. With `deadline`, requests
+    /// still in flight then are not waited for: their connections close at once (the requests fail).
+    func shutdown(by deadline: ContinuousClock.Instant? = nil) async {
         let all = clients.withLock { clients in
             defer { clients.removeAll() }
             return clients.values.map(\.client)
         }
-        for client in all { await client.shutdown() }
+        for client in all {
+            if let deadline { await client.shutdown(by: deadline) } else { await client.shutdown() }
+        }
         await threads.withLock { $0 }?.shutdown()
     }
 }

@@ -64,7 +64,8 @@ struct WorkerCommand {
                 pollInterval: .milliseconds(configuration.workerPollMilliseconds),
                 retryPolicy: RetryPolicy(
                     maxAttempts: configuration.retryMaxAttempts,
-                    initialDelay: .milliseconds(configuration.retryInitialMilliseconds))),
+                    initialDelay: .milliseconds(configuration.retryInitialMilliseconds)),
+                drainTimeout: .seconds(configuration.drainTimeoutSeconds)),
             metrics: metrics, logger: logger)
 
         let retention = RetentionService(
@@ -111,6 +112,8 @@ struct WorkerCommand {
                 ("retention", CancellingService { await retention.run() }),
                 ("metrics", metricsServer.service),
             ] + (roleGuard.map { [("database.role", $0)] } ?? []),
+            // The worker returns within MARQUEE_DRAIN_TIMEOUT (it gives up sends still open near its end, recorded as
+            // retries); 5 s more before the group forces the process out.
             configuration: .init(drainTimeout: .seconds(configuration.drainTimeoutSeconds + 5)),
             logger: logger
         ).run()

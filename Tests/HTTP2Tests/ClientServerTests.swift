@@ -382,6 +382,34 @@ struct ClientServerTests {
         }
     }
 
+    @Test(
+        "shutdown(by:) stops waiting at its deadline: a hanging request fails and its connection closes",
+        arguments: [false, true])
+    func shutdownByDeadline(sharedThreads: Bool) async throws {
+        let gate = Gate()
+        let handler: @Sendable (HTTP2ServerRequest) async -> HTTP2ServerResponse = { request in
+            if request.path == "/hang" { await gate.wait() }
+            return await echo(request)
+        }
+        try await withServer(handler: handler) { server in
+            let threads = sharedThreads ? try HTTP2ClientThreads(count: 1, name: "shutdown-by-test") : nil
+            let client = try HTTP2Client(Fixtures.clientConfiguration(port: server.boundPort), threads: threads)
+            #expect(try await client.send(HTTP2Request(path: "/")).status == 200)
+            let hanging = Task { try await client.send(HTTP2Request(path: "/hang", timeout: .seconds(60))) }
+            #expect(await eventually { client.statistics.activeStreams == 1 })
+            let started = ContinuousClock.now
+            await client.shutdown(by: started + .milliseconds(200))
+            let took = ContinuousClock.now - started
+            #expect(took >= .milliseconds(200) && took < .seconds(10), "\(took)")
+            #expect(client.statistics.openConnections == 0)
+            let error = await #expect(throws: HTTP2Error.self) { try await hanging.value }
+            #expect(error?.code == .shutdown)
+            #expect(error?.mayHaveBeenProcessed == true)
+            gate.open()
+            await threads?.shutdown()
+        }
+    }
+
     @Test("clients on shared threads: each keeps its own connections, one's shutdown leaves the others working")
     func sharedThreads() async throws {
         try await withServer(handler: echo) { server in
@@ -436,5 +464,29 @@ struct ClientServerTests {
         // only after the answers (its stop ran late), so the client may read it after the last status.
         #expect(await eventually { client.statistics.goAwaysTotal == 1 })
         await client.shutdown()
+    }
+}
+
+/// Holds handlers until opened.
+private final class Gate: Sendable {
+    private let state = Mutex<(open: Bool, waiters: [CheckedContinuation<Void, Never>])>((false, []))
+
+    func wait() async {
+        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+            let now = state.withLock { state -> Bool in
+                if !state.open { state.waiters.append(continuation) }
+                return state.open
+            }
+            if now { continuation.resume() }
+        }
+    }
+
+    func open() {
+        let waiters = state.withLock { state in
+            state.open = true
+            defer { state.waiters = [] }
+            return state.waiters
+        }
+        for waiter in waiters { waiter.resume() }
     }
 }

@@ -976,4 +976,44 @@ struct DeliveryTests {
             rows.allSatisfy { $0.string("status") == "sent" }, "in-flight sends were finished and recorded: \(rows)")
         #expect(worker.log.contains("worker stopped"))
     }
+
+    @Test("SIGTERM while a send hangs past the drain timeout: it is recorded as a retry and the worker exits 0 in time")
+    func drainCutsHangingSend() async throws {
+        let t = try await Self.tenant()
+        // Apple answers after 30 s: longer than the drain (6 s), shorter than the default hold's send deadline (45 s).
+        t.fixture.simulator.setFaults([.init(tokenPrefix: "5a0b", action: .delay, latencyMilliseconds: 30_000)])
+        defer { t.fixture.simulator.setFaults([]) }
+        let drain = Duration.seconds(6)
+        let worker = try t.fixture.worker(["MARQUEE_DRAIN_TIMEOUT": "6"])
+        defer { if worker.process.isRunning { worker.signal(SIGKILL) } }
+        _ = try await t.iphone(tokenPrefix: "5a0b")
+        let instance = Fake.id("drain-hang")
+        _ = try await t.start(instance)
+        // Its send is in flight: the claim committed without it and leased it to the worker (`sending_until`).
+        try await eventually("the delivery leased to the worker", timeout: .seconds(20)) {
+            try await t.fixture.pool.count(
+                "SELECT count(*)::int AS n FROM delivery_queue WHERE instance_id = \(instance) AND sending_until IS NOT NULL"
+            ) == 1
+        }
+        let clock = ContinuousClock()
+        let signalled = clock.now
+        worker.signal(SIGTERM)
+        let status = try await worker.waitForExit(timeout: .seconds(30))
+        let took = clock.now - signalled
+        #expect(status == 0, "exit status \(status) after \(took):\n\(worker.log)")
+        #expect(took < drain, "exited \(took) after SIGTERM")
+        // Recorded as a retry (due again for another worker), not left leased until the hold ends.
+        let rows = try await t.fixture.pool.query(
+            """
+            SELECT status, reason, attempts, sending_until IS NULL AS unleased
+            FROM delivery_queue WHERE instance_id = \(instance)
+            """)
+        #expect(rows.count == 1)
+        if let row = rows.first {
+            #expect(try row.decode(String.self, "status") == "queued")
+            #expect(try row.decode(String?.self, "reason") == "shutdown")
+            #expect(try row.decode(Int.self, "attempts") == 1)
+            #expect(try row.decode(Bool.self, "unleased"))
+        }
+    }
 }

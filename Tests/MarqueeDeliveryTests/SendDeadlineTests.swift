@@ -33,3 +33,30 @@ struct SendDeadlineTests {
         #expect(await send("d", deadline, finish: false) == "refused d")
     }
 }
+
+@Suite("Shutdown's cutoff of the sends in flight")
+struct SendCutoffTests {
+    @Test("the cutoff leaves 5 s of the drain to record and stop, half of a drain under 10 s")
+    func cutoff() {
+        #expect(DeliveryWorker.shutdownCutoff(drain: .seconds(30)) == .seconds(25))
+        #expect(DeliveryWorker.shutdownCutoff(drain: .seconds(10)) == .seconds(5))
+        #expect(DeliveryWorker.shutdownCutoff(drain: .seconds(4)) == .seconds(2))
+        #expect(DeliveryWorker.shutdownCutoff(drain: .seconds(1)) == .milliseconds(500))
+    }
+
+    @Test("a waiter returns once the cutoff is set and has passed; a cancelled one returns false")
+    func passed() async {
+        let cutoff = SendCutoff()
+        let waiting = Task { await cutoff.passed() }
+        let cancelled = Task { await cutoff.passed() }
+        cancelled.cancel()
+        #expect(await cancelled.value == false)
+        let set = ContinuousClock.now + .milliseconds(100)
+        cutoff.set(set)
+        cutoff.set(ContinuousClock.now + .seconds(60))  // the first one stays
+        #expect(cutoff.instant == set)
+        #expect(await waiting.value)
+        #expect(ContinuousClock.now >= set)
+        #expect(await cutoff.passed())
+    }
+}
