@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `make test-deploy`: checks what Deploy/ ships, with the real tools (CI runs it after `make test`).
 #   1. the Docker runtime stage installs exactly the runtime halves of deps.sh's C libraries;
-#   2. kustomize renders the base and the production overlay, with every object the README promises;
+#   2. kustomize renders the base and the production overlay, with every object the README promises; every stop
+#      window (Compose, Kubernetes, systemd) outlasts the drain timeout and the watchdog after it;
 #   3. systemd-analyze verifies the units (with ExecStart pointed at the built binary);
 #   4. promtool checks the scrape config and the alert rules, and runs the alerts' unit tests;
 #   5. a real scrape: Debian's prometheus, with the shipped scrape config, scrapes a running `serve` and `worker`;
@@ -46,6 +47,32 @@ for k in Deploy/k8s/base Deploy/k8s/overlays/production; do
   else
     fail "kubectl kustomize $k: $rendered"
   fi
+done
+
+# 2b. Stop windows. serve and worker drain for MARQUEE_DRAIN_TIMEOUT and force themselves out 5 s later; whatever
+#     stops them must wait longer, or it kills them mid-drain (Docker's default is 10 s, Kubernetes' 30 s). The API
+#     pod's preStop sleep comes first.
+drain=$(sed -n 's/^ *MARQUEE_DRAIN_TIMEOUT: "\([0-9]*\)"$/\1/p' Deploy/k8s/base/config.yaml)
+need=$((${drain:-30} + 5))
+window() {  # what, seconds (may be empty), seconds needed
+  if [ -n "$2" ] && [ "$2" -gt "$3" ]; then pass "$1: ${2}s"; else fail "$1: '${2:-unset}' must exceed ${3}s"; fi
+}
+for svc in serve worker; do
+  grace=$(awk -v svc="$svc" '
+    /^services:/ { in_services = 1; next }
+    in_services && /^[^ #]/ { in_services = 0 }
+    in_services && /^  [a-z]/ { current = $1; sub(":", "", current) }
+    in_services && current == svc && /^    stop_grace_period:/ { print $2 }' Deploy/docker/compose.yaml)
+  [[ "$grace" =~ ^[0-9]+s$ ]] || grace=""
+  window "compose.yaml $svc stop_grace_period" "${grace%s}" "$need"
+done
+prestop=$(grep -A1 'preStop:' Deploy/k8s/base/api.yaml | sed -n 's/.*sleep", *"\([0-9]*\)".*/\1/p')
+window "api.yaml terminationGracePeriodSeconds" \
+  "$(sed -n 's/^ *terminationGracePeriodSeconds: \([0-9]*\)$/\1/p' Deploy/k8s/base/api.yaml)" $((need + ${prestop:-0}))
+window "worker.yaml terminationGracePeriodSeconds" \
+  "$(sed -n 's/^ *terminationGracePeriodSeconds: \([0-9]*\)$/\1/p' Deploy/k8s/base/worker.yaml)" "$need"
+for u in marquee-api.service marquee-worker@.service; do
+  window "$u TimeoutStopSec" "$(sed -n 's/^TimeoutStopSec=\([0-9]*\)$/\1/p' "Deploy/systemd/$u")" "$need"
 done
 
 # 3. systemd units, verified against the built binary.
