@@ -94,7 +94,8 @@ let package = Package(
         .testTarget(name: "HTTP2Tests", dependencies: ["HTTP2", "Crypto"], swiftSettings: swiftSettings),
         .testTarget(name: "ObservabilityTests", dependencies: ["Observability"], swiftSettings: swiftSettings),
         .testTarget(
-            name: "MarqueeDeliveryTests", dependencies: ["MarqueeDelivery", "MarqueeCore", "HTTP2", "Crypto"],
+            name: "MarqueeDeliveryTests",
+            dependencies: ["MarqueeDelivery", "MarqueeCore", "MarqueeStore", "Observability", "HTTP2", "Crypto"],
             swiftSettings: swiftSettings),
         .testTarget(
             name: "ProcessLifecycleTests", dependencies: ["ProcessLifecycle", "Observability"],

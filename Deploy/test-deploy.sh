@@ -214,6 +214,7 @@ check_series 'marquee_ready == 1' job
 check_series 'marquee_queue_due' provider job instance
 check_series 'marquee_queue_oldest_due_seconds' provider job instance
 check_series 'marquee_queue_in_flight' provider job instance
+check_series 'marquee_queue_sample_age_seconds' job instance
 check_series 'marquee_delivery_latency_seconds_bucket{provider="apns"}' le job
 check_series 'marquee_deliveries_claimed_total' lane job
 check_series 'marquee_deliveries_total{provider="apns",operation="start",status="sent"}' job instance

@@ -69,6 +69,7 @@ public final class DeliveryWorker: Sendable {
     let keyRing: SealingKeyRing
     let logger: Logger
     let metrics: WorkerMetrics
+    let queueGauges: QueueGauges
     let wakeup = Wakeup()
     /// Woken by notifications only (not by a loop finding more), for the express lane.
     let expressWakeup = Wakeup()
@@ -104,6 +105,7 @@ public final class DeliveryWorker: Sendable {
         self.keyRing = keyRing
         self.logger = logger
         self.metrics = WorkerMetrics(registry: metrics)
+        self.queueGauges = QueueGauges(metrics: self.metrics, registry: metrics)
         self.credentials = CredentialCache(queue: queue, keyRing: keyRing, apns: apns, fcm: fcm)
         let apns = self.apns
         let workerMetrics = self.metrics
@@ -751,15 +753,24 @@ public final class DeliveryWorker: Sendable {
     /// their 24 hours (any worker may do it; the DELETE is idempotent).
     func sampleQueue() async {
         var ticks = 0
+        var failing = false
         while !Task.isCancelled {
             // Every second: the queue's statistics, fresh after a burst of enqueued deliveries.
             if (try? await queue.refreshStatistics()) == true {
                 logger.info("queue statistics refreshed")
             }
-            if ticks % 5 == 0, let byProvider = try? await queue.statistics() {
-                for (provider, stats) in byProvider {
-                    metrics.queueDue.set(Double(stats.due), [provider.rawValue])
-                    metrics.oldestDue.set(stats.oldestDueAge, [provider.rawValue])
+            if ticks % 5 == 0 {
+                let queue = self.queue
+                if let error = await queueGauges.sample({ try await queue.statistics() }) {
+                    if !failing {
+                        logger.warning(
+                            "queue depth sample failed; the queue gauges keep their last values",
+                            metadata: ["error": .string(String(describing: error))])
+                    }
+                    failing = true
+                } else {
+                    if failing { logger.info("queue depth sampled again") }
+                    failing = false
                 }
             }
             if ticks % 300 == 0, let removed = try? await queue.expireIdempotencyKeys(), removed > 0 {
@@ -771,6 +782,48 @@ public final class DeliveryWorker: Sendable {
     }
 }
 
+/// The queue gauges a worker samples (`marquee_queue_due`, `marquee_queue_oldest_due_seconds`) and how fresh they are:
+/// `marquee_queue_sample_age_seconds`, set at each scrape, is the time since the last successful sample (since the
+/// gauges were made, before the first). A failed sample leaves the gauges as they were: without the age, a worker that
+/// could not read the queue (PostgreSQL unreachable) showed its last healthy values, and no queue alert could fire.
+final class QueueGauges: Sendable {
+    private let metrics: WorkerMetrics
+    private let now: @Sendable () -> ContinuousClock.Instant
+    private let lastSample: Mutex<ContinuousClock.Instant>
+
+    init(
+        metrics: WorkerMetrics, registry: MetricsRegistry,
+        now: @escaping @Sendable () -> ContinuousClock.Instant = { .now }
+    ) {
+        self.metrics = metrics
+        self.now = now
+        self.lastSample = Mutex(now())
+        registry.onCollect { [self] in
+            let age = self.now() - lastSample.withLock { $0 }
+            metrics.queueSampleAge.set(Double(age.components.seconds) + Double(age.components.attoseconds) / 1e18)
+        }
+    }
+
+    /// Reads the statistics with `read` into the gauges; returns the error when it failed (the gauges unchanged).
+    func sample(
+        _ read: () async throws -> [PlannedDelivery.Provider: QueueStatistics]
+    ) async -> (any Error)? {
+        let byProvider: [PlannedDelivery.Provider: QueueStatistics]
+        do {
+            byProvider = try await read()
+        } catch {
+            return error
+        }
+        for (provider, stats) in byProvider {
+            metrics.queueDue.set(Double(stats.due), [provider.rawValue])
+            metrics.oldestDue.set(stats.oldestDueAge, [provider.rawValue])
+        }
+        let sampled = now()
+        lastSample.withLock { $0 = sampled }
+        return nil
+    }
+}
+
 /// The worker's metrics.
 struct WorkerMetrics: Sendable {
     let deliveries: Counter
@@ -779,6 +832,7 @@ struct WorkerMetrics: Sendable {
     let connections: Gauge
     let queueDue: Gauge
     let oldestDue: Gauge
+    let queueSampleAge: Gauge
     let inFlight: Gauge
     let acceptToSent: Histogram
     let apnsPushes: Counter
@@ -808,6 +862,10 @@ struct WorkerMetrics: Sendable {
         oldestDue = registry.gauge(
             "marquee_queue_oldest_due_seconds", help: "Age of the oldest due delivery, by provider.",
             labels: ["provider"])
+        queueSampleAge = registry.gauge(
+            "marquee_queue_sample_age_seconds",
+            help: "Seconds since this worker last read the queue's depth (marquee_queue_due, "
+                + "marquee_queue_oldest_due_seconds; sampled every 5 s): those gauges are that old.")
         inFlight = registry.gauge(
             "marquee_queue_in_flight", help: "Deliveries this worker claimed and has not recorded yet, by provider.",
             labels: ["provider"])

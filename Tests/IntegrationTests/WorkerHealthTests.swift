@@ -1,0 +1,45 @@
+import Foundation
+import PostgresClient
+import Testing
+
+/// A worker whose database stops answering: its queue cannot be read (a claim or a sample waits on a lock with no
+/// statement timeout, as on a dead TCP connection). Each test has a database of its own, whose queue it locks.
+@Suite("A worker that cannot read its queue", .serialized)
+struct WorkerHealthTests {
+    /// A migrated database, and a worker on it serving `/metrics` and `/healthz`.
+    static func worker(_ extra: [String: String] = [:]) async throws -> (url: String, worker: MarqueeProcess) {
+        let (url, owner) = try await QueueStatisticsTests.migratedDatabase()
+        owner.close()
+        let port = TestEnvironment.freePort()
+        var environment = ["DATABASE_URL": url, "MARQUEE_METRICS_LISTEN": "127.0.0.1:\(port)"]
+        environment.merge(extra) { _, new in new }
+        let worker = try MarqueeProcess(["worker"], environment: environment, port: port)
+        try await worker.waitUntilServing()
+        return (url, worker)
+    }
+
+    /// Locks the whole queue in a transaction of its own, as long as it stays open.
+    static func lockQueue(_ url: String) async throws -> HeldTransaction {
+        try await HeldTransaction.open(url) { try $0.execute("LOCK TABLE delivery_queue IN ACCESS EXCLUSIVE MODE") }
+    }
+
+    /// An unlabelled series of the worker's `/metrics`.
+    static func metric(_ worker: MarqueeProcess, _ name: String) async throws -> Double? {
+        let text = try await HTTP.get(worker.baseURL + "/metrics").text
+        return text.split(separator: "\n").first { $0.hasPrefix(name + " ") }
+            .flatMap { Double($0.split(separator: " ")[1]) }
+    }
+
+    @Test("the queue's sample age grows while the queue cannot be read, and drops once it can")
+    func sampleAge() async throws {
+        let (url, worker) = try await Self.worker()
+        defer { worker.signal(SIGKILL) }
+        let age = { try await Self.metric(worker, "marquee_queue_sample_age_seconds") }
+        try await eventually("a first sample") { try await age().map { $0 < 6 } ?? false }
+        let lock = try await Self.lockQueue(url)
+        // Sampled every 5 s: past 12 s, at least two samples failed.
+        try await eventually("the sample age past 12 s") { try await age().map { $0 > 12 } ?? false }
+        try await lock.commit()
+        try await eventually("a fresh sample") { try await age().map { $0 < 6 } ?? false }
+    }
+}
