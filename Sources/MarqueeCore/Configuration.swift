@@ -119,6 +119,10 @@ public struct MarqueeConfiguration: Sendable, Equatable {
     public var workerHoldSeconds: Int
     /// `MARQUEE_WORKER_POLL_MS`: the longest a worker waits between claims without a notification. Default 1000.
     public var workerPollMilliseconds: Int
+    /// `MARQUEE_WORKER_LIVENESS_SECONDS`: a worker's `/healthz` answers 503 once one of its loops (claim loops, express
+    /// lanes, campaign schedules) has not finished an iteration for this long. An iteration takes at most about the
+    /// hold plus the poll interval, so it must exceed those; default three holds plus the poll interval (181).
+    public var workerLivenessSeconds: Int
     /// `MARQUEE_APNS_CONNECTIONS`: HTTP/2 connections per APNs host per worker. Default 2.
     public var apnsConnections: Int
     /// `MARQUEE_RETENTION_DAYS`: days lifecycle events, delivery metrics and finished instances are kept; 0 keeps
@@ -282,6 +286,16 @@ public struct MarqueeConfiguration: Sendable, Equatable {
         workerExpressBatch = integer("MARQUEE_WORKER_EXPRESS_BATCH", default: 16, range: 0...10_000)
         workerHoldSeconds = integer("MARQUEE_WORKER_HOLD_SECONDS", default: 60, range: 2...3600)
         workerPollMilliseconds = integer("MARQUEE_WORKER_POLL_MS", default: 1000, range: 10...600_000)
+        let pollSeconds = (workerPollMilliseconds + 999) / 1000
+        workerLivenessSeconds = integer(
+            "MARQUEE_WORKER_LIVENESS_SECONDS", default: 3 * workerHoldSeconds + pollSeconds, range: 1...86_400)
+        if workerLivenessSeconds <= workerHoldSeconds + pollSeconds {
+            problems.append(
+                Problem(
+                    variable: "MARQUEE_WORKER_LIVENESS_SECONDS",
+                    reason: "must exceed MARQUEE_WORKER_HOLD_SECONDS plus MARQUEE_WORKER_POLL_MS "
+                        + "(\(workerHoldSeconds + pollSeconds) s): a claim loop's iteration may take that long"))
+        }
         apnsConnections = integer("MARQUEE_APNS_CONNECTIONS", default: 2, range: 1...64)
         retentionDays = integer("MARQUEE_RETENTION_DAYS", default: 30, range: 0...3650)
         retryInitialMilliseconds = integer("MARQUEE_RETRY_INITIAL_MS", default: 8000, range: 10...600_000)

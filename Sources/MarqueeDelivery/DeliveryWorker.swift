@@ -87,6 +87,8 @@ public final class DeliveryWorker: Sendable {
     let stopping = Atomic<Bool>(false)
     /// Set by `beginShutdown()`: when the sends still in flight are given up.
     let cutoff = SendCutoff()
+    /// When each claim loop, express lane and the campaign runner last finished an iteration (`stalledLoops`).
+    let heartbeats = Heartbeats()
     let credentials: CredentialCache
     /// Campaign starts and campaign-wide changes, run when due (woken by the same notifications).
     let campaigns: CampaignRunner
@@ -132,6 +134,15 @@ public final class DeliveryWorker: Sendable {
     /// Whether the loops should go on: no shutdown begun, not cancelled.
     var running: Bool { !stopping.load(ordering: .acquiring) && !Task.isCancelled }
 
+    /// The loops (claim loops, express lanes, campaign schedules) that have not finished an iteration for longer than
+    /// `bound`, longest first, with how long it has been: empty while the worker is live, and once it is stopping. A
+    /// loop iteration takes at most about the claim's hold plus the poll interval; one stuck far longer (a claim
+    /// waiting forever on a dead connection) delivers nothing until the process is restarted.
+    public func stalledLoops(after bound: Duration) -> [(loop: String, since: Duration)] {
+        guard !stopping.load(ordering: .acquiring) else { return [] }
+        return heartbeats.stalled(after: bound)
+    }
+
     /// Runs until `beginShutdown()` (or cancellation), then drains.
     public func run() async throws {
         // Children say whether they were a claim loop: the drain waits for those, not for whichever tasks end first
@@ -170,9 +181,9 @@ public final class DeliveryWorker: Sendable {
             // The express lanes run ahead of the loops' sends in this process (a higher task priority: their sends'
             // tasks inherit it), so what they claimed is not queued behind a batch of 256 for the cooperative threads.
             let expressLanes = configuration.expressBatch > 0 ? Self.expressLanes : 0
-            for _ in 0..<expressLanes {
+            for index in 0..<expressLanes {
                 group.addTask(priority: .high) {
-                    await self.expressLane()
+                    await self.expressLane(index)
                     return true
                 }
             }
@@ -192,9 +203,13 @@ public final class DeliveryWorker: Sendable {
 
     /// One claim–send–record loop. Returns when cancelled, after finishing the batch in hand.
     func loop(_ index: Int) async {
+        let name = "loop \(index)"
+        heartbeats.beat(name)
+        defer { heartbeats.end(name) }
         // Whether the loop's last claim came back full: it is draining a backlog.
         var draining = false
         while running {
+            defer { heartbeats.beat(name) }
             // Draining, the loop leaves what was queued moments ago to the express lane, which the notification of
             // its commit woke (no loop was idle to take it). Otherwise (it woke, or the queue ran short) it takes
             // everything: the express lane only claims while every loop is busy.
@@ -236,8 +251,12 @@ public final class DeliveryWorker: Sendable {
     /// the loops did not just find with a backlog, and not topped up: another tenant's single update goes out while
     /// one tenant's backlog keeps the loops busy, and the lane's claim does not walk that backlog's held rows. Returns
     /// when the worker stops (after finishing the claim in hand).
-    func expressLane() async {
+    func expressLane(_ index: Int) async {
+        let name = "express \(index)"
+        heartbeats.beat(name)
+        defer { heartbeats.end(name) }
         while running {
+            defer { heartbeats.beat(name) }
             await expressWakeup.wait(timeout: configuration.pollInterval)
             guard running, idleLoops.load(ordering: .relaxed) == 0 else { continue }
             guard let claimed = await claimOnce(limit: configuration.expressBatch, lane: .express), claimed > 0
@@ -355,7 +374,10 @@ public final class DeliveryWorker: Sendable {
         // the next notification (that run's commit sends one) or the poll interval, so this worker runs other
         // schedules meanwhile — the next change's broadcast first of all — instead of waiting for the write.
         var busy: [UUID] = []
+        heartbeats.beat("campaigns")
+        defer { heartbeats.end("campaigns") }
         while running {
+            defer { heartbeats.beat("campaigns") }
             // Every 30 s: campaigns that are over are stored as ended (cheap reads of them from then on).
             if ContinuousClock.now - lastFinalize > .seconds(30) {
                 lastFinalize = ContinuousClock.now
@@ -1086,6 +1108,34 @@ final class SendCutoff: Sendable {
         guard let at = instant, !Task.isCancelled else { return false }
         do { try await Task.sleep(until: at, clock: .continuous) } catch { return false }
         return true
+    }
+}
+
+/// When each of a worker's long-running loops last finished an iteration: one that has not for longer than a bound is
+/// stuck.
+final class Heartbeats: Sendable {
+    private let now: @Sendable () -> ContinuousClock.Instant
+    private let last = Mutex<[String: ContinuousClock.Instant]>([:])
+
+    init(now: @escaping @Sendable () -> ContinuousClock.Instant = { .now }) { self.now = now }
+
+    /// `loop` started, or finished an iteration.
+    func beat(_ loop: String) {
+        let instant = now()
+        last.withLock { $0[loop] = instant }
+    }
+
+    /// `loop` returned: it is not stuck.
+    func end(_ loop: String) {
+        _ = last.withLock { $0.removeValue(forKey: loop) }
+    }
+
+    /// The loops whose last beat is older than `bound`, longest first.
+    func stalled(after bound: Duration) -> [(loop: String, since: Duration)] {
+        let instant = now()
+        return last.withLock { last in
+            last.map { ($0.key, instant - $0.value) }.filter { $0.1 > bound }.sorted { $0.1 > $1.1 }
+        }
     }
 }
 

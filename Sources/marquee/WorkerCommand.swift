@@ -75,7 +75,17 @@ struct WorkerCommand {
         let credentialHealth = CredentialHealthSampler(pool: pool, metrics: metrics)
 
         var router = Router()
-        router.add(.GET, "/healthz") { _ in .json(["status": "ok"]) }
+        // Live while every loop finishes its iterations: a loop stuck past the bound (a claim waiting forever on a
+        // dead connection) delivers nothing until the process is restarted, which a liveness probe does on a 503.
+        let liveness = Duration.seconds(configuration.workerLivenessSeconds)
+        router.add(.GET, "/healthz") { _ in
+            let stalled = worker.stalledLoops(after: liveness)
+            guard !stalled.isEmpty else { return .json(["status": "ok"]) }
+            let loops = stalled.map { "\($0.loop) (\($0.since.components.seconds) s)" }
+            logger.error(
+                "worker loops stalled", metadata: ["worker.stalled": .string(loops.joined(separator: ", "))])
+            return .json(["status": "stalled", "stalled": loops.joined(separator: ", ")], status: 503)
+        }
         router.add(.GET, "/metrics") { _ in
             // Credential state is read at each scrape (one small query), so the gauges are never stale.
             try? await credentialHealth.sample()
@@ -95,6 +105,7 @@ struct WorkerCommand {
                 "metrics.listen": .string(configuration.metricsListen.description),
                 "worker.batch": .int(configuration.workerBatch), "worker.loops": .int(configuration.workerLoops),
                 "worker.express_batch": .int(configuration.workerExpressBatch),
+                "worker.liveness_seconds": .int(configuration.workerLivenessSeconds),
             ])
         try await ServiceGroup(
             services: [

@@ -42,4 +42,27 @@ struct WorkerHealthTests {
         try await lock.commit()
         try await eventually("a fresh sample") { try await age().map { $0 < 6 } ?? false }
     }
+
+    @Test("/healthz answers 503 once the claim loops are stuck past MARQUEE_WORKER_LIVENESS_SECONDS, 200 again after")
+    func liveness() async throws {
+        let (url, worker) = try await Self.worker([
+            "MARQUEE_WORKER_HOLD_SECONDS": "2", "MARQUEE_WORKER_LIVENESS_SECONDS": "4",
+        ])
+        defer { worker.signal(SIGKILL) }
+        let healthz = { try await HTTP.get(worker.baseURL + "/healthz") }
+        #expect(try await healthz().status == 200)
+        // The claims wait for the lock with no statement timeout, as on a connection whose peer is gone.
+        let lock = try await Self.lockQueue(url)
+        // Each claim loop stops beating when its claim starts waiting: both within a poll interval of the lock.
+        var stalled = ""
+        try await eventually("/healthz answering 503, naming both claim loops") {
+            let response = try await healthz()
+            stalled = response.text
+            return response.status == 503 && stalled.contains("loop 0") && stalled.contains("loop 1")
+        }
+        #expect(!stalled.contains("campaigns"), "the campaign runner does not read the queue: \(stalled)")
+        #expect(worker.log.contains("worker loops stalled"))
+        try await lock.commit()
+        try await eventually("/healthz answering 200 again") { try await healthz().status == 200 }
+    }
 }

@@ -30,6 +30,22 @@ struct ConfigurationTests {
         }
     }
 
+    @Test("the worker's liveness bound: three holds plus the poll interval, and always past one hold and one poll")
+    func workerLiveness() throws {
+        #expect(try MarqueeConfiguration(environment: [:]).workerLivenessSeconds == 181)
+        let short = try MarqueeConfiguration(environment: [
+            "MARQUEE_WORKER_HOLD_SECONDS": "10", "MARQUEE_WORKER_POLL_MS": "2500",
+        ])
+        #expect(short.workerLivenessSeconds == 33)
+        #expect(
+            try MarqueeConfiguration(environment: ["MARQUEE_WORKER_LIVENESS_SECONDS": "62"]).workerLivenessSeconds == 62
+        )
+        let error = #expect(throws: ConfigurationError.self) {
+            try MarqueeConfiguration(environment: ["MARQUEE_WORKER_LIVENESS_SECONDS": "61"])
+        }
+        #expect(error?.problems.map(\.variable) == ["MARQUEE_WORKER_LIVENESS_SECONDS"])
+    }
+
     @Test("values are read and validated")
     func values() throws {
         let key = String(repeating: "A", count: 43) + "="  // 32 zero bytes in base64
