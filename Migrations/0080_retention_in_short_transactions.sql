@@ -44,19 +44,30 @@
 --
 -- A procedure that commits must be called with CALL outside any transaction block, as its caller's own role: it
 -- cannot be SECURITY DEFINER. It runs as marquee_system, and the DDL goes through the SECURITY DEFINER functions of
--- 0020/0079, which accept only marquee_day_partitioned_tables().
+-- 0020 and below, which accept only marquee_day_partitioned_tables().
 
--- The day partition of p_parent that holds p_day, created if missing, protected like its parent. Created and then
--- attached (see above); otherwise as in 0079.
-CREATE OR REPLACE FUNCTION marquee_ensure_day_partition(p_parent regclass, p_day date) RETURNS boolean
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = public, pg_temp AS $$
-DECLARE
-    v_name text := format('%s_%s', p_parent::text, to_char(p_day, 'YYYYMMDD'));
+-- The functions that make and drop day partitions run as the schema's owner (SECURITY DEFINER: DDL needs ownership),
+-- and the workers' and the API's login role reach them through marquee_system. They took any table: a mistake or an
+-- injection in either could have made partitions of, or dropped the day partitions of, any partitioned table, past
+-- every privilege and row-level security. Each now refuses a table retention does not keep, here.
+CREATE FUNCTION marquee_require_day_partitioned(p_parent regclass) RETURNS void
+LANGUAGE plpgsql STABLE SET search_path = public, pg_temp AS $$
 BEGIN
     IF NOT p_parent = ANY (marquee_day_partitioned_tables()) THEN
         RAISE EXCEPTION 'marquee: % is not a table kept by day partitions', p_parent
             USING ERRCODE = 'insufficient_privilege';
     END IF;
+END;
+$$;
+
+-- The day partition of p_parent that holds p_day, created if missing, protected like its parent. Created and then
+-- attached (see above); otherwise as in 0020, for its tables only.
+CREATE OR REPLACE FUNCTION marquee_ensure_day_partition(p_parent regclass, p_day date) RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = public, pg_temp AS $$
+DECLARE
+    v_name text := format('%s_%s', p_parent::text, to_char(p_day, 'YYYYMMDD'));
+BEGIN
+    PERFORM marquee_require_day_partitioned(p_parent);
     IF to_regclass(v_name) IS NOT NULL THEN
         RETURN false;
     END IF;
@@ -91,16 +102,13 @@ REVOKE ALL ON FUNCTION marquee_day_partitions_before(regclass, date) FROM PUBLIC
 GRANT EXECUTE ON FUNCTION marquee_day_partitions_before(regclass, date) TO marquee_system;
 
 -- Drops p_parent's day partition of p_day, if there is one; whether it did. One partition, so that the caller can
--- give each its own short transaction. Runs as the owner, for its tables only (as 0079's functions).
+-- give each its own short transaction. Runs as the owner, for its tables only.
 CREATE FUNCTION marquee_drop_day_partition(p_parent regclass, p_day date) RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = public, pg_temp AS $$
 DECLARE
     v_partition regclass;
 BEGIN
-    IF NOT p_parent = ANY (marquee_day_partitioned_tables()) THEN
-        RAISE EXCEPTION 'marquee: % is not a table kept by day partitions', p_parent
-            USING ERRCODE = 'insufficient_privilege';
-    END IF;
+    PERFORM marquee_require_day_partitioned(p_parent);
     SELECT i.inhrelid::regclass INTO v_partition
     FROM pg_inherits i
     JOIN pg_class c ON c.oid = i.inhrelid
@@ -125,10 +133,7 @@ DECLARE
     v_day date;
     v_dropped integer := 0;
 BEGIN
-    IF NOT p_parent = ANY (marquee_day_partitioned_tables()) THEN
-        RAISE EXCEPTION 'marquee: % is not a table kept by day partitions', p_parent
-            USING ERRCODE = 'insufficient_privilege';
-    END IF;
+    PERFORM marquee_require_day_partitioned(p_parent);
     FOR v_day IN SELECT marquee_day_partitions_before(p_parent, p_cutoff) LOOP
         IF marquee_drop_day_partition(p_parent, v_day) THEN
             v_dropped := v_dropped + 1;

@@ -5,14 +5,12 @@ import PostgresClient
 
 /// `/healthz`, `/readyz` and `/metrics`: what orchestrators and Prometheus call.
 public struct SystemRoutes: Sendable {
-    private let pool: PostgresPool
     private let migrator: Migrator
     private let metrics: MetricsRegistry
     private let logger: Logger
     private let ready: Gauge
 
     public init(pool: PostgresPool, migrator: Migrator, metrics: MetricsRegistry, logger: Logger) {
-        self.pool = pool
         // A connection of its own: through the requests' pool, a probe waited behind every request for a connection
         // (up to the acquire timeout, 5 s) and failed its own timeout (1 s by default) on every pod at once during a
         // load spike, taking the Service's endpoints away when they were needed most.

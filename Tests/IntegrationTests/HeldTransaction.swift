@@ -9,7 +9,6 @@ final class HeldTransaction: Sendable {
     /// What the transaction's task and the test share.
     private final class Shared: Sendable {
         let release = DispatchSemaphore(value: 0)
-        let xid = Mutex<String?>(nil)
         let pid = Mutex<Int?>(nil)
         let finished = Mutex(false)
     }
@@ -25,7 +24,7 @@ final class HeldTransaction: Sendable {
     ) async throws -> HeldTransaction {
         let held = try HeldTransaction(url, begin: begin, end: end)
         // Either it holds its locks, or it failed (and the failure is thrown here).
-        try await eventually("the transaction holds its locks") { held.shared.xid.withLock { $0 } != nil || held.ended }
+        try await eventually("the transaction holds its locks") { held.shared.pid.withLock { $0 } != nil || held.ended }
         if held.ended { try await held.task.value }
         return held
     }
@@ -42,10 +41,8 @@ final class HeldTransaction: Sendable {
             try await pool.withConnection { c in
                 try c.execute("BEGIN")
                 try begin(c)
-                let me = try c.query("SELECT pg_current_xact_id()::text AS x, pg_backend_pid() AS pid")[0]
-                shared.pid.withLock { $0 = try? me.decode(Int.self, "pid") }
-                let id = try me.decode(String.self, "x")
-                shared.xid.withLock { $0 = id }
+                let pid = try c.query("SELECT pg_backend_pid() AS pid")[0].decode(Int.self, "pid")
+                shared.pid.withLock { $0 = pid }
                 shared.release.wait()
                 try end(c)
                 try c.execute("COMMIT")
@@ -57,14 +54,7 @@ final class HeldTransaction: Sendable {
 
     /// Waits until another session waits for this transaction (a lock it holds).
     func waitedOn(via pool: PostgresPool, _ what: String) async throws {
-        let transaction = shared.xid.withLock { $0 } ?? ""
-        try await eventually(what) {
-            try await pool.count(
-                """
-                SELECT count(*)::int AS n FROM pg_locks
-                WHERE locktype = 'transactionid' AND transactionid::text = \(transaction) AND NOT granted
-                """) > 0
-        }
+        try await waitedOn(by: 1, via: pool, what)
     }
 
     /// Waits until `sessions` sessions wait for this transaction, directly (a lock it holds) or one removed (a lock held
