@@ -104,7 +104,7 @@ let package = Package(
             name: "MarqueeAPITests", dependencies: ["MarqueeAPI", "MarqueeCore", "HTTPServer"],
             swiftSettings: swiftSettings),
         .testTarget(
-            name: "MarqueeCoreTests", dependencies: ["MarqueeCore", "ClientMirrors"], exclude: ["Golden"],
+            name: "MarqueeCoreTests", dependencies: ["MarqueeCore", "ClientMirrors", "CMalloc"], exclude: ["Golden"],
             swiftSettings: swiftSettings),
         .testTarget(
             name: "MarqueeSimulatorsTests", dependencies: ["MarqueeSimulators", "HTTP2", "Crypto", "MarqueeCore"],
