@@ -11,8 +11,9 @@ struct Authenticator: Sendable {
     /// SHA-256 of `MARQUEE_ADMIN_TOKEN`, or nil when the admin API is off.
     let adminTokenHash: [UInt8]?
 
-    /// Recently verified keys, so that a busy device fleet does not cost a key lookup per request. Only successes
-    /// are cached; a revoked key stops working within `cacheTTL`.
+    /// Recently checked keys, so that a busy device fleet does not cost a key lookup per request: a revoked key stops
+    /// working within `cacheTTL`. Keys found invalid are remembered as long, so that a fleet of apps still shipping a
+    /// revoked sdk key (or anyone repeating a bad key) costs one lookup per key and period, not one per request.
     let cache: KeyCache
 
     init(tenants: TenantStore, adminToken: String?, cacheTTL: Duration = .seconds(5)) {
@@ -37,13 +38,18 @@ struct Authenticator: Sendable {
             throw Problems.unauthorized()
         }
         let principal: Principal
-        if let cached = cache.lookup(presented) {
+        switch cache.lookup(presented) {
+        case .valid(let cached)?:
             principal = cached
-        } else {
+        case .invalid?:
+            throw Problems.unauthorized("The API key is not valid.")
+        case nil:
+            // A lookup that fails (the database unreachable) caches nothing.
             guard let checked = try await tenants.authenticate(presented) else {
+                cache.store(presented, .invalid)
                 throw Problems.unauthorized("The API key is not valid.")
             }
-            cache.store(presented, checked)
+            cache.store(presented, .valid(checked))
             principal = checked
         }
         guard kinds.contains(principal.kind) else {
@@ -138,13 +144,33 @@ final class ExpiringCache<Key: Hashable & Sendable, Value: Sendable>: Sendable {
     }
 }
 
-/// Verified keys, keyed by the SHA-256 of the key (the key text itself is not kept).
+/// Checked keys, keyed by the SHA-256 of the key (the key text itself is not kept). Valid and invalid keys are kept
+/// apart, so that a flood of made-up keys (each one a miss) clears only the invalid ones when it fills its cache.
 final class KeyCache: Sendable {
-    private let cache: ExpiringCache<[UInt8], Principal>
+    enum Verdict: Sendable, Equatable {
+        case valid(Principal)
+        case invalid
+    }
 
-    init(ttl: Duration) { cache = ExpiringCache(ttl: ttl) }
+    private let valid: ExpiringCache<[UInt8], Principal>
+    private let invalid: ExpiringCache<[UInt8], Bool>
 
-    func lookup(_ key: String) -> Principal? { cache.lookup(SHA256.hash(Array(key.utf8))) }
+    init(ttl: Duration) {
+        valid = ExpiringCache(ttl: ttl)
+        invalid = ExpiringCache(ttl: ttl)
+    }
 
-    func store(_ key: String, _ principal: Principal) { cache.store(SHA256.hash(Array(key.utf8)), principal) }
+    func lookup(_ key: String) -> Verdict? {
+        let hash = SHA256.hash(Array(key.utf8))
+        if let principal = valid.lookup(hash) { return .valid(principal) }
+        return invalid.lookup(hash) != nil ? .invalid : nil
+    }
+
+    func store(_ key: String, _ verdict: Verdict) {
+        let hash = SHA256.hash(Array(key.utf8))
+        switch verdict {
+        case .valid(let principal): valid.store(hash, principal)
+        case .invalid: invalid.store(hash, true)
+        }
+    }
 }
