@@ -95,8 +95,9 @@ public struct MarqueeConfiguration: Sendable, Equatable {
     public var httpReadTimeoutSeconds: Int
     /// `MARQUEE_DRAIN_TIMEOUT`: seconds to finish in-flight work on SIGTERM. Default 30.
     public var drainTimeoutSeconds: Int
-    /// `MARQUEE_KEY_CACHE_SECONDS`: how long a verified API key is trusted without a database lookup. Default 5;
-    /// 0 turns the cache off. A revoked key keeps working for at most this long.
+    /// `MARQUEE_KEY_CACHE_SECONDS`: how long a checked API key is trusted without a database lookup. Default 5;
+    /// 0 turns the cache off. A revoked key keeps working for at most this long; a key found invalid is refused
+    /// without a lookup for as long.
     public var keyCacheSeconds: Int
     /// `MARQUEE_METRICS_LISTEN`: where a worker serves `/metrics` and `/healthz`. Default `127.0.0.1:9464`.
     public var metricsListen: ListenAddress
