@@ -336,14 +336,71 @@ public final class PostgresConnection {
     public func pipelineTransaction(_ queries: [PostgresQuery], begin: PostgresQuery = "BEGIN") throws
         -> [PostgresRows]
     {
-        let results = try pipeline([begin] + queries + ["COMMIT"], syncEach: false)
+        try pipelineTransaction(queries, begin: begin, identified: false)
+    }
+
+    /// `pipelineTransaction`, and when `identified`, a transaction that can be asked about if its connection is lost.
+    ///
+    /// Its ID (`pg_current_xact_id()`, which assigns one) is read first, flushed by the server at once, and COMMIT is
+    /// sent only once that answer has arrived: while the server runs `queries`, so that it costs a round trip only when
+    /// they take less. A connection lost before COMMIT's answer (a server restart, a network cut,
+    /// `pg_terminate_backend`) throws `connectionLost` with `inDoubt` when COMMIT had been sent (the transaction may
+    /// have committed: ask `status(of:)` on another connection), and without it when it had not (nothing committed).
+    public func pipelineTransaction(_ queries: [PostgresQuery], begin: PostgresQuery = "BEGIN", identified: Bool)
+        throws -> [PostgresRows]
+    {
+        let results: [Result<PostgresRows, PostgresError>]
+        var inDoubt: InDoubtTransaction?
+        if identified {
+            (results, inDoubt) = try identifiedPipeline(queries, begin: begin)
+        } else {
+            results = try pipeline([begin] + queries + ["COMMIT"], syncEach: false)
+        }
         for result in results {
-            if case .failure(let error) = result {
+            if case .failure(var error) = result {
                 _ = try? execute("ROLLBACK")
+                if error.code == .connectionLost { error.inDoubt = inDoubt }
                 throw error
             }
         }
-        return results.dropFirst().dropLast().map { try! $0.get() }
+        return results.dropFirst(identified ? 2 : 1).dropLast().map { try! $0.get() }
+    }
+
+    /// `begin`, the transaction's ID, `queries` and COMMIT, each one's result; COMMIT is sent once the ID has been read
+    /// (`pipelineTransaction(_:begin:identified:)`). Also returns the transaction if COMMIT was sent.
+    private func identifiedPipeline(_ queries: [PostgresQuery], begin: PostgresQuery) throws -> (
+        [Result<PostgresRows, PostgresError>], InDoubtTransaction?
+    ) {
+        let head: [PostgresQuery] = [begin, "SELECT pg_current_xact_id()::text AS xid"]
+        let body = head + queries
+        let pid = backendPID  // libpq forgets it once the connection is broken
+        let names = try prepare(body)
+        guard PQenterPipelineMode(handle) == 1 else {
+            throw record(connectionError(context: "could not enter pipeline mode"))
+        }
+        defer { _ = PQexitPipelineMode(handle) }
+        // The server flushes its answers up to the ID at once (a flush request), before running `queries`.
+        try send(body, names: names, syncEach: false, syncAtEnd: false, flushAfter: head.count - 1)
+        var results = read(head.count, syncEach: false, syncAtEnd: false)
+        let id = try? results[1].get().first?.decode(String.self, "xid")
+        let lost = { (error: PostgresError) in
+            [Result<PostgresRows, PostgresError>](repeating: .failure(error), count: queries.count + 1)
+        }
+        if isBroken {
+            // COMMIT was not sent: the transaction can never commit.
+            results += lost(connectionError(context: "connection lost during pipeline"))
+            return (results, nil)
+        }
+        let transaction = id.flatMap(UInt64.init).map { InDoubtTransaction(id: $0, backendPID: pid) }
+        do {
+            try send(["COMMIT"], names: [nil], syncEach: false, syncAtEnd: true)
+        } catch let error as PostgresError {
+            // Some of COMMIT may have been sent.
+            results += lost(error)
+            return (results, transaction)
+        }
+        results += read(queries.count + 1, syncEach: false, syncAtEnd: true)
+        return (results, transaction)
     }
 
     /// Runs `queries` in one round trip with a single sync point after the last, and returns their rows; throws the
@@ -359,13 +416,27 @@ public final class PostgresConnection {
     /// answer "skipped").
     private func pipeline(_ queries: [PostgresQuery], syncEach: Bool) throws -> [Result<PostgresRows, PostgresError>] {
         guard !queries.isEmpty else { return [] }
-        for query in queries { try Self.refuseNUL(query.binds) }
-        // Statements are prepared before the pipeline starts (one round trip each, the first time only).
-        let names = try queries.map { $0.binds.isEmpty ? nil : try preparedStatement($0) }
+        let names = try prepare(queries)
         guard PQenterPipelineMode(handle) == 1 else {
             throw record(connectionError(context: "could not enter pipeline mode"))
         }
         defer { _ = PQexitPipelineMode(handle) }
+        try send(queries, names: names, syncEach: syncEach, syncAtEnd: true)
+        return read(queries.count, syncEach: syncEach, syncAtEnd: true)
+    }
+
+    /// Each query's prepared statement, nil for one without binds. Statements are prepared before a pipeline starts
+    /// (one round trip each, the first time only).
+    private func prepare(_ queries: [PostgresQuery]) throws -> [String?] {
+        for query in queries { try Self.refuseNUL(query.binds) }
+        return try queries.map { $0.binds.isEmpty ? nil : try preparedStatement($0) }
+    }
+
+    /// Queues `queries` in pipeline mode and sends them: a sync point after each (`syncEach`) or after the last
+    /// (`syncAtEnd`), and a flush request after the query at `flushAfter` (the server sends its answers so far).
+    private func send(
+        _ queries: [PostgresQuery], names: [String?], syncEach: Bool, syncAtEnd: Bool, flushAfter: Int? = nil
+    ) throws {
         do {
             guard PQsetnonblocking(handle, 1) == 0 else {
                 throw connectionError(context: "could not switch to non-blocking mode")
@@ -378,8 +449,10 @@ public final class PostgresConnection {
                     }
                     return PQsendQueryParams(handle, query.sql, count, types, values, lengths, formats, 0)
                 }
-                let synced = syncEach || position == queries.count - 1 ? PQpipelineSync(handle) == 1 : true
-                guard sent == 1, synced else {
+                let last = position == queries.count - 1
+                let synced = syncEach || (syncAtEnd && last) ? PQpipelineSync(handle) == 1 : true
+                let flushed = position == flushAfter ? PQsendFlushRequest(handle) == 1 : true
+                guard sent == 1, synced, flushed else {
                     throw connectionError(context: "could not queue a pipelined statement")
                 }
             }
@@ -387,10 +460,13 @@ public final class PostgresConnection {
         } catch {
             throw record(error as? PostgresError ?? connectionError(context: "\(error)"))
         }
+    }
 
+    /// Reads the results of `count` queries sent by `send` with the same `syncEach` and `syncAtEnd`.
+    private func read(_ count: Int, syncEach: Bool, syncAtEnd: Bool) -> [Result<PostgresRows, PostgresError>] {
         var results: [Result<PostgresRows, PostgresError>] = []
-        results.reserveCapacity(queries.count)
-        for position in queries.indices {
+        results.reserveCapacity(count)
+        for position in 0..<count {
             if isBroken {
                 results.append(.failure(connectionError(context: "connection lost during pipeline")))
                 continue
@@ -409,7 +485,7 @@ public final class PostgresConnection {
                 results.append(.failure(record(error(from: result))))
             }
             PQclear(result)
-            if !syncEach, position < queries.count - 1 {
+            if !syncEach, !(syncAtEnd && position == count - 1) {
                 // Drain to the end of this query's results (NULL); the sync point comes after the last query.
                 while !isBroken, let next = PQgetResult(handle) { PQclear(next) }
                 continue
@@ -513,7 +589,8 @@ public final class PostgresConnection {
 
     // MARK: Errors
 
-    /// Builds an error from a failed result, classifying it as `.connectionLost` if the connection broke.
+    /// Builds an error from a failed result, classifying it as `.connectionLost` if the connection broke or the
+    /// server ended the session.
     func error(from result: OpaquePointer) -> PostgresError {
         func field(_ code: Character) -> String? {
             guard let value = PQresultErrorField(result, Int32(code.asciiValue!)) else { return nil }
@@ -532,7 +609,10 @@ public final class PostgresConnection {
         if sqlState == nil, let message = PQresultErrorMessage(result) {
             error.underlying = String(cString: message).trimmingCharacters(in: .whitespacesAndNewlines)
         }
-        if PQstatus(handle) != CONNECTION_OK {
+        // A FATAL error ends the session (the server closes the connection after it), though libpq may not have
+        // read that far yet: 57P01 from `pg_terminate_backend` or a shutdown, 25P03 idle in transaction, …
+        let severity = field("V")
+        if PQstatus(handle) != CONNECTION_OK || severity == "FATAL" || severity == "PANIC" {
             error.code = .connectionLost
         }
         return error

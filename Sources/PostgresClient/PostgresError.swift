@@ -35,7 +35,9 @@ public struct PostgresError: Error, Sendable, CustomStringConvertible, CustomDeb
         public static let undefinedTable = Code("undefined table")
         /// SQLSTATE 42601.
         public static let syntaxError = Code("syntax error")
-        /// The connection broke while a statement was running. The statement may or may not have been applied.
+        /// The connection broke while a statement was running, or the server ended the session (an error of severity
+        /// FATAL, e.g. 57P01 from `pg_terminate_backend` or a shutdown). The statement may or may not have been applied;
+        /// after a COMMIT, `inDoubt` says which transaction to ask about, when known.
         public static let connectionLost = Code("connection lost")
         /// A new connection could not be established.
         public static let connectionFailed = Code("connection failed")
@@ -77,6 +79,9 @@ public struct PostgresError: Error, Sendable, CustomStringConvertible, CustomDeb
     public var underlying: String?
     /// A short, value-free explanation added by this library, e.g. "unexpected NULL". Part of `description`.
     public var context: String?
+    /// With `connectionLost`: the transaction whose COMMIT was sent before the connection was lost, so that it may have
+    /// committed (`PostgresConnection.pipelineTransaction(_:begin:identified:)`); nil when no COMMIT was in flight.
+    public var inDoubt: InDoubtTransaction?
 
     /// Creates an error; mostly used by this module, public so callers and tests can build expected values.
     public init(
@@ -109,6 +114,9 @@ public struct PostgresError: Error, Sendable, CustomStringConvertible, CustomDeb
         }
         if let context {
             text += ": \(context)"
+        }
+        if let inDoubt {
+            text += " (COMMIT in flight: transaction \(inDoubt.id), backend \(inDoubt.backendPID))"
         }
         return text
     }
