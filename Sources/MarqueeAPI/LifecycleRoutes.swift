@@ -59,7 +59,8 @@ struct LifecycleRoutes: Sendable {
                     IdempotencyRecord(key: $0, requestHash: requestHash, status: 200, response: response)
                 }))
         if case .alreadyExists = outcome {
-            // A concurrent request with the same instance ID or key won: answer with what it stored.
+            // A concurrent request with the same instance ID or key won, or this start committed and its answer was
+            // lost with the database connection: answer with what was stored.
             let again = try await store.startContext(
                 tenant: tenant, activityType: start.activityType, personID: identity.personID, email: identity.email,
                 instanceID: start.instanceID, idempotencyKey: idempotencyKey)
@@ -220,7 +221,9 @@ struct LifecycleRoutes: Sendable {
                     // Paced (the activity type's min_update_interval_ms): queued for later, replaced by a newer one.
                     answers[last.index] = .success(Self.render(instanceID, last.plan, coalesced: coalesced))
                     return answers.map { $0.map { HTTPResponse.json($0) } }
-                case .versionConflict, .alreadyExists: continue  // read again: another process (or this key) won
+                // Read again: another process (or this key) won, or this change's answer was lost with the connection
+                // after it committed (its key's record answers).
+                case .versionConflict, .alreadyExists: continue
                 }
             }
             return batch.map { _ in .failure(Problems.contention(instanceID: instanceID)) }

@@ -84,10 +84,19 @@ public struct MarqueeAPI: Sendable {
             "marquee_group_commit_batches_total", help: "Transactions committed by the lifecycle group committer.")
         let statements = metrics.counter(
             "marquee_group_commit_statements_total", help: "Requests committed through the group committer.")
+        let inDoubt = metrics.counter(
+            "marquee_group_commit_in_doubt_total",
+            help: "Group-commit transactions whose connection was lost with COMMIT in flight, by what was learned.",
+            labels: ["outcome"])
         metrics.onCollect {
             let s = statistics.statistics
             batches.inc(Double(s.batches) - batches.value())
             statements.inc(Double(s.statements) - statements.value())
+            for (outcome, count) in [
+                ("committed", s.inDoubtCommitted), ("aborted", s.inDoubtAborted), ("unknown", s.inDoubtUnknown),
+            ] {
+                inDoubt.inc(Double(count) - inDoubt.value([outcome]), [outcome])
+            }
         }
     }
 

@@ -87,6 +87,7 @@ func problem(for error: any Error) -> HTTPProblem? {
     case let c as Conflict: return Problems.conflict(field: c.field, reason: c.reason)
     case let c as ChannelManagementError: return Problems.channel(c)
     case let s as PayloadSizeError: return Problems.payloadTooLarge(s)
+    case let u as UnansweredCommit: return Problems.unansweredCommit(u)
     case let p as PostgresError
     where p.code == .connectionFailed || p.code == .connectionLost || p.code == .poolTimeout:
         return Problems.databaseUnavailable()
@@ -105,11 +106,11 @@ func guarded(_ handler: @escaping HTTPHandler, logger: Logger) -> HTTPHandler {
             return try await handler(request)
         } catch {
             guard let p = problem(for: error) else { throw error }
-            if p.status >= 500, let database = error as? PostgresError {
+            if p.status >= 500, error is PostgresError || error is UnansweredCommit {
                 logger.warning(
                     "request failed: database",
                     metadata: [
-                        "request.id": .string(request.requestID), "error": .string(String(describing: database)),
+                        "request.id": .string(request.requestID), "error": .string(String(describing: error)),
                     ])
             }
             throw p
@@ -137,6 +138,27 @@ extension Problems {
                 "platform": error.platform.rawValue, "size": String(error.size), "limit": String(error.limit),
                 "over_by": String(error.overBy),
             ])
+    }
+
+    /// 500: the database connection was lost while the write's transaction committed (`UnansweredCommit`), so its
+    /// answer was lost. The write was not made again. Not a 503 with Retry-After: retrying blindly could apply the
+    /// write twice (a second version and push). A start is never answered so (its answer is read back from its
+    /// instance), nor a change with an Idempotency-Key (read back from the key's record).
+    static func unansweredCommit(_ error: UnansweredCommit) -> HTTPProblem {
+        switch error.outcome {
+        case .committed:
+            return HTTPProblem(
+                status: 500, type: typeBase + "write-committed-unanswered", title: "Write committed, answer lost",
+                detail:
+                    "The write's transaction committed, but the database connection was lost before its result was read. It was applied unless a concurrent change to the same live activity got in first: read it (GET) before sending it again. An Idempotency-Key makes such retries safe."
+            )
+        case .unknown:
+            return HTTPProblem(
+                status: 500, type: typeBase + "write-outcome-unknown", title: "Write outcome unknown",
+                detail:
+                    "The database connection was lost while the write was committing, and whether it committed could not be learned. A retry with the same Idempotency-Key is safe; without one, read the live activity (GET) before sending it again."
+            )
+        }
     }
 
     /// 503: too many concurrent changes to one instance.

@@ -12,6 +12,14 @@ import Synchronization
 /// request is durable. If anything in a batch fails, the batch is rolled back and each submission is written alone
 /// (the same transaction with one write), so one bad request never fails the others. The single NOTIFY per batch is
 /// the coalesced wake-up for workers.
+///
+/// A batch whose connection is lost once its COMMIT was sent (a PostgreSQL restart, a network cut, a terminated
+/// backend) may have committed, so it is not written again before that is known: each transaction reads its own ID
+/// first (`pipelineTransaction(_:begin:identified:)`), and the committer asks another connection whether it committed
+/// (`resolve`). Aborted: each submission is written alone, as for any failure. Committed: the writes are durable, but
+/// their rows are lost; every caller gets `UnansweredCommit(.committed)`, and a store re-reads its answer where the
+/// write records one (a start's instance, an Idempotency-Key's record). Not known within `inDoubtTimeout`: every
+/// caller gets `UnansweredCommit(.unknown)`.
 public final class GroupCommitter: Sendable {
     public struct Configuration: Sendable {
         /// Batches committed at once (each on its own connection). Default 2: fewer batches in flight are larger,
@@ -22,19 +30,46 @@ public final class GroupCommitter: Sendable {
         public var maxBatch: Int
         /// Channel notified once per committed batch; nil for none. Default `marquee_deliveries`.
         public var notifyChannel: String?
+        /// How long to try learning whether a batch whose connection was lost with its COMMIT in flight committed.
+        /// A transaction still in progress after half of it (its backend has not noticed the lost connection) has its
+        /// backend terminated, which settles it. Default 5 s.
+        public var inDoubtTimeout: Duration
 
-        public init(writers: Int = 2, maxBatch: Int = 128, notifyChannel: String? = "marquee_deliveries") {
+        public init(
+            writers: Int = 2, maxBatch: Int = 128, notifyChannel: String? = "marquee_deliveries",
+            inDoubtTimeout: Duration = .seconds(5)
+        ) {
             self.writers = writers
             self.maxBatch = maxBatch
             self.notifyChannel = notifyChannel
+            self.inDoubtTimeout = inDoubtTimeout
         }
     }
 
-    /// Counts for metrics: batches committed and statements in them.
+    /// Counts for metrics: batches committed and statements in them, batches written again alone, and transactions
+    /// whose connection was lost with their COMMIT in flight, by what was learned of them.
     public struct Statistics: Sendable, Equatable {
         public var batches: Int = 0
         public var statements: Int = 0
         public var fallbacks: Int = 0
+        /// Committed: their callers got `UnansweredCommit(.committed)`.
+        public var inDoubtCommitted: Int = 0
+        /// Not committed: written again alone (a batch), or failed with the lost connection (a write alone).
+        public var inDoubtAborted: Int = 0
+        /// Not known within `inDoubtTimeout`: their callers got `UnansweredCommit(.unknown)`.
+        public var inDoubtUnknown: Int = 0
+
+        public init(
+            batches: Int = 0, statements: Int = 0, fallbacks: Int = 0, inDoubtCommitted: Int = 0,
+            inDoubtAborted: Int = 0, inDoubtUnknown: Int = 0
+        ) {
+            self.batches = batches
+            self.statements = statements
+            self.fallbacks = fallbacks
+            self.inDoubtCommitted = inDoubtCommitted
+            self.inDoubtAborted = inDoubtAborted
+            self.inDoubtUnknown = inDoubtUnknown
+        }
     }
 
     /// A `SetWrite` for a tenant, its type erased: `compose` builds the statement of a group of writes of its kind.
@@ -54,6 +89,7 @@ public final class GroupCommitter: Sendable {
 
     private let pool: PostgresPool
     private let notifyChannel: String?
+    private let inDoubtTimeout: Duration
     private let statisticsState = Mutex(Statistics())
     private let onBatch: @Sendable (_ statements: Int) -> Void
     private let batches: Batches<Submission, Answer>
@@ -65,6 +101,7 @@ public final class GroupCommitter: Sendable {
     ) {
         self.pool = pool
         self.notifyChannel = configuration.notifyChannel
+        self.inDoubtTimeout = configuration.inDoubtTimeout
         self.onBatch = onBatch
         batches = Batches(concurrency: configuration.writers, maxBatch: configuration.maxBatch)
     }
@@ -126,20 +163,18 @@ public final class GroupCommitter: Sendable {
 
     private func commit(_ batch: [Submission]) async -> [Result<Answer, any Error>] {
         do {
-            let answers = try await write(batch)
-            statisticsState.withLock {
-                $0.batches += 1
-                $0.statements += batch.count
-            }
-            onBatch(batch.count)
+            let answers = try await settled(batch)
             return answers.map { .success($0) }
         } catch {
             // The database cannot be reached (no connection, the pool exhausted or closed): the batch never ran, and
             // neither would its writes alone, each after its own wait for a connection (up to 128 of them in a row
             // during an outage: minutes). Every caller hears it at once.
             if Self.unreachable(error) { return batch.map { _ in .failure(error) } }
-            // A statement failed (the batch was rolled back), or the connection was lost (the batch may have
-            // committed): each is written alone, which reports each caller's own outcome.
+            // The batch committed, or may have: writing its submissions again could apply them twice.
+            if error is UnansweredCommit { return batch.map { _ in .failure(error) } }
+            // A statement failed, or the connection was lost before the batch could commit (COMMIT not sent, or the
+            // server says it aborted): the batch was rolled back, and each is written alone, which reports each
+            // caller's own outcome.
         }
         statisticsState.withLock { $0.fallbacks += 1 }
         var answers: [Result<Answer, any Error>] = []
@@ -150,12 +185,80 @@ public final class GroupCommitter: Sendable {
                 continue
             }
             do {
-                answers.append(.success(try await write([item])[0]))
+                answers.append(.success(try await settled([item])[0]))
             } catch {
                 answers.append(.failure(error))
             }
         }
         return answers
+    }
+
+    /// Writes `batch` (`write`) and counts it once committed. When its connection was lost with COMMIT in flight, asks
+    /// whether it committed (`resolve`): throws `UnansweredCommit` if it did or if that cannot be learned, and the
+    /// lost connection's error if it did not.
+    private func settled(_ batch: [Submission]) async throws -> [Answer] {
+        do {
+            let answers = try await write(batch)
+            committed(batch.count)
+            return answers
+        } catch let error as PostgresError {
+            guard let transaction = error.inDoubt else { throw error }
+            let status = await resolve(transaction)
+            statisticsState.withLock {
+                switch status {
+                case .committed?: $0.inDoubtCommitted += 1
+                case .aborted?: $0.inDoubtAborted += 1
+                case .inProgress?, nil: $0.inDoubtUnknown += 1
+                }
+            }
+            switch status {
+            case .committed?:
+                committed(batch.count)
+                throw UnansweredCommit(outcome: .committed)
+            case .aborted?:
+                throw error
+            case .inProgress?, nil:
+                throw UnansweredCommit(outcome: .unknown)
+            }
+        }
+    }
+
+    private func committed(_ statements: Int) {
+        statisticsState.withLock {
+            $0.batches += 1
+            $0.statements += statements
+        }
+        onBatch(statements)
+    }
+
+    /// Whether `transaction`, whose connection was lost with its COMMIT in flight, committed: asked on another
+    /// connection, again (backing off) while it is in progress or no connection answers. A transaction still in progress
+    /// after half of `inDoubtTimeout` has its backend terminated: it has not noticed the lost connection (a network
+    /// cut) and would hold its locks until TCP gives up on it, or it is waiting to read COMMIT, which it never will.
+    /// Terminated, it aborts (or completes a commit already under way). Nil when not known within `inDoubtTimeout`.
+    func resolve(_ transaction: InDoubtTransaction) async -> TransactionStatus? {
+        let clock = ContinuousClock()
+        let deadline = clock.now + inDoubtTimeout
+        let terminateAt = clock.now + inDoubtTimeout / 2
+        var pause = Duration.milliseconds(5)
+        while !Task.isCancelled {
+            let terminate = clock.now >= terminateAt
+            let wait = max(deadline - clock.now, .milliseconds(100))
+            do {
+                let status = try await pool.withConnection { connection in
+                    if terminate { _ = try connection.terminate(transaction, waiting: wait) }
+                    return try connection.status(of: transaction)
+                }
+                guard status == .inProgress else { return status }
+            } catch {
+                // No answer (the server restarting, say): ask again until the deadline.
+            }
+            let now = clock.now
+            guard now < deadline else { break }
+            try? await Task.sleep(until: min(now + pause, deadline), clock: clock)
+            pause = min(pause * 2, .milliseconds(250))
+        }
+        return nil
     }
 
     /// Whether `error` says the database could not be reached at all (nothing of the transaction was sent).
@@ -189,7 +292,7 @@ public final class GroupCommitter: Sendable {
             queries.append("SELECT pg_notify(\(channel), '')")
         }
         let statements = queries
-        let results = try await pool.withConnection { try $0.pipelineTransaction(statements) }
+        let results = try await pool.withConnection { try $0.pipelineTransaction(statements, identified: true) }
         return position.map { Answer(rows: results[$0.statement], row: $0.row) }
     }
 
@@ -230,6 +333,31 @@ extension SetWrite {
 
 /// A set-based statement returned fewer rows than it had writes (a bug).
 struct SetWriteUnanswered: Error {}
+
+/// A group-commit write whose transaction's connection was lost after its COMMIT was sent, so that its row (its
+/// answer) was lost with it. The write was not run again: it committed, or may have.
+public struct UnansweredCommit: Error, Sendable, Equatable, CustomStringConvertible {
+    public enum Outcome: Sendable, Equatable {
+        /// The transaction committed: the write is durable (or found nothing to do, e.g. a version check it lost), and
+        /// must not be made again as a new write.
+        case committed
+        /// Whether the transaction committed could not be learned (no connection answered in time).
+        case unknown
+    }
+
+    public var outcome: Outcome
+
+    public init(outcome: Outcome) {
+        self.outcome = outcome
+    }
+
+    public var description: String {
+        switch outcome {
+        case .committed: return "UnansweredCommit: committed, its answer lost with the connection"
+        case .unknown: return "UnansweredCommit: the connection was lost with COMMIT in flight, outcome unknown"
+        }
+    }
+}
 
 extension TenantDatabase {
     /// Runs `queries` for `tenant` in one read-only transaction, in one round trip (pipelined), and returns each

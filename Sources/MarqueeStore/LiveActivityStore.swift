@@ -231,12 +231,18 @@ public struct LiveActivityStore: Sendable {
 
     /// Writes a start: the instance, its deliveries and its Android devices. Concurrent starts share one set-based
     /// statement per batch and tenant (`StartWrite.statement`).
+    ///
+    /// `alreadyExists` also when the start committed but its answer was lost with the connection
+    /// (`UnansweredCommit(.committed)`): the instance (or its Idempotency-Key's record) now holds the start's answer,
+    /// read back as for a start that found its ID taken. Throws `UnansweredCommit(.unknown)`.
     public func start(tenant: UUID, _ write: StartWrite) async throws -> WriteOutcome {
         let row: PostgresRow
         do {
             row = try await committer.submit(tenant: tenant, write)
         } catch let error as PostgresError where error.sqlState == Self.writeLost {
             return .alreadyExists  // its ID was taken meanwhile, and its key was not recorded (migration 0075)
+        } catch let error as UnansweredCommit where error.outcome == .committed {
+            return .alreadyExists
         }
         guard try row.decode(Bool.self, "created") else { return .alreadyExists }
         return .written(version: 1, deliveries: try row.decode(Int.self, "deliveries"))
@@ -245,8 +251,18 @@ public struct LiveActivityStore: Sendable {
     /// Writes an update or end, if the instance is still at `expectedVersion`. Older queued deliveries to the same
     /// tokens are superseded (latest wins); ones a worker holds are left to finish. Concurrent changes share one
     /// set-based statement per batch and tenant (`ChangeWrite.statement`).
+    ///
+    /// A change with an Idempotency-Key that committed but whose answer was lost with the connection
+    /// (`UnansweredCommit(.committed)`) is `alreadyExists`: its key's record holds its answer if it was written (if it
+    /// lost its version check, nothing was, and reading again plans it again). One without a key records no answer,
+    /// so that error is thrown, as is `UnansweredCommit(.unknown)`.
     public func change(tenant: UUID, _ write: ChangeWrite) async throws -> WriteOutcome {
-        let row = try await committer.submit(tenant: tenant, write)
+        let row: PostgresRow
+        do {
+            row = try await committer.submit(tenant: tenant, write)
+        } catch let error as UnansweredCommit where error.outcome == .committed && write.idempotency != nil {
+            return .alreadyExists
+        }
         guard let version = try row.decode(Int?.self, "version") else {
             if try row.decode(Bool.self, "key_taken") { return .alreadyExists }
             return .versionConflict
@@ -261,10 +277,16 @@ public struct LiveActivityStore: Sendable {
     static let writeLost = "MQ001"
 
     /// Records an idempotent response for a request that wrote nothing else (a suppressed no-op).
-    /// Returns false when the key was taken meanwhile (its own answer is then the one to give).
+    /// Returns false when the key was taken meanwhile (its own answer is then the one to give), and when the record
+    /// committed but its answer was lost with the connection (`UnansweredCommit(.committed)`): the key's record, this
+    /// one or the one that took the key, is then the answer.
     @discardableResult
     public func recordIdempotent(tenant: UUID, _ record: IdempotencyRecord) async throws -> Bool {
-        try await committer.submit(tenant: tenant, record).decode(Bool.self, "written")
+        do {
+            return try await committer.submit(tenant: tenant, record).decode(Bool.self, "written")
+        } catch let error as UnansweredCommit where error.outcome == .committed {
+            return false
+        }
     }
 
     /// Marks an open instance past its expiration as `expired` (so that workers skip it and lists show it).

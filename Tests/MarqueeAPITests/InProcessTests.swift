@@ -1,6 +1,7 @@
 import Foundation
 import HTTPServer
 import MarqueeCore
+import MarqueeStore
 import Synchronization
 import Testing
 
@@ -117,6 +118,15 @@ struct InProcessTests {
         #expect(tooLarge.status == 413)
         #expect(tooLarge.extensions["over_by"] == "104")
         #expect(problem(for: CancellationError()) == nil)
+    }
+
+    @Test("a write whose commit went unanswered is a 500 that says whether it committed, with no Retry-After")
+    func unansweredCommitProblems() throws {
+        let committed = try #require(problem(for: UnansweredCommit(outcome: .committed)))
+        #expect(committed.status == 500 && committed.type == Problems.typeBase + "write-committed-unanswered")
+        let unknown = try #require(problem(for: UnansweredCommit(outcome: .unknown)))
+        #expect(unknown.status == 500 && unknown.type == Problems.typeBase + "write-outcome-unknown")
+        #expect(committed.headers["Retry-After"] == nil && unknown.headers["Retry-After"] == nil)
     }
 
     @Test("instance lines: one change at a time per key; the queued ones run together; a change alone runs alone")
