@@ -319,7 +319,7 @@ public struct RegistryStore: Sendable {
             tenant: tenant, personID: personID, deviceToken: deviceToken, activityType: activityType, token: token,
             attributesType: attributesType, profile: profile)
         return try RegistryTransaction.pushToStartOutcome(
-            try await retryingRace { try await database.pool.query(query) })
+            try await retryingRace { try await database.tenantQuery(tenant, query) })
     }
 
     /// Registers the per-activity token of a device of the instance's person (see
@@ -330,7 +330,7 @@ public struct RegistryStore: Sendable {
         let query = RegistryTransaction.registerActivityTokenQuery(
             tenant: tenant, instanceID: instanceID, deviceToken: deviceToken, token: token)
         return try RegistryTransaction.activityTokenOutcome(
-            try await retryingRace { try await database.pool.query(query) })
+            try await retryingRace { try await database.tenantQuery(tenant, query) })
     }
 
     /// The tokens an update or end of `instanceID` goes to: every active per-activity token, and the FCM tokens of

@@ -9,21 +9,34 @@ import PostgresClient
 /// stores also name `tenant_id` in every statement: isolation twice). Cross-tenant system work (creating tenants,
 /// administering keys, resealing) uses `systemTransaction`, which switches to `marquee_system` (migration 0010).
 /// The login role (`marquee_app`) has no privilege on tenant tables by itself: work that names neither role fails.
+///
+/// A tenant's work takes a share of the pool first (`shares`: half of it by default), so that one tenant's burst waits
+/// behind itself, not in front of every other tenant.
 public struct TenantDatabase: Sendable {
     public let pool: PostgresPool
+    /// How many of one tenant's transactions hold or wait for a connection at once.
+    public let shares: TenantShares
 
-    public init(pool: PostgresPool) {
+    public init(pool: PostgresPool, shares: TenantShares? = nil) {
         self.pool = pool
+        self.shares = shares ?? TenantShares(pool: pool)
     }
 
     /// Runs `body` in one transaction confined to `tenant`.
     public func tenantTransaction<T: Sendable>(
         _ tenant: UUID, _ body: @escaping @Sendable (PostgresConnection) throws -> T
     ) async throws -> T {
-        try await pool.transaction { connection in
-            try connection.enterTenant(tenant)
-            return try body(connection)
+        try await shares.withShare(tenant) {
+            try await pool.transaction { connection in
+                try connection.enterTenant(tenant)
+                return try body(connection)
+            }
         }
+    }
+
+    /// Runs `query` for `tenant` (which it enters itself) in its own transaction, within the tenant's share.
+    public func tenantQuery(_ tenant: UUID, _ query: PostgresQuery) async throws -> PostgresRows {
+        try await shares.withShare(tenant) { try await pool.query(query) }
     }
 
     /// Runs `body` in one transaction as `marquee_system`: every tenant's rows, no DDL.
@@ -39,7 +52,9 @@ public struct TenantDatabase: Sendable {
     /// Runs one statement for `tenant` in its own transaction, in one round trip (pipelined), and returns its rows.
     public func tenantStatement(_ tenant: UUID, _ statement: PostgresQuery) async throws -> PostgresRows {
         let statements: [PostgresQuery] = ["SELECT marquee_enter_tenant(\(tenant))", statement]
-        return try await pool.withConnection { try $0.pipelineTransaction(statements) }[1]
+        return try await shares.withShare(tenant) {
+            try await pool.withConnection { try $0.pipelineTransaction(statements) }[1]
+        }
     }
 }
 
