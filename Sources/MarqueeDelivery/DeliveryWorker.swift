@@ -452,17 +452,13 @@ public final class DeliveryWorker: Sendable {
     final class LateSends {
         let worker: DeliveryWorker
         var iterator: AsyncStream<Outcome>.Iterator
-        /// The deliveries still being sent, as the claim read them.
+        /// The deliveries still being sent, as the claim read them (their lease included).
         let still: [ClaimedDelivery]
-        let heldUntil: Date
 
-        init(
-            worker: DeliveryWorker, iterator: AsyncStream<Outcome>.Iterator, still: [ClaimedDelivery], heldUntil: Date
-        ) {
+        init(worker: DeliveryWorker, iterator: AsyncStream<Outcome>.Iterator, still: [ClaimedDelivery]) {
             self.worker = worker
             self.iterator = iterator
             self.still = still
-            self.heldUntil = heldUntil
         }
 
         /// Waits for the remaining sends (each ends by the batch's deadline) and records them.
@@ -470,8 +466,7 @@ public final class DeliveryWorker: Sendable {
             var outcomes: [Outcome] = []
             while outcomes.count < still.count, let outcome = await iterator.next() { outcomes.append(outcome) }
             await worker.settleBroken(outcomes)
-            let late = ClaimResults(
-                results: outcomes.map(\.0), retirements: outcomes.compactMap(\.1), heldUntil: heldUntil)
+            let late = ClaimResults(results: outcomes.map(\.0), retirements: outcomes.compactMap(\.1))
             do {
                 try await worker.queue.recordLate(late, claimed: still)
             } catch {
@@ -484,7 +479,7 @@ public final class DeliveryWorker: Sendable {
 
     /// Sends a claimed batch concurrently. Returns the results to commit with the claim once every send finished, or
     /// after `straggleAfter` with the ones finished so far; the rest are then leased to this worker (until the
-    /// claim's hold ends) and handed back as `late`.
+    /// claim's hold ends by the database's clock: `ClaimedDelivery.lease`) and handed back as `late`.
     func send(_ batch: [ClaimedDelivery]) async -> (results: ClaimResults, late: LateSends?) {
         // One timer for the batch's deadline, not one per delivery: a cancelled `Task.sleep` leaves its sleeping task
         // (about 1.2 KiB) queued until the sleep would have ended, so a timer per send kept 45 s of sends' worth of
@@ -496,9 +491,6 @@ public final class DeliveryWorker: Sendable {
         // The providers' requests end by it too (their timeouts cut to the time left): none is still open when the
         // deadline records a retry that another worker may send.
         let sendBy = ContinuousClock.now + sendDeadline
-        // Stragglers are leased to this worker until the claim's hold ends: due again then if it never records them.
-        let heldUntil = Date().addingTimeInterval(
-            Double(configuration.hold.components.seconds) + Double(configuration.hold.components.attoseconds) / 1e18)
         // Shutdown may end the sends sooner: the drain's cutoff, which leaves time to record them.
         let deadlineTimer = Task {
             guard let reason = await self.sendsEnd(after: sendDeadline) else { return }
@@ -536,13 +528,9 @@ public final class DeliveryWorker: Sendable {
         let still = batch.filter { !finishedIDs.contains($0.id) }
         let results = ClaimResults(
             results: outcomes.map(\.0), retirements: outcomes.compactMap(\.1),
-            stillSending: still.map { ($0.tenantID, $0.instanceID, $0.id) }, heldUntil: heldUntil)
+            stillSending: still.map { ($0.tenantID, $0.instanceID, $0.id) })
         guard !still.isEmpty else { return (results, nil) }
-        return (
-            results,
-            LateSends(
-                worker: self, iterator: iterator, still: still, heldUntil: heldUntil)
-        )
+        return (results, LateSends(worker: self, iterator: iterator, still: still))
     }
 
     /// Sends one delivery within the batch's `deadline`, its outcome to `once`; past the deadline the delivery is

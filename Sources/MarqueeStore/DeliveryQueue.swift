@@ -31,6 +31,8 @@ public struct ClaimedDelivery: Sendable {
     public var channel: ChannelBinding?
     /// For a push-to-start of a channel-backed instance: the device's OS version, as its SDK reported it.
     public var deviceOSVersion: String?
+    /// The claim's lease on it, should it still be being sent when the claim commits (`ClaimResults.stillSending`).
+    public var lease: SendingLease
 
     /// What of an activity type shapes its pushes (a claim reads no more of the type than this).
     public struct TypeProfile: Sendable {
@@ -122,30 +124,46 @@ public struct QueueStatistics: Sendable, Equatable {
     }
 }
 
+/// A claim's lease on its deliveries still being sent when it commits (`ClaimResults.stillSending`): until the claim's
+/// hold ends, by the database's clock (`now()`, the claim's start, plus the hold), so that a worker whose clock is off
+/// neither leases them for nothing (due again at once: another worker sends them again) nor for too long. It is the
+/// value the rows carry in `next_attempt_at` and `sending_until`, to the microsecond, which `recordLate` matches
+/// exactly: a `Date` does not hold every microsecond of today, and a lease rounded is another lease.
+public struct SendingLease: Sendable, Hashable {
+    /// Microseconds since 1970-01-01 UTC, as the database computed them.
+    let microseconds: Int64
+
+    /// The lease's end, in SQL, for a claim held `milliseconds`: the same value in every statement of the claim's
+    /// transaction (`now()` is its start).
+    static func end(holdMilliseconds milliseconds: Int) -> String {
+        "(now() + interval '\(milliseconds) milliseconds')"
+    }
+
+    /// `timestamp` (a timestamptz expression) as the microseconds of a lease, exactly (`extract` answers numeric).
+    static func microseconds(of timestamp: String) -> String {
+        "(extract(epoch FROM \(timestamp)) * 1000000)::int8"
+    }
+}
+
 /// What a worker did with a claim, to record in the claim's transaction.
 public struct ClaimResults: Sendable {
     public var results: [DeliveryResult]
     public var retirements: [TokenRetirement]
     /// Claimed deliveries still being sent (a slow endpoint): the claim commits without them, and they are leased
-    /// until `heldUntil` instead (due again then, if the worker never records them), to be recorded with
-    /// `recordLate`. Their lock is not held, so one slow tenant does not hold back the others' results; their
-    /// `sending_until` marks them in flight until then, as a lock would (`marquee_being_sent`, migration 0074).
+    /// until the claim's hold ends instead (`ClaimedDelivery.lease`; due again then, if the worker never records
+    /// them), to be recorded with `recordLate`. Their lock is not held, so one slow tenant does not hold back the
+    /// others' results; their `sending_until` marks them in flight until then, as a lock would (`marquee_being_sent`,
+    /// migration 0074).
     public var stillSending: [(tenant: UUID, instance: String, id: UUID)]
-    public var heldUntil: Date
 
     public init(
         results: [DeliveryResult], retirements: [TokenRetirement] = [],
-        stillSending: [(tenant: UUID, instance: String, id: UUID)] = [], heldUntil: Date = Date()
+        stillSending: [(tenant: UUID, instance: String, id: UUID)] = []
     ) {
         self.results = results
         self.retirements = retirements
         self.stillSending = stillSending
-        self.heldUntil = heldUntil
     }
-
-    /// `heldUntil` to the millisecond: the lease's value, written into `next_attempt_at` (and `sending_until`) and
-    /// later compared with it.
-    var lease: Date { Date(timeIntervalSince1970: (heldUntil.timeIntervalSince1970 * 1000).rounded() / 1000) }
 }
 
 /// Rows queued moments ago that a claim leaves to another one (the worker's express lane, which claims them on the
@@ -213,7 +231,8 @@ public struct DeliveryQueue: Sendable {
     ) async throws -> Int {
         let providerNames = providers.map(\.rawValue)
         // A worker stuck past `hold` with its claim open is ended by PostgreSQL, which releases its rows.
-        let holdMilliseconds = String(max(1000, Int(hold.components.seconds) * 1000))
+        let holdMilliseconds = max(1000, Int(hold.components.seconds) * 1000)
+        let leaseEnd = SendingLease.end(holdMilliseconds: holdMilliseconds)
         // Round trips are what a small claim costs (at a steady 1,000 updates/s most claims take a few rows): the
         // skip scan, the claim's BEGIN, settings and lock are one hop to the connection's thread and, in the common
         // case, two round trips; the record and its COMMIT one more; the settle one.
@@ -235,15 +254,17 @@ public struct DeliveryQueue: Sendable {
                     "BEGIN",
                     """
                     SELECT set_config('statement_timeout', \(Self.claimTimeoutMilliseconds), true),
-                           set_config('idle_in_transaction_session_timeout', \(holdMilliseconds), true),
-                           set_config('enable_seqscan', 'off', true)
+                           set_config('idle_in_transaction_session_timeout', \(String(holdMilliseconds)), true),
+                           set_config('enable_seqscan', 'off', true),
+                           \(unsafeRaw: SendingLease.microseconds(of: leaseEnd)) AS lease
                     """,
                     GroupCommitter.genericPlans,
                     Self.lockQuery(
                         tenants: tenants, shares: shares, excluding: held, providers: providerNames,
                         graceMilliseconds: fresh?.milliseconds(tenants)),
                 ])
-                var claimed = try Self.claimedDeliveries(first[3])
+                let lease = SendingLease(microseconds: try first[1][0].decode(Int64.self, "lease"))
+                var claimed = try Self.claimedDeliveries(first[3], lease: lease)
                 // A second pass when the batch came back short because some tenants had fewer due than their share:
                 // what is left goes to those that filled theirs.
                 if topUp, claimed.count < limit {
@@ -262,7 +283,8 @@ public struct DeliveryQueue: Sendable {
                                     Self.lockQuery(
                                         tenants: pairs.map(\.0), shares: pairs.map(\.1),
                                         excluding: held + claimed.map(\.id), providers: providerNames,
-                                        graceMilliseconds: fresh?.milliseconds(pairs.map(\.0)))))
+                                        graceMilliseconds: fresh?.milliseconds(pairs.map(\.0)))),
+                                lease: lease)
                         }
                     }
                 }
@@ -296,7 +318,8 @@ public struct DeliveryQueue: Sendable {
                     statements.append(
                         """
                         UPDATE delivery_queue d
-                        SET next_attempt_at = \(outcome.lease), sending_until = \(outcome.lease)
+                        -- The lease of the claim's deliveries (ClaimedDelivery.lease: the same now()).
+                        SET next_attempt_at = \(unsafeRaw: leaseEnd), sending_until = \(unsafeRaw: leaseEnd)
                         FROM unnest(\(outcome.stillSending.map(\.tenant))::uuid[],
                                     \(outcome.stillSending.map(\.instance))::text[],
                                     \(outcome.stillSending.map(\.id))::uuid[]) AS v(tenant_id, instance_id, id)
@@ -329,28 +352,32 @@ public struct DeliveryQueue: Sendable {
     }
 
     /// Records the results of deliveries a claim committed while they were still being sent (`stillSending`), with
-    /// the retirements among them; `claimed` are those deliveries as the claim read them. Only rows still queued under
-    /// that lease are written: one another worker took over after the lease ran out (or holds now) keeps its own
-    /// result, and one the API superseded meanwhile stays superseded. As in the claim, only instances the claim found
-    /// waiting are settled.
+    /// the retirements among them; `claimed` are those deliveries as the claim read them, with their lease. Only rows
+    /// still queued under that lease are written: one another worker took over after the lease ran out (or holds now)
+    /// keeps its own result, and one the API superseded meanwhile stays superseded. As in the claim, only instances
+    /// the claim found waiting are settled.
     public func recordLate(_ late: ClaimResults, claimed: [ClaimedDelivery]) async throws {
-        guard !late.results.isEmpty else { return }
+        let leases = Dictionary(claimed.map { ($0.id, $0.lease.microseconds) }, uniquingKeysWith: { first, _ in first })
+        let reported = late.results.filter { leases[$0.id] != nil }
+        guard !reported.isEmpty else { return }
         try await pool.transaction { connection in
             try connection.query(Self.withoutSequentialScans)  // as in the claim
-            // The rows still queued under that lease, locked; one another worker holds is skipped, never waited on.
+            // The rows still queued under that lease (to the microsecond), locked; one another worker holds is
+            // skipped, never waited on.
             let leased = try connection.query(
                 """
                 SELECT d.id FROM delivery_queue d
-                JOIN unnest(\(late.results.map(\.tenantID))::uuid[], \(late.results.map(\.instanceID))::text[],
-                            \(late.results.map(\.id))::uuid[]) AS v(tenant_id, instance_id, id)
+                JOIN unnest(\(reported.map(\.tenantID))::uuid[], \(reported.map(\.instanceID))::text[],
+                            \(reported.map(\.id))::uuid[], \(reported.map { leases[$0.id]! })::int8[])
+                     AS v(tenant_id, instance_id, id, lease)
                   ON d.tenant_id = v.tenant_id AND d.instance_id = v.instance_id AND d.id = v.id
                 WHERE d.status = 'queued'
-                  AND d.next_attempt_at = \(late.lease)
+                  AND \(unsafeRaw: SendingLease.microseconds(of: "d.next_attempt_at")) = v.lease
                 FOR NO KEY UPDATE OF d SKIP LOCKED
                 """
             ).map { try $0.decode(UUID.self, "id") }
             let kept = Set(leased)
-            let results = late.results.filter { kept.contains($0.id) }
+            let results = reported.filter { kept.contains($0.id) }
             let waiting = Self.waiting(claimed)
             let sentTo = try Self.record(connection, results).filter {
                 waiting.contains(InstanceKey($0.tenant, $0.instance))
@@ -542,7 +569,7 @@ public struct DeliveryQueue: Sendable {
     /// The deliveries of a `lockQuery`'s rows. A batch's rows mostly repeat their content state, options and type
     /// (a campaign's start or update: one content state and one set of options for every row; its attributes too,
     /// unless they are filled in per person), so each distinct text of those columns is parsed once per batch.
-    static func claimedDeliveries(_ rows: PostgresRows) throws -> [ClaimedDelivery] {
+    static func claimedDeliveries(_ rows: PostgresRows, lease: SendingLease) throws -> [ClaimedDelivery] {
         var attributes = RepeatedTexts<JSONValue>()
         var contentStates = RepeatedTexts<JSONValue>()
         var options = RepeatedTexts<StoredOptions>()
@@ -575,7 +602,7 @@ public struct DeliveryQueue: Sendable {
                 },
                 contentTimestamp: try row.decode(Int64.self, "snap_content_timestamp"),
                 channel: try ChannelBinding.decode(row),
-                deviceOSVersion: try row.decode(String?.self, "device_os_version"))
+                deviceOSVersion: try row.decode(String?.self, "device_os_version"), lease: lease)
         }
     }
 

@@ -240,7 +240,9 @@ struct ClaimTests {
                 DeliveryQueue.lockQuery(
                     tenants: [w.tenant.uuid], shares: [share], excluding: [], providers: ["apns", "fcm"],
                     startingLane: lane))
-            return try DeliveryQueue.claimedDeliveries(rows).map { Int($0.instanceID.split(separator: "-").last!)! }
+            return try DeliveryQueue.claimedDeliveries(rows, lease: SendingLease(microseconds: 0)).map {
+                Int($0.instanceID.split(separator: "-").last!)!
+            }
         }
         // Lane 6's three, oldest first, then lane 7's two oldest (a starting lane past the last one wraps around).
         #expect(try claim(first, share: 5, from: 6 + 8 * 3).sorted() == [6, 7, 14, 15, 22])
@@ -256,47 +258,116 @@ struct ClaimTests {
         #expect(rest.count == 19 && Set(rest).isDisjoint(with: [6, 7, 14, 15, 22]), "\(rest)")
     }
 
-    @Test("a slow send is leased past the claim's commit, and its late result is written only under that lease")
+    /// The lease `d` carries in the queue, as the microseconds of its `next_attempt_at` and `sending_until`, and how
+    /// many seconds of it are left by the database's clock.
+    static func lease(_ w: LifecycleTests.World, _ d: ClaimedDelivery) async throws -> (
+        due: Int64?, sendingUntil: Int64?, left: Double?
+    ) {
+        let row = try await w.fixture.pool.query(
+            """
+            SELECT (extract(epoch FROM next_attempt_at) * 1000000)::int8 AS due,
+                   (extract(epoch FROM sending_until) * 1000000)::int8 AS sending_until,
+                   extract(epoch FROM sending_until - now())::float8 AS left
+            FROM delivery_queue WHERE tenant_id = \(d.tenantID) AND id = \(d.id)
+            """
+        ).first
+        return (
+            try row?.decode(Int64?.self, "due"), try row?.decode(Int64?.self, "sending_until"),
+            try row?.decode(Double?.self, "left")
+        )
+    }
+
+    /// Leaves every claimed delivery still being sent.
+    static func stillSending(_ batch: [ClaimedDelivery]) -> ClaimResults {
+        ClaimResults(results: [], stillSending: batch.map { ($0.tenantID, $0.instanceID, $0.id) })
+    }
+
+    @Test(
+        "a slow send is leased past the claim's commit for the claim's hold by the database's clock, and its late result is written only under that lease, to the microsecond"
+    )
     func lateResults() async throws {
         let w = try await LifecycleTests.world(fixture: .holding)
         let instance = Fake.id("late")
         #expect(try await w.start(["instance_id": instance, "platform": "android"]).status == 200)
         let queue = DeliveryQueue(pool: w.fixture.pool)
-        let lease = Date().addingTimeInterval(60)
         var slow: ClaimedDelivery?
         let claimed = try await queue.claim(limit: 10, hold: .seconds(60), tenants: [w.tenant.uuid]) { batch in
             slow = batch.first
-            return ClaimResults(
-                results: [], stillSending: batch.map { ($0.tenantID, $0.instanceID, $0.id) }, heldUntil: lease)
+            return Self.stillSending(batch)
         }
         #expect(claimed == 1)
         let d = try #require(slow)
+        // The lease is the claim's hold from its start by the database's clock (a worker's clock behind the
+        // database's wrote a lease already over: another worker sent the push again meanwhile), and the row carries
+        // exactly the lease the claim handed out with the delivery.
+        let (due, sendingUntil, left) = try await Self.lease(w, d)
+        #expect(due == d.lease.microseconds && sendingUntil == d.lease.microseconds)
+        #expect(left.map { (50...60).contains($0) } == true, "\(String(describing: left)) s of a 60 s hold left")
         // Committed without it: not held, not due until the lease ends, so no other claim takes it.
         #expect(
             try await queue.claim(limit: 10, hold: .seconds(60), tenants: [w.tenant.uuid]) { _ in .init(results: []) }
                 == 0)
-        // A result under another lease (one that ran out and was taken over) is not written…
+        // A result under another lease (here one a microsecond off) is not written…
+        var other = d
+        other.lease = SendingLease(microseconds: d.lease.microseconds - 1)
         try await queue.recordLate(
-            ClaimResults(
-                results: [
-                    DeliveryResult(
-                        tenantID: d.tenantID, id: d.id, instanceID: d.instanceID, status: .failed, reason: "stale")
-                ],
-                heldUntil: lease.addingTimeInterval(-30)), claimed: [d])
+            ClaimResults(results: [
+                DeliveryResult(
+                    tenantID: d.tenantID, id: d.id, instanceID: d.instanceID, status: .failed, reason: "stale")
+            ]), claimed: [other])
         #expect(try await Self.statuses(w, instance) == ["queued": 1])
         // …the one under this lease is.
         try await queue.recordLate(
-            ClaimResults(
-                results: [
-                    DeliveryResult(
-                        tenantID: d.tenantID, id: d.id, instanceID: d.instanceID, status: .sent, providerID: "p1")
-                ],
-                heldUntil: lease), claimed: [d])
+            ClaimResults(results: [
+                DeliveryResult(
+                    tenantID: d.tenantID, id: d.id, instanceID: d.instanceID, status: .sent, providerID: "p1")
+            ]), claimed: [d])
         #expect(try await Self.statuses(w, instance) == ["sent": 1])
         let attempts = try await w.fixture.pool.count(
             "SELECT attempts AS n FROM deliveries WHERE tenant_id = \(w.tenant.uuid) AND id = \(d.id)")
         #expect(attempts == 1)
         #expect(try await w.instance(instance)["state"] as? String == "active", "the start got through")
+    }
+
+    @Test(
+        "a lease that ran out by the database's clock: another claim takes the delivery over, and the first worker's late result leaves it alone"
+    )
+    func leaseTakenOver() async throws {
+        let w = try await LifecycleTests.world(fixture: .holding)
+        let instance = Fake.id("taken-over")
+        #expect(try await w.start(["instance_id": instance, "platform": "android"]).status == 200)
+        let queue = DeliveryQueue(pool: w.fixture.pool)
+        var first: [ClaimedDelivery] = []
+        try await queue.claim(limit: 10, hold: .seconds(1), tenants: [w.tenant.uuid]) { batch in
+            first = batch
+            return Self.stillSending(batch)
+        }
+        let d = try #require(first.first)
+        // Once its second is over, the delivery is due again: another worker takes it, and is slow too.
+        var second: [ClaimedDelivery] = []
+        try await eventually("another claim takes the delivery over", timeout: .seconds(30)) {
+            try await queue.claim(limit: 10, hold: .seconds(60), tenants: [w.tenant.uuid]) { batch in
+                second = batch
+                return Self.stillSending(batch)
+            } == 1
+        }
+        let taken = try #require(second.first)
+        #expect(taken.id == d.id && taken.lease != d.lease)
+        #expect(try await Self.lease(w, d).due == taken.lease.microseconds)
+        // The first worker's push ends (failed): the second's lease stands.
+        try await queue.recordLate(
+            ClaimResults(results: [
+                DeliveryResult(
+                    tenantID: d.tenantID, id: d.id, instanceID: d.instanceID, status: .failed, reason: "late")
+            ]), claimed: first)
+        #expect(try await Self.statuses(w, instance) == ["queued": 1])
+        #expect(try await Self.lease(w, d).sendingUntil == taken.lease.microseconds, "still the second claim's")
+        try await queue.recordLate(
+            ClaimResults(results: [
+                DeliveryResult(
+                    tenantID: d.tenantID, id: d.id, instanceID: d.instanceID, status: .sent, providerID: "p2")
+            ]), claimed: second)
+        #expect(try await Self.statuses(w, instance) == ["sent": 1])
     }
 
     @Test("a start still being sent past its claim is in flight: an end waits for the tokens and lets it finish")
@@ -305,12 +376,10 @@ struct ClaimTests {
         let instance = Fake.id("leased")
         #expect(try await w.start(["instance_id": instance]).status == 200)
         let queue = DeliveryQueue(pool: w.fixture.pool)
-        let lease = Date().addingTimeInterval(60)
         var slow: [ClaimedDelivery] = []
         try await queue.claim(limit: 10, hold: .seconds(60), tenants: [w.tenant.uuid]) { batch in
             slow = batch
-            return ClaimResults(
-                results: [], stillSending: batch.map { ($0.tenantID, $0.instanceID, $0.id) }, heldUntil: lease)
+            return Self.stillSending(batch)
         }
         #expect(slow.count == 3, "two push-to-starts and the Android phone's start, all slow")
         // The end comes while they are being sent: none is cancelled, and with no activity token registered yet the
@@ -326,7 +395,7 @@ struct ClaimTests {
             ClaimResults(
                 results: slow.map {
                     DeliveryResult(tenantID: $0.tenantID, id: $0.id, instanceID: $0.instanceID, status: .sent)
-                }, heldUntil: lease), claimed: slow)
+                }), claimed: slow)
         #expect(try await Self.statuses(w, instance, operation: "start") == ["sent": 3])
         // The started activities report their tokens: the end goes to each of them too.
         _ = try await w.registerActivityTokens(instance)
@@ -344,11 +413,7 @@ struct ClaimTests {
             """)
         #expect(try await w.start(["instance_id": sending]).status == 200)
         let queue = DeliveryQueue(pool: w.fixture.pool)
-        try await queue.claim(limit: 10, hold: .seconds(60), tenants: [w.tenant.uuid]) { batch in
-            ClaimResults(
-                results: [], stillSending: batch.map { ($0.tenantID, $0.instanceID, $0.id) },
-                heldUntil: Date().addingTimeInterval(60))
-        }
+        try await queue.claim(limit: 10, hold: .seconds(60), tenants: [w.tenant.uuid]) { Self.stillSending($0) }
         #expect(try await w.start(["instance_id": waiting]).status == 200)
         try await w.fixture.pool.execute(
             "UPDATE apns_credentials SET status = 'broken' WHERE tenant_id = \(w.tenant.uuid)")
@@ -375,12 +440,10 @@ struct ClaimTests {
         ])
         #expect(update.status == 200, "\(update.text)")
         // The update's push is slow: the claim commits without it, leased.
-        let lease = Date().addingTimeInterval(60)
         var slow: [ClaimedDelivery] = []
         try await queue.claim(limit: 10, hold: .seconds(60), tenants: [w.tenant.uuid]) { batch in
             slow = batch
-            return ClaimResults(
-                results: [], stillSending: batch.map { ($0.tenantID, $0.instanceID, $0.id) }, heldUntil: lease)
+            return Self.stillSending(batch)
         }
         #expect(slow.count == 1 && slow.allSatisfy { $0.instanceState == .active })
         // Meanwhile a newer change finds no target: the instance fails. Then the slow push gets through.
@@ -390,7 +453,7 @@ struct ClaimTests {
                 UPDATE instances SET state = 'failed', failure_reason = 'no_activity_token'
                 WHERE tenant_id = \(w.tenant.uuid) AND id = \(instance)
                 """) == 1)
-        try await queue.recordLate(ClaimResults(results: sent(slow), heldUntil: lease), claimed: slow)
+        try await queue.recordLate(ClaimResults(results: sent(slow)), claimed: slow)
         #expect(try await Self.statuses(w, instance, operation: "update") == ["sent": 1])
         #expect(
             try await w.instance(instance)["state"] as? String == "failed",
