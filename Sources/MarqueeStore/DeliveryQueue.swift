@@ -299,12 +299,17 @@ public struct DeliveryQueue: Sendable {
                 for d in claimed where allowance[d.tenantID] != nil { used[d.tenantID, default: 0] += 1 }
                 let unused = allowance.map { ($0.key, $0.value - (used[$0.key] ?? 0)) }.filter { $0.1 > 0 }
                 if !unused.isEmpty {
-                    try await pool.execute(
-                        """
-                        UPDATE send_limits l SET tokens = LEAST(l.rate_per_second::float8, l.tokens + u.unused)
-                        FROM unnest(\(unused.map(\.0))::uuid[], \(unused.map(\.1))::int[]) AS u(tenant_id, unused)
-                        WHERE l.tenant_id = u.tenant_id
-                        """)
+                    // Under the claim's statement timeout too: a bucket row held elsewhere fails the claim, not hang it.
+                    try await pool.withConnection { connection in
+                        _ = try connection.pipelined([
+                            Self.withClaimTimeout,
+                            """
+                            UPDATE send_limits l SET tokens = LEAST(l.rate_per_second::float8, l.tokens + u.unused)
+                            FROM unnest(\(unused.map(\.0))::uuid[], \(unused.map(\.1))::int[]) AS u(tenant_id, unused)
+                            WHERE l.tenant_id = u.tenant_id
+                            """,
+                        ])
+                    }
                 }
             }
             guard !claimed.isEmpty else { return 0 }
@@ -398,10 +403,17 @@ public struct DeliveryQueue: Sendable {
     /// plan for a claim's statements, and stale statistics make them look free).
     static let withoutSequentialScans: PostgresQuery = "SELECT set_config('enable_seqscan', 'off', true)"
 
-    /// The skip scan of `dueTenants`, after `withoutSequentialScans` in the same implicit transaction (one pipeline, one
-    /// sync). Planned on statistics from before a burst (the queue "empty"), it read the whole queue by sequential scan
-    /// and sort, three times a call: auto_explain during bench/campaign's update showed calls of 128–333 ms and 14,286
-    /// buffers with 100,000 queued, where the index answers in well under a millisecond.
+    /// The claim's statement timeout, for the statements after it in the same implicit transaction (one pipeline, one
+    /// sync): discovery (`dueTenants`) runs before the claim's transaction, and is stopped as the claim's statements
+    /// are (the worker then refreshes the statistics and claims again) rather than hang the worker's claim loop.
+    static let withClaimTimeout: PostgresQuery =
+        "SELECT set_config('statement_timeout', \(claimTimeoutMilliseconds), true)"
+
+    /// The skip scan of `dueTenants`, after `withoutSequentialScans` and `withClaimTimeout` in the same implicit
+    /// transaction (one pipeline, one sync). Planned on statistics from before a burst (the queue "empty"), it read the
+    /// whole queue by sequential scan and sort, three times a call: auto_explain during bench/campaign's update showed
+    /// calls of 128–333 ms and 14,286 buffers with 100,000 queued, where the index answers in well under a
+    /// millisecond.
     static func dueTenantsStatements(limit: Int, providers: [String], only: [UUID]?) -> [PostgresQuery] {
         let pivot = SecureRandom.uuid()
         let skipScan: PostgresQuery =
@@ -445,12 +457,14 @@ public struct DeliveryQueue: Sendable {
                     UNION ALL SELECT tenant_id, n + \(limit) FROM lo WHERE tenant_id IS NOT NULL
                 ) t ORDER BY n LIMIT \(limit)
                 """
-        return [Self.withoutSequentialScans, skipScan]
+        return [Self.withoutSequentialScans, Self.withClaimTimeout, skipScan]
     }
 
     /// The tenants with due deliveries (a skip scan over deliveries_due_by_tenant, starting at a random tenant and
     /// wrapping around, at most `limit` of them), each one's share of the claim, and what the rate-limited ones among
-    /// them may send now — taken from their buckets here, in a statement of its own (committed at once).
+    /// them may send now — taken from their buckets here, in a statement of its own (committed at once). Both run under
+    /// the claim's statement timeout (`withClaimTimeout`): a skip scan planned badly, or a bucket whose row another
+    /// transaction holds, throws `queryCanceled` instead of hanging the claim.
     static func dueTenants(
         _ connection: PostgresConnection, limit: Int, providers: [String], only: [UUID]?, excluding: Set<UUID> = []
     ) throws -> (tenants: [UUID], shares: [Int], allowance: [UUID: Int]) {
@@ -464,7 +478,8 @@ public struct DeliveryQueue: Sendable {
         var shares = Self.shares(count: tenants.count, limit: limit)
         // Send rate limits: each limited tenant's bucket, refilled to now, gives at most its share in whole tokens,
         // spent at once (what the claim does not use is given back). Locked in tenant order, for this statement only.
-        let buckets = try connection.query(
+        let buckets = try connection.pipelined([
+            Self.withClaimTimeout,
             """
             WITH want AS (
                 SELECT * FROM unnest(\(tenants)::uuid[], \(shares)::int[]) AS w(tenant_id, share)
@@ -485,7 +500,8 @@ public struct DeliveryQueue: Sendable {
                 refilled_at = GREATEST(r.refilled_at, clock_timestamp())
             FROM refilled r WHERE l.tenant_id = r.tenant_id
             RETURNING l.tenant_id, LEAST(r.share, floor(r.tokens)::int) AS allowance
-            """)
+            """,
+        ]).last!
         var allowance: [UUID: Int] = [:]
         for row in buckets {
             allowance[try row.decode(UUID.self, "tenant_id")] = try row.decode(Int.self, "allowance")

@@ -1,6 +1,7 @@
 import Foundation
 import MarqueeCore
 import PostgresClient
+import Synchronization
 import Testing
 
 @testable import MarqueeStore
@@ -275,5 +276,60 @@ struct QueueStatisticsTests {
         #expect(
             try await owner.count(
                 "SELECT count(*)::int AS n FROM delivery_queue WHERE reason = 'retry' AND attempts = 1") == 128)
+    }
+    @Test(
+        "a claim's discovery that cannot finish (its skip scan waiting on a lock, a tenant's bucket held) is stopped by the claim's statement timeout, and the next claim goes on"
+    )
+    func discoveryTimesOut() async throws {
+        let (url, owner) = try await Self.migratedDatabase()
+        defer { owner.close() }
+        let tenant = UUID()
+        try await owner.withConnection { connection in
+            try Self.seedInstance(connection, tenant: tenant, name: "discovery")
+            try Self.seedDeliveries(connection, tenant: tenant, prefix: "q", count: 3)
+            try connection.execute(
+                "INSERT INTO send_limits (tenant_id, rate_per_second, tokens) VALUES (\(tenant), 1000, 1000)")
+        }
+        let worker = try Self.workerPool(url, connections: 1)
+        defer { worker.close() }
+        let queue = DeliveryQueue(pool: worker)
+        @Sendable func claimOne() async throws -> Int {
+            try await queue.claim(limit: 1, hold: .seconds(60), tenants: [tenant]) { batch in
+                ClaimResults(
+                    results: batch.map {
+                        DeliveryResult(tenantID: $0.tenantID, id: $0.id, instanceID: $0.instanceID, status: .sent)
+                    })
+            }
+        }
+        // A worker's connection has claimed before: its statements are prepared (as they are once per connection).
+        #expect(try await claimOne() == 1)
+        // Discovery meets `lock`: a claim ends within seconds (the statement timeout is 2 s), stopped.
+        func claimStopped(by lock: HeldTransaction, _ what: String) async throws {
+            let ended = Mutex(false)
+            let claim = Task {
+                defer { ended.withLock { $0 = true } }
+                return try await claimOne()
+            }
+            let endedInTime =
+                (try? await eventually("the claim to end", timeout: .seconds(10)) { ended.withLock { $0 } }) != nil
+            try await lock.commit()  // a claim still waiting goes on
+            let outcome = await claim.result
+            #expect(endedInTime, "\(what): the claim waited for the lock")
+            #expect(throws: PostgresError.self, "\(what)") { try outcome.get() }
+            if case .failure(let error as PostgresError) = outcome { #expect(error.code == .queryCanceled, "\(what)") }
+        }
+        // The skip scan: the queue locked whole (planned badly, it is a long scan instead).
+        try await claimStopped(
+            by: try await HeldTransaction.open(url) {
+                try $0.execute("LOCK TABLE delivery_queue IN ACCESS EXCLUSIVE MODE")
+            },
+            "the queue locked")
+        // The rate limit: the tenant's bucket row held by another transaction.
+        try await claimStopped(
+            by: try await HeldTransaction.open(url) {
+                _ = try $0.query("SELECT tenant_id FROM send_limits WHERE tenant_id = \(tenant) FOR UPDATE")
+            }, "the bucket held")
+        // Each failure ended its implicit transaction: the same connection claims again.
+        #expect(try await claimOne() == 1)
     }
 }
