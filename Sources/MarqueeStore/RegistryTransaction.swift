@@ -47,27 +47,38 @@ public struct RegistryTransaction {
 
     /// Registers a device for a person (creating the person if needed). A token registered before under someone
     /// else moves to this person: a device has one owner.
+    ///
+    /// The person's row is held until the commit (FOR NO KEY UPDATE, by the insert that finds it there): an erasure,
+    /// which takes the person first, waits for this registration and then removes the device too, or this
+    /// registration waits for the erasure and creates the person anew, rather than referring to a person deleted
+    /// meanwhile (a foreign-key violation).
     public func upsertDevice(_ registration: DeviceRegistration) throws -> Device {
         try connection.execute(
             """
             INSERT INTO people (tenant_id, id) VALUES (\(tenant), \(registration.personID))
-            ON CONFLICT (tenant_id, id) DO NOTHING
+            ON CONFLICT (tenant_id, id) DO UPDATE SET updated_at = people.updated_at WHERE false
             """)
-        let rows = try connection.query(
-            """
-            INSERT INTO devices (tenant_id, token, person_id, platform, app_id, os_version, app_version, attributes)
-            VALUES (\(tenant), \(registration.token), \(registration.personID), \(registration.platform.rawValue),
-                    \(registration.appID), \(registration.osVersion), \(registration.appVersion),
-                    COALESCE(\(registration.attributes), '{}'::jsonb))
-            ON CONFLICT (tenant_id, token) DO UPDATE SET
-                person_id = EXCLUDED.person_id, platform = EXCLUDED.platform,
-                app_id = COALESCE(EXCLUDED.app_id, devices.app_id),
-                os_version = COALESCE(EXCLUDED.os_version, devices.os_version),
-                app_version = COALESCE(EXCLUDED.app_version, devices.app_version),
-                attributes = CASE WHEN \(registration.attributes) IS NULL THEN devices.attributes
-                                  ELSE EXCLUDED.attributes END
-            RETURNING \(unsafeRaw: RegistryStore.deviceColumns)
-            """)
+        let rows: PostgresRows
+        do {
+            rows = try connection.query(
+                """
+                INSERT INTO devices (tenant_id, token, person_id, platform, app_id, os_version, app_version, attributes)
+                VALUES (\(tenant), \(registration.token), \(registration.personID), \(registration.platform.rawValue),
+                        \(registration.appID), \(registration.osVersion), \(registration.appVersion),
+                        COALESCE(\(registration.attributes), '{}'::jsonb))
+                ON CONFLICT (tenant_id, token) DO UPDATE SET
+                    person_id = EXCLUDED.person_id, platform = EXCLUDED.platform,
+                    app_id = COALESCE(EXCLUDED.app_id, devices.app_id),
+                    os_version = COALESCE(EXCLUDED.os_version, devices.os_version),
+                    app_version = COALESCE(EXCLUDED.app_version, devices.app_version),
+                    attributes = CASE WHEN \(registration.attributes) IS NULL THEN devices.attributes
+                                      ELSE EXCLUDED.attributes END
+                RETURNING \(unsafeRaw: RegistryStore.deviceColumns)
+                """)
+        } catch let error as PostgresError where error.code == .foreignKeyViolation {
+            // The person is held above, so this is not expected; should it happen, the person is gone.
+            throw NotFound("person")
+        }
         return try RegistryStore.device(rows[0])
     }
 
@@ -191,13 +202,49 @@ public struct RegistryTransaction {
     /// a later `updated` does not bring the device back. Older events never overwrite newer ones. Only a device of
     /// the instance's person may report (`marquee_device_belongs_to_instance`, as for activity tokens): otherwise
     /// `NotFound("instance")`; an unknown device is `NotFound("device")`.
+    ///
+    /// The device and the instance are held (FOR KEY SHARE) from the check to the commit, so neither goes while the
+    /// event is written: a device deleted meanwhile (by its app, a worker retiring its FCM token, an erasure) is
+    /// `NotFound("device")` rather than a row whose reference to it fails, and an instance deleted meanwhile
+    /// (retention, an erasure) is `NotFound("instance")` rather than a device state its delete trigger (migration
+    /// 0078) has already passed, which would outlive it and join a later instance with its ID. The people they
+    /// belong to are held first, as a start holds them (`StartWrite.statement`'s `who`): an erasure takes the person,
+    /// then collects and deletes the instances and devices, so it waits for this event and then removes it too, or
+    /// this event waits for the erasure and finds them gone.
     public func recordEvent(
         instanceID: String, event: LifecycleEvent, deviceToken: String, at: Date, contentState: JSONValue?
     ) throws {
         let check = try connection.query(
             """
-            SELECT EXISTS (SELECT 1 FROM devices WHERE tenant_id = \(tenant) AND token = \(deviceToken)) AS known,
-                   marquee_device_belongs_to_instance(\(tenant), \(instanceID), \(deviceToken)) AS owned
+            WITH seen AS (
+                -- Whose the device and the instance are, as read before any lock: the device's owner, the instance's
+                -- person, and a person with the instance's email (an erasure of either takes the instance).
+                SELECT d.person_id FROM devices d WHERE d.tenant_id = \(tenant) AND d.token = \(deviceToken)
+                UNION ALL
+                SELECT i.person_id FROM instances i WHERE i.tenant_id = \(tenant) AND i.id = \(instanceID)
+                UNION ALL
+                SELECT p.id FROM instances i
+                JOIN people p ON p.tenant_id = i.tenant_id AND lower(p.email) = lower(i.person_email)
+                WHERE i.tenant_id = \(tenant) AND i.id = \(instanceID)
+            ), who AS (
+                SELECT p.id FROM people p
+                WHERE p.tenant_id = \(tenant) AND p.id = ANY(ARRAY(SELECT person_id FROM seen))
+                FOR KEY SHARE
+            ), dev AS (
+                -- Once the people are held (the condition is a one-time filter): an erasure takes a person first.
+                SELECT d.token FROM devices d
+                WHERE d.tenant_id = \(tenant) AND d.token = \(deviceToken) AND (SELECT count(*) FROM who) >= 0
+                FOR KEY SHARE
+            ), inst AS (
+                SELECT i.id FROM instances i
+                WHERE i.tenant_id = \(tenant) AND i.id = \(instanceID) AND (SELECT count(*) FROM dev) >= 0
+                FOR KEY SHARE
+            )
+            -- A row deleted while this statement waited for its lock is not held, and so not there; the ownership
+            -- rule reads the statement's snapshot, but only for rows that are.
+            SELECT EXISTS (SELECT 1 FROM dev) AS known,
+                   EXISTS (SELECT 1 FROM inst)
+                   AND marquee_device_belongs_to_instance(\(tenant), \(instanceID), \(deviceToken)) AS owned
             """)
         guard try check[0].decode(Bool.self, "known") else { throw NotFound("device") }
         guard try check[0].decode(Bool.self, "owned") else { throw NotFound("instance") }
@@ -206,16 +253,22 @@ public struct RegistryTransaction {
             INSERT INTO activity_events (tenant_id, id, instance_id, device_token, event, at, content_state)
             VALUES (\(tenant), \(SecureRandom.uuid()), \(instanceID), \(deviceToken), \(event.rawValue), \(at), \(contentState))
             """)
-        try connection.execute(
-            """
-            INSERT INTO instance_devices (tenant_id, instance_id, device_token, state, state_at, content_state)
-            VALUES (\(tenant), \(instanceID), \(deviceToken), \(event.rawValue), \(at), \(contentState))
-            ON CONFLICT (tenant_id, instance_id, device_token) DO UPDATE SET
-                state = EXCLUDED.state, state_at = EXCLUDED.state_at,
-                content_state = COALESCE(EXCLUDED.content_state, instance_devices.content_state)
-            WHERE instance_devices.state NOT IN ('ended', 'dismissed')
-              AND instance_devices.state_at <= EXCLUDED.state_at
-            """)
+        do {
+            try connection.execute(
+                """
+                INSERT INTO instance_devices (tenant_id, instance_id, device_token, state, state_at, content_state)
+                VALUES (\(tenant), \(instanceID), \(deviceToken), \(event.rawValue), \(at), \(contentState))
+                ON CONFLICT (tenant_id, instance_id, device_token) DO UPDATE SET
+                    state = EXCLUDED.state, state_at = EXCLUDED.state_at,
+                    content_state = COALESCE(EXCLUDED.content_state, instance_devices.content_state)
+                WHERE instance_devices.state NOT IN ('ended', 'dismissed')
+                  AND instance_devices.state_at <= EXCLUDED.state_at
+                """)
+        } catch let error as PostgresError where error.code == .foreignKeyViolation {
+            // The device is held above, so this is not expected; should it happen, the device is gone (the
+            // transaction is aborted: nothing of the event is kept).
+            throw NotFound("device")
+        }
     }
 
     /// Records a delivery metric. `delivered` counts once per (delivery, recipient): returns false for a repeat.
