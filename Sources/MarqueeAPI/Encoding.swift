@@ -91,6 +91,11 @@ public enum Render {
         return .object(o)
     }
 
+    /// What an sdk key is told of a device it registered: what it sent (the token masked), nothing stored.
+    static func deviceWritten(_ d: Device) -> JSONValue {
+        .object(["token": .string(maskToken(d.token)), "platform": .string(d.platform.rawValue)])
+    }
+
     static func personDetail(_ p: PersonDetail) -> JSONValue {
         guard case .object(var o) = person(p.person) else { return .null }
         o["devices"] = .array(p.devices.map { device($0.device, tokens: $0.tokens) })

@@ -84,7 +84,9 @@ struct RegistryRoutes: Sendable {
                 osVersion: body.string("os_version", maxLength: 64),
                 appVersion: body.string("app_version", maxLength: 64),
                 attributes: body.objectValue("attributes")))
-        return .json(Render.device(device))
+        // The sdk key is public: it may write a device, never read one. A token registered before keeps its stored
+        // fields where the body leaves them out, so the whole device would show them, whoever registered it first.
+        return .json(principal.kind == .sdk ? Render.deviceWritten(device) : Render.device(device))
     }
 
     func deleteDevice(_ request: HTTPRequest) async throws -> HTTPResponse {

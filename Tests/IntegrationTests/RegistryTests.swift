@@ -273,10 +273,16 @@ struct RegistryTests {
             "PUT", "/v1/people/\(alice)/devices/\(token)", key: tenant.sdk,
             json: ["platform": "ios", "app_id": "com.example.app", "os_version": "17.4", "app_version": "1.0"])
         #expect(put.status == 200, "\(put.text)")
-        let device = try put.json()
-        #expect(device.string("platform") == "ios")
-        #expect(device.string("os_version") == "17.4")
+        // The sdk key (public) writes a device but never reads one: it is told what it sent.
+        #expect(try put.json().keys.sorted() == ["platform", "token"], "\(put.text)")
+        #expect(try put.json().string("platform") == "ios")
         #expect(!put.text.lowercased().contains(token.lowercased()), "tokens are masked in responses")
+        // The app key gets the device as stored.
+        let stored = try await api.call(
+            "PUT", "/v1/people/\(alice)/devices/\(token)", key: tenant.app, json: ["platform": "ios"])
+        #expect(stored.status == 200, "\(stored.text)")
+        #expect(try stored.json().string("os_version") == "17.4", "\(stored.text)")
+        #expect(!stored.text.lowercased().contains(token.lowercased()), "tokens are masked in responses")
 
         let aliceDetail = try await api.call("GET", "/v1/people/\(alice)", key: tenant.app)
         let aliceDevices = try aliceDetail.json().array("devices")
@@ -294,6 +300,9 @@ struct RegistryTests {
         let moved = try await api.call(
             "PUT", "/v1/people/\(bob)/devices/\(token)", key: tenant.sdk, json: ["platform": "ios"])
         #expect(moved.status == 200, "\(moved.text)")
+        // Not even a token that moves shows what its previous owner's registration stored.
+        #expect(try moved.json().keys.sorted() == ["platform", "token"], "\(moved.text)")
+        #expect(!moved.text.contains("com.example.app") && !moved.text.contains("17.4"), "\(moved.text)")
         #expect(try await api.call("GET", "/v1/people/\(alice)", key: tenant.app).json().array("devices").count == 1)
         let bobDevices = try await api.call("GET", "/v1/people/\(bob)", key: tenant.app).json().array("devices")
         #expect(bobDevices.count == 1)
