@@ -4,7 +4,8 @@ import HTTPServer
 import MarqueeCore
 import MarqueeStore
 
-/// `/v1/settings` (app key): the tenant's identity verification mode and identity secret, and its send rate limit.
+/// `/v1/settings` (app key): the tenant's identity verification mode and identity secret, its send rate limit and
+/// its cap on devices per person.
 struct SettingsRoutes: Sendable {
     let authenticator: Authenticator
     let settings: TenantSettingsStore
@@ -22,7 +23,7 @@ struct SettingsRoutes: Sendable {
 
     func patchSettings(_ request: HTTPRequest, _ principal: Principal) async throws -> HTTPResponse {
         let body = try JSONBody.parse(request)
-        try body.rejectUnknown(["identity_verification", "send_rate_per_second"])
+        try body.rejectUnknown(["identity_verification", "send_rate_per_second", "max_devices_per_person"])
         var change = TenantSettingsStore.Change()
         if body.object["identity_verification"] != nil {
             change.identityVerification = try body.requiredEnum("identity_verification", IdentityVerification.self)
@@ -32,9 +33,18 @@ struct SettingsRoutes: Sendable {
             change.sendRatePerSecond = .some(
                 try body.integer("send_rate_per_second", range: 1...1_000_000).map { Int($0) })
         }
-        guard change.identityVerification != nil || change.sendRatePerSecond != nil else {
+        if body.object["max_devices_per_person"] != nil {
+            // null restores the default.
+            change.maxDevicesPerPerson = .some(
+                try body.integer("max_devices_per_person", range: 1...1000).map { Int($0) })
+        }
+        guard
+            change.identityVerification != nil || change.sendRatePerSecond != nil
+                || change.maxDevicesPerPerson != nil
+        else {
             throw ValidationError(
-                field: "body", reason: "must set at least one of identity_verification, send_rate_per_second")
+                field: "body",
+                reason: "must set at least one of identity_verification, send_rate_per_second, max_devices_per_person")
         }
         let updated = try await settings.update(tenant: principal.tenantID, change)
         identity.invalidate(principal.tenantID)
@@ -54,6 +64,7 @@ struct SettingsRoutes: Sendable {
             "identity_secret_set": .bool(s.identitySecretSet),
             "previous_secret_valid_until": .from(s.previousSecretValidUntil),
             "send_rate_per_second": s.sendRatePerSecond.map { .int(Int64($0)) } ?? .null,
+            "max_devices_per_person": .int(Int64(s.maxDevicesPerPerson)),
         ])
     }
 }

@@ -236,6 +236,13 @@ public struct PeopleImportStore: Sendable {
                 \(tenant), 'marquee', a.people, a.devices, a.types, a.tokens, a.attributes_types, a.defaults) r
             WHERE a.people IS NOT NULL
             """)
+        // A person keeps at most the tenant's max_devices_per_person devices, the imported ones first: the rule's one
+        // home (migration 0083), which a single registration uses too. The people's rows are held (written above).
+        try connection.query(
+            """
+            SELECT marquee_keep_recent_devices(
+                \(tenant), ARRAY(SELECT DISTINCT person_id FROM import_devices), ARRAY(SELECT token FROM import_devices))
+            """)
         return ImportOutcome(
             imported: try created[0].decode(Int.self, "n"), updated: updated, rejected: rejected)
     }

@@ -46,12 +46,14 @@ public struct RegistryTransaction {
     }
 
     /// Registers a device for a person (creating the person if needed). A token registered before under someone
-    /// else moves to this person: a device has one owner.
+    /// else moves to this person: a device has one owner. A person keeps at most the tenant's
+    /// `max_devices_per_person` devices: beyond it, their least recently registered device is removed, as
+    /// `deleteDevice` removes one (`marquee_keep_recent_devices`, migration 0083, the one home of the rule).
     ///
     /// The person's row is held until the commit (FOR NO KEY UPDATE, by the insert that finds it there): an erasure,
     /// which takes the person first, waits for this registration and then removes the device too, or this
     /// registration waits for the erasure and creates the person anew, rather than referring to a person deleted
-    /// meanwhile (a foreign-key violation).
+    /// meanwhile (a foreign-key violation); and two registrations for one person take turns, so the cap holds.
     public func upsertDevice(_ registration: DeviceRegistration) throws -> Device {
         try connection.execute(
             """
@@ -79,6 +81,10 @@ public struct RegistryTransaction {
             // The person is held above, so this is not expected; should it happen, the person is gone.
             throw NotFound("person")
         }
+        try connection.query(
+            """
+            SELECT marquee_keep_recent_devices(\(tenant), \([registration.personID])::text[], \([registration.token])::text[])
+            """)
         return try RegistryStore.device(rows[0])
     }
 

@@ -16,6 +16,9 @@ public struct TenantSettings: Sendable, Equatable {
     public var previousSecretValidUntil: Date?
     /// At most this many pushes a second for the tenant, across all workers; nil: no limit.
     public var sendRatePerSecond: Int?
+    /// At most this many devices per person; a registration beyond it removes the person's least recently
+    /// registered device (migration 0083, which holds the default).
+    public var maxDevicesPerPerson: Int
 }
 
 /// What the identity check needs: the mode and the opened secrets (current first; the previous one with its end).
@@ -65,7 +68,7 @@ public struct TenantSettingsStore: Sendable {
                    COALESCE(s.sealed_identity_secret IS NOT NULL, false) AS secret_set,
                    CASE WHEN s.previous_secret_valid_until > now() THEN s.previous_secret_valid_until END
                        AS previous_until,
-                   l.rate_per_second
+                   l.rate_per_second, marquee_max_devices_per_person(t.tenant_id) AS max_devices_per_person
             FROM (SELECT \(tenant)::uuid AS tenant_id) t
             LEFT JOIN tenant_settings s ON s.tenant_id = t.tenant_id
             LEFT JOIN send_limits l ON l.tenant_id = t.tenant_id
@@ -78,7 +81,8 @@ public struct TenantSettingsStore: Sendable {
         return TenantSettings(
             identityVerification: verification, identitySecretSet: try row.decode(Bool.self, "secret_set"),
             previousSecretValidUntil: try row.decode(Date?.self, "previous_until"),
-            sendRatePerSecond: try row.decode(Int?.self, "rate_per_second"))
+            sendRatePerSecond: try row.decode(Int?.self, "rate_per_second"),
+            maxDevicesPerPerson: try row.decode(Int.self, "max_devices_per_person"))
     }
 
     /// What a settings change sets: nil leaves a setting as it is.
@@ -86,10 +90,16 @@ public struct TenantSettingsStore: Sendable {
         public var identityVerification: IdentityVerification?
         /// `.some(nil)` removes the limit.
         public var sendRatePerSecond: Int??
+        /// `.some(nil)` restores the default.
+        public var maxDevicesPerPerson: Int??
 
-        public init(identityVerification: IdentityVerification? = nil, sendRatePerSecond: Int?? = nil) {
+        public init(
+            identityVerification: IdentityVerification? = nil, sendRatePerSecond: Int?? = nil,
+            maxDevicesPerPerson: Int?? = nil
+        ) {
             self.identityVerification = identityVerification
             self.sendRatePerSecond = sendRatePerSecond
+            self.maxDevicesPerPerson = maxDevicesPerPerson
         }
     }
 
@@ -128,6 +138,15 @@ public struct TenantSettingsStore: Sendable {
                     """)
             case .some(.none):
                 try connection.execute("DELETE FROM send_limits WHERE tenant_id = \(tenant)")
+            }
+            if case .some(let cap) = change.maxDevicesPerPerson {
+                // A lower cap applies to each person at their next device registration.
+                try connection.execute(
+                    """
+                    INSERT INTO tenant_settings (tenant_id, max_devices_per_person) VALUES (\(tenant), \(cap))
+                    ON CONFLICT (tenant_id) DO UPDATE SET
+                        max_devices_per_person = EXCLUDED.max_devices_per_person, updated_at = now()
+                    """)
             }
             return try Self.read(connection, tenant)
         }

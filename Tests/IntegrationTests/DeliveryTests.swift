@@ -907,6 +907,10 @@ struct DeliveryTests {
         t.fixture.simulator.setFaults([.init(rate: 0.2, action: .goAway, times: 1)])
         let worker = try t.fixture.worker()
         defer { worker.signal(SIGKILL) }
+        // 30 iPhones of one person: above the default cap on devices per person.
+        let cap = try await t.api.call(
+            "PATCH", "/v1/settings", key: t.tenant.app, json: ["max_devices_per_person": 30])
+        #expect(cap.status == 200, "\(cap.text)")
         var tokens: [String] = []
         for _ in 0..<30 { tokens.append(try await t.iphone().1) }
         let instance = Fake.id("goaway")

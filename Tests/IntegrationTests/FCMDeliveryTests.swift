@@ -479,6 +479,10 @@ struct FCMDeliveryTests {
         #expect(try await t.settled(warmInstance, count: 1)[0].string("status") == "sent")
         #expect(t.fcm.messages(token: warm).count == 1)
 
+        // 100 Android phones of one person: above the default cap on devices per person.
+        let cap = try await t.api.call(
+            "PATCH", "/v1/settings", key: t.tenant.app, json: ["max_devices_per_person": 100])
+        #expect(cap.status == 200, "\(cap.text)")
         let tokens = try await withThrowingTaskGroup(of: String.self) { group in
             for _ in 0..<100 { group.addTask { try await t.android() } }
             var all: [String] = []

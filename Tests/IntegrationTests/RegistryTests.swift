@@ -316,6 +316,67 @@ struct RegistryTests {
         #expect(try await api.call("DELETE", "/v1/people/\(alice)/devices/\(android)", key: tenant.app).status == 204)
     }
 
+    @Test("a person keeps at most 20 devices: the least recently registered goes, and a start reaches 20 at most")
+    func devicesPerPerson() async throws {
+        let w = try await LifecycleTests.world()
+        let api = w.api
+        let person = Fake.id("many")
+        func register(_ token: String) async throws {
+            let r = try await api.call(
+                "PUT", "/v1/people/\(person)/devices/\(token)", key: w.tenant.sdk, json: ["platform": "android"])
+            guard r.status == 200 else { throw TestFailure("device: \(r.text)") }
+        }
+        func stored() async throws -> Set<String> {
+            let rows = try await w.fixture.pool.query(
+                "SELECT token FROM devices WHERE tenant_id = \(w.tenant.uuid) AND person_id = \(person)")
+            return Set(try rows.map { try $0.decode(String.self, "token") })
+        }
+        let tokens = (0..<25).map { _ in Fake.fcm() }
+        for token in tokens { try await register(token) }
+        #expect(try await stored() == Set(tokens.suffix(20)), "the 20 registered last remain")
+        // A registration again counts as recent: the oldest other device goes instead.
+        try await register(tokens[5])
+        try await register(Fake.fcm())
+        let now = try await stored()
+        #expect(now.count == 20 && now.contains(tokens[5]) && !now.contains(tokens[6]))
+        // Every start goes to the person's devices: 20 pushes, not one per token ever registered.
+        let instance = Fake.id("capped")
+        let started = try await w.start(["instance_id": instance, "identifiers": ["id": person]])
+        #expect(started.status == 200, "\(started.text)")
+        #expect(try started.json()["targets"] as? Int == 20, "\(started.text)")
+        #expect(try await w.deliveries(instance).count == 20)
+
+        // The Customer.io batch (1,000 devices a request) is held to the same cap; the device registered last stays.
+        let user = Fake.id("batch")
+        let batch = (0..<25).map { _ in Fake.fcm() }
+        let events = batch.map { token -> [String: Any] in
+            var event = CompatIngestTests.event("track", "Device Created or Updated", userId: user, deviceToken: token)
+            event["context"] = ["device": ["token": token, "type": "android"]]
+            return event
+        }
+        let posted = try await CompatBatchAtomicityTests.post(api, w.tenant, events)
+        #expect(posted.status == 200, "\(posted.text)")
+        let kept = try await w.fixture.pool.query(
+            "SELECT token FROM devices WHERE tenant_id = \(w.tenant.uuid) AND person_id = \(user)")
+        let keptTokens = Set(try kept.map { try $0.decode(String.self, "token") })
+        #expect(keptTokens.count == 20 && keptTokens.contains(batch[24]))
+
+        // The tenant sets its own cap (null: the default again); a lower one applies at the next registration.
+        let set = try await api.call(
+            "PATCH", "/v1/settings", key: w.tenant.app, json: ["max_devices_per_person": 2])
+        #expect(try set.json()["max_devices_per_person"] as? Int == 2, "\(set.text)")
+        let last = Fake.fcm()
+        try await register(last)
+        let capped = try await stored()
+        #expect(capped.count == 2 && capped.contains(last))
+        expectProblem(
+            try await api.call("PATCH", "/v1/settings", key: w.tenant.app, json: ["max_devices_per_person": 0]),
+            422, "invalid-field", field: "max_devices_per_person")
+        let reset = try await api.call(
+            "PATCH", "/v1/settings", key: w.tenant.app, json: ["max_devices_per_person": NSNull()])
+        #expect(try reset.json()["max_devices_per_person"] as? Int == 20, "\(reset.text)")
+    }
+
     // MARK: Tokens
 
     @Test("push-to-start: a new token for the same device and type retires the old; the same token is unchanged")
