@@ -62,6 +62,7 @@ public struct RetentionService: Sendable {
                 "retention.skipped_tables": .string(report.skippedTables.joined(separator: ",")),
                 "retention.default_rows_deleted": .int(report.defaultRowsDeleted),
                 "retention.instances_purged": .int(report.instancesPurged),
+                "retention.retired_tokens_purged": .int(report.retiredTokensPurged),
             ]
             if report.partitionsSkipped > 0 {
                 logger.warning("retention pass left partitions for later (their table was locked)", metadata: metadata)

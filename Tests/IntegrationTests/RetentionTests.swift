@@ -209,6 +209,34 @@ struct RetentionTests {
         #expect(try await store.apply(now: now + 40 * day, keepDays: 30) == nil)
     }
 
+    @Test("push-to-start tokens retired before the cutoff are purged; active and recently retired ones stay")
+    func retiredTokensPurged() async throws {
+        let db = try await Database.make()
+        defer { db.close() }
+        let now = Date()
+        let day: TimeInterval = 86_400
+        try await db.system.execute("INSERT INTO people (tenant_id, id) VALUES (\(db.tenant), 'p')")
+        try await db.system.execute(
+            "INSERT INTO devices (tenant_id, token, person_id, platform) VALUES (\(db.tenant), 'd', 'p', 'ios')")
+        // Rotated 40 and 5 days ago (each rotation keeps the old row), and the token active since 100 days ago.
+        for (token, status, retiredAt) in [
+            ("rotated-long-ago", "retired", now - 40 * day), ("rotated-lately", "retired", now - 5 * day),
+            ("current", "active", nil),
+        ] {
+            try await db.system.execute(
+                """
+                INSERT INTO push_to_start_tokens (tenant_id, device_token, activity_type, token, status, retired_at,
+                                                  created_at, updated_at)
+                VALUES (\(db.tenant), 'd', 'Order', \(token), \(status), \(retiredAt), \(now - 100 * day),
+                        \(now - 100 * day))
+                """)
+        }
+        let report = try #require(try await RetentionStore(pool: db.system).apply(now: now, keepDays: 30))
+        #expect(report.retiredTokensPurged == 1)
+        let left = try await db.system.query("SELECT token FROM push_to_start_tokens ORDER BY token")
+        #expect(try left.map { try $0.decode(String.self, "token") } == ["current", "rotated-lately"])
+    }
+
     @Test("the partition functions (run as the owner) refuse a table retention does not keep")
     func partitionFunctionsOnlyForTheirTables() async throws {
         let db = try await Database.make()
