@@ -269,7 +269,7 @@ struct CompatRoutes: Sendable {
         switch try event.requiredString("type") {
         case "identify":
             let userID = try Identifiers.personID(event.requiredString("userId", maxLength: 256), field: "userId")
-            let traits = try event.objectValue("traits")
+            let traits = try RegistryRoutes.attributes(event.objectValue("traits"), field: "traits")
             let email = try traits.flatMap {
                 try JSONBody(object: $0.objectValue!, path: "traits").string("email", maxLength: 320)
             }
@@ -298,7 +298,7 @@ struct CompatRoutes: Sendable {
                     appID: try (context?.nested("app"))?.string("namespace", maxLength: 255),
                     osVersion: try Self.loose(properties, "device_os") ?? (try device.string("version", maxLength: 64)),
                     appVersion: try Self.loose(properties, "app_version"),
-                    attributes: .object(properties.object)))
+                    attributes: try RegistryRoutes.attributes(.object(properties.object), field: "properties")))
 
         case "Device Deleted":
             let context = try event.nested("context")
@@ -452,11 +452,27 @@ struct CompatRoutes: Sendable {
         }
     }
 
-    /// A property the SDK may send as a string or a number.
+    /// The longest `os_version` or `app_version` kept from a property, in UTF-8 bytes.
+    static let maxLooseBytes = 64
+
+    /// A property the SDK may send as a string or a number; a longer string is cut to its first characters within
+    /// `maxLooseBytes` UTF-8 bytes (characters, not bytes, are never split; nil when not even one fits).
     static func loose(_ body: JSONBody, _ key: String) throws(ValidationError) -> String? {
         guard let v = body.value(key) else { return nil }
-        if let s = v.stringValue { return String(s.prefix(64)) }
-        if v.doubleValue != nil { return v.serialized() }
+        if let s = v.stringValue { return Self.prefix(s, maxBytes: maxLooseBytes) }
+        if v.doubleValue != nil { return Self.prefix(v.serialized(), maxBytes: maxLooseBytes) }
         throw ValidationError(field: body.name(key), reason: "must be a string")
+    }
+
+    /// The longest prefix of whole characters of `text` that fits in `maxBytes` UTF-8 bytes; nil when empty.
+    static func prefix(_ text: String, maxBytes: Int) -> String? {
+        var bytes = 0
+        var end = text.startIndex
+        for index in text.indices {
+            bytes += text[index].utf8.count
+            if bytes > maxBytes { break }
+            end = text.index(after: index)
+        }
+        return end == text.startIndex ? nil : String(text[..<end])
     }
 }

@@ -140,7 +140,7 @@ struct PeopleImportRoutes: Sendable {
         var attributes: JSONValue?
         switch object["attributes"] {
         case nil, .null?: break
-        case .object?: attributes = object["attributes"]
+        case .object?: attributes = try RegistryRoutes.attributes(object["attributes"], field: "attributes")
         default: throw ValidationError(field: "attributes", reason: "must be an object")
         }
         var devices: [ImportPerson.Device] = []

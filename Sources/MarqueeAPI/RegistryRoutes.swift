@@ -38,7 +38,7 @@ struct RegistryRoutes: Sendable {
         try body.rejectUnknown(["email", "attributes"])
         let email = try Self.email(body.string("email", maxLength: 320))
         try verdict.check(email: email)
-        let attributes = try body.objectValue("attributes")
+        let attributes = try Self.attributes(body.objectValue("attributes"), field: "attributes")
         let person = try await registry.upsertPerson(
             tenant: principal.tenantID, id: id, email: email, attributes: attributes)
         // The sdk key is public: it may write a person, never read one (absent members keep what is stored, so the
@@ -83,7 +83,7 @@ struct RegistryRoutes: Sendable {
                 personID: personID, token: token, platform: platform, appID: body.string("app_id", maxLength: 255),
                 osVersion: body.string("os_version", maxLength: 64),
                 appVersion: body.string("app_version", maxLength: 64),
-                attributes: body.objectValue("attributes")))
+                attributes: Self.attributes(body.objectValue("attributes"), field: "attributes")))
         // The sdk key is public: it may write a device, never read one. A token registered before keeps its stored
         // fields where the body leaves them out, so the whole device would show them, whoever registered it first.
         return .json(principal.kind == .sdk ? Render.deviceWritten(device) : Render.device(device))
@@ -229,6 +229,20 @@ struct RegistryRoutes: Sendable {
         guard let value else { return nil }
         guard value.serialized().utf8.count <= maxEventContentStateBytes else {
             throw ValidationError(field: field, reason: "must be at most \(maxEventContentStateBytes) bytes of JSON")
+        }
+        return value
+    }
+
+    /// The largest `attributes` object of a person or a device, serialized. Stored as is and read back by every
+    /// segment evaluation and person read; 1 MiB bodies made 1 MiB rows.
+    static let maxAttributesBytes = 16 * 1024
+
+    /// A person's or a device's attributes, refused when larger than `maxAttributesBytes`. The one home of this rule,
+    /// for people, devices, the compat `identify` traits and device properties, and the import.
+    static func attributes(_ value: JSONValue?, field: String) throws(ValidationError) -> JSONValue? {
+        guard let value else { return nil }
+        guard value.serialized().utf8.count <= maxAttributesBytes else {
+            throw ValidationError(field: field, reason: "must be at most \(maxAttributesBytes) bytes of JSON")
         }
         return value
     }

@@ -50,6 +50,53 @@ struct CompatIngestTests {
         return 0
     }
 
+    @Test("attributes are at most 16 KiB of JSON (422 naming the field); compat versions at most 64 UTF-8 bytes")
+    func attributeLimits() async throws {
+        let fixture = try await RegistryFixture.get()
+        let api = fixture.api
+        let tenant = try await api.createTenant()
+        let user = Fake.id("big")
+        let device = Fake.hex()
+        let big: [String: Any] = ["notes": String(repeating: "x", count: 16 * 1024)]
+        let fits: [String: Any] = ["notes": String(repeating: "x", count: 16 * 1024 - 32)]
+        expectProblem(
+            try await api.call("PUT", "/v1/people/\(user)", key: tenant.sdk, json: ["attributes": big]),
+            422, "invalid-field", field: "attributes", "person")
+        #expect(
+            try await api.call("PUT", "/v1/people/\(user)", key: tenant.sdk, json: ["attributes": fits]).status
+                == 200)
+        expectProblem(
+            try await api.call(
+                "PUT", "/v1/people/\(user)/devices/\(device)", key: tenant.sdk,
+                json: ["platform": "ios", "attributes": big]), 422, "invalid-field", field: "attributes", "device")
+        func post(_ event: [String: Any]) async throws -> HTTP.Response {
+            try await api.call(
+                "POST", "/v1/b", json: Self.envelope([event], writeKey: tenant.sdk),
+                headers: ["Authorization": tenant.basicSDK])
+        }
+        expectProblem(
+            try await post(Self.event("identify", userId: user, properties: big)), 422, "invalid-field",
+            field: "batch[0].traits", "identify traits")
+        expectProblem(
+            try await post(
+                Self.event("track", "Device Created or Updated", userId: user, properties: big, deviceToken: device)),
+            422, "invalid-field", field: "batch[0].properties", "device properties")
+        // 64 characters of which each is 1 + 40 combining accents: 64 graphemes, 5,248 bytes.
+        let accented = String(repeating: "e" + String(repeating: "\u{301}", count: 40), count: 64)
+        let registered = try await post(
+            Self.event(
+                "track", "Device Created or Updated", userId: user,
+                properties: ["device_os": accented, "app_version": "é" + String(repeating: "1", count: 100)],
+                deviceToken: device))
+        #expect(registered.status == 200, "\(registered.text)")
+        let stored = try await fixture.pool.query(
+            "SELECT os_version, app_version FROM devices WHERE tenant_id = \(tenant.uuid) AND token = \(device)")
+        let os = try stored[0].decode(String?.self, "os_version")
+        let app = try #require(try stored[0].decode(String?.self, "app_version"))
+        #expect(os == nil, "not even one of those characters fits in 64 bytes")
+        #expect(app.utf8.count == 64 && app.hasPrefix("é1"), "\(app)")
+    }
+
     @Test("a Customer.io SDK batch: all good events applied; with a malformed one, nothing, and a 422 naming it")
     func sdkBatch() async throws {
         let fixture = try await RegistryFixture.get()
