@@ -237,7 +237,7 @@ public struct PeopleImportStore: Sendable {
             WHERE a.people IS NOT NULL
             """)
         // A person keeps at most the tenant's max_devices_per_person devices, the imported ones first: the rule's one
-        // home (migration 0083), which a single registration uses too. The people's rows are held (written above).
+        // home (migration 0081), which a single registration uses too. The people's rows are held (written above).
         try connection.query(
             """
             SELECT marquee_keep_recent_devices(

@@ -48,7 +48,7 @@ public struct RegistryTransaction {
     /// Registers a device for a person (creating the person if needed). A token registered before under someone
     /// else moves to this person: a device has one owner. A person keeps at most the tenant's
     /// `max_devices_per_person` devices: beyond it, their least recently registered device is removed, as
-    /// `deleteDevice` removes one (`marquee_keep_recent_devices`, migration 0083, the one home of the rule).
+    /// `deleteDevice` removes one (`marquee_keep_recent_devices`, migration 0081, the one home of the rule).
     ///
     /// The person's row is held until the commit (FOR NO KEY UPDATE, by the insert that finds it there): an erasure,
     /// which takes the person first, waits for this registration and then removes the device too, or this

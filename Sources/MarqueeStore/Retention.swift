@@ -16,13 +16,13 @@ public struct RetentionReport: Sendable, Equatable {
     public var skippedTables: [String]
     public var defaultRowsDeleted: Int
     public var instancesPurged: Int
-    /// Push-to-start tokens retired (rotated, or refused by APNs) before the cutoff, deleted (migration 0084).
+    /// Push-to-start tokens retired (rotated, or refused by APNs) before the cutoff, deleted (migration 0082).
     public var retiredTokensPurged: Int
 }
 
 /// The daily retention pass: day partitions created ahead, those past the retention dropped, old instances and
 /// retired push-to-start tokens purged. The rules (which tables, which rows, once a day, one worker at a time, how
-/// long a step may wait for a lock) live in SQL, in migrations 0020, 0080 and 0084.
+/// long a step may wait for a lock) live in SQL, in migrations 0020, 0080 and 0082.
 public struct RetentionStore: Sendable {
     /// How the pass meets the workers' locks.
     public struct Options: Sendable {

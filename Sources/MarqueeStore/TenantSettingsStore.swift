@@ -17,7 +17,7 @@ public struct TenantSettings: Sendable, Equatable {
     /// At most this many pushes a second for the tenant, across all workers; nil: no limit.
     public var sendRatePerSecond: Int?
     /// At most this many devices per person; a registration beyond it removes the person's least recently
-    /// registered device (migration 0083, which holds the default).
+    /// registered device (migration 0081, which holds the default).
     public var maxDevicesPerPerson: Int
 }
 
