@@ -10,6 +10,9 @@ import Synchronization
 /// slow work without holding a server thread. When the handler returns, the response is queued and the
 /// connection resumed. Keep-alive is on for HTTP/1.1 clients.
 ///
+/// A request is routed as soon as its headers are in: a body sent to an unknown path or with a method its path does
+/// not take is never read (404 or 405 at once, then the connection is closed).
+///
 /// Use `run()` from a service group (serves until cancelled, then drains), or `start()` + `stop()`.
 public final class HTTPServer: Sendable {
     /// Server settings.
@@ -132,7 +135,7 @@ final class RequestContext: Sendable {
     enum Stage {
         /// Created at the request line; the access handler has not run yet.
         case new
-        /// Headers seen; collecting the body.
+        /// Headers seen and routed; collecting the body.
         case receiving
         /// Headers seen; the route's body admission running, connection suspended (see `BodyPolicy.admission`).
         case admitting
@@ -155,9 +158,8 @@ final class RequestContext: Sendable {
         var body: [UInt8] = []
         var bytesIn = 0
         var tooLarge = false
-        /// The body limit and admission of this request's route, once looked up (only for bodies that may exceed
-        /// the server's default).
-        var routeBody: (limit: Int, admission: BodyPolicy.Admission?)?
+        /// What routing found, from the headers (`nil` until then).
+        var routed: RouteResult?
         /// The route's admission let this request through: its body may have the route's limit.
         var admitted = false
         var route: String?
@@ -527,42 +529,15 @@ final class ServerCore: Sendable {
         let stage = context.state.withLock { $0.stage }
         switch stage {
         case .new:
-            let headers = Self.requestHeaders(connection)
-            let path = PercentDecoding.decode(RequestTarget(context.target).rawPath)
-            context.state.withLock { s in
-                s.stage = .receiving
-                s.method = HTTPMethod(rawValue: method)
-                s.headers = headers
-                s.path = path
-                s.requestID = RequestID.accept(headers["X-Request-Id"]) ?? RequestID.generate()
-            }
-            let length = headers["Content-Length"].flatMap { Int(HTTPHeaders.trimmed($0)) }
-            if let length, length > configuration.maxBodySize, length > routeBody(context).limit {
-                // Answer before the body is read (MHD then skips it and closes the connection); with
-                // `Expect: 100-continue` the client never sends it.
-                context.state.withLock { $0.tooLarge = true }
-                setReading(connection, false)
-                var response = HTTPResponse.problem(.payloadTooLarge(limit: routeBody(context).limit))
-                response.headers["Connection"] = "close"
-                return queue(response, context: context, connection: connection)
-            }
-            // A body that may exceed the server's limit, to a route that admits its callers first: nothing of it is
-            // read before they are admitted.
-            if length.map({ $0 > configuration.maxBodySize }) ?? (headers["Transfer-Encoding"] != nil),
-                let admission = routeBody(context).admission
-            {
-                return admit(admission, context: context, connection: connection)
-            }
-            if uploadSize.pointee == 0 { return true }
-            return receive(context, connection: connection, upload: upload, uploadSize: uploadSize)
+            return headersArrived(
+                context, connection: connection, method: method, upload: upload, uploadSize: uploadSize)
         case .admitted:
             // MHD repeats its first call (no body yet) after the resume; the body follows.
             context.state.withLock { s in
                 s.stage = .receiving
                 s.admitted = true
             }
-            if uploadSize.pointee == 0 { return true }
-            return receive(context, connection: connection, upload: upload, uploadSize: uploadSize)
+            return startBody(context, connection: connection, upload: upload, uploadSize: uploadSize)
         case .receiving:
             return receive(context, connection: connection, upload: upload, uploadSize: uploadSize)
         case .ready(let response):
@@ -574,28 +549,85 @@ final class ServerCore: Sendable {
         }
     }
 
-    /// The request's route's body limit (its `BodyPolicy.maxSize`, else the server's `maxBodySize`) and admission.
-    /// Looked up only for bodies that may exceed the server's limit, once per request.
-    private func routeBody(_ context: RequestContext) -> (limit: Int, admission: BodyPolicy.Admission?) {
-        let (known, method, headers) = context.state.withLock { ($0.routeBody, $0.method, $0.headers) }
-        if let known { return known }
-        var found: (limit: Int, admission: BodyPolicy.Admission?) = (configuration.maxBodySize, nil)
-        if case .matched(let match) = router.route(
-            HTTPRequest(method: method, target: context.target, headers: headers)),
-            let size = match.bodyPolicy.maxSize
-        {
-            found = (size, match.bodyPolicy.admission)
+    /// MHD's first call, with the request's headers: routes the request and decides, before any of the body is read,
+    /// whether the body is taken.
+    private func headersArrived(
+        _ context: RequestContext, connection: OpaquePointer, method: String, upload: UnsafePointer<CChar>?,
+        uploadSize: UnsafeMutablePointer<Int>
+    ) -> Bool {
+        let headers = Self.requestHeaders(connection)
+        let path = PercentDecoding.decode(RequestTarget(context.target).rawPath)
+        let httpMethod = HTTPMethod(rawValue: method)
+        let routed = router.route(HTTPRequest(method: httpMethod, target: context.target, headers: headers))
+        context.state.withLock { s in
+            s.stage = .receiving
+            s.method = httpMethod
+            s.headers = headers
+            s.path = path
+            s.requestID = RequestID.accept(headers["X-Request-Id"]) ?? RequestID.generate()
+            s.routed = routed
+            if case .matched(let match) = routed { s.route = match.pattern }
         }
-        context.state.withLock { $0.routeBody = found }
-        return found
+        let length = headers["Content-Length"].flatMap { Int(HTTPHeaders.trimmed($0)) }
+        let chunked = length == nil && headers["Transfer-Encoding"] != nil
+        // Answers given here come before the body is read: MHD then skips it and closes the connection (with
+        // `Expect: 100-continue` the client never sends it).
+        let match: RouteMatch
+        switch routed {
+        case .matched(let found):
+            match = found
+        case .problem(let problem):
+            // No route (404, 405, or a target that is not text): a body announced is not read. Without one, the answer
+            // waits for the request's end like any other, which keeps the connection alive.
+            if (length ?? 0) > 0 || chunked {
+                return answerBeforeBody(.problem(problem), context: context, connection: connection)
+            }
+            return startBody(context, connection: connection, upload: upload, uploadSize: uploadSize)
+        }
+        if let length, length > bodyLimit(context, admitted: true) {
+            context.state.withLock { $0.tooLarge = true }
+            return answerBeforeBody(
+                .problem(.payloadTooLarge(limit: bodyLimit(context, admitted: true))), context: context,
+                connection: connection)
+        }
+        // A body that may exceed the server's limit, to a route that admits its callers first: nothing of it is read
+        // before they are admitted.
+        if length.map({ $0 > configuration.maxBodySize }) ?? chunked, let admission = match.bodyPolicy.admission {
+            return admit(admission, context: context, connection: connection)
+        }
+        return startBody(context, connection: connection, upload: upload, uploadSize: uploadSize)
     }
 
-    /// The largest body this request may send: its route's limit, unless the route admits callers first and this
-    /// request was not admitted, then the server's `maxBodySize`.
-    private func bodyLimit(_ context: RequestContext) -> Int {
-        let route = routeBody(context)
-        if route.admission != nil, !context.state.withLock({ $0.admitted }) { return configuration.maxBodySize }
-        return route.limit
+    /// Takes what MHD passed along with its first call, if anything.
+    private func startBody(
+        _ context: RequestContext, connection: OpaquePointer, upload: UnsafePointer<CChar>?,
+        uploadSize: UnsafeMutablePointer<Int>
+    ) -> Bool {
+        if uploadSize.pointee == 0 { return true }
+        return receive(context, connection: connection, upload: upload, uploadSize: uploadSize)
+    }
+
+    /// Answers before the body is read and closes the connection (MHD skips the body and closes it anyway).
+    private func answerBeforeBody(_ response: HTTPResponse, context: RequestContext, connection: OpaquePointer) -> Bool
+    {
+        setReading(connection, false)
+        var response = response
+        response.headers["Connection"] = "close"
+        return queue(response, context: context, connection: connection)
+    }
+
+    /// The largest body this request may send: its route's limit (`BodyPolicy.maxSize`, else the server's
+    /// `maxBodySize`), unless the route admits callers first and this request was not admitted (`admitted` false),
+    /// then the server's `maxBodySize`.
+    private func bodyLimit(_ context: RequestContext, admitted: Bool? = nil) -> Int {
+        let (routed, wasAdmitted) = context.state.withLock { ($0.routed, $0.admitted) }
+        var limit = configuration.maxBodySize
+        if case .matched(let match) = routed, let size = match.bodyPolicy.maxSize,
+            match.bodyPolicy.admission == nil || admitted ?? wasAdmitted
+        {
+            limit = size
+        }
+        return limit
     }
 
     /// Runs the route's admission on the request's headers with the connection suspended, before any of the body
@@ -628,31 +660,30 @@ final class ServerCore: Sendable {
         }
     }
 
+    /// Takes a part of the body, or the end of it (`uploadSize` 0), then dispatches.
     private func receive(
         _ context: RequestContext, connection: OpaquePointer, upload: UnsafePointer<CChar>?,
         uploadSize: UnsafeMutablePointer<Int>
     ) -> Bool {
         let size = uploadSize.pointee
-        if size > 0 {
-            var limit = configuration.maxBodySize
-            if context.state.withLock({ $0.body.count }) + size > limit { limit = bodyLimit(context) }
-            context.state.withLock { s in
-                s.bytesIn += size
-                guard !s.tooLarge else { return }
-                if s.body.count + size > limit {
-                    s.tooLarge = true  // keep reading (and dropping) so the 413 reaches the client cleanly
-                    s.body = []
-                } else if let upload {
-                    s.body.append(contentsOf: UnsafeRawBufferPointer(start: upload, count: size))
-                }
+        guard size > 0 else { return dispatch(context, connection: connection) }
+        uploadSize.pointee = 0
+        let limit = bodyLimit(context)
+        context.state.withLock { s in
+            s.bytesIn += size
+            guard !s.tooLarge else { return }
+            if s.body.count + size > limit {
+                s.tooLarge = true  // keep reading (and dropping) so the 413 reaches the client cleanly
+                s.body = []
+            } else if let upload {
+                s.body.append(contentsOf: UnsafeRawBufferPointer(start: upload, count: size))
             }
-            uploadSize.pointee = 0
-            return true
         }
-        return dispatch(context, connection: connection)
+        return true
     }
 
-    /// The request is complete: route it and either answer at once or suspend and run the handler.
+    /// The request is complete: answer at once (routing found nothing, the body was too large) or suspend and run the
+    /// handler.
     private func dispatch(_ context: RequestContext, connection: OpaquePointer) -> Bool {
         setReading(connection, false)
         let snapshot = context.state.withLock { s in
@@ -663,19 +694,21 @@ final class ServerCore: Sendable {
             return queue(
                 .problem(.payloadTooLarge(limit: bodyLimit(context))), context: context, connection: connection)
         }
-        var request = HTTPRequest(
-            method: snapshot.method, target: context.target, headers: snapshot.headers, body: snapshot.body,
-            requestID: snapshot.requestID, remoteAddress: context.remoteAddress)
         let match: RouteMatch
-        switch router.route(request) {
+        switch snapshot.routed {
         case .problem(let problem):
             return queue(.problem(problem), context: context, connection: connection)
         case .matched(let found):
             match = found
+        case nil:
+            return queue(
+                .problem(.internalError(requestID: snapshot.requestID)), context: context, connection: connection)
         }
+        var request = HTTPRequest(
+            method: snapshot.method, target: context.target, headers: snapshot.headers, body: snapshot.body,
+            requestID: snapshot.requestID, remoteAddress: context.remoteAddress)
         request.route = match.pattern
         request.pathParameters = match.parameters
-        context.state.withLock { $0.route = match.pattern }
         if let problem = match.bodyPolicy.violation(for: request) {
             return queue(.problem(problem), context: context, connection: connection)
         }

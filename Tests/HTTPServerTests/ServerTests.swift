@@ -230,7 +230,7 @@ struct ServerTests {
             // A client that sends the whole 2 MiB body before reading still gets the 413.
             let naive = try await onThread {
                 let connection = try RawConnection(port: port)
-                try? connection.sendRequest("PUT", "/echo", body: [UInt8](repeating: 0x63, count: 2 << 20))
+                try? connection.sendRequest("POST", "/echo", body: [UInt8](repeating: 0x63, count: 2 << 20))
                 return try connection.readResponse()
             }
             #expect(naive.status == 413)
@@ -255,6 +255,46 @@ struct ServerTests {
         }
         let statuses = await records.waitFor(4).map(\.status).sorted()
         #expect(statuses == [200, 413, 413, 413])
+    }
+
+    @Test("a body to an unknown path, or with a method its path does not take, is answered before it is read")
+    func unroutedBodiesAreNotRead() async throws {
+        let records = RecordSink()
+        try await withServer(Self.router(), records: records) { server in
+            let port = server.boundPort
+            // None of the bodies announced is sent: without an answer from the headers alone, each read times out.
+            let (notFound, notFoundClosed, notAllowed, chunked, keptAlive) = try await onThread {
+                let unknown = try RawConnection(port: port)
+                try unknown.send("POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: \(1 << 20)\r\n\r\n")
+                let notFound = try unknown.readResponse()
+                let notFoundClosed = unknown.isClosedByPeer()
+                let wrongMethod = try RawConnection(port: port)
+                try wrongMethod.send("PUT /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n")
+                let notAllowed = try wrongMethod.readResponse()
+                let streamed = try RawConnection(port: port)
+                try streamed.send("POST /x HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
+                let chunked = try streamed.readResponse()
+                // Without a body, a 404 keeps the connection alive.
+                let plain = try RawConnection(port: port)
+                var keptAlive: [Int] = []
+                for _ in 0..<2 {
+                    try plain.sendRequest("GET", "/x")
+                    keptAlive.append(try plain.readResponse().status)
+                }
+                return (notFound, notFoundClosed, notAllowed, chunked, keptAlive)
+            }
+            #expect(notFound.status == 404)
+            #expect(try notFound.problem().type == HTTPProblem.typeBase + "not-found")
+            #expect(notFound.headers["Connection"]?.lowercased() == "close")
+            #expect(notFoundClosed)
+            #expect(notAllowed.status == 405)
+            #expect(notAllowed.headers["Allow"] == "POST, OPTIONS")
+            #expect(chunked.status == 404)
+            #expect(keptAlive == [404, 404])
+            let all = await records.waitFor(5)
+            #expect(all.map(\.status).sorted() == [404, 404, 404, 404, 405])
+            #expect(all.allSatisfy { $0.bytesIn == 0 && $0.route == nil })
+        }
     }
 
     @Test func handlerErrorsAreHidden() async throws {
