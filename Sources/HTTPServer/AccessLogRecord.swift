@@ -26,12 +26,14 @@ public struct AccessLogRecord: Sendable {
     public var handlerError: String?
     /// Whether the response was handed to the client completely.
     public var completed: Bool
+    /// Why the server refused the request's body without running the handler, if it did (a 413 or a 503).
+    public var bodyRejection: BodyRejection?
 
     /// Creates a record.
     public init(
         method: HTTPMethod, path: String, route: String?, status: Int, bytesIn: Int, bytesOut: Int,
         duration: Duration, requestID: String, remoteAddress: String?, userAgent: String?,
-        handlerError: String? = nil, completed: Bool = true
+        handlerError: String? = nil, completed: Bool = true, bodyRejection: BodyRejection? = nil
     ) {
         self.method = method
         self.path = path
@@ -45,5 +47,14 @@ public struct AccessLogRecord: Sendable {
         self.userAgent = userAgent
         self.handlerError = handlerError
         self.completed = completed
+        self.bodyRejection = bodyRejection
     }
+}
+
+/// Why the server refused a request body before the handler ran.
+public enum BodyRejection: String, Sendable, CaseIterable {
+    /// Larger than the route's limit (or the server's `maxBodySize`): 413 `payload-too-large`.
+    case tooLarge = "too_large"
+    /// Taking it would have put the server over `maxBufferedBodySize`: 503 `service-unavailable`.
+    case overBudget = "over_budget"
 }

@@ -11,7 +11,9 @@ import Synchronization
 /// connection resumed. Keep-alive is on for HTTP/1.1 clients.
 ///
 /// A request is routed as soon as its headers are in: a body sent to an unknown path or with a method its path does
-/// not take is never read (404 or 405 at once, then the connection is closed).
+/// not take is never read (404 or 405 at once, then the connection is closed). Bodies the server holds, being received
+/// or in a running handler, count against one server-wide budget (`maxBufferedBodySize`), so many clients sending
+/// large bodies at once cannot take the process's memory.
 ///
 /// Use `run()` from a service group (serves until cancelled, then drains), or `start()` + `stop()`.
 public final class HTTPServer: Sendable {
@@ -24,6 +26,13 @@ public final class HTTPServer: Sendable {
         /// Largest accepted request body in bytes; beyond it the answer is 413. Checked against
         /// `Content-Length` up front and while receiving. Default 1 MiB.
         public var maxBodySize: Int
+        /// Most request-body bytes held at once over all requests (bodies being received and bodies of running
+        /// handlers); 0 disables the cap. A request's share is reserved before its body is read, from its
+        /// `Content-Length` (or chunk by chunk, growing as an array does, for a chunked body), and given back when the
+        /// request is over. A request that would take the server over it is answered 503 `service-unavailable` with
+        /// `Retry-After: 1` and its connection closed. It also caps every route's body limit. At least `maxBodySize`.
+        /// Default 64 MiB.
+        public var maxBufferedBodySize: Int
         /// MHD threads doing network I/O (handlers run on Swift's task pool, not here).
         /// Default: the number of cores, at least 2.
         public var threadCount: Int
@@ -55,7 +64,8 @@ public final class HTTPServer: Sendable {
             connectionLimit: Int = 10_000,
             drainTimeout: Duration = .seconds(10),
             perAddressConnectionLimit: Int = 256,
-            requestReadTimeout: Duration = .seconds(30)
+            requestReadTimeout: Duration = .seconds(30),
+            maxBufferedBodySize: Int = 64 << 20
         ) {
             self.host = host
             self.port = port
@@ -66,6 +76,7 @@ public final class HTTPServer: Sendable {
             self.drainTimeout = drainTimeout
             self.perAddressConnectionLimit = perAddressConnectionLimit
             self.requestReadTimeout = requestReadTimeout
+            self.maxBufferedBodySize = maxBufferedBodySize
         }
     }
 
@@ -126,6 +137,11 @@ public final class HTTPServer: Sendable {
     var liveRequestCount: Int {
         core.liveRequests.load(ordering: .relaxed)
     }
+
+    /// Request-body bytes held now, against `maxBufferedBodySize` (for a gauge).
+    public var bufferedBodyBytes: Int {
+        core.bodyBudget.inUse
+    }
 }
 
 // MARK: - Core
@@ -157,7 +173,11 @@ final class RequestContext: Sendable {
         var requestID = ""
         var body: [UInt8] = []
         var bytesIn = 0
-        var tooLarge = false
+        /// The request's share of the server's body budget (`ServerCore.bodyBudget`); given back when the body is
+        /// dropped or the request is over.
+        var reservedBody = 0
+        /// Set when the body was refused: nothing more of it is kept, and it is answered 413 or 503.
+        var bodyRejection: BodyRejection?
         /// What routing found, from the headers (`nil` until then).
         var routed: RouteResult?
         /// The route's admission let this request through: its body may have the route's limit.
@@ -215,6 +235,8 @@ final class ServerCore: Sendable {
     let router: Router
     let onRequestCompleted: (@Sendable (AccessLogRecord) -> Void)?
     let state = Mutex(State())
+    /// Request-body bytes held, against `maxBufferedBodySize`.
+    let bodyBudget: BodyBudget
     /// Requests between MHD's URI callback and its completion callback. An atomic rather than `state`, so
     /// those callbacks take none of our locks.
     let liveRequests = Atomic<Int>(0)
@@ -237,6 +259,7 @@ final class ServerCore: Sendable {
         self.configuration = configuration
         self.router = router
         self.onRequestCompleted = onRequestCompleted
+        self.bodyBudget = BodyBudget(limit: configuration.maxBufferedBodySize)
     }
 
     // MARK: Lifecycle
@@ -251,6 +274,11 @@ final class ServerCore: Sendable {
         else {
             throw HTTPServerError(
                 .invalidConfiguration, "maxBodySize, connectionLimit and threadCount must be positive")
+        }
+        guard config.maxBufferedBodySize == 0 || config.maxBufferedBodySize >= config.maxBodySize else {
+            throw HTTPServerError(
+                .invalidConfiguration, "maxBufferedBodySize must be 0 (off) or at least maxBodySize",
+                details: "maxBufferedBodySize \(config.maxBufferedBodySize), maxBodySize \(config.maxBodySize)")
         }
         guard var address = SocketAddress(host: config.host, port: UInt16(config.port)) else {
             throw HTTPServerError(
@@ -506,6 +534,7 @@ final class ServerCore: Sendable {
     func requestCompleted(
         _ context: RequestContext, connection: OpaquePointer?, termination: MHD_RequestTerminationCode
     ) {
+        releaseBody(context)  // every way a request ends comes through here: answered, aborted, timed out, stopped
         liveRequests.subtract(1, ordering: .releasing)
         setReading(connection, true)  // a kept-alive connection now awaits its next request
         guard let onRequestCompleted else { return }
@@ -518,7 +547,7 @@ final class ServerCore: Sendable {
                 duration: ContinuousClock.now - context.startedAt, requestID: snapshot.requestID,
                 remoteAddress: context.remoteAddress, userAgent: snapshot.headers["User-Agent"],
                 handlerError: snapshot.handlerError,
-                completed: termination == .REQUEST_TERMINATED_COMPLETED_OK))
+                completed: termination == .REQUEST_TERMINATED_COMPLETED_OK, bodyRejection: snapshot.bodyRejection))
     }
 
     /// The access handler: returns false to make MHD close the connection.
@@ -585,24 +614,37 @@ final class ServerCore: Sendable {
             return startBody(context, connection: connection, upload: upload, uploadSize: uploadSize)
         }
         if let length, length > bodyLimit(context, admitted: true) {
-            context.state.withLock { $0.tooLarge = true }
+            context.state.withLock { $0.bodyRejection = .tooLarge }
             return answerBeforeBody(
                 .problem(.payloadTooLarge(limit: bodyLimit(context, admitted: true))), context: context,
                 connection: connection)
         }
         // A body that may exceed the server's limit, to a route that admits its callers first: nothing of it is read
-        // before they are admitted.
+        // (or reserved) before they are admitted.
         if length.map({ $0 > configuration.maxBodySize }) ?? chunked, let admission = match.bodyPolicy.admission {
             return admit(admission, context: context, connection: connection)
         }
         return startBody(context, connection: connection, upload: upload, uploadSize: uploadSize)
     }
 
-    /// Takes what MHD passed along with its first call, if anything.
+    /// Reserves a body announced by `Content-Length` in the server's budget, or refuses it (503) before it is read;
+    /// then takes what MHD passed along, if anything.
     private func startBody(
         _ context: RequestContext, connection: OpaquePointer, upload: UnsafePointer<CChar>?,
         uploadSize: UnsafeMutablePointer<Int>
     ) -> Bool {
+        let length = context.state.withLock { $0.headers["Content-Length"] }.flatMap { Int(HTTPHeaders.trimmed($0)) }
+        if let length, length > 0 {
+            let reserved = context.state.withLock { s in
+                guard bodyBudget.reserve(length) else { return false }
+                s.reservedBody = length
+                return true
+            }
+            if !reserved {
+                context.state.withLock { $0.bodyRejection = .overBudget }
+                return answerBeforeBody(Self.overBudget, context: context, connection: connection)
+            }
+        }
         if uploadSize.pointee == 0 { return true }
         return receive(context, connection: connection, upload: upload, uploadSize: uploadSize)
     }
@@ -616,9 +658,14 @@ final class ServerCore: Sendable {
         return queue(response, context: context, connection: connection)
     }
 
+    /// 503: the body would take the server over its budget of buffered bodies.
+    static let overBudget = HTTPResponse.problem(
+        .serviceUnavailable(
+            detail: "The server is holding too many request bodies at once; retry shortly.", retryAfterSeconds: 1))
+
     /// The largest body this request may send: its route's limit (`BodyPolicy.maxSize`, else the server's
     /// `maxBodySize`), unless the route admits callers first and this request was not admitted (`admitted` false),
-    /// then the server's `maxBodySize`.
+    /// then the server's `maxBodySize`; never more than the body budget.
     private func bodyLimit(_ context: RequestContext, admitted: Bool? = nil) -> Int {
         let (routed, wasAdmitted) = context.state.withLock { ($0.routed, $0.admitted) }
         var limit = configuration.maxBodySize
@@ -627,6 +674,7 @@ final class ServerCore: Sendable {
         {
             limit = size
         }
+        if bodyBudget.limit > 0 { limit = min(limit, bodyBudget.limit) }
         return limit
     }
 
@@ -661,6 +709,11 @@ final class ServerCore: Sendable {
     }
 
     /// Takes a part of the body, or the end of it (`uploadSize` 0), then dispatches.
+    ///
+    /// A body that turns out too large, or that the budget cannot hold (a chunked one, reserved as it grows), is
+    /// dropped and its reservation given back at once; the rest is read and discarded, and the refusal answered when
+    /// the body ends: MHD cannot queue a response while it passes body data (nor is there a way to answer and close
+    /// at that point), so a client that never ends its body is cut off by `requestReadTimeout`.
     private func receive(
         _ context: RequestContext, connection: OpaquePointer, upload: UnsafePointer<CChar>?,
         uploadSize: UnsafeMutablePointer<Int>
@@ -671,18 +724,40 @@ final class ServerCore: Sendable {
         let limit = bodyLimit(context)
         context.state.withLock { s in
             s.bytesIn += size
-            guard !s.tooLarge else { return }
-            if s.body.count + size > limit {
-                s.tooLarge = true  // keep reading (and dropping) so the 413 reaches the client cleanly
-                s.body = []
-            } else if let upload {
-                s.body.append(contentsOf: UnsafeRawBufferPointer(start: upload, count: size))
+            guard s.bodyRejection == nil, let upload else { return }
+            let needed = s.body.count + size
+            if needed > limit {
+                s.bodyRejection = .tooLarge
+            } else if needed > s.reservedBody {
+                // Chunked: reserve ahead as an array grows (doubling), so what is reserved is what is allocated.
+                let target = min(limit, max(needed, 2 * s.reservedBody))
+                if bodyBudget.reserve(target - s.reservedBody) {
+                    s.reservedBody = target
+                } else {
+                    s.bodyRejection = .overBudget
+                }
             }
+            if s.bodyRejection != nil {
+                s.body = []
+                bodyBudget.release(s.reservedBody)
+                s.reservedBody = 0
+                return
+            }
+            if s.body.capacity < s.reservedBody { s.body.reserveCapacity(s.reservedBody) }
+            s.body.append(contentsOf: UnsafeRawBufferPointer(start: upload, count: size))
         }
         return true
     }
 
-    /// The request is complete: answer at once (routing found nothing, the body was too large) or suspend and run the
+    /// Gives back the request's share of the body budget.
+    private func releaseBody(_ context: RequestContext) {
+        context.state.withLock { s in
+            bodyBudget.release(s.reservedBody)
+            s.reservedBody = 0
+        }
+    }
+
+    /// The request is complete: answer at once (routing found nothing, the body was refused) or suspend and run the
     /// handler.
     private func dispatch(_ context: RequestContext, connection: OpaquePointer) -> Bool {
         setReading(connection, false)
@@ -690,9 +765,17 @@ final class ServerCore: Sendable {
             defer { s.body = [] }
             return s
         }
-        if snapshot.tooLarge {
-            return queue(
-                .problem(.payloadTooLarge(limit: bodyLimit(context))), context: context, connection: connection)
+        switch snapshot.bodyRejection {
+        case .tooLarge:
+            var response = HTTPResponse.problem(.payloadTooLarge(limit: bodyLimit(context)))
+            response.headers["Connection"] = "close"
+            return queue(response, context: context, connection: connection)
+        case .overBudget:
+            var response = Self.overBudget
+            response.headers["Connection"] = "close"
+            return queue(response, context: context, connection: connection)
+        case nil:
+            break
         }
         let match: RouteMatch
         switch snapshot.routed {

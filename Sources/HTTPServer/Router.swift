@@ -9,7 +9,8 @@ public struct BodyPolicy: Sendable {
 
     private enum Kind: Hashable { case json, ndjson, any }
     private let kind: Kind
-    /// The route's largest body in bytes, when it differs from the server's `maxBodySize`.
+    /// The route's largest body in bytes, when it differs from the server's `maxBodySize` (never more than the
+    /// server's `maxBufferedBodySize`, which caps it).
     public let maxSize: Int?
     /// With `maxSize` over the server's limit: run before any of a body that may exceed the server's limit is read
     /// (`Content-Length` over it, or a chunked body), so that only admitted callers (e.g. authenticated ones) can

@@ -297,6 +297,125 @@ struct ServerTests {
         }
     }
 
+    @Test("bodies held at once are capped server-wide: over the budget is 503 at once, and shares come back")
+    func bodyBudget() async throws {
+        let records = RecordSink()
+        var router = Self.router()
+        router.add(.POST, "/bulk", body: .ndjson(maxSize: 1 << 20) { _ in }) { request in .text("\(request.body.count)")
+        }
+        let budget: (inout HTTPServer.Configuration) -> Void = {
+            $0.maxBodySize = 64 << 10
+            $0.maxBufferedBodySize = 256 << 10
+        }
+        try await withServer(router, configure: budget, records: records) { server in
+            let port = server.boundPort
+            let outcome = try await onThread {
+                let head = Array("POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: \(64 << 10)\r\n\r\n".utf8)
+                // Four uploads that stall one byte short of their end hold the whole budget.
+                var held = try (0..<4).map { _ in
+                    let connection = try RawConnection(port: port)
+                    try connection.send(head + [UInt8](repeating: 0x61, count: (64 << 10) - 1))
+                    return connection
+                }
+                let full = waitUntil { server.bufferedBodyBytes == 256 << 10 }
+                // The fifth is refused from its headers: 503 at once, and the connection closed.
+                let fifth = try RawConnection(port: port)
+                try fifth.send(head)
+                let refused = try fifth.readResponse()
+                let refusedClosed = fifth.isClosedByPeer()
+                // A chunked body reserves as it grows: refused too (answered at its end, MHD cannot answer before).
+                let streamed = try RawConnection(port: port)
+                try streamed.send(
+                    "POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n10\r\n0123456789abcdef\r\n0\r\n\r\n"
+                )
+                let chunked = try streamed.readResponse()
+                // A route's own limit is capped by the budget: a body the budget can never hold is too large.
+                let bulk = try RawConnection(port: port)
+                try bulk.send(
+                    "POST /bulk HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-ndjson\r\nContent-Length: \(512 << 10)\r\n\r\n"
+                )
+                let tooLarge = try bulk.readResponse()
+                // Two held uploads finish, two are abandoned: all four shares come back.
+                var finished: [Int] = []
+                for connection in held.prefix(2) {
+                    try connection.send([0x61])
+                    finished.append(try connection.readResponse().status)
+                }
+                held.removeAll()  // closes the sockets
+                let released = waitUntil { server.bufferedBodyBytes == 0 }
+                let after = try RawConnection(port: port)
+                try after.sendRequest("POST", "/echo", body: [UInt8](repeating: 0x62, count: 64 << 10))
+                let afterwards = try after.readResponse()
+                return (
+                    full: full, refused: refused, refusedClosed: refusedClosed, chunked: chunked, tooLarge: tooLarge,
+                    finished: finished, released: released, afterwards: afterwards
+                )
+            }
+            #expect(outcome.full, "the four stalled uploads hold the budget")
+            #expect(outcome.refused.status == 503)
+            #expect(try outcome.refused.problem().type == HTTPProblem.typeBase + "service-unavailable")
+            #expect(outcome.refused.headers["Retry-After"] == "1")
+            #expect(outcome.refused.headers["Connection"]?.lowercased() == "close")
+            #expect(outcome.refusedClosed)
+            #expect(outcome.chunked.status == 503)
+            #expect(outcome.tooLarge.status == 413)
+            #expect(try outcome.tooLarge.problem().extensions["limit_bytes"] == "\(256 << 10)")
+            #expect(outcome.finished == [200, 200])
+            #expect(outcome.released, "left: \(server.bufferedBodyBytes) bytes")
+            #expect(outcome.afterwards.status == 200)
+            #expect(outcome.afterwards.body.count == 64 << 10)
+            let all = await records.waitFor(8)
+            #expect(all.filter { $0.bodyRejection == .overBudget }.map(\.status) == [503, 503])
+            #expect(all.filter { $0.bodyRejection == .tooLarge }.map(\.status) == [413])
+        }
+    }
+
+    @Test("every way a request ends gives its body's share of the budget back")
+    func bodyBudgetIsReleased() async throws {
+        var router = Self.router()
+        router.post("/fail", body: .any) { _ in throw SecretError() }
+        let configure: (inout HTTPServer.Configuration) -> Void = {
+            $0.maxBodySize = 64 << 10
+            $0.maxBufferedBodySize = 256 << 10
+            $0.requestReadTimeout = .seconds(1)
+        }
+        try await withServer(router, configure: configure) { server in
+            let port = server.boundPort
+            let statuses = try await onThread {
+                var statuses: [Int] = []
+                let body = [UInt8](repeating: 0x61, count: 40 << 10)
+                for target in ["/echo", "/fail"] {  // answered by the handler, or by a handler that threw
+                    let connection = try RawConnection(port: port)
+                    try connection.sendRequest("POST", target, body: body)
+                    statuses.append(try connection.readResponse().status)
+                }
+                // Over the limit part-way through a chunked body (answered at its end).
+                let chunked = try RawConnection(port: port)
+                try chunked.send("POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
+                for _ in 0..<5 { try chunked.send(Array("4000\r\n".utf8) + body.prefix(16 << 10) + Array("\r\n".utf8)) }
+                try chunked.send("0\r\n\r\n")
+                statuses.append(try chunked.readResponse().status)
+                // Abandoned part-way, by the client and by the read deadline.
+                let head = Array("POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: \(64 << 10)\r\n\r\n".utf8)
+                do {
+                    let abandoned = try RawConnection(port: port)
+                    try abandoned.send(head + body)
+                    _ = waitUntil { server.bufferedBodyBytes >= 64 << 10 }
+                }
+                let stalled = try RawConnection(port: port, timeoutSeconds: 15)
+                try stalled.send(head + body)
+                let clock = ContinuousClock()
+                let started = clock.now
+                let answered = (try? stalled.readResponse()) != nil  // EOF or reset, not the 15 s receive timeout
+                statuses.append(!answered && clock.now - started < .seconds(10) ? 0 : -1)  // cut off unanswered
+                return statuses
+            }
+            #expect(statuses == [200, 500, 413, 0])
+            let released = try await onThread { waitUntil { server.bufferedBodyBytes == 0 } }
+            #expect(released, "left: \(server.bufferedBodyBytes) bytes")
+        }
+    }
+
     @Test func handlerErrorsAreHidden() async throws {
         let records = RecordSink()
         try await withServer(Self.router(), records: records) { server in

@@ -170,6 +170,17 @@ func onThread<T: Sendable>(_ work: @escaping @Sendable () throws -> T) async thr
     }
 }
 
+/// Polls `condition` every 5 ms until it holds or `timeout` has passed, and says whether it held. Blocking: for work
+/// on `onThread`.
+func waitUntil(timeout: Duration = .seconds(10), _ condition: () -> Bool) -> Bool {
+    let deadline = ContinuousClock.now + timeout
+    while !condition() {
+        if ContinuousClock.now >= deadline { return false }
+        usleep(5_000)
+    }
+    return true
+}
+
 /// One request on a fresh connection.
 func request(
     _ port: Int, _ method: String, _ target: String, headers: [(String, String)] = [], body: [UInt8] = []
