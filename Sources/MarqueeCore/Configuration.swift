@@ -87,6 +87,11 @@ public struct MarqueeConfiguration: Sendable, Equatable {
     public var httpThreads: Int
     /// `MARQUEE_MAX_BODY_BYTES`: request body limit. Default 1 MiB.
     public var maxBodyBytes: Int
+    /// `MARQUEE_MAX_BUFFERED_BODY_BYTES`: most request-body bytes `serve` holds at once, over all requests (bodies being
+    /// received and those of running handlers); a request that would go over it is answered 503. Also caps every
+    /// route's body limit (the people import's 64 MiB). 0 turns it off; otherwise at least `MARQUEE_MAX_BODY_BYTES`.
+    /// Default 64 MiB: with the API's ~45 MiB at rest, it keeps a pod inside its 256 MiB limit whatever clients send.
+    public var maxBufferedBodyBytes: Int
     /// `MARQUEE_HTTP_CONNECTIONS_PER_ADDRESS`: most connections open at once from one client address (further ones
     /// are closed at once); 0 disables the cap, e.g. behind a proxy. Default 256.
     public var httpConnectionsPerAddress: Int
@@ -251,6 +256,13 @@ public struct MarqueeConfiguration: Sendable, Equatable {
         httpThreads = integer(
             "MARQUEE_HTTP_THREADS", default: max(2, ProcessInfo.processInfo.activeProcessorCount), range: 1...256)
         maxBodyBytes = integer("MARQUEE_MAX_BODY_BYTES", default: 1 << 20, range: 1024...(64 << 20))
+        maxBufferedBodyBytes = integer("MARQUEE_MAX_BUFFERED_BODY_BYTES", default: 64 << 20, range: 0...(1 << 40))
+        if maxBufferedBodyBytes != 0, maxBufferedBodyBytes < maxBodyBytes {
+            problems.append(
+                Problem(
+                    variable: "MARQUEE_MAX_BUFFERED_BODY_BYTES",
+                    reason: "must be 0 (off) or at least MARQUEE_MAX_BODY_BYTES (\(maxBodyBytes))"))
+        }
         httpReadTimeoutSeconds = integer("MARQUEE_HTTP_READ_TIMEOUT", default: 30, range: 0...3600)
         httpConnectionsPerAddress = integer("MARQUEE_HTTP_CONNECTIONS_PER_ADDRESS", default: 256, range: 0...1_000_000)
         drainTimeoutSeconds = integer("MARQUEE_DRAIN_TIMEOUT", default: 30, range: 1...3600)

@@ -68,7 +68,8 @@ struct ServeCommand {
                 maxBodySize: configuration.maxBodyBytes, threadCount: configuration.httpThreads,
                 drainTimeout: .seconds(configuration.drainTimeoutSeconds),
                 perAddressConnectionLimit: configuration.httpConnectionsPerAddress,
-                requestReadTimeout: .seconds(configuration.httpReadTimeoutSeconds)),
+                requestReadTimeout: .seconds(configuration.httpReadTimeoutSeconds),
+                maxBufferedBodySize: configuration.maxBufferedBodyBytes),
             router: router,
             onRequestCompleted: { record in
                 httpMetrics.record(record)
@@ -82,6 +83,8 @@ struct ServeCommand {
                     accessLogger.info("request", metadata: HTTPMetrics.accessMetadata(record))
                 }
             })
+
+        httpMetrics.observe(server)
 
         let roleGuard = try await Startup.databaseRoleGuard(
             pool: pool, command: "serve", configuration, logger: logger)
@@ -105,17 +108,34 @@ struct ServeCommand {
     }
 }
 
-/// Request counters and latency histograms, by method, route pattern and status.
+/// Request counters and latency histograms, by method, route pattern and status; bodies refused and held.
 struct HTTPMetrics: Sendable {
+    let registry: MetricsRegistry
     let requests: Counter
     let duration: Histogram
+    let bodyRejections: Counter
 
     init(registry: MetricsRegistry) {
+        self.registry = registry
         requests = registry.counter(
             "marquee_http_requests_total", help: "HTTP requests served.", labels: ["method", "route", "status"])
         duration = registry.histogram(
             "marquee_http_request_duration_seconds", help: "Time from request received to response queued.",
             labels: ["method", "route", "status"])
+        bodyRejections = registry.counter(
+            "marquee_http_body_rejections_total",
+            help: "Request bodies refused before the handler ran: too_large (413), over_budget (503).",
+            labels: ["reason"])
+        for reason in BodyRejection.allCases { bodyRejections.inc(0, [reason.rawValue]) }
+    }
+
+    /// Samples the server's buffered request-body bytes at each scrape.
+    func observe(_ server: HTTPServer) {
+        let buffered = registry.gauge(
+            "marquee_http_buffered_body_bytes",
+            help: "Request-body bytes held now (being received or in a running handler), against "
+                + "MARQUEE_MAX_BUFFERED_BODY_BYTES.")
+        registry.onCollect { buffered.set(Double(server.bufferedBodyBytes)) }
     }
 
     func record(_ record: AccessLogRecord) {
@@ -124,6 +144,7 @@ struct HTTPMetrics: Sendable {
         let labels = [record.method.boundedLabel, record.route ?? "unmatched", String(record.status)]
         requests.inc(1, labels)
         duration.observe(record.duration, labels)
+        if let rejection = record.bodyRejection { bodyRejections.inc(1, [rejection.rawValue]) }
     }
 
     /// Access-log fields. The raw path is left out on purpose: it can hold device tokens.

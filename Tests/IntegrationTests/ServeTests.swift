@@ -73,6 +73,8 @@ struct ServeTests {
             metrics.text.contains(#"marquee_http_requests_total{method="GET",route="/healthz",status="200"}"#))
         #expect(metrics.text.contains("# TYPE marquee_http_request_duration_seconds histogram"))
         #expect(metrics.text.contains(#"marquee_http_request_duration_seconds_bucket{method="GET",route="/readyz""#))
+        #expect(metrics.text.contains(#"marquee_http_body_rejections_total{reason="over_budget"} 0"#))
+        #expect(metrics.text.contains("# TYPE marquee_http_buffered_body_bytes gauge"))
         // Any method token is passed through by the server; made-up ones share one label instead of one series each.
         for method in ["AAAA1", "AAAA2"] {
             _ = try await HTTP.send(method, serve.baseURL + "/healthz", body: nil)

@@ -12,6 +12,15 @@ struct ConfigurationTests {
         #expect(c.databaseURL == nil)
         #expect(c.masterKey == nil)
         #expect(c.maxBodyBytes == 1 << 20)
+        #expect(c.maxBufferedBodyBytes == 64 << 20)
+        #expect(
+            try MarqueeConfiguration(environment: ["MARQUEE_MAX_BUFFERED_BODY_BYTES": "0"]).maxBufferedBodyBytes == 0)
+        let budget = #expect(throws: ConfigurationError.self) {
+            try MarqueeConfiguration(environment: [
+                "MARQUEE_MAX_BODY_BYTES": "2097152", "MARQUEE_MAX_BUFFERED_BODY_BYTES": "1048576",
+            ])
+        }
+        #expect(budget?.problems.map(\.variable) == ["MARQUEE_MAX_BUFFERED_BODY_BYTES"])
         #expect(c.databasePoolSize == 16 && c.databaseAcquireTimeoutSeconds == 5)
         #expect(c.databaseWriteBatches == 2 && c.databaseReadBatches == 2)
         let batches = try MarqueeConfiguration(environment: [
