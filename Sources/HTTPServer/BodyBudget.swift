@@ -3,8 +3,8 @@ import Synchronization
 /// The request-body bytes the server holds at once, over all requests, against
 /// `HTTPServer.Configuration.maxBufferedBodySize`.
 ///
-/// A request reserves its share before the bytes are read (its `Content-Length` up front, a chunked body as it grows)
-/// and gives it back when its body is dropped or the request is over, whichever comes first.
+/// A request reserves its share as its bytes arrive (ahead of them as its buffer grows, never past its announced
+/// `Content-Length`) and gives it back when its body is dropped or the request is over, whichever comes first.
 final class BodyBudget: Sendable {
     /// The most bytes that may be reserved at once; 0: no limit (reservations are still counted).
     let limit: Int
@@ -28,6 +28,11 @@ final class BodyBudget: Sendable {
             if exchanged { return true }
             current = original
         }
+    }
+
+    /// Whether `bytes` more would fit now (nothing is reserved).
+    func wouldFit(_ bytes: Int) -> Bool {
+        limit == 0 || bytes <= limit - reserved.load(ordering: .relaxed)
     }
 
     /// Gives back `bytes` reserved earlier.

@@ -176,6 +176,8 @@ final class RequestContext: Sendable {
         /// The request's share of the server's body budget (`ServerCore.bodyBudget`); given back when the body is
         /// dropped or the request is over.
         var reservedBody = 0
+        /// The body's `Content-Length`, if it announced one.
+        var announcedLength: Int?
         /// Set when the body was refused: nothing more of it is kept, and it is answered 413 or 503.
         var bodyRejection: BodyRejection?
         /// What routing found, from the headers (`nil` until then).
@@ -627,23 +629,22 @@ final class ServerCore: Sendable {
         return startBody(context, connection: connection, upload: upload, uploadSize: uploadSize)
     }
 
-    /// Reserves a body announced by `Content-Length` in the server's budget, or refuses it (503) before it is read;
-    /// then takes what MHD passed along, if anything.
+    /// Refuses (503, before it is read) a body announced by `Content-Length` that the server's budget cannot hold
+    /// now; then takes what MHD passed along, if anything.
+    ///
+    /// Nothing is reserved for an announced length: a body's share is reserved as its bytes arrive (`receive`), so
+    /// that connections announcing large bodies and sending nothing hold nothing of the budget.
     private func startBody(
         _ context: RequestContext, connection: OpaquePointer, upload: UnsafePointer<CChar>?,
         uploadSize: UnsafeMutablePointer<Int>
     ) -> Bool {
-        let length = context.state.withLock { $0.headers["Content-Length"] }.flatMap { Int(HTTPHeaders.trimmed($0)) }
-        if let length, length > 0 {
-            let reserved = context.state.withLock { s in
-                guard bodyBudget.reserve(length) else { return false }
-                s.reservedBody = length
-                return true
-            }
-            if !reserved {
-                context.state.withLock { $0.bodyRejection = .overBudget }
-                return answerBeforeBody(Self.overBudget, context: context, connection: connection)
-            }
+        let length = context.state.withLock { s in
+            s.announcedLength = s.headers["Content-Length"].flatMap { Int(HTTPHeaders.trimmed($0)) }
+            return s.announcedLength
+        }
+        if let length, length > 0, !bodyBudget.wouldFit(length) {
+            context.state.withLock { $0.bodyRejection = .overBudget }
+            return answerBeforeBody(Self.overBudget, context: context, connection: connection)
         }
         if uploadSize.pointee == 0 { return true }
         return receive(context, connection: connection, upload: upload, uploadSize: uploadSize)
@@ -729,8 +730,9 @@ final class ServerCore: Sendable {
             if needed > limit {
                 s.bodyRejection = .tooLarge
             } else if needed > s.reservedBody {
-                // Chunked: reserve ahead as an array grows (doubling), so what is reserved is what is allocated.
-                let target = min(limit, max(needed, 2 * s.reservedBody))
+                // Reserve ahead as the array grows (doubling, up to the announced length), so that what is reserved
+                // is what is allocated, and only for bytes that came.
+                let target = min(limit, s.announcedLength ?? limit, max(needed, 2 * s.reservedBody))
                 if bodyBudget.reserve(target - s.reservedBody) {
                     s.reservedBody = target
                 } else {

@@ -297,6 +297,37 @@ struct ServerTests {
         }
     }
 
+    @Test("a body's share of the budget is reserved as its bytes come, not for the length it announces")
+    func announcedBodiesHoldNothing() async throws {
+        let budget: (inout HTTPServer.Configuration) -> Void = {
+            $0.maxBodySize = 64 << 10
+            $0.maxBufferedBodySize = 256 << 10
+        }
+        try await withServer(Self.router(), configure: budget) { server in
+            let port = server.boundPort
+            let outcome = try await onThread {
+                // Four connections announce the largest body and send one byte of it.
+                let head = Array("POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: \(64 << 10)\r\n\r\na".utf8)
+                let idle = try (0..<4).map { _ in
+                    let connection = try RawConnection(port: port)
+                    try connection.send(head)
+                    return connection
+                }
+                let seen = waitUntil { server.bufferedBodyBytes >= 4 }
+                let held = server.bufferedBodyBytes
+                // A whole body still fits.
+                let other = try RawConnection(port: port)
+                try other.sendRequest("POST", "/echo", body: [UInt8](repeating: 0x62, count: 64 << 10))
+                let answer = try other.readResponse()
+                _ = idle
+                return (seen: seen, held: held, answer: answer)
+            }
+            #expect(outcome.seen)
+            #expect(outcome.held < 1 << 10, "held \(outcome.held) bytes for four one-byte bodies")
+            #expect(outcome.answer.status == 200)
+        }
+    }
+
     @Test("bodies held at once are capped server-wide: over the budget is 503 at once, and shares come back")
     func bodyBudget() async throws {
         let records = RecordSink()
