@@ -207,6 +207,14 @@ extension JSONValue {
         return try parser.parseDocument()
     }
 
+    /// Parses a document the service stored itself (PostgreSQL's `jsonb` output): no limit on its number of values,
+    /// which were checked when it came in, under the limits of the day (a row written before a limit existed must
+    /// still read). Depth is still limited.
+    public static func parseStored(_ bytes: some Collection<UInt8>) throws(JSONParseError) -> JSONValue {
+        var parser = JSONParser(Array(bytes), maxValues: .max)
+        return try parser.parseDocument()
+    }
+
     public static func parse(_ text: String) throws(JSONParseError) -> JSONValue {
         try parse(Array(text.utf8))
     }
@@ -224,7 +232,12 @@ struct JSONParser {
     /// 10,000 people) hold well under this.
     static let maxValues = 100_000
 
-    init(_ bytes: [UInt8]) { self.bytes = bytes }
+    let maxValues: Int
+
+    init(_ bytes: [UInt8], maxValues: Int = Self.maxValues) {
+        self.bytes = bytes
+        self.maxValues = maxValues
+    }
 
     mutating func parseDocument() throws(JSONParseError) -> JSONValue {
         skipWhitespace()
@@ -248,7 +261,7 @@ struct JSONParser {
     mutating func parseValue() throws(JSONParseError) -> JSONValue {
         guard index < bytes.count else { throw fail("unexpected end of input") }
         values += 1
-        if values > Self.maxValues { throw fail("more than \(Self.maxValues) values") }
+        if values > maxValues { throw fail("more than \(maxValues) values") }
         switch bytes[index] {
         case UInt8(ascii: "{"): return try parseObject()
         case UInt8(ascii: "["): return try parseArray()

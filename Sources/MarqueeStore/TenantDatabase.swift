@@ -82,7 +82,7 @@ extension JSONValue: PostgresEncodable, PostgresDecodable {
 
     public static func decodePostgres(from cell: PostgresCell) throws -> JSONValue {
         let raw = try PostgresJSON.decodePostgres(from: cell)
-        return try JSONValue.parse(raw.bytes)
+        return try JSONValue.parseStored(raw.bytes)
     }
 }
 
