@@ -125,12 +125,19 @@ BEGIN
             COMMIT;
             EXIT WHEN v_rows < 5000;
         END LOOP;
-        -- Retired push-to-start tokens, a slice per transaction (found by push_to_start_retired).
+        -- Retired push-to-start tokens, a slice per transaction (found by push_to_start_retired). Those APNs refused
+        -- while the tenant's current credential has been in place (BadDeviceToken, DeviceTokenNotForTopic: a wrong
+        -- environment or bundle ID) are kept, however old: correcting the credential brings them back (0077).
         LOOP
             DELETE FROM push_to_start_tokens
             WHERE (tenant_id, device_token, activity_type, token) IN (
-                SELECT tenant_id, device_token, activity_type, token FROM push_to_start_tokens
-                WHERE status = 'retired' AND retired_at < v_cutoff::timestamptz LIMIT 5000);
+                SELECT t.tenant_id, t.device_token, t.activity_type, t.token FROM push_to_start_tokens t
+                WHERE t.status = 'retired' AND t.retired_at < v_cutoff::timestamptz
+                  AND (t.retired_reason IS NULL
+                       OR t.retired_reason NOT IN ('BadDeviceToken', 'DeviceTokenNotForTopic')
+                       OR t.retired_at < (SELECT c.configured_at FROM apns_credentials c
+                                          WHERE c.tenant_id = t.tenant_id))
+                LIMIT 5000);
             GET DIAGNOSTICS v_rows = ROW_COUNT;
             v_tokens := v_tokens + v_rows;
             COMMIT;

@@ -218,23 +218,33 @@ struct RetentionTests {
         try await db.system.execute("INSERT INTO people (tenant_id, id) VALUES (\(db.tenant), 'p')")
         try await db.system.execute(
             "INSERT INTO devices (tenant_id, token, person_id, platform) VALUES (\(db.tenant), 'd', 'p', 'ios')")
-        // Rotated 40 and 5 days ago (each rotation keeps the old row), and the token active since 100 days ago.
-        for (token, status, retiredAt) in [
-            ("rotated-long-ago", "retired", now - 40 * day), ("rotated-lately", "retired", now - 5 * day),
-            ("current", "active", nil),
-        ] {
+        // Rotated 40 and 5 days ago (each rotation keeps the old row), the token active since 100 days ago, and one
+        // APNs refused 40 days ago for a wrong environment: the tenant's credential (configured 60 days ago) is
+        // still the one in place, and correcting it brings that token back (migration 0077), so it stays.
+        try await db.system.execute(
+            """
+            INSERT INTO apns_credentials (tenant_id, team_id, key_id, bundle_id, environment, sealed_private_key, configured_at)
+            SELECT \(db.tenant), 'TEAM123456', 'KEY1234567', 'com.example.app', 'sandbox', '\\x00'::bytea,
+                   \(now - 60 * day)
+            """)
+        for (token, status, retiredAt, reason) in [
+            ("rotated-long-ago", "retired", now - 40 * day, "rotated"),
+            ("rotated-lately", "retired", now - 5 * day, "rotated"), ("current", "active", nil, nil),
+            ("refused-long-ago", "retired", now - 40 * day, "BadDeviceToken"),
+        ] as [(String, String, Date?, String?)] {
             try await db.system.execute(
                 """
                 INSERT INTO push_to_start_tokens (tenant_id, device_token, activity_type, token, status, retired_at,
-                                                  created_at, updated_at)
-                VALUES (\(db.tenant), 'd', 'Order', \(token), \(status), \(retiredAt), \(now - 100 * day),
+                                                  retired_reason, created_at, updated_at)
+                VALUES (\(db.tenant), 'd', 'Order', \(token), \(status), \(retiredAt), \(reason), \(now - 100 * day),
                         \(now - 100 * day))
                 """)
         }
         let report = try #require(try await RetentionStore(pool: db.system).apply(now: now, keepDays: 30))
         #expect(report.retiredTokensPurged == 1)
         let left = try await db.system.query("SELECT token FROM push_to_start_tokens ORDER BY token")
-        #expect(try left.map { try $0.decode(String.self, "token") } == ["current", "rotated-lately"])
+        #expect(
+            try left.map { try $0.decode(String.self, "token") } == ["current", "refused-long-ago", "rotated-lately"])
     }
 
     @Test("the partition functions (run as the owner) refuse a table retention does not keep")
