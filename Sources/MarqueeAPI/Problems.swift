@@ -142,8 +142,9 @@ extension Problems {
 
     /// 500: the database connection was lost while the write's transaction committed (`UnansweredCommit`), so its
     /// answer was lost. The write was not made again. Not a 503 with Retry-After: retrying blindly could apply the
-    /// write twice (a second version and push). A start is never answered so (its answer is read back from its
-    /// instance), nor a change with an Idempotency-Key (read back from the key's record).
+    /// write twice (a second version and push). When the commit is known to have happened, a start is never answered
+    /// so (its answer is read back from its instance), nor a change with an Idempotency-Key (read back from the key's
+    /// record); when it is not known (`write-outcome-unknown`), any write may be.
     static func unansweredCommit(_ error: UnansweredCommit) -> HTTPProblem {
         switch error.outcome {
         case .committed:
