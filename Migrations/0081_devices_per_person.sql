@@ -25,36 +25,36 @@ GRANT EXECUTE ON FUNCTION marquee_max_devices_per_person(uuid) TO marquee_api;
 -- which every registration of the token moves): p_keep (the devices just registered) are kept before any other.
 -- Returns how many went. The caller holds the people's rows, so that two registrations for one person take turns.
 --
--- An import calls it with 100,000 people and their tokens: the arrays are joined as sets (`IN (SELECT unnest(…))`),
--- never searched per row (`= ANY (array)` in a row's condition or ordering is a scan of the array each time: minutes
--- for one import), and only the people over the cap (almost always none) have their devices ranked.
+-- An import calls it with 100,000 people and their tokens. Nothing here joins the arrays to `devices` in a way the
+-- planner may turn around: planned for an array of unknown size (estimated at 10 elements), a join or `IN (SELECT
+-- unnest(…))` was sometimes run with the array as the inner side, scanned again for every device (minutes for one
+-- import). Each person's devices are counted by a probe of its own (devices_person), only the people over the cap
+-- (almost always none) have their devices ranked, and a long list of devices just registered (an import: they are
+-- the newest anyway) is not searched per row.
 CREATE FUNCTION marquee_keep_recent_devices(p_tenant uuid, p_people text[], p_keep text[]) RETURNS integer
 LANGUAGE plpgsql VOLATILE SECURITY INVOKER SET enable_seqscan = off AS $$
 DECLARE
     v_cap integer := marquee_max_devices_per_person(p_tenant);
+    v_keep text[] := CASE WHEN cardinality(p_keep) <= 100 THEN p_keep ELSE '{}'::text[] END;
     v_over text[];
     v_removed integer;
 BEGIN
-    SELECT array_agg(c.person_id) INTO v_over
-    FROM (SELECT x.person_id FROM devices x
-          WHERE x.tenant_id = p_tenant AND x.person_id IN (SELECT unnest(p_people))
-          GROUP BY x.person_id
-          HAVING count(*) > v_cap) c;
+    SELECT array_agg(p.person_id) INTO v_over
+    FROM (SELECT DISTINCT unnest(p_people) AS person_id) p
+    WHERE (SELECT count(*) FROM devices x WHERE x.person_id = p.person_id AND x.tenant_id = p_tenant) > v_cap;
     IF v_over IS NULL THEN
         RETURN 0;
     END IF;
     -- person_id is checked again on the row deleted: a device that moved to someone else meanwhile stays.
     DELETE FROM devices d
-    USING (SELECT r.token
-           FROM (SELECT x.token,
-                        row_number() OVER (PARTITION BY x.person_id
-                                           ORDER BY k.token IS NOT NULL DESC, x.updated_at DESC,
-                                                    x.created_at DESC, x.token) AS n
-                 FROM devices x
-                 LEFT JOIN (SELECT DISTINCT unnest(p_keep) AS token) k ON k.token = x.token
-                 WHERE x.tenant_id = p_tenant AND x.person_id IN (SELECT unnest(v_over))) r
-           WHERE r.n > v_cap) gone
-    WHERE d.tenant_id = p_tenant AND d.token = gone.token AND d.person_id IN (SELECT unnest(v_over));
+    USING (SELECT o.person_id, r.token
+           FROM unnest(v_over) AS o(person_id)
+           CROSS JOIN LATERAL (
+               SELECT x.token FROM devices x
+               WHERE x.person_id = o.person_id AND x.tenant_id = p_tenant
+               ORDER BY x.token = ANY (v_keep) DESC, x.updated_at DESC, x.created_at DESC, x.token
+               OFFSET v_cap) r) gone
+    WHERE d.tenant_id = p_tenant AND d.token = gone.token AND d.person_id = gone.person_id;
     GET DIAGNOSTICS v_removed = ROW_COUNT;
     RETURN v_removed;
 END;
