@@ -55,14 +55,14 @@ public struct RegistryTransaction {
     /// registration waits for the erasure and creates the person anew, rather than referring to a person deleted
     /// meanwhile (a foreign-key violation); and two registrations for one person take turns, so the cap holds.
     public func upsertDevice(_ registration: DeviceRegistration) throws -> Device {
-        try connection.execute(
-            """
-            INSERT INTO people (tenant_id, id) VALUES (\(tenant), \(registration.personID))
-            ON CONFLICT (tenant_id, id) DO UPDATE SET updated_at = people.updated_at WHERE false
-            """)
-        let rows: PostgresRows
+        // One round trip: the person held, the device written, the cap applied (each statement after the one before).
+        let rows: [PostgresRows]
         do {
-            rows = try connection.query(
+            rows = try connection.pipelined([
+                """
+                INSERT INTO people (tenant_id, id) VALUES (\(tenant), \(registration.personID))
+                ON CONFLICT (tenant_id, id) DO UPDATE SET updated_at = people.updated_at WHERE false
+                """,
                 """
                 INSERT INTO devices (tenant_id, token, person_id, platform, app_id, os_version, app_version, attributes)
                 VALUES (\(tenant), \(registration.token), \(registration.personID), \(registration.platform.rawValue),
@@ -76,16 +76,16 @@ public struct RegistryTransaction {
                     attributes = CASE WHEN \(registration.attributes) IS NULL THEN devices.attributes
                                       ELSE EXCLUDED.attributes END
                 RETURNING \(unsafeRaw: RegistryStore.deviceColumns)
-                """)
+                """,
+                """
+                SELECT marquee_keep_recent_devices(\(tenant), \([registration.personID])::text[], \([registration.token])::text[])
+                """,
+            ])
         } catch let error as PostgresError where error.code == .foreignKeyViolation {
-            // The person is held above, so this is not expected; should it happen, the person is gone.
+            // The person is held first, so this is not expected; should it happen, the person is gone.
             throw NotFound("person")
         }
-        try connection.query(
-            """
-            SELECT marquee_keep_recent_devices(\(tenant), \([registration.personID])::text[], \([registration.token])::text[])
-            """)
-        return try RegistryStore.device(rows[0])
+        return try RegistryStore.device(rows[1][0])
     }
 
     /// Removes a device (and its tokens). With `personID`, only if it belongs to that person. Throws `NotFound`

@@ -17,9 +17,9 @@ public struct TenantDatabase: Sendable {
     /// How many of one tenant's transactions hold or wait for a connection at once.
     public let shares: TenantShares
 
-    public init(pool: PostgresPool, shares: TenantShares? = nil) {
+    public init(pool: PostgresPool) {
         self.pool = pool
-        self.shares = shares ?? TenantShares(pool: pool)
+        self.shares = TenantShares(pool: pool)
     }
 
     /// Runs `body` in one transaction confined to `tenant`.
