@@ -116,7 +116,6 @@ public final class FCMSimulator: Sendable {
 
     private let core: FCMCore
     private let host: SimulatorHost
-    private let started = Atomic<Bool>(false)
 
     /// Creates the certificates and the server; nothing is bound before `start()`.
     public init(configuration: Configuration) throws {
@@ -136,25 +135,17 @@ public final class FCMSimulator: Sendable {
     /// The CA certificate that signed the server certificate.
     public var caCertificatePEM: String { host.tls.caCertificatePEM }
 
-    /// Writes the CA file and binds the port.
-    public func start() throws {
-        guard !started.exchange(true, ordering: .sequentiallyConsistent) else { return }
-        try host.start()
-    }
+    /// Writes the CA file and binds the port (once).
+    public func start() throws { try host.start() }
 
     /// The bound port (after `start()`).
-    public var port: Int { host.server.boundPort }
+    public var port: Int { host.port }
 
     /// Starts if needed and serves until `stop()` or cancellation (then stops gracefully).
-    public func run() async throws {
-        try start()
-        try await host.server.run()
-    }
+    public func run() async throws { try await host.run() }
 
-    /// Stops gracefully.
-    public func stop() async {
-        await host.server.stop()
-    }
+    /// Stops gracefully (GOAWAY, in-flight streams finish).
+    public func stop() async { await host.stop() }
 
     /// Kept records for `token` (or all), as in `/_sim/messages`.
     public func messages(token: String? = nil) -> [JSONValue] { core.recorder.records(token: token) }

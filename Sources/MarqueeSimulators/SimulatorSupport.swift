@@ -295,7 +295,11 @@ final class SimulatorHost: Sendable {
             responder: responder)
     }
 
+    private let started = Atomic<Bool>(false)
+
+    /// Writes the CA file and binds the port, once (later calls do nothing).
     func start() throws {
+        guard !started.exchange(true, ordering: .sequentiallyConsistent) else { return }
         if let caOutputPath { try tls.writeCA(to: caOutputPath) }
         do {
             try server.start()
@@ -303,6 +307,18 @@ final class SimulatorHost: Sendable {
             throw SimulatorError(.invalidConfiguration, "cannot start the server", details: "\(error)")
         }
     }
+
+    /// The bound port (after `start()`).
+    var port: Int { server.boundPort }
+
+    /// Starts if needed and serves until `stop()` or cancellation (then stops gracefully).
+    func run() async throws {
+        try start()
+        try await server.run()
+    }
+
+    /// Stops gracefully (GOAWAY, in-flight streams finish).
+    func stop() async { await server.stop() }
 }
 
 extension FaultRule {
