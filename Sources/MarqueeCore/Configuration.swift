@@ -79,9 +79,12 @@ public struct MarqueeConfiguration: Sendable, Equatable {
     public var databaseWriteBatches: Int
     /// `MARQUEE_DB_READ_BATCHES`: batched reads of change and start contexts in flight at once (per kind). Default 2.
     public var databaseReadBatches: Int
-    /// `MARQUEE_DB_STATEMENT_TIMEOUT`: seconds any one statement of `marquee serve` may run (PostgreSQL's
-    /// `statement_timeout`; the people import allows itself 15 minutes). PostgreSQL keeps running a statement whose
-    /// client is gone: this bounds what a disconnected or stuck request costs. 0 disables it. Default 60.
+    /// `MARQUEE_DB_STATEMENT_TIMEOUT`: seconds any one statement of `marquee serve` or `marquee worker` may run
+    /// (PostgreSQL's `statement_timeout`). PostgreSQL keeps running a statement whose client is gone: this bounds what
+    /// a disconnected or stuck request costs, and a worker's background statement stuck behind a lock fails instead
+    /// of stopping its loop for good. Exceptions: the people import and a campaign's audience allow themselves 15
+    /// minutes (`BulkStatements`), a claim 2 s, a claim's record and the retention pass none. 0 disables it.
+    /// Default 60.
     public var databaseStatementTimeoutSeconds: Int
     /// `MARQUEE_HTTP_THREADS`: listener threads. Default: the number of cores, at least 2.
     public var httpThreads: Int

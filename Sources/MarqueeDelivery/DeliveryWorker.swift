@@ -783,8 +783,17 @@ public final class DeliveryWorker: Sendable {
                     failing = false
                 }
             }
-            if ticks % 300 == 0, let removed = try? await queue.expireIdempotencyKeys(), removed > 0 {
-                logger.info("expired idempotency records removed", metadata: ["removed": .int(removed)])
+            if ticks % 300 == 0 {
+                do {
+                    let removed = try await queue.expireIdempotencyKeys()
+                    if removed > 0 {
+                        logger.info("expired idempotency records removed", metadata: ["removed": .int(removed)])
+                    }
+                } catch {
+                    logger.warning(
+                        "expiring idempotency records failed; tried again in 5 minutes",
+                        metadata: ["error": .string(String(describing: error))])
+                }
             }
             ticks += 1
             try? await Task.sleep(for: .seconds(1))

@@ -340,10 +340,15 @@ public struct CampaignRunner: Sendable {
         try planForBulk(c)
         // The audience's size, once resolved (a start recorded partway by an older version has none: its steps are
         // all `chunk`).
-        let members =
-            progress == nil
-            ? try resolveAudience(c, tenant, campaignID, audience)
-            : progress?["members"]?.intValue.map(Int.init)
+        let members: Int?
+        if progress == nil {
+            // Every person of the audience in one statement: more than the worker's usual statement timeout allows.
+            try c.query(BulkStatements.timeout)
+            members = try resolveAudience(c, tenant, campaignID, audience)
+            try c.query("SET LOCAL statement_timeout TO DEFAULT")
+        } else {
+            members = progress?["members"]?.intValue.map(Int.init)
+        }
         // Where this step starts: after the last member the previous one wrote. Paced deliveries are due `rate` a
         // second from the first step's start, counted over every step's rows.
         let after = progress?["after"]?.stringValue ?? ""

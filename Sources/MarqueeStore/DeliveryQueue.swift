@@ -315,8 +315,10 @@ public struct DeliveryQueue: Sendable {
             guard !claimed.isEmpty else { return 0 }
             let outcome = await send(claimed)
             try await session.run { connection in
-                // The record runs without the claim's statement timeout; then the commit, in the same round trip.
-                var statements: [PostgresQuery] = ["SET LOCAL statement_timeout TO DEFAULT"]
+                // The record runs without a statement timeout (cancelling it would roll back the record of pushes
+                // already sent, to be sent again; a worker stuck here is restarted by its liveness probe); then the
+                // commit, in the same round trip.
+                var statements: [PostgresQuery] = ["SET LOCAL statement_timeout TO 0"]
                 let record = Self.recordQuery(outcome.results)
                 if let record { statements.append(record) }
                 if !outcome.stillSending.isEmpty {

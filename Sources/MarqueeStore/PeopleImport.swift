@@ -74,9 +74,6 @@ public struct PeopleImportStore: Sendable {
         self.database = database
     }
 
-    /// The statement timeout of an import's statements.
-    static let statementTimeout = "15min"
-
     /// Imports `people` (distinct IDs, emails and device tokens: the API rejects repeats). With an idempotency
     /// key, the rendered answer (`render`) is stored in the same transaction, and a repeat returns it instead.
     public func importPeople(
@@ -85,7 +82,7 @@ public struct PeopleImportStore: Sendable {
     ) async throws -> ImportResult {
         try await database.tenantTransaction(tenant) { connection in
             // Up to 100,000 people in one transaction: more than the API's usual statement timeout allows.
-            try connection.query("SELECT set_config('statement_timeout', \(Self.statementTimeout), true)")
+            try connection.query(BulkStatements.timeout)
             if let key = idempotencyKey {
                 // Serialises requests with the same key: the second waits, then replays the first's answer.
                 try connection.query("SELECT pg_advisory_xact_lock(hashtextextended(\(tenant.uuidString + key), 0))")

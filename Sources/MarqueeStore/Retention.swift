@@ -58,9 +58,13 @@ public struct RetentionStore: Sendable {
             // after it (the worker's sessions start as marquee_system, so for them this changes nothing). The pass
             // holds a session-level advisory lock while it runs and releases it on its way out; if it failed
             // half-way, the release here frees it before the connection goes back to the pool.
+            // The pass is one CALL of many short transactions, each step bounded by its lock timeout: no statement
+            // timeout (a worker's sessions have one) may cut it at a fixed length whatever the tables' sizes.
             try connection.execute("SET ROLE marquee_system")
+            try connection.execute("SET statement_timeout TO 0")
             defer {
                 _ = try? connection.execute("SELECT marquee_retention_release()")
+                _ = try? connection.execute("RESET statement_timeout")
                 _ = try? connection.execute("RESET ROLE")
             }
             return try connection.query(

@@ -35,6 +35,11 @@ struct WorkerCommand {
         // marquee_system (migration 0010); tenant-scoped steps still switch to marquee_api per transaction.
         pgConfiguration.startupSettings["role"] = "marquee_system"
         pgConfiguration.startupSettings["jit"] = Database.jit
+        // Background statements (the queue's sampler and statistics, idempotency expiry, campaign steps, settles) end
+        // rather than wait forever behind a lock; a claim sets its own, its record none (`DeliveryQueue.claim`).
+        if configuration.databaseStatementTimeoutSeconds > 0 {
+            pgConfiguration.startupSettings["statement_timeout"] = "\(configuration.databaseStatementTimeoutSeconds)s"
+        }
         let pool = PostgresPool(
             pgConfiguration,
             options: .init(

@@ -48,6 +48,36 @@ struct WorkerHealthTests {
         try await eventually("a fresh sample") { try await age().map { $0 < 6 } ?? false }
     }
 
+    @Test("a worker's background statement stuck behind a lock ends at MARQUEE_DB_STATEMENT_TIMEOUT, not never")
+    func backgroundStatementTimeout() async throws {
+        let (url, worker) = try await Self.worker(["MARQUEE_DB_STATEMENT_TIMEOUT": "2"])
+        defer { worker.signal(SIGKILL) }
+        let owner = PostgresPool(try PostgresConfiguration(url: url), options: .init(maxConnections: 1))
+        defer { owner.close() }
+        let lock = try await Self.lockQueue(url)
+        defer { Task { try? await lock.commit() } }
+        // The sampler's read of the queue (every 5 s) meets the lock: one such wait, by its backend and start.
+        let waiting = {
+            try await owner.query(
+                """
+                SELECT pid, query_start::text AS started FROM pg_stat_activity
+                WHERE application_name = 'marquee-worker' AND state = 'active' AND wait_event_type = 'Lock'
+                  AND query LIKE '%SELECT provider, count(*)%'
+                """
+            ).map { "\(try $0.decode(Int.self, "pid")) \(try $0.decode(String.self, "started"))" }
+        }
+        var first: String?
+        try await eventually("the sampler waiting on the queue's lock", timeout: .seconds(60)) {
+            first = try await waiting().first
+            return first != nil
+        }
+        // Without a statement timeout that same statement waits as long as the lock is held (here, for good).
+        try await eventually("that wait ended by the statement timeout", timeout: .seconds(60)) {
+            try await !waiting().contains(first!)
+        }
+        #expect(worker.log.contains("queue depth sample failed"))
+    }
+
     @Test("/healthz answers 503 once the claim loops are stuck past MARQUEE_WORKER_LIVENESS_SECONDS, 200 again after")
     func liveness() async throws {
         let relay = try FreezableRelay(to: URLComponents(string: TestEnvironment.databaseURL)!.port!)
