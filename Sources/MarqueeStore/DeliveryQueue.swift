@@ -640,8 +640,9 @@ public struct DeliveryQueue: Sendable {
     /// Records results of held deliveries, in the claim's transaction. An outcome moves the row from the queue to the
     /// history (`marquee_history_row`, migration 0057), in one statement for the batch; a retry or a park stays
     /// queued. A retry is superseded when a newer version for the same token exists (so N never reaches a token after
-    /// N+1); a row to park is queued instead if its credential was replaced meanwhile. Returns the instances something
-    /// was sent to.
+    /// N+1); a row to park is queued instead if its credential was replaced meanwhile; a retry or a park of a push whose
+    /// device was removed (or moved to another person) meanwhile is superseded (`device_removed`, migration 0083).
+    /// Returns the instances something was sent to.
     static func record(_ connection: PostgresConnection, _ results: [DeliveryResult]) throws -> [(
         tenant: UUID, instance: String
     )] {
@@ -664,7 +665,8 @@ public struct DeliveryQueue: Sendable {
         return """
             WITH o AS (
                 SELECT d.row_ctid, d.tenant_id, d.instance_id, d.id,
-                       CASE WHEN v.status = 'queued' AND EXISTS (
+                       CASE WHEN x.departed IS NOT NULL THEN 'superseded'
+                            WHEN v.status = 'queued' AND EXISTS (
                                 SELECT 1 FROM deliveries n
                                 WHERE n.tenant_id = d.tenant_id AND n.instance_id = d.instance_id
                                   AND n.token = d.token AND n.instance_version > d.instance_version
@@ -673,7 +675,7 @@ public struct DeliveryQueue: Sendable {
                             WHEN v.status = 'parked' AND NOT marquee_credential_broken(d.tenant_id, d.provider)
                                 THEN 'queued'
                             ELSE v.status END AS status,
-                       v.provider_id, v.http_status::int AS http_status, v.reason,
+                       v.provider_id, v.http_status::int AS http_status, COALESCE(x.departed, v.reason) AS reason,
                        to_timestamp(v.next_at::double precision) AS next_at, v.apns_priority::smallint AS apns_priority
                 FROM unnest(\(tenants)::uuid[], \(ids)::uuid[], \(instances)::text[], \(statuses)::text[],
                             \(providerIDs)::text[], \(httpStatuses)::text[], \(reasons)::text[], \(nextAt)::text[],
@@ -688,6 +690,15 @@ public struct DeliveryQueue: Sendable {
                     SELECT q.ctid AS row_ctid, q.* FROM delivery_queue q
                     WHERE q.tenant_id = v.tenant_id AND q.instance_id = v.instance_id AND q.id = v.id OFFSET 0
                 ) d
+                -- A retry or a park of a push whose device was removed while it was being sent (the removal skipped
+                -- the held row), or moved to another person, is superseded instead: it was the last attempt to that
+                -- device (marquee_device_departed, migration 0083, the rule's one home). Asked of retries and parks
+                -- only, which are few: an outcome is recorded as it came.
+                CROSS JOIN LATERAL (
+                    SELECT CASE WHEN v.status IN ('queued', 'parked')
+                                THEN marquee_device_departed(d.tenant_id, d.instance_id, d.device_token, d.token_kind)
+                           END AS departed
+                ) x
             -- The rows are then written where o found them (ctid: stable, as this transaction holds their locks since
             -- the claim): as joins, on statistics of an empty queue, the UPDATE and DELETE walked the whole queue once
             -- per recorded row (bench/campaign: 2.6 million join comparisons and 2 s for 256 rows).

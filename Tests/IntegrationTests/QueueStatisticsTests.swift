@@ -34,20 +34,30 @@ struct QueueStatisticsTests {
             """)
     }
 
-    /// `count` instances of `tenant` (`<prefix>1`…, of the seeded activity type), each with one queued update.
+    /// `count` instances of `tenant` (`<prefix>1`…, of the seeded activity type), each with one queued update to a
+    /// device of the instance's person (`<prefix>1`…, device `<prefix>-d1`…): a retry of a push to a device that is
+    /// not its person's is not kept (migration 0083).
     static func seedDeliveries(_ connection: PostgresConnection, tenant: UUID, prefix: String, count: Int) throws {
         try connection.execute(
+            "INSERT INTO people (tenant_id, id) SELECT \(tenant), \(prefix) || i FROM generate_series(1, \(count)) i")
+        try connection.execute(
             """
-            INSERT INTO instances (tenant_id, id, activity_type, state, attributes, content_state, content_timestamp,
-                                   expires_at)
-            SELECT \(tenant), \(prefix) || i, 'a', 'active', '{}', '{}', 1, now() + interval '1 hour'
+            INSERT INTO devices (tenant_id, token, person_id, platform)
+            SELECT \(tenant), \(prefix) || '-d' || i, \(prefix) || i, 'ios' FROM generate_series(1, \(count)) i
+            """)
+        try connection.execute(
+            """
+            INSERT INTO instances (tenant_id, id, activity_type, person_id, state, attributes, content_state,
+                                   content_timestamp, expires_at)
+            SELECT \(tenant), \(prefix) || i, 'a', \(prefix) || i, 'active', '{}', '{}', 1, now() + interval '1 hour'
             FROM generate_series(1, \(count)) i
             """)
         try connection.execute(
             """
             INSERT INTO delivery_queue (tenant_id, id, instance_id, device_token, provider, token_kind, token,
                                     operation, instance_version)
-            SELECT \(tenant), marquee_new_ulid(), \(prefix) || i, 'd' || i, 'apns', 'activity', md5(i::text), 'update', 1
+            SELECT \(tenant), marquee_new_ulid(), \(prefix) || i, \(prefix) || '-d' || i, 'apns', 'activity',
+                   md5(i::text), 'update', 1
             FROM generate_series(1, \(count)) i
             """)
     }
