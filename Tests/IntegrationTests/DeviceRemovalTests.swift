@@ -173,6 +173,33 @@ extension DeliveryTests {
         #expect(outcomes["\(phone) start"] == "superseded device_removed", "\(outcomes)")
         #expect(outcomes["\(phone) update"] == "superseded device_removed", "\(outcomes)")
     }
+
+    @Test("a device moved to another person gets none of its previous person's later updates (migration 0086)")
+    func movedDeviceLeavesPreviousOwnersActivities() async throws {
+        let t = try await Self.tenant()
+        let (phone, _) = try await t.iphone()
+        let first = Fake.id("handed-on")
+        #expect(try await t.start(first).status == 200)
+        _ = try await Self.activityToken(t, first, phone)
+        let buyer = Fake.id("next-owner")
+        let moved = try await t.api.call(
+            "PUT", "/v1/people/\(buyer)/devices/\(phone)", key: t.tenant.sdk, json: ["platform": "ios"])
+        #expect(moved.status == 200, "\(moved.text)")
+        // After the move, the previous person's activity changes: nothing of it may be planned for the phone.
+        let update = try await t.api.call(
+            "POST", "/v1/live_notifications/update", key: t.tenant.app,
+            json: ["instance_id": first, "content_state_patch": ["status": "out for delivery"]])
+        #expect(update.status == 200, "\(update.text)")
+        let outcomes = try await Self.outcomes(t, first)
+        #expect(outcomes["\(phone) update"] == nil, "an update after the move was planned for the phone: \(outcomes)")
+        let token = try await t.fixture.pool.query(
+            """
+            SELECT status || ' ' || COALESCE(retired_reason, '') AS s FROM activity_tokens
+            WHERE tenant_id = \(t.tenant.uuid) AND instance_id = \(first) AND device_token = \(phone)
+            """
+        ).map { try $0.decode(String.self, "s") }
+        #expect(token == ["retired device_moved"])
+    }
 }
 
 extension ClaimTests {
