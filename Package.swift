@@ -101,7 +101,8 @@ let package = Package(
             name: "ProcessLifecycleTests", dependencies: ["ProcessLifecycle", "Observability"],
             swiftSettings: swiftSettings),
         .testTarget(
-            name: "MarqueeAPITests", dependencies: ["MarqueeAPI", "MarqueeCore", "HTTPServer"],
+            name: "MarqueeAPITests",
+            dependencies: ["MarqueeAPI", "MarqueeCore", "MarqueeStore", "HTTPServer", "Observability"],
             swiftSettings: swiftSettings),
         .testTarget(
             name: "MarqueeCoreTests", dependencies: ["MarqueeCore", "ClientMirrors", "CMalloc"], exclude: ["Golden"],

@@ -210,6 +210,7 @@ check_series 'up{job="marquee-api"} == 1' instance
 check_series 'up{job="marquee-worker"} == 1' instance
 check_series 'marquee_http_requests_total' method route status job instance
 check_series 'marquee_http_request_duration_seconds_bucket' method route status le
+check_series 'marquee_http_rate_limited_total' kind job instance
 check_series 'marquee_ready == 1' job
 check_series 'marquee_queue_due' provider job instance
 check_series 'marquee_queue_oldest_due_seconds' provider job instance

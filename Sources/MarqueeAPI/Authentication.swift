@@ -15,11 +15,16 @@ struct Authenticator: Sendable {
     /// working within `cacheTTL`. Keys found invalid are remembered as long, so that a fleet of apps still shipping a
     /// revoked sdk key (or anyone repeating a bad key) costs one lookup per key and period, not one per request.
     let cache: KeyCache
+    /// The request rate limits, checked right after a key is authenticated; nil: none.
+    let rateGuard: RequestRateGuard?
 
-    init(tenants: TenantStore, adminToken: String?, cacheTTL: Duration = .seconds(5)) {
+    init(
+        tenants: TenantStore, adminToken: String?, cacheTTL: Duration = .seconds(5), rateGuard: RequestRateGuard? = nil
+    ) {
         self.tenants = tenants
         self.adminTokenHash = adminToken.map { SHA256.hash(Array($0.utf8)) }
         self.cache = KeyCache(ttl: cacheTTL)
+        self.rateGuard = rateGuard
     }
 
     /// How a route accepts keys.
@@ -30,28 +35,20 @@ struct Authenticator: Sendable {
         case bearerOrBasic
     }
 
-    /// The caller, if the key is valid and of an allowed kind: 401 otherwise, 403 for a valid key of another kind.
+    /// The caller, if the key is valid and of an allowed kind: 401 otherwise, 403 for a valid key of another kind,
+    /// 429 when the tenant's requests with keys of this kind are over their rate (`RequestLimits`). With `spend`
+    /// false the rate is only looked at (a body admission: the request takes its token when its handler runs).
     func require(
-        _ request: HTTPRequest, kinds: Set<APIKeyKind>, scheme: Scheme = .bearer, fallbackKey: String? = nil
+        _ request: HTTPRequest, kinds: Set<APIKeyKind>, scheme: Scheme = .bearer, fallbackKey: String? = nil,
+        spend: Bool = true
     ) async throws -> Principal {
         guard let presented = Self.presentedKey(request, scheme: scheme) ?? fallbackKey else {
             throw Problems.unauthorized()
         }
-        let principal: Principal
-        switch cache.lookup(presented) {
-        case .valid(let cached)?:
-            principal = cached
-        case .invalid?:
+        guard let principal = try await principal(presented) else {
             throw Problems.unauthorized("The API key is not valid.")
-        case nil:
-            // A lookup that fails (the database unreachable) caches nothing.
-            guard let checked = try await tenants.authenticate(presented) else {
-                cache.store(presented, .invalid)
-                throw Problems.unauthorized("The API key is not valid.")
-            }
-            cache.store(presented, .valid(checked))
-            principal = checked
         }
+        try rateGuard?.check(principal, request, spend: spend)
         guard kinds.contains(principal.kind) else {
             let allowed = kinds.map(\.rawValue).sorted().joined(separator: " or ")
             throw Problems.forbidden(
@@ -60,7 +57,34 @@ struct Authenticator: Sendable {
         return principal
     }
 
-    /// Checks `Authorization: Bearer $MARQUEE_ADMIN_TOKEN`, comparing in constant time.
+    /// The principal of a presented key, from the cache or the database (which the cache then remembers, valid or
+    /// not); nil when the key is not valid. The rate is not checked: callers go through `require` or `limit`.
+    func principal(_ presented: String) async throws -> Principal? {
+        switch cache.lookup(presented) {
+        case .valid(let cached)?:
+            return cached
+        case .invalid?:
+            return nil
+        case nil:
+            // A lookup that fails (the database unreachable) caches nothing.
+            guard let checked = try await tenants.authenticate(presented) else {
+                cache.store(presented, .invalid)
+                return nil
+            }
+            cache.store(presented, .valid(checked))
+            return checked
+        }
+    }
+
+    /// The request rate check of `require`, for a route that authenticates its key otherwise.
+    func limit(_ principal: Principal, _ request: HTTPRequest) throws {
+        try rateGuard?.check(principal, request)
+    }
+
+    /// Forgets the cached keys of `tenant`, so that a settings change read with the key (its request rate limits)
+    /// applies to this process's next request.
+    func forgetKeys(of tenant: UUID) { cache.forget(tenant: tenant) }
+
     /// Route middleware: the app key is required (401 without a valid key, 403 with another kind) before `handler`
     /// runs, and the handler gets its principal. Routes declare who may call them where they are registered.
     func app(_ handler: @escaping @Sendable (HTTPRequest, Principal) async throws -> HTTPResponse) -> HTTPHandler {
@@ -71,9 +95,10 @@ struct Authenticator: Sendable {
     /// is checked from the headers before any of the body is read, so that no one without a valid app key can make
     /// the server buffer a large body. The route's handler still goes through `app` (a cache hit by then).
     func appAdmission() -> BodyPolicy.Admission {
-        { request in _ = try await self.require(request, kinds: [.app]) }
+        { request in _ = try await self.require(request, kinds: [.app], spend: false) }
     }
 
+    /// Checks `Authorization: Bearer $MARQUEE_ADMIN_TOKEN`, comparing in constant time.
     func requireAdmin(_ request: HTTPRequest) throws {
         guard let expected = adminTokenHash else {
             throw Problems.forbidden("The admin API is disabled: set MARQUEE_ADMIN_TOKEN to enable it.")
@@ -142,6 +167,11 @@ final class ExpiringCache<Key: Hashable & Sendable, Value: Sendable>: Sendable {
     func remove(_ key: Key) {
         _ = entries.withLock { $0.removeValue(forKey: key) }
     }
+
+    /// Forgets every entry whose value matches.
+    func removeAll(where matches: (Value) -> Bool) {
+        entries.withLock { $0 = $0.filter { !matches($1.value) } }
+    }
 }
 
 /// Checked keys, keyed by the SHA-256 of the key (the key text itself is not kept). Valid and invalid keys are kept
@@ -173,4 +203,7 @@ final class KeyCache: Sendable {
         case .invalid: invalid.store(hash, true)
         }
     }
+
+    /// Forgets the valid keys of `tenant` (at most the cache's capacity to look through; rare: a settings change).
+    func forget(tenant: UUID) { valid.removeAll { $0.tenantID == tenant } }
 }

@@ -112,10 +112,11 @@ struct CompatRoutes: Sendable {
     /// A minimal settings document, enough for the SDK to start and send to this host.
     func settings(_ request: HTTPRequest) async throws -> HTTPResponse {
         let key = request.pathParameters["write_key"] ?? ""
-        guard let principal = try await tenants.authenticate(key), principal.kind == .sdk else {
+        // Through the key cache, as every key: an app starting (or a flood of made-up keys) costs no lookup each.
+        guard let principal = try await authenticator.principal(key), principal.kind == .sdk else {
             throw Problems.notFound("project")
         }
-        _ = principal
+        try authenticator.limit(principal, request)
         return .json(
             .object([
                 "integrations": .object([

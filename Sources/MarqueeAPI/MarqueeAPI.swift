@@ -29,7 +29,8 @@ public struct MarqueeAPI: Sendable {
 
     public init(
         pool: PostgresPool, migrator: Migrator, keyRing: SealingKeyRing, adminToken: String?,
-        keyCacheTTL: Duration = .seconds(5), groupCommit: GroupCommitter.Configuration = .init(), readBatches: Int = 2,
+        keyCacheTTL: Duration = .seconds(5), requestLimits: RequestLimits,
+        groupCommit: GroupCommitter.Configuration = .init(), readBatches: Int = 2,
         providerHosts: ProviderHosts = .standard, channelManager: (any BroadcastChannelManaging)? = nil,
         metrics: MetricsRegistry, logger: Logger
     ) {
@@ -37,7 +38,9 @@ public struct MarqueeAPI: Sendable {
         let database = TenantDatabase(pool: pool)
         let tenants = TenantStore(database: database, keyRing: keyRing)
         let registryStore = RegistryStore(database: database)
-        let authenticator = Authenticator(tenants: tenants, adminToken: adminToken, cacheTTL: keyCacheTTL)
+        let authenticator = Authenticator(
+            tenants: tenants, adminToken: adminToken, cacheTTL: keyCacheTTL,
+            rateGuard: RequestRateGuard(limits: requestLimits, metrics: metrics, logger: logger))
         let settingsStore = TenantSettingsStore(database: database, keyRing: keyRing)
         let identity = IdentityGuard(settings: settingsStore, cacheTTL: keyCacheTTL)
         system = SystemRoutes(pool: pool, migrator: migrator, metrics: metrics, logger: logger)
@@ -51,7 +54,8 @@ public struct MarqueeAPI: Sendable {
         compat = CompatRoutes(
             authenticator: authenticator, registry: registryStore, tenants: tenants, identity: identity,
             metrics: metrics, logger: logger)
-        settings = SettingsRoutes(authenticator: authenticator, settings: settingsStore, identity: identity)
+        settings = SettingsRoutes(
+            authenticator: authenticator, settings: settingsStore, identity: identity, limits: requestLimits)
         channels = ChannelRoutes(
             authenticator: authenticator, store: ChannelStore(database: database), manager: channelManager,
             now: { Date() })

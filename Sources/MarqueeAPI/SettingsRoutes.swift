@@ -4,12 +4,14 @@ import HTTPServer
 import MarqueeCore
 import MarqueeStore
 
-/// `/v1/settings` (app key): the tenant's identity verification mode and identity secret, its send rate limit and
-/// its cap on devices per person.
+/// `/v1/settings` (app key): the tenant's identity verification mode and identity secret, its send rate limit, its
+/// cap on devices per person and its API request rate limits.
 struct SettingsRoutes: Sendable {
     let authenticator: Authenticator
     let settings: TenantSettingsStore
     let identity: IdentityGuard
+    /// The operator's request rate defaults, shown where the tenant set none.
+    let limits: RequestLimits
 
     func register(in router: inout Router) {
         router.add(.GET, "/v1/settings", authenticator.app(getSettings))
@@ -18,12 +20,15 @@ struct SettingsRoutes: Sendable {
     }
 
     func getSettings(_ request: HTTPRequest, _ principal: Principal) async throws -> HTTPResponse {
-        return .json(Self.render(try await settings.settings(tenant: principal.tenantID)))
+        return .json(Self.render(try await settings.settings(tenant: principal.tenantID), limits: limits))
     }
 
     func patchSettings(_ request: HTTPRequest, _ principal: Principal) async throws -> HTTPResponse {
         let body = try JSONBody.parse(request)
-        try body.rejectUnknown(["identity_verification", "send_rate_per_second", "max_devices_per_person"])
+        try body.rejectUnknown([
+            "identity_verification", "send_rate_per_second", "max_devices_per_person", "app_requests_per_second",
+            "sdk_requests_per_second",
+        ])
         var change = TenantSettingsStore.Change()
         if body.object["identity_verification"] != nil {
             change.identityVerification = try body.requiredEnum("identity_verification", IdentityVerification.self)
@@ -38,17 +43,30 @@ struct SettingsRoutes: Sendable {
             change.maxDevicesPerPerson = .some(
                 try body.integer("max_devices_per_person", range: 1...1000).map { Int($0) })
         }
+        // null restores the operator's default.
+        if body.object["app_requests_per_second"] != nil {
+            change.appRequestsPerSecond = .some(
+                try body.integer("app_requests_per_second", range: 1...1_000_000).map { Int($0) })
+        }
+        if body.object["sdk_requests_per_second"] != nil {
+            change.sdkRequestsPerSecond = .some(
+                try body.integer("sdk_requests_per_second", range: 1...1_000_000).map { Int($0) })
+        }
         guard
             change.identityVerification != nil || change.sendRatePerSecond != nil
-                || change.maxDevicesPerPerson != nil
+                || change.maxDevicesPerPerson != nil || change.appRequestsPerSecond != nil
+                || change.sdkRequestsPerSecond != nil
         else {
             throw ValidationError(
                 field: "body",
-                reason: "must set at least one of identity_verification, send_rate_per_second, max_devices_per_person")
+                reason: "must set at least one of identity_verification, send_rate_per_second, "
+                    + "max_devices_per_person, app_requests_per_second, sdk_requests_per_second")
         }
         let updated = try await settings.update(tenant: principal.tenantID, change)
         identity.invalidate(principal.tenantID)
-        return .json(Self.render(updated))
+        // The request rate limits are cached with the keys: this process applies a change from its next request.
+        authenticator.forgetKeys(of: principal.tenantID)
+        return .json(Self.render(updated, limits: limits))
     }
 
     /// Creates or rotates the identity secret; the only place it is ever shown.
@@ -58,13 +76,20 @@ struct SettingsRoutes: Sendable {
         return .json(.object(["secret": .string(Base64URL.encode(secret))]), status: rotated ? 200 : 201)
     }
 
-    static func render(_ s: TenantSettings) -> JSONValue {
-        .object([
+    /// The settings; the request rates are those in force on this process (the tenant's, else the default; null:
+    /// none).
+    static func render(_ s: TenantSettings, limits: RequestLimits) -> JSONValue {
+        func rate(_ kind: APIKeyKind, _ setting: Int?) -> JSONValue {
+            limits.perSecond(kind, setting: setting).map { .int(Int64($0)) } ?? .null
+        }
+        return .object([
             "identity_verification": .string(s.identityVerification.rawValue),
             "identity_secret_set": .bool(s.identitySecretSet),
             "previous_secret_valid_until": .from(s.previousSecretValidUntil),
             "send_rate_per_second": s.sendRatePerSecond.map { .int(Int64($0)) } ?? .null,
             "max_devices_per_person": .int(Int64(s.maxDevicesPerPerson)),
+            "app_requests_per_second": rate(.app, s.appRequestsPerSecond),
+            "sdk_requests_per_second": rate(.sdk, s.sdkRequestsPerSecond),
         ])
     }
 }

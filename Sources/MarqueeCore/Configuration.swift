@@ -107,6 +107,13 @@ public struct MarqueeConfiguration: Sendable, Equatable {
     /// 0 turns the cache off. A revoked key keeps working for at most this long; a key found invalid is refused
     /// without a lookup for as long.
     public var keyCacheSeconds: Int
+    /// `MARQUEE_RATE_LIMIT_APP`: requests a second each `marquee serve` process takes from one tenant's app keys when
+    /// the tenant set no limit of its own; 0: no limit. Default 1000.
+    public var rateLimitApp: Int
+    /// `MARQUEE_RATE_LIMIT_SDK`: the same for sdk keys. Default 1000.
+    public var rateLimitSDK: Int
+    /// `MARQUEE_RATE_LIMIT_BURST`: a tenant's request bucket holds this many seconds' worth of its rate. Default 10.
+    public var rateLimitBurstSeconds: Int
     /// `MARQUEE_METRICS_LISTEN`: where a worker serves `/metrics` and `/healthz`. Default `127.0.0.1:9464`.
     public var metricsListen: ListenAddress
     /// `MARQUEE_CA_FILE`: an extra CA certificate file (PEM) to trust for APNs/FCM, besides the system store.
@@ -270,6 +277,9 @@ public struct MarqueeConfiguration: Sendable, Equatable {
         httpConnectionsPerAddress = integer("MARQUEE_HTTP_CONNECTIONS_PER_ADDRESS", default: 256, range: 0...1_000_000)
         drainTimeoutSeconds = integer("MARQUEE_DRAIN_TIMEOUT", default: 30, range: 1...3600)
         keyCacheSeconds = integer("MARQUEE_KEY_CACHE_SECONDS", default: 5, range: 0...300)
+        rateLimitApp = integer("MARQUEE_RATE_LIMIT_APP", default: 1000, range: 0...1_000_000)
+        rateLimitSDK = integer("MARQUEE_RATE_LIMIT_SDK", default: 1000, range: 0...1_000_000)
+        rateLimitBurstSeconds = integer("MARQUEE_RATE_LIMIT_BURST", default: 10, range: 1...3600)
         if let text = value("MARQUEE_METRICS_LISTEN") {
             if let address = ListenAddress(text) {
                 metricsListen = address

@@ -19,6 +19,10 @@ public struct TenantSettings: Sendable, Equatable {
     /// At most this many devices per person; a registration beyond it removes the person's least recently
     /// registered device (migration 0081, which holds the default).
     public var maxDevicesPerPerson: Int
+    /// The tenant's own API request rate limits per `marquee serve` process, for app and sdk keys (migration 0084);
+    /// nil: the operator's default (`RequestLimits` in MarqueeAPI applies them).
+    public var appRequestsPerSecond: Int?
+    public var sdkRequestsPerSecond: Int?
 }
 
 /// What the identity check needs: the mode and the opened secrets (current first; the previous one with its end).
@@ -68,7 +72,8 @@ public struct TenantSettingsStore: Sendable {
                    COALESCE(s.sealed_identity_secret IS NOT NULL, false) AS secret_set,
                    CASE WHEN s.previous_secret_valid_until > now() THEN s.previous_secret_valid_until END
                        AS previous_until,
-                   l.rate_per_second, marquee_max_devices_per_person(t.tenant_id) AS max_devices_per_person
+                   l.rate_per_second, marquee_max_devices_per_person(t.tenant_id) AS max_devices_per_person,
+                   s.app_requests_per_second, s.sdk_requests_per_second
             FROM (SELECT \(tenant)::uuid AS tenant_id) t
             LEFT JOIN tenant_settings s ON s.tenant_id = t.tenant_id
             LEFT JOIN send_limits l ON l.tenant_id = t.tenant_id
@@ -82,7 +87,9 @@ public struct TenantSettingsStore: Sendable {
             identityVerification: verification, identitySecretSet: try row.decode(Bool.self, "secret_set"),
             previousSecretValidUntil: try row.decode(Date?.self, "previous_until"),
             sendRatePerSecond: try row.decode(Int?.self, "rate_per_second"),
-            maxDevicesPerPerson: try row.decode(Int.self, "max_devices_per_person"))
+            maxDevicesPerPerson: try row.decode(Int.self, "max_devices_per_person"),
+            appRequestsPerSecond: try row.decode(Int?.self, "app_requests_per_second"),
+            sdkRequestsPerSecond: try row.decode(Int?.self, "sdk_requests_per_second"))
     }
 
     /// What a settings change sets: nil leaves a setting as it is.
@@ -92,14 +99,19 @@ public struct TenantSettingsStore: Sendable {
         public var sendRatePerSecond: Int??
         /// `.some(nil)` restores the default.
         public var maxDevicesPerPerson: Int??
+        /// `.some(nil)` restores the operator's default.
+        public var appRequestsPerSecond: Int??
+        public var sdkRequestsPerSecond: Int??
 
         public init(
             identityVerification: IdentityVerification? = nil, sendRatePerSecond: Int?? = nil,
-            maxDevicesPerPerson: Int?? = nil
+            maxDevicesPerPerson: Int?? = nil, appRequestsPerSecond: Int?? = nil, sdkRequestsPerSecond: Int?? = nil
         ) {
             self.identityVerification = identityVerification
             self.sendRatePerSecond = sendRatePerSecond
             self.maxDevicesPerPerson = maxDevicesPerPerson
+            self.appRequestsPerSecond = appRequestsPerSecond
+            self.sdkRequestsPerSecond = sdkRequestsPerSecond
         }
     }
 
@@ -146,6 +158,24 @@ public struct TenantSettingsStore: Sendable {
                     INSERT INTO tenant_settings (tenant_id, max_devices_per_person) VALUES (\(tenant), \(cap))
                     ON CONFLICT (tenant_id) DO UPDATE SET
                         max_devices_per_person = EXCLUDED.max_devices_per_person, updated_at = now()
+                    """)
+            }
+            if change.appRequestsPerSecond != nil || change.sdkRequestsPerSecond != nil {
+                // Each given one is set (nil: the default again), the other kept.
+                let setApp = change.appRequestsPerSecond != nil
+                let setSDK = change.sdkRequestsPerSecond != nil
+                let app = change.appRequestsPerSecond ?? nil
+                let sdk = change.sdkRequestsPerSecond ?? nil
+                try connection.execute(
+                    """
+                    INSERT INTO tenant_settings (tenant_id, app_requests_per_second, sdk_requests_per_second)
+                    VALUES (\(tenant), \(app)::integer, \(sdk)::integer)
+                    ON CONFLICT (tenant_id) DO UPDATE SET
+                        app_requests_per_second = CASE WHEN \(setApp) THEN EXCLUDED.app_requests_per_second
+                            ELSE tenant_settings.app_requests_per_second END,
+                        sdk_requests_per_second = CASE WHEN \(setSDK) THEN EXCLUDED.sdk_requests_per_second
+                            ELSE tenant_settings.sdk_requests_per_second END,
+                        updated_at = now()
                     """)
             }
             return try Self.read(connection, tenant)

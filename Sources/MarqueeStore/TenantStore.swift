@@ -39,6 +39,16 @@ public struct Principal: Sendable, Equatable {
     public var tenantID: UUID
     public var keyID: UUID
     public var kind: APIKeyKind
+    /// The tenant's own request rate limit for keys of this kind (`tenant_settings`, migration 0084), read and cached
+    /// with the key; nil: the process default (`RequestLimits` in MarqueeAPI applies it).
+    public var requestsPerSecond: Int?
+
+    public init(tenantID: UUID, keyID: UUID, kind: APIKeyKind, requestsPerSecond: Int? = nil) {
+        self.tenantID = tenantID
+        self.keyID = keyID
+        self.kind = kind
+        self.requestsPerSecond = requestsPerSecond
+    }
 }
 
 /// Tenants and their API keys.
@@ -151,7 +161,8 @@ public struct TenantStore: Sendable {
     }
 
     /// Checks a presented key. Returns nil for anything unknown, malformed or revoked (the caller answers 401
-    /// without saying which). Records `last_used_at`, at most once a minute per key.
+    /// without saying which). Records `last_used_at`, at most once a minute per key. The principal carries the
+    /// tenant's request rate setting for the key's kind, read in the same statement.
     public func authenticate(_ presented: String) async throws -> Principal? {
         guard let parsed = APIKeyText(parsing: presented), let tenant = UUID(text: parsed.tenantUUIDString) else {
             return nil
@@ -171,12 +182,17 @@ public struct TenantStore: Sendable {
                     SELECT id FROM key WHERE last_used_at IS NULL OR last_used_at < now() - interval '60 seconds')
                 RETURNING id
             )
-            SELECT key.id, key.kind, (SELECT count(*) FROM touched) AS touched FROM key
+            SELECT key.id, key.kind, (SELECT count(*) FROM touched) AS touched,
+                   CASE key.kind WHEN 'app' THEN s.app_requests_per_second ELSE s.sdk_requests_per_second END
+                       AS requests_per_second
+            FROM key LEFT JOIN tenant_settings s ON s.tenant_id = \(tenant)
             """)
         guard let row = rows.first, let kind = APIKeyKind(rawValue: try row.decode(String.self, "kind")),
             kind == parsed.kind
         else { return nil }
-        return Principal(tenantID: tenant, keyID: try row.decode(UUID.self, "id"), kind: kind)
+        return Principal(
+            tenantID: tenant, keyID: try row.decode(UUID.self, "id"), kind: kind,
+            requestsPerSecond: try row.decode(Int?.self, "requests_per_second"))
     }
 
     /// The tenant's HMAC key for delivery tokens.

@@ -55,6 +55,9 @@ struct ServeCommand {
         MarqueeAPI(
             pool: pool, migrator: migrator, keyRing: keyRing, adminToken: configuration.adminToken,
             keyCacheTTL: .seconds(configuration.keyCacheSeconds),
+            requestLimits: RequestLimits(
+                appPerSecond: configuration.rateLimitApp, sdkPerSecond: configuration.rateLimitSDK,
+                burstSeconds: configuration.rateLimitBurstSeconds),
             groupCommit: .init(writers: configuration.databaseWriteBatches),
             readBatches: configuration.databaseReadBatches, providerHosts: configuration.providerHosts,
             channelManager: channelManager, metrics: metrics,

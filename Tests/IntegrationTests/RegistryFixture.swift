@@ -237,7 +237,7 @@ struct RegisteredRoutes {
         var router = Router()
         MarqueeAPI(
             pool: pool, migrator: Migrator(pool: pool, migrations: []),
-            keyRing: try SealingKeyRing.fromBase64(MarqueeProcess.masterKey), adminToken: "x",
+            keyRing: try SealingKeyRing.fromBase64(MarqueeProcess.masterKey), adminToken: "x", requestLimits: .off,
             metrics: MetricsRegistry(), logger: Logger(label: "test", level: .critical)
         ).register(in: &router)
         self.router = router

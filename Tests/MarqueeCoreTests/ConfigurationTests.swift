@@ -39,6 +39,24 @@ struct ConfigurationTests {
         }
     }
 
+    @Test("request rate limits: 1000 a second for each kind of key, bursts of 10 s, 0 for none, bad values named")
+    func requestRateLimits() throws {
+        let c = try MarqueeConfiguration(environment: [:])
+        #expect(c.rateLimitApp == 1000 && c.rateLimitSDK == 1000 && c.rateLimitBurstSeconds == 10)
+        let set = try MarqueeConfiguration(environment: [
+            "MARQUEE_RATE_LIMIT_APP": "0", "MARQUEE_RATE_LIMIT_SDK": "250", "MARQUEE_RATE_LIMIT_BURST": "2",
+        ])
+        #expect(set.rateLimitApp == 0 && set.rateLimitSDK == 250 && set.rateLimitBurstSeconds == 2)
+        let bad = #expect(throws: ConfigurationError.self) {
+            try MarqueeConfiguration(environment: [
+                "MARQUEE_RATE_LIMIT_APP": "-1", "MARQUEE_RATE_LIMIT_SDK": "many", "MARQUEE_RATE_LIMIT_BURST": "0",
+            ])
+        }
+        #expect(
+            bad?.problems.map(\.variable)
+                == ["MARQUEE_RATE_LIMIT_APP", "MARQUEE_RATE_LIMIT_SDK", "MARQUEE_RATE_LIMIT_BURST"])
+    }
+
     @Test("the worker's liveness bound: three holds plus the poll interval, and always past one hold and one poll")
     func workerLiveness() throws {
         #expect(try MarqueeConfiguration(environment: [:]).workerLivenessSeconds == 181)

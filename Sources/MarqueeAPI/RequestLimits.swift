@@ -1,0 +1,248 @@
+import Foundation
+import HTTPServer
+import MarqueeCore
+import MarqueeStore
+import Observability
+import Synchronization
+
+/// API request rate limits: the one home of the rule.
+///
+/// Each `marquee serve` process keeps, in memory, a token bucket per tenant and kind of key (`app`, `sdk`), and checks
+/// it right after the key is authenticated (`Authenticator.require`): a request takes a token, and one that finds none
+/// is answered 429 `rate-limited` with `Retry-After`. A bucket refills at the tenant's rate for that kind (its own
+/// setting, `PATCH /v1/settings`, read and cached with the key; else the operator's default) and holds `burstSeconds`
+/// of it, so a quiet tenant may send that many seconds' worth at once. The check touches no database.
+///
+/// The limit is per process, not global: with N API processes a tenant may make up to N times the rate in all. A
+/// global count would cost a PostgreSQL round trip (and a hot row per tenant) on every request — the load the limit
+/// is there to keep off the database, and the round trip the key cache spares requests.
+public struct RequestLimits: Sendable, Equatable {
+    /// Requests a second per tenant and process with app keys, for tenants that set no limit of their own
+    /// (`MARQUEE_RATE_LIMIT_APP`); 0: none.
+    public var appPerSecond: Int
+    /// The same for sdk keys (`MARQUEE_RATE_LIMIT_SDK`).
+    public var sdkPerSecond: Int
+    /// A bucket holds this many seconds' worth of its rate (`MARQUEE_RATE_LIMIT_BURST`).
+    public var burstSeconds: Int
+
+    public init(appPerSecond: Int, sdkPerSecond: Int, burstSeconds: Int) {
+        self.appPerSecond = appPerSecond
+        self.sdkPerSecond = sdkPerSecond
+        self.burstSeconds = max(1, burstSeconds)
+    }
+
+    /// No limits at all.
+    public static let off = RequestLimits(appPerSecond: 0, sdkPerSecond: 0, burstSeconds: 1)
+
+    /// The requests a second a key of `kind` may make on this process: the tenant's `setting` for that kind, else
+    /// the default; nil when not limited.
+    public func perSecond(_ kind: APIKeyKind, setting: Int?) -> Int? {
+        let rate = setting ?? (kind == .app ? appPerSecond : sdkPerSecond)
+        return rate > 0 ? rate : nil
+    }
+
+    /// The bucket of a key of `kind`, as `perSecond` says.
+    func limit(_ kind: APIKeyKind, setting: Int?) -> TokenBucket.Limit? {
+        perSecond(kind, setting: setting).map {
+            TokenBucket.Limit(perSecond: Double($0), burst: Double($0) * Double(burstSeconds))
+        }
+    }
+}
+
+/// A token bucket: it starts full, refills at `limit.perSecond` and holds at most `limit.burst` tokens; a request
+/// takes one. Pure: the caller says what time it is.
+struct TokenBucket: Sendable, Equatable {
+    struct Limit: Sendable, Equatable {
+        var perSecond: Double
+        var burst: Double
+    }
+
+    private(set) var limit: Limit
+    private(set) var tokens: Double
+    private(set) var updated: ContinuousClock.Instant
+
+    init(limit: Limit, now: ContinuousClock.Instant) {
+        self.limit = limit
+        self.tokens = limit.burst
+        self.updated = now
+    }
+
+    /// The tokens the bucket holds at `now` (time never runs backwards here).
+    func tokens(at now: ContinuousClock.Instant) -> Double {
+        guard now > updated else { return tokens }
+        return min(limit.burst, tokens + Self.seconds(now - updated) * limit.perSecond)
+    }
+
+    /// Whether the bucket is full at `now`: it then behaves as a new one would, so it may be forgotten.
+    func isFull(at now: ContinuousClock.Instant) -> Bool { tokens(at: now) >= limit.burst }
+
+    /// Brings the bucket to `now`. A changed limit applies from now on: what the bucket holds is kept, up to the new
+    /// burst.
+    mutating func advance(to now: ContinuousClock.Instant, limit newLimit: Limit) {
+        tokens = tokens(at: now)
+        updated = max(updated, now)
+        if newLimit != limit {
+            limit = newLimit
+            tokens = min(tokens, newLimit.burst)
+        }
+    }
+
+    /// Takes a token at `now` (with `spend` false, only looks whether there is one). Returns nil when there is one;
+    /// otherwise the whole seconds until there will be, at least 1: what `Retry-After` says.
+    mutating func take(at now: ContinuousClock.Instant, spend: Bool = true) -> Int? {
+        advance(to: now, limit: limit)
+        if tokens >= 1 {
+            if spend { tokens -= 1 }
+            return nil
+        }
+        return Self.retryAfter(missing: 1 - tokens, perSecond: limit.perSecond)
+    }
+
+    /// Whole seconds (rounded up, at least 1, at most a day) until `missing` tokens have come back at `perSecond`.
+    static func retryAfter(missing: Double, perSecond: Double) -> Int {
+        let seconds = perSecond > 0 ? missing / perSecond : .infinity
+        return max(1, Int(min(seconds, 86_400).rounded(.up)))
+    }
+
+    static func seconds(_ duration: Duration) -> Double {
+        let (seconds, attoseconds) = duration.components
+        return Double(seconds) + Double(attoseconds) / 1e18
+    }
+}
+
+/// The buckets of one process, per tenant and kind of key, at most `capacity` of them.
+///
+/// Buckets exist only for keys that authenticated (made-up keys are refused before, from the key cache), yet their
+/// number is bounded all the same: to make room, buckets that have filled up again are forgotten first (a full
+/// bucket is what a new one would be, so nothing changes), then the one used longest ago.
+final class RequestLimiter: Sendable {
+    struct Key: Hashable, Sendable {
+        var tenant: UUID
+        var kind: APIKeyKind
+    }
+
+    enum Decision: Sendable, Equatable {
+        case allowed
+        /// Refused: retry after so many seconds. `report` is set on a bucket's first refusal and then at most once
+        /// every `reportInterval` while refusals go on: the refusals since the previous report, for one log line
+        /// instead of one per request.
+        case limited(retryAfter: Int, report: Int?)
+    }
+
+    private struct Entry {
+        var bucket: TokenBucket
+        var refused = 0
+        var reported: ContinuousClock.Instant?
+    }
+
+    let capacity: Int
+    let reportInterval: Duration
+    private let entries = Mutex<[Key: Entry]>([:])
+
+    init(capacity: Int = 10_000, reportInterval: Duration = .seconds(10)) {
+        self.capacity = max(1, capacity)
+        self.reportInterval = reportInterval
+    }
+
+    /// Buckets held now.
+    var count: Int { entries.withLock { $0.count } }
+
+    /// Takes a token from `key`'s bucket under `limit` (with `spend` false, only looks whether there is one).
+    func check(_ key: Key, limit: TokenBucket.Limit, at now: ContinuousClock.Instant, spend: Bool = true) -> Decision {
+        entries.withLock { entries in
+            if entries[key] == nil, entries.count >= capacity { Self.makeRoom(&entries, capacity: capacity, at: now) }
+            var entry = entries[key] ?? Entry(bucket: TokenBucket(limit: limit, now: now))
+            entry.bucket.advance(to: now, limit: limit)
+            let decision: Decision
+            if let retryAfter = entry.bucket.take(at: now, spend: spend) {
+                entry.refused += 1
+                if let reported = entry.reported, now - reported < reportInterval {
+                    decision = .limited(retryAfter: retryAfter, report: nil)
+                } else {
+                    decision = .limited(retryAfter: retryAfter, report: entry.refused)
+                    entry.refused = 0
+                    entry.reported = now
+                }
+            } else {
+                decision = .allowed
+            }
+            entries[key] = entry
+            return decision
+        }
+    }
+
+    private static func makeRoom(_ entries: inout [Key: Entry], capacity: Int, at now: ContinuousClock.Instant) {
+        entries = entries.filter { !$0.value.bucket.isFull(at: now) }
+        guard entries.count >= capacity,
+            let oldest = entries.min(by: { $0.value.bucket.updated < $1.value.bucket.updated })
+        else { return }
+        entries[oldest.key] = nil
+    }
+}
+
+/// Applies `RequestLimits` to authenticated requests: the buckets, the metric and the log line.
+struct RequestRateGuard: Sendable {
+    let limits: RequestLimits
+    let limiter: RequestLimiter
+    /// `marquee_http_rate_limited_total{kind}`.
+    let refused: Counter
+    let logger: Logger
+    let now: @Sendable () -> ContinuousClock.Instant
+
+    init(
+        limits: RequestLimits, limiter: RequestLimiter = RequestLimiter(), metrics: MetricsRegistry, logger: Logger,
+        now: @escaping @Sendable () -> ContinuousClock.Instant = { .now }
+    ) {
+        self.limits = limits
+        self.limiter = limiter
+        self.refused = metrics.counter(
+            "marquee_http_rate_limited_total",
+            help: "Requests answered 429 rate-limited: the tenant's requests with keys of this kind went over its "
+                + "rate on this process.", labels: ["kind"])
+        for kind in APIKeyKind.allCases { refused.inc(0, [kind.rawValue]) }
+        self.logger = logger
+        self.now = now
+    }
+
+    /// Throws 429 `rate-limited` when `principal`'s bucket is empty; otherwise takes a token from it (with `spend`
+    /// false, only looks: a body admission, whose request takes its token when its handler runs).
+    func check(_ principal: Principal, _ request: HTTPRequest, spend: Bool = true) throws {
+        guard let limit = limits.limit(principal.kind, setting: principal.requestsPerSecond) else { return }
+        let key = RequestLimiter.Key(tenant: principal.tenantID, kind: principal.kind)
+        guard case .limited(let retryAfter, let report) = limiter.check(key, limit: limit, at: now(), spend: spend)
+        else { return }
+        refused.inc(1, [principal.kind.rawValue])
+        if let report {
+            // Never the key itself: its ID names it.
+            logger.warning(
+                "request rate limited",
+                metadata: [
+                    "tenant.id": .string(principal.tenantID.uuidString.lowercased()),
+                    "api_key.kind": .string(principal.kind.rawValue),
+                    "api_key.id": .string(principal.keyID.uuidString.lowercased()),
+                    "rate_limit.per_second": .int(Int(limit.perSecond)), "rate_limit.burst": .int(Int(limit.burst)),
+                    "rate_limit.refused": .int(report), "request.id": .string(request.requestID),
+                    "http.route": .string(request.route ?? "unmatched"),
+                ])
+        }
+        throw Problems.rateLimited(kind: principal.kind, limit: limit, retryAfter: retryAfter)
+    }
+}
+
+extension Problems {
+    /// 429: the tenant's requests with keys of this kind went over its rate on this process.
+    static func rateLimited(kind: APIKeyKind, limit: TokenBucket.Limit, retryAfter: Int) -> HTTPProblem {
+        let perSecond = Int(limit.perSecond)
+        let burst = Int(limit.burst)
+        return HTTPProblem(
+            status: 429, type: typeBase + "rate-limited", title: "Too Many Requests",
+            detail:
+                "This workspace's \(kind.rawValue) key is over its request rate on this server (\(perSecond) a second, "
+                + "bursts of \(burst)). Retry after \(retryAfter) s.",
+            extensions: [
+                "key_kind": kind.rawValue, "limit_per_second": String(perSecond), "burst": String(burst),
+                "retry_after": String(retryAfter),
+            ],
+            headers: ["Retry-After": String(retryAfter)])
+    }
+}

@@ -1,0 +1,192 @@
+import Foundation
+import HTTPServer
+import MarqueeCore
+import MarqueeStore
+import Observability
+import Synchronization
+import Testing
+
+@testable import MarqueeAPI
+
+/// The request rate limits without sockets or a database: the token bucket, the per-process buckets and the 429.
+@Suite("Request rate limits")
+struct RequestLimitsTests {
+    static let start = ContinuousClock.now
+    static func at(_ seconds: Double) -> ContinuousClock.Instant {
+        start + .milliseconds(Int64((seconds * 1000).rounded()))
+    }
+    static let oneASecondBurstTen = TokenBucket.Limit(perSecond: 1, burst: 10)
+
+    @Test("a bucket starts full: a burst of its size goes through, the next request is refused for 1 s")
+    func burst() {
+        var bucket = TokenBucket(limit: Self.oneASecondBurstTen, now: Self.at(0))
+        for _ in 0..<10 { #expect(bucket.take(at: Self.at(0)) == nil) }
+        #expect(bucket.take(at: Self.at(0)) == 1)
+        // A refusal takes nothing.
+        #expect(bucket.take(at: Self.at(0.5)) == 1)
+        #expect(bucket.take(at: Self.at(1)) == nil)
+        #expect(bucket.take(at: Self.at(1)) == 1)
+    }
+
+    @Test("it refills at its rate, never beyond its burst")
+    func refill() {
+        var bucket = TokenBucket(limit: .init(perSecond: 100, burst: 200), now: Self.at(0))
+        for _ in 0..<200 { #expect(bucket.take(at: Self.at(0)) == nil) }
+        #expect(bucket.tokens(at: Self.at(0.5)) == 50)
+        #expect(bucket.tokens(at: Self.at(1.5)) == 150)
+        #expect(bucket.tokens(at: Self.at(3600)) == 200)
+        // Time that runs backwards (it cannot, but) adds nothing.
+        #expect(bucket.tokens(at: Self.at(-5)) == 0)
+        for _ in 0..<50 { #expect(bucket.take(at: Self.at(0.5)) == nil) }
+        #expect(bucket.take(at: Self.at(0.5)) == 1)
+        #expect(bucket.isFull(at: Self.at(2.5)))
+        #expect(!bucket.isFull(at: Self.at(2.4)))
+    }
+
+    @Test("Retry-After is the whole seconds until a token is back, rounded up, at least 1")
+    func retryAfter() {
+        // A quarter of a token a second: an empty bucket has its next token in 4 s.
+        var slow = TokenBucket(limit: .init(perSecond: 0.25, burst: 1), now: Self.at(0))
+        #expect(slow.take(at: Self.at(0)) == nil)
+        #expect(slow.take(at: Self.at(0)) == 4)
+        #expect(slow.take(at: Self.at(1)) == 3)
+        #expect(slow.take(at: Self.at(1.5)) == 3)  // 2.5 s to go
+        #expect(slow.take(at: Self.at(3.9)) == 1)  // 0.1 s to go: still 1, never 0
+        #expect(slow.take(at: Self.at(4)) == nil)
+        #expect(TokenBucket.retryAfter(missing: 0.001, perSecond: 1000) == 1)
+        #expect(TokenBucket.retryAfter(missing: 1, perSecond: 0) == 86_400)
+    }
+
+    @Test("looking without spending takes nothing")
+    func look() {
+        var bucket = TokenBucket(limit: .init(perSecond: 1, burst: 1), now: Self.at(0))
+        #expect(bucket.take(at: Self.at(0), spend: false) == nil)
+        #expect(bucket.take(at: Self.at(0), spend: false) == nil)
+        #expect(bucket.take(at: Self.at(0)) == nil)
+        #expect(bucket.take(at: Self.at(0), spend: false) == 1)
+    }
+
+    @Test("a lower limit applies at once: what the bucket holds is cut to the new burst")
+    func limitChange() {
+        var bucket = TokenBucket(limit: .init(perSecond: 100, burst: 1000), now: Self.at(0))
+        bucket.advance(to: Self.at(0), limit: .init(perSecond: 1, burst: 2))
+        #expect(bucket.take(at: Self.at(0)) == nil)
+        #expect(bucket.take(at: Self.at(0)) == nil)
+        #expect(bucket.take(at: Self.at(0)) == 1)
+    }
+
+    @Test("the tenant's own setting wins over the default; 0 means no limit; the burst is seconds' worth")
+    func limits() {
+        let limits = RequestLimits(appPerSecond: 1000, sdkPerSecond: 0, burstSeconds: 10)
+        #expect(limits.perSecond(.app, setting: nil) == 1000)
+        #expect(limits.perSecond(.app, setting: 5) == 5)
+        #expect(limits.perSecond(.sdk, setting: nil) == nil)
+        #expect(limits.perSecond(.sdk, setting: 7) == 7)
+        #expect(limits.limit(.app, setting: 5) == .init(perSecond: 5, burst: 50))
+        #expect(RequestLimits.off.limit(.app, setting: nil) == nil)
+    }
+
+    @Test("buckets are per tenant and kind of key: one that is spent holds back no other")
+    func separateBuckets() {
+        let limiter = RequestLimiter()
+        let a = RequestLimiter.Key(tenant: UUID(), kind: .sdk)
+        let aApp = RequestLimiter.Key(tenant: a.tenant, kind: .app)
+        let b = RequestLimiter.Key(tenant: UUID(), kind: .sdk)
+        let limit = TokenBucket.Limit(perSecond: 1, burst: 2)
+        #expect(limiter.check(a, limit: limit, at: Self.at(0)) == .allowed)
+        #expect(limiter.check(a, limit: limit, at: Self.at(0)) == .allowed)
+        #expect(limiter.check(a, limit: limit, at: Self.at(0)) == .limited(retryAfter: 1, report: 1))
+        #expect(limiter.check(aApp, limit: limit, at: Self.at(0)) == .allowed)
+        #expect(limiter.check(b, limit: limit, at: Self.at(0)) == .allowed)
+        #expect(limiter.count == 3)
+    }
+
+    @Test("a bucket's refusals are reported on the first one, then at most once per interval with their count")
+    func reports() {
+        let limiter = RequestLimiter(reportInterval: .seconds(10))
+        let key = RequestLimiter.Key(tenant: UUID(), kind: .sdk)
+        // A token every 64 s (exact in binary, so the waits below are whole seconds).
+        let limit = TokenBucket.Limit(perSecond: 1.0 / 64, burst: 1)
+        #expect(limiter.check(key, limit: limit, at: Self.at(0)) == .allowed)
+        #expect(limiter.check(key, limit: limit, at: Self.at(0)) == .limited(retryAfter: 64, report: 1))
+        for second in 1...9 {
+            #expect(
+                limiter.check(key, limit: limit, at: Self.at(Double(second)))
+                    == .limited(retryAfter: 64 - second, report: nil))
+        }
+        #expect(limiter.check(key, limit: limit, at: Self.at(10)) == .limited(retryAfter: 54, report: 10))
+        #expect(limiter.check(key, limit: limit, at: Self.at(11)) == .limited(retryAfter: 53, report: nil))
+    }
+
+    @Test("the number of buckets is bounded: refilled ones go first, then the one used longest ago")
+    func bounded() {
+        let limiter = RequestLimiter(capacity: 3)
+        let limit = TokenBucket.Limit(perSecond: 1, burst: 5)
+        let spent = RequestLimiter.Key(tenant: UUID(), kind: .app)
+        for _ in 0..<5 { #expect(limiter.check(spent, limit: limit, at: Self.at(0)) == .allowed) }
+        #expect(limiter.check(spent, limit: limit, at: Self.at(0)) == .limited(retryAfter: 1, report: 1))
+        // Two tenants that took one token each: full again after a second.
+        for _ in 0..<2 {
+            #expect(limiter.check(.init(tenant: UUID(), kind: .sdk), limit: limit, at: Self.at(0)) == .allowed)
+        }
+        #expect(limiter.count == 3)
+        // A fourth tenant at 1.5 s: the two refilled buckets are forgotten, the spent one is not.
+        let fourth = RequestLimiter.Key(tenant: UUID(), kind: .sdk)
+        #expect(limiter.check(fourth, limit: limit, at: Self.at(1.5)) == .allowed)
+        #expect(limiter.count == 2)
+        #expect(limiter.check(spent, limit: limit, at: Self.at(1.5)) == .allowed)
+        #expect(limiter.check(spent, limit: limit, at: Self.at(1.5)) == .limited(retryAfter: 1, report: nil))
+        // Many more tenants, none of them idle long enough to refill: never more than the capacity.
+        for i in 0..<100 {
+            _ = limiter.check(.init(tenant: UUID(), kind: .app), limit: limit, at: Self.at(1.5 + Double(i) * 0.001))
+            #expect(limiter.count <= 3)
+        }
+        // The one used longest ago went first: the spent bucket is gone, so that tenant starts full again.
+        #expect(limiter.check(spent, limit: limit, at: Self.at(1.7)) == .allowed)
+    }
+
+    @Test(
+        "over its rate, a principal gets 429 rate-limited with Retry-After, counted by kind and logged without the key")
+    func guardAnswers() throws {
+        let metrics = MetricsRegistry()
+        let lines = Mutex<[String]>([])
+        let clock = Mutex(Self.at(0))
+        let rateGuard = RequestRateGuard(
+            limits: RequestLimits(appPerSecond: 0, sdkPerSecond: 2, burstSeconds: 1), metrics: metrics,
+            logger: Logger(label: "test", sink: LogSink { line in lines.withLock { $0.append(line) } }),
+            now: { clock.withLock { $0 } })
+        let sdk = Principal(tenantID: UUID(), keyID: UUID(), kind: .sdk)
+        let app = Principal(tenantID: sdk.tenantID, keyID: UUID(), kind: .app)
+        let request = HTTPRequest(method: .PUT, target: "/v1/people/p1", requestID: "req-1")
+        try rateGuard.check(sdk, request)
+        try rateGuard.check(sdk, request)
+        // A body admission only looks.
+        #expect(throws: HTTPProblem.self) { try rateGuard.check(sdk, request, spend: false) }
+        var refused: HTTPProblem?
+        do { try rateGuard.check(sdk, request) } catch let problem as HTTPProblem { refused = problem }
+        let problem = try #require(refused)
+        #expect(problem.status == 429)
+        #expect(problem.type == "https://marquee.dev/problems/rate-limited")
+        #expect(problem.headers["Retry-After"] == "1")
+        #expect(problem.detail?.contains("2 a second") == true)
+        #expect(problem.extensions["key_kind"] == "sdk")
+        // The app key is not limited (0), and has a bucket of its own anyway; a second later the sdk key goes on.
+        for _ in 0..<100 { try rateGuard.check(app, request) }
+        clock.withLock { $0 = Self.at(1) }
+        try rateGuard.check(sdk, request)
+        // A tenant's own setting wins over the default (none for app keys here): one a second.
+        let own = Principal(tenantID: UUID(), keyID: UUID(), kind: .app, requestsPerSecond: 1)
+        try rateGuard.check(own, request)
+        #expect(throws: HTTPProblem.self) { try rateGuard.check(own, request) }
+        #expect(rateGuard.refused.value(["sdk"]) == 2)
+        #expect(rateGuard.refused.value(["app"]) == 1)
+        #expect(metrics.exposition().contains(#"marquee_http_rate_limited_total{kind="sdk"} 2"#))
+        let logged = lines.withLock { $0 }
+        // One line per bucket's first refusal (then at most one per 10 s), naming the tenant and key, not the key text.
+        #expect(logged.count == 2)
+        #expect(logged.first?.contains(#""msg":"request rate limited""#) == true)
+        #expect(logged.first?.contains(sdk.tenantID.uuidString.lowercased()) == true)
+        #expect(logged.first?.contains(sdk.keyID.uuidString.lowercased()) == true)
+        #expect(logged.first?.contains(#""rate_limit.per_second":2"#) == true)
+    }
+}
