@@ -34,11 +34,19 @@ public struct RequestLimits: Sendable, Equatable {
     /// No limits at all.
     public static let off = RequestLimits(appPerSecond: 0, sdkPerSecond: 0, burstSeconds: 1)
 
-    /// The requests a second a key of `kind` may make on this process: the tenant's `setting` for that kind, else
-    /// the default; nil when not limited.
-    public func perSecond(_ kind: APIKeyKind, setting: Int?) -> Int? {
-        let rate = setting ?? (kind == .app ? appPerSecond : sdkPerSecond)
+    /// The operator's limit for keys of `kind` (nil: none). It is also the ceiling of a tenant's own setting: the
+    /// limits protect the service from its tenants, so a tenant's key may lower its rate (a leaked sdk key, a server
+    /// with a bug), never raise it.
+    public func ceiling(_ kind: APIKeyKind) -> Int? {
+        let rate = kind == .app ? appPerSecond : sdkPerSecond
         return rate > 0 ? rate : nil
+    }
+
+    /// The requests a second a key of `kind` may make on this process: the tenant's `setting` for that kind up to
+    /// the operator's `ceiling`, else the ceiling; nil when not limited.
+    public func perSecond(_ kind: APIKeyKind, setting: Int?) -> Int? {
+        guard let setting else { return ceiling(kind) }
+        return min(setting, ceiling(kind) ?? setting)
     }
 
     /// The bucket of a key of `kind`, as `perSecond` says.

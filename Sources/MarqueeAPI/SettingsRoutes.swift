@@ -43,14 +43,15 @@ struct SettingsRoutes: Sendable {
             change.maxDevicesPerPerson = .some(
                 try body.integer("max_devices_per_person", range: 1...1000).map { Int($0) })
         }
-        // null restores the operator's default.
-        if body.object["app_requests_per_second"] != nil {
-            change.appRequestsPerSecond = .some(
-                try body.integer("app_requests_per_second", range: 1...1_000_000).map { Int($0) })
-        }
-        if body.object["sdk_requests_per_second"] != nil {
-            change.sdkRequestsPerSecond = .some(
-                try body.integer("sdk_requests_per_second", range: 1...1_000_000).map { Int($0) })
+        // Up to the operator's limit (a tenant may lower its rate, not raise it); null restores the operator's.
+        for (field, kind) in [("app_requests_per_second", APIKeyKind.app), ("sdk_requests_per_second", .sdk)]
+        where body.object[field] != nil {
+            let rate = try body.integer(field, range: 1...Int64(limits.ceiling(kind) ?? 1_000_000)).map { Int($0) }
+            if kind == .app {
+                change.appRequestsPerSecond = .some(rate)
+            } else {
+                change.sdkRequestsPerSecond = .some(rate)
+            }
         }
         guard
             change.identityVerification != nil || change.sendRatePerSecond != nil

@@ -75,11 +75,14 @@ struct RequestLimitsTests {
         #expect(bucket.take(at: Self.at(0)) == 1)
     }
 
-    @Test("the tenant's own setting wins over the default; 0 means no limit; the burst is seconds' worth")
+    @Test("the tenant's own setting lowers the operator's limit, never raises it; 0 means none; the burst is seconds")
     func limits() {
         let limits = RequestLimits(appPerSecond: 1000, sdkPerSecond: 0, burstSeconds: 10)
         #expect(limits.perSecond(.app, setting: nil) == 1000)
         #expect(limits.perSecond(.app, setting: 5) == 5)
+        #expect(limits.perSecond(.app, setting: 5000) == 1000, "the operator's limit is the ceiling")
+        #expect(limits.ceiling(.app) == 1000)
+        #expect(limits.ceiling(.sdk) == nil)
         #expect(limits.perSecond(.sdk, setting: nil) == nil)
         #expect(limits.perSecond(.sdk, setting: 7) == 7)
         #expect(limits.limit(.app, setting: 5) == .init(perSecond: 5, burst: 50))
