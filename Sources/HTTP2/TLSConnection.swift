@@ -4,11 +4,16 @@ import Foundation
 
 /// The socket, TLS and nghttp2 plumbing shared by client and server connections. Lives on one loop thread.
 ///
-/// Reading drains `SSL_read` until it would block and feeds every chunk to `nghttp2_session_mem_recv`. Writing
+/// Reading feeds what `SSL_read` gives to `nghttp2_session_mem_recv`, until the socket would block or `readBudget`
+/// bytes were taken in one call (the loop calls again on its next turn: the socket stays readable). Writing
 /// gathers everything nghttp2 has queued (`nghttp2_session_mem_send`, up to `writeBatchLimit`) into one buffer and
 /// hands it to `SSL_write`, so many frames share a TLS write.
 class TLSConnection {
     static let readBufferSize = 64 * 1024
+    /// Most plaintext bytes one `readAvailable` call takes in. A peer that sends faster than it is read (a hostile
+    /// provider flooding cheap frames) would otherwise keep the call, and with it the loop thread, to itself: every
+    /// other connection on the thread, their deadlines and the jobs handed to it would wait until the peer paused.
+    static let readBudget = 256 * 1024
     static let writeBatchLimit = 1 << 20
 
     let id: Int
@@ -97,11 +102,14 @@ class TLSConnection {
         _ = nghttp2_session_set_local_window_size(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), 0, connectionWindow)
     }
 
-    /// Reads until the socket would block. Returns an error when the connection is over.
+    /// Reads until the socket would block, or `readBudget` bytes were read and TLS holds none of the socket's bytes
+    /// back (the epoll registration is level-triggered: what is left in the socket wakes the loop again, while bytes
+    /// OpenSSL has already taken from it would not). Returns an error when the connection is over.
     func readAvailable(_ handler: any LoopHandler) -> HTTP2Error? {
         guard let ssl, let session else { return nil }
         let base = readBuffer.baseAddress!.assumingMemoryBound(to: UInt8.self)
-        while true {
+        var taken = 0
+        while taken < Self.readBudget || SSL_has_pending(ssl) == 1 {
             ERR_clear_error()
             let count = SSL_read(ssl, base, Int32(readBuffer.count))
             if count > 0 {
@@ -112,6 +120,7 @@ class TLSConnection {
                         details: String(cString: nghttp2_strerror(Int32(consumed))))
                 }
                 if self.session == nil { return nil }
+                taken += Int(count)
                 continue
             }
             let code = SSL_get_error(ssl, count)
@@ -130,6 +139,7 @@ class TLSConnection {
                 return HTTP2Error(.connectionClosed, "the TLS connection failed", details: openSSLErrors())
             }
         }
+        return nil
     }
 
     /// Writes what nghttp2 has queued until done or the socket would block.

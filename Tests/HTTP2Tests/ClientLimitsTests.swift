@@ -1,4 +1,5 @@
 import Foundation
+import Synchronization
 import Testing
 
 @testable import HTTP2
@@ -87,6 +88,60 @@ struct ClientLimitsTests {
         }
     }
 
+    @Test("a peer flooding frames faster than they are read does not hold the shared I/O thread")
+    func floodDoesNotHoldTheThread() async throws {
+        // PRIORITY frames (RFC 9113 §6.3: allowed in any stream state, never answered, not flow-controlled) for a
+        // stream that is not open, as fast as TLS carries them: the client reads far slower than they come.
+        let priority = HostileServer.frame(type: 0x2, stream: 1001, payload: [0, 0, 0, 0, 15])
+        let burst = Array(repeatElement(priority, count: 1170).joined())
+        let hostile = try HostileServer { peer in
+            peer.write(HostileServer.settings + HostileServer.frame(type: 0x4, flags: 0x1))
+            while peer.write(burst) {}
+        }
+        try await withServer { server in
+            // Two pools on one I/O thread, as the worker's pools of one provider are.
+            let threads = try HTTP2ClientThreads(count: 1, name: "flood-test")
+            let bystander = try HTTP2Client(Fixtures.clientConfiguration(port: server.boundPort), threads: threads)
+            #expect(try await bystander.send(HTTP2Request(path: "/")).status == 200)
+            let flooded = try HTTP2Client(Fixtures.clientConfiguration(port: hostile.port), threads: threads)
+            let victim = Outcome()
+            let victimTask = Task {
+                do {
+                    _ = try await flooded.send(HTTP2Request(path: "/", timeout: .seconds(2)))
+                    victim.set("answered")
+                } catch let error as HTTP2Error where error.code == .timeout {
+                    victim.set("timeout")
+                } catch {
+                    victim.set("\(error)")
+                }
+            }
+            // The flood is on: the client has taken in more of it than the socket buffers hold.
+            #expect(await eventually(timeout: .seconds(60)) { hostile.written.load(ordering: .relaxed) > 96 << 20 })
+
+            // While it lasts, the thread still serves the other pool and the flooded request's deadline.
+            let other = Outcome()
+            let otherTask = Task {
+                do {
+                    other.set("\(try await bystander.send(HTTP2Request(path: "/", timeout: .seconds(15))).status)")
+                } catch {
+                    other.set("\(error)")
+                }
+            }
+            #expect(await eventually(timeout: .seconds(20)) { other.value != nil }, "the other pool's request waited")
+            #expect(other.value == "200")
+            #expect(await eventually(timeout: .seconds(20)) { victim.value != nil }, "the deadline did not fire")
+            #expect(victim.value == "timeout")
+            #expect(hostile.accepted.load(ordering: .relaxed) == 1)
+
+            await hostile.stop()  // the flood ends (and a thread held by it is let go)
+            await otherTask.value
+            await victimTask.value
+            await flooded.shutdown()
+            await bystander.shutdown()
+            await threads.shutdown()
+        }
+    }
+
     @Test("the header limit is sent as SETTINGS_MAX_HEADER_LIST_SIZE (0x6), and none without a limit")
     func advertisedHeaderLimit() {
         var configuration = Fixtures.clientConfiguration(port: 443)
@@ -150,4 +205,11 @@ struct ClientLimitsTests {
         }
         #expect(isSpecialPurposeIP([1, 2, 3]))
     }
+}
+
+/// What a request came to, set once from its task and read by the test.
+private final class Outcome: Sendable {
+    private let state = Mutex<String?>(nil)
+    func set(_ value: String) { state.withLock { $0 = $0 ?? value } }
+    var value: String? { state.withLock { $0 } }
 }
