@@ -79,8 +79,12 @@ public final class DeliveryWorker: Sendable {
     /// serve them, the express lane leaves them out.
     let backlogged = Mutex<[Int: Set<UUID>]>([:])
     /// Express claims whose slow sends (a tenant's endpoint taking its time) finish in the background, so that the
-    /// lane goes on; past `maxExpressLate` the lane waits for them like a loop does.
+    /// lane goes on; past `maxExpressLate` the lane waits for them.
     let expressLate = Atomic<Int>(0)
+    /// Sends still out after their claim committed (`LateSends`), by tenant and by the loop that claimed them.
+    let stragglers = Mutex(Stragglers())
+    /// Signalled when a claim's late sends are recorded: a loop whose room they filled may claim again.
+    let lateRecorded = Wakeup()
     /// Deliveries this worker's claims hold (their transactions open): its other claims skip them by ID.
     let inHand = Mutex<Set<UUID>>([])
     /// Set by `beginShutdown()`: the loops stop claiming.
@@ -210,23 +214,34 @@ public final class DeliveryWorker: Sendable {
         var draining = false
         while running {
             defer { heartbeats.beat(name) }
+            // The loop's earlier claims' sends still out take their room in its batch: what a worker holds stays
+            // within `loops` batches (and the express lanes' claims), however slow an endpoint is.
+            let limit = configuration.batchSize - stragglers.withLock { $0.byLoop[index, default: 0] }
+            guard limit > 0 else {
+                // Busy (not idle: a notification is the express lanes') until some of them are recorded.
+                await lateRecorded.wait(timeout: configuration.pollInterval)
+                continue
+            }
             // Draining, the loop leaves what was queued moments ago to the express lane, which the notification of
             // its commit woke (no loop was idle to take it). Otherwise (it woke, or the queue ran short) it takes
             // everything: the express lane only claims while every loop is busy.
             let spare = draining && configuration.expressBatch > 0
-            guard let claimed = await claimOnce(limit: configuration.batchSize, lane: .loop(index, spareFresh: spare))
-            else {
+            guard let claimed = await claimOnce(limit: limit, lane: .loop(index, spareFresh: spare)) else {
                 draining = false
                 continue
             }
-            draining = claimed == configuration.batchSize
+            draining = claimed == limit
             if claimed == 0 {
                 idleLoops.wrappingAdd(1, ordering: .relaxed)
                 await wakeup.wait(timeout: configuration.pollInterval)
                 idleLoops.wrappingSubtract(1, ordering: .relaxed)
                 continue
             }
-            if claimed == configuration.batchSize { wakeup.signal() }  // more is likely waiting
+            if claimed == limit { wakeup.signal() }  // more is likely waiting
+        }
+        // Draining: the sends this loop left to finish in the background are recorded before the worker returns.
+        while stragglers.withLock({ $0.byLoop[index, default: 0] }) > 0 && !Task.isCancelled {
+            await lateRecorded.wait(timeout: .milliseconds(100))
         }
     }
 
@@ -245,8 +260,9 @@ public final class DeliveryWorker: Sendable {
     /// Express claims whose slow sends may finish in the background at once (`expressLate`).
     static let maxExpressLate = 4
 
-    /// The express lane: a loop's batch takes a claim, its sends and its record (tens of milliseconds, longer for a
-    /// slow endpoint), and what is queued meanwhile waits for the next claim. When a notification comes while no loop
+    /// The express lane: a loop's batch takes a claim, its sends and its record (tens of milliseconds, up to half a
+    /// second for a slow endpoint, longer while a slow endpoint's sends fill the loop's room), and what is queued
+    /// meanwhile waits for the next claim. When a notification comes while no loop
     /// is idle, this claims at once, `expressBatch` at most, shared equally by the tenants with due deliveries that
     /// the loops did not just find with a backlog, and not topped up: another tenant's single update goes out while
     /// one tenant's backlog keeps the loops busy, and the lane's claim does not walk that backlog's held rows. Returns
@@ -302,8 +318,12 @@ public final class DeliveryWorker: Sendable {
         do {
             // This worker's other claims are skipped by a filter rather than by failed lock attempts.
             let held = inHand.withLock { Array($0) }
+            // Tenants with sends still out of an earlier claim (their endpoint is slow) wait until those are recorded:
+            // an endpoint that never answers would otherwise have a share of every claim, each out until its deadline.
+            let slow = stragglers.withLock { Set($0.byTenant.keys) }
             claimed = try await queue.claim(
-                limit: limit, hold: configuration.hold, excludingTenants: loop == nil ? backlogUnion() : [],
+                limit: limit, hold: configuration.hold,
+                excludingTenants: loop == nil ? backlogUnion().union(slow) : slow,
                 skipping: held, topUp: loop != nil, sparing: spare
             ) { batch in
                 if let loop {
@@ -330,22 +350,58 @@ public final class DeliveryWorker: Sendable {
             return nil
         }
         if claimed == 0, let loop { backlogged.withLock { $0[loop] = nil } }
-        // The slow ones (a tenant's endpoint taking its time) finish here, after the claim committed the others; the
-        // express lane leaves a few of them to finish in the background.
+        // The slow ones (a tenant's endpoint taking its time) finish after the claim committed the others: in the
+        // background for a loop (they hold its room until recorded) and for a few express claims; past those, the
+        // express lane waits for them here.
         if let late {
-            if loop == nil, expressLate.wrappingAdd(1, ordering: .relaxed).newValue <= Self.maxExpressLate {
+            let tenants = late.still.map(\.tenantID)
+            let owner = loop
+            stragglers.withLock { $0.add(tenants, loop: owner) }
+            if owner != nil {
+                Task { await self.record(late, tenants: tenants, loop: owner) }
+            } else if expressLate.wrappingAdd(1, ordering: .relaxed).newValue <= Self.maxExpressLate {
                 Task {
-                    await late.finish()
+                    await self.record(late, tenants: tenants, loop: nil)
                     self.expressLate.wrappingSubtract(1, ordering: .relaxed)
-                    // Recorded now: a later version they held back may go (see `expressLane`).
-                    self.lookAgain()
                 }
             } else {
-                if loop == nil { expressLate.wrappingSubtract(1, ordering: .relaxed) }
-                await late.finish()
+                expressLate.wrappingSubtract(1, ordering: .relaxed)
+                await record(late, tenants: tenants, loop: nil)
             }
         }
         return claimed
+    }
+
+    /// Waits for a claim's late sends and records them; then their room and their tenants are free again.
+    private func record(_ late: LateSends, tenants: [UUID], loop: Int?) async {
+        await late.finish()
+        stragglers.withLock { $0.remove(tenants, loop: loop) }
+        lateRecorded.signal()
+        // Recorded now: a later version they held back may go, and their tenants may be claimed again.
+        lookAgain()
+    }
+
+    /// Sends still out after their claim committed: how many per tenant (those tenants are left out of claims until
+    /// they are recorded) and per claim loop (they take room in its next batches).
+    struct Stragglers {
+        var byTenant: [UUID: Int] = [:]
+        var byLoop: [Int: Int] = [:]
+
+        mutating func add(_ tenants: [UUID], loop: Int?) {
+            for tenant in tenants { byTenant[tenant, default: 0] += 1 }
+            if let loop { byLoop[loop, default: 0] += tenants.count }
+        }
+
+        mutating func remove(_ tenants: [UUID], loop: Int?) {
+            for tenant in tenants {
+                let left = byTenant[tenant, default: 1] - 1
+                byTenant[tenant] = left > 0 ? left : nil
+            }
+            if let loop {
+                let left = byLoop[loop, default: 0] - tenants.count
+                byLoop[loop] = left > 0 ? left : nil
+            }
+        }
     }
 
     /// The tenants any loop's last claim found with a backlog.
@@ -444,7 +500,9 @@ public final class DeliveryWorker: Sendable {
     }
 
     /// How long a claim waits for its slowest sends before it commits the others' results and leaves the rest to
-    /// finish on their own (`LateSends`): a slow endpoint holds back only its own deliveries.
+    /// finish on their own (`LateSends`, recorded in the background): a slow endpoint holds back only its own
+    /// deliveries. Until they are recorded they take room in their loop's batches, and their tenants are left out of
+    /// this worker's claims (`Stragglers`).
     static let straggleAfter = Duration.milliseconds(500)
 
     /// Deliveries of a claim still being sent when it committed, recorded when they finish. It keeps the iterator the

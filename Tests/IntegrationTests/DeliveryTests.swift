@@ -419,39 +419,43 @@ struct DeliveryTests {
         _ = try await a.settled(backlogInstance, count: nil, timeout: .seconds(120))
     }
 
-    @Test("the express lane: while the only loop waits on a slow tenant's batch, another tenant's start goes out")
+    @Test("the express lane: while a slow tenant's sends fill the only loop's room, another tenant's start goes out")
     func expressLane() async throws {
         let slow = try await Self.tenant()
         let b = try await Self.tenant()
         let prefix = "e7a1"
         slow.fixture.simulator.setFaults([.init(tokenPrefix: prefix, action: .delay, latencyMilliseconds: 10_000)])
         defer { slow.fixture.simulator.setFaults([]) }
-        let (_, slowStartToken) = try await slow.iphone()
+        _ = try await slow.iphone(tokenPrefix: prefix)
         let backlogInstance = Fake.id("slowbatch")
         #expect(try await slow.start(backlogInstance).status == 200)
-        // 40 updates whose answers take 10 s: with the start, one batch of the single loop, which then waits for them.
+        // The start and 40 updates whose answers take 10 s: the single loop's batch of 16 is out until they come, and
+        // its sends still out take the loop's room.
         try await slow.queueBacklog(backlogInstance, count: 40, tokenPrefix: prefix)
         let (_, bToken) = try await b.iphone()
-        let worker = try slow.fixture.worker(["MARQUEE_WORKER_LOOPS": "1"])
+        let worker = try slow.fixture.worker(["MARQUEE_WORKER_LOOPS": "1", "MARQUEE_WORKER_BATCH": "16"])
         defer { worker.signal(SIGKILL) }
-        let clock = ContinuousClock()
-        // The batch is out (its fast start answered) and the loop waits for the slow ones.
-        let deadline = clock.now + .seconds(30)
-        try await waitForPushes(slow, slowStartToken, until: deadline)
-        try #require(!simulatorPushes(slow, slowStartToken).isEmpty, "the slow tenant's batch was never sent")
+        try await eventually("the loop's batch out, committed with its sends leased", timeout: .seconds(30)) {
+            try await slow.fixture.pool.count(
+                """
+                SELECT count(*)::int AS n FROM delivery_queue
+                WHERE tenant_id = \(slow.tenant.uuid) AND sending_until IS NOT NULL
+                """) >= 16
+        }
         func slowAnswered() -> Int {
             slow.fixture.simulator.pushes().filter { $0["token"]?.stringValue?.hasPrefix(prefix) == true }.count
         }
         #expect(slowAnswered() == 0)
+        let clock = ContinuousClock()
         #expect(try await b.start(Fake.id("express")).status == 200)
-        try await waitForPushes(b, bToken, until: deadline + .seconds(30))
+        try await waitForPushes(b, bToken, until: clock.now + .seconds(30))
         let answeredBeforeB = slowAnswered()
         try #require(!simulatorPushes(b, bToken).isEmpty, "B's start was never sent")
-        // Without the lane, B's start waits for the loop, which waits 10 s for the slow answers (recorded first).
+        // Without the lane, B's start waits until the slow answers (10 s) are recorded and give the loop room.
         #expect(answeredBeforeB == 0, "B's start waited for the slow batch: \(answeredBeforeB) slow answers before it")
         let metrics = try await HTTP.get(worker.baseURL + "/metrics").text
         #expect(metrics.contains(#"marquee_deliveries_claimed_total{lane="express"}"#), "the lane's claims are counted")
-        _ = try await slow.settled(backlogInstance, count: nil, timeout: .seconds(60))
+        _ = try await slow.settled(backlogInstance, count: nil, timeout: .seconds(90))
     }
 
     @Test("a lane that sent an update looks again: the next version, held back while it was in flight, goes out")
@@ -472,18 +476,33 @@ struct DeliveryTests {
         let bToken = bPrefix + Fake.hex(60)
         _ = try await b.api.call(
             "PUT", "/v1/live_notifications/\(instance)/tokens/\(device)", key: b.tenant.sdk, json: ["token": bToken])
-        // The single loop's first batch: B's start, and 40 slow updates it then waits 20 s for.
-        _ = try await slow.iphone()
+        let (_, slowStartToken) = try await slow.iphone()
         let backlogInstance = Fake.id("slowbatch")
         #expect(try await slow.start(backlogInstance).status == 200)
-        try await slow.queueBacklog(backlogInstance, count: 40, tokenPrefix: slowPrefix)
-        // The poll is two minutes: only a claim that looks again sends the second update in time.
-        let worker = try slow.fixture.worker(["MARQUEE_WORKER_LOOPS": "1", "MARQUEE_WORKER_POLL_MS": "120000"])
-        defer { worker.signal(SIGKILL) }
+        // Both starts go out first, by a worker of their own.
         let clock = ContinuousClock()
         let deadline = clock.now + .seconds(30)
+        let first = try slow.fixture.worker()
+        defer { if first.process.isRunning { first.signal(SIGKILL) } }
         try await waitForPushes(b, bStartToken, until: deadline)
+        try await waitForPushes(slow, slowStartToken, until: deadline)
         try #require(!simulatorPushes(b, bStartToken).isEmpty, "B's start was never sent")
+        first.signal(SIGTERM)
+        #expect(try await first.waitForExit(timeout: .seconds(30)) == 0)
+        // 40 updates whose answers take 20 s: the single loop's first batch is 16 of them, and their sends fill its
+        // room for those 20 s. The poll is two minutes: only a claim that looks again sends the second update in time.
+        try await slow.queueBacklog(backlogInstance, count: 40, tokenPrefix: slowPrefix)
+        let worker = try slow.fixture.worker([
+            "MARQUEE_WORKER_LOOPS": "1", "MARQUEE_WORKER_POLL_MS": "120000", "MARQUEE_WORKER_BATCH": "16",
+        ])
+        defer { worker.signal(SIGKILL) }
+        try await eventually("the loop's batch out, committed with its sends leased", timeout: .seconds(30)) {
+            try await slow.fixture.pool.count(
+                """
+                SELECT count(*)::int AS n FROM delivery_queue
+                WHERE tenant_id = \(slow.tenant.uuid) AND sending_until IS NOT NULL
+                """) >= 16
+        }
         func update(_ seq: Int) async throws {
             let r = try await b.api.call(
                 "POST", "/v1/live_notifications/update", key: b.tenant.app,
@@ -504,7 +523,8 @@ struct DeliveryTests {
         }.count
         try #require(sentSecond(), "B's second update was never sent")
         #expect(slowAnswered == 0, "B's second update waited for the loop: \(slowAnswered) slow answers came first")
-        _ = try await slow.settled(backlogInstance, count: nil, timeout: .seconds(60))
+        // 40 pushes of 20 s, 16 at a time; the loop's poll is two minutes, but each recorded batch wakes it.
+        _ = try await slow.settled(backlogInstance, count: nil, timeout: .seconds(120))
     }
 
     @Test("while the loops drain one tenant's backlog, another tenant's fresh starts go out by the express lane")
@@ -635,6 +655,52 @@ struct DeliveryTests {
         while simulatorPushes(t, token).count < count && ContinuousClock.now < deadline {
             try await Task.sleep(for: .milliseconds(20))
         }
+    }
+
+    @Test("an endpoint that never answers does not hold back another tenant's backlog: the loops claim on")
+    func silentTenantDoesNotHoldBackBacklogs() async throws {
+        let silent = try await Self.tenant()
+        let b = try await Self.tenant()
+        let prefix = "5117"
+        silent.fixture.simulator.setFaults([.init(tokenPrefix: prefix, action: .delay, latencyMilliseconds: 60_000)])
+        defer { silent.fixture.simulator.setFaults([]) }
+        _ = try await silent.iphone()
+        let silentInstance = Fake.id("silent")
+        #expect(try await silent.start(silentInstance).status == 200)
+        // Enough to have a share of every claim: each comes back due 0.2 s after its send deadline.
+        try await silent.queueBacklog(silentInstance, count: 200, tokenPrefix: prefix, dueAgo: "1 minute")
+        _ = try await b.iphone()
+        let backlog = Fake.id("backlog")
+        #expect(try await b.start(backlog).status == 200)
+        try await b.queueBacklog(backlog, count: 400, dueAgo: "1 minute")
+        func cleanUp() async throws {
+            try await silent.fixture.pool.execute("DELETE FROM delivery_queue WHERE tenant_id = \(silent.tenant.uuid)")
+        }
+        // A send may take 3 s (three quarters of the hold); claims of 16, half of them the silent tenant's. Loops that
+        // waited for each claim's silent sends would take B's backlog 8 a claim, a claim per loop every 3 s: 75 s.
+        let worker = try silent.fixture.worker(["MARQUEE_WORKER_HOLD_SECONDS": "4", "MARQUEE_WORKER_BATCH": "16"])
+        defer { worker.signal(SIGKILL) }
+        func bSent() async throws -> Int {
+            try await b.fixture.pool.count(
+                "SELECT count(*)::int AS n FROM deliveries WHERE tenant_id = \(b.tenant.uuid) AND status = 'sent'")
+        }
+        let clock = ContinuousClock()
+        let began = clock.now
+        while try await bSent() < 401 && clock.now < began + .seconds(45) {
+            try await Task.sleep(for: .milliseconds(100))
+        }
+        let sent = try await bSent()
+        let took = clock.now - began
+        let silentSends = try await silent.fixture.pool.count(
+            """
+            SELECT count(*)::int AS n FROM delivery_queue
+            WHERE tenant_id = \(silent.tenant.uuid) AND (attempts > 0 OR sending_until IS NOT NULL)
+            """)
+        try await cleanUp()
+        #expect(sent == 401, "B's backlog waited for the silent endpoint: \(sent) of 401 sent in \(took)")
+        #expect(took < .seconds(30), "\(took)")
+        #expect(silentSends > 0, "the silent tenant's pushes were out (or tried) meanwhile")
+        #expect(worker.process.isRunning)
     }
 
     @Test("a slow tenant endpoint holds back only its own deliveries: no lease runs out on another's, nothing re-sent")
