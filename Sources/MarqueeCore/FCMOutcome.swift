@@ -121,6 +121,25 @@ public enum OAuthTokenAnswer: Sendable, Equatable {
         "unsupported_grant_type", "access_denied",
     ]
 
+    /// Whether `token` can go into `authorization: Bearer …` as it is: 1 to 8,192 bytes of RFC 6750's `b64token`
+    /// (letters, digits, `-._~+/`, then any `=`). Anything else from the endpoint (a CR or LF splitting the header, a
+    /// space, a control character) is an unreadable answer, never sent on.
+    static func isBearerToken(_ token: String) -> Bool {
+        let bytes = Array(token.utf8)
+        guard (1...8192).contains(bytes.count) else { return false }
+        let body = bytes.prefix { $0 != UInt8(ascii: "=") }
+        guard !body.isEmpty, bytes.dropFirst(body.count).allSatisfy({ $0 == UInt8(ascii: "=") }) else { return false }
+        return body.allSatisfy { b in
+            switch b {
+            case UInt8(ascii: "a")...UInt8(ascii: "z"), UInt8(ascii: "A")...UInt8(ascii: "Z"),
+                UInt8(ascii: "0")...UInt8(ascii: "9"):
+                return true
+            default:
+                return "-._~+/".utf8.contains(b)
+            }
+        }
+    }
+
     /// Classifies a token-endpoint answer. Only a definite rejection (a 400/401/403, or another 4xx naming an OAuth2
     /// error) breaks the credential; 408, 429, 5xx and anything unreadable are passing and retried, honouring a
     /// clamped `Retry-After`.
@@ -128,7 +147,7 @@ public enum OAuthTokenAnswer: Sendable, Equatable {
         -> OAuthTokenAnswer
     {
         let json = body.count <= 65_536 ? try? JSONValue.parse(body) : nil
-        if status == 200, let token = json?["access_token"]?.stringValue, (1...8192).contains(token.utf8.count) {
+        if status == 200, let token = json?["access_token"]?.stringValue, isBearerToken(token) {
             return .token(token, lifetime: ProviderNumbers.tokenLifetime(json?["expires_in"]))
         }
         let code = json?["error"]?.stringValue.flatMap { rejections.contains($0) ? $0 : nil }

@@ -150,6 +150,24 @@ struct ProviderNumbersTests {
                 == .failed(.retry(reason: "oauth_unavailable", retryAfter: nil)))
     }
 
+    @Test(
+        "token endpoint: only an RFC 6750 b64token is used as a bearer token (no CR/LF into a header, no spaces)",
+        arguments: [
+            ("ya29.a0AfB_byC-x~y+z/w==", true), ("abc", true), ("abc\r\nx-injected: 1", false), ("a b", false),
+            ("=", false), ("abc=def", false), ("tok\u{0}en", false), ("ünï", false), ("", false),
+        ] as [(String, Bool)])
+    func bearerTokenCharacters(token: String, usable: Bool) {
+        // Escaped as JSON: what arrives is a well-formed answer carrying these characters.
+        let body = Array(
+            JSONValue.object(["access_token": .string(token), "expires_in": .int(3600)]).serialized().utf8)
+        let answer = OAuthTokenAnswer.decide(status: 200, body: body, retryAfter: nil, now: now)
+        if usable {
+            #expect(answer == .token(token, lifetime: 3600))
+        } else {
+            #expect(answer == .failed(.retry(reason: "oauth_unavailable", retryAfter: nil)))
+        }
+    }
+
     @Test("token endpoint: a definite rejection breaks the credential, with a fixed reason")
     func tokenEndpointRejected() {
         func decide(_ status: Int, _ body: String) -> OAuthTokenAnswer {
