@@ -78,7 +78,7 @@ struct TokenBucket: Sendable, Equatable {
     /// The tokens the bucket holds at `now` (time never runs backwards here).
     func tokens(at now: ContinuousClock.Instant) -> Double {
         guard now > updated else { return tokens }
-        return min(limit.burst, tokens + Self.seconds(now - updated) * limit.perSecond)
+        return min(limit.burst, tokens + (now - updated).inSeconds * limit.perSecond)
     }
 
     /// Whether the bucket is full at `now`: it then behaves as a new one would, so it may be forgotten.
@@ -110,11 +110,6 @@ struct TokenBucket: Sendable, Equatable {
     static func retryAfter(missing: Double, perSecond: Double) -> Int {
         let seconds = perSecond > 0 ? missing / perSecond : .infinity
         return max(1, Int(min(seconds, 86_400).rounded(.up)))
-    }
-
-    static func seconds(_ duration: Duration) -> Double {
-        let (seconds, attoseconds) = duration.components
-        return Double(seconds) + Double(attoseconds) / 1e18
     }
 }
 

@@ -214,21 +214,17 @@ public struct RetryPolicy: Sendable, Equatable {
     {
         guard attempts < maxAttempts else { return nil }
         let exponent = min(max(attempts - 1, 0), 30)
-        let ceiling = min(Self.seconds(initialDelay) * pow(2, Double(exponent)), Self.seconds(maximumDelay))
+        let ceiling = min(initialDelay.inSeconds * pow(2, Double(exponent)), maximumDelay.inSeconds)
         // Half fixed, half jitter: spreads retries without letting them collapse to zero.
         var seconds = ceiling / 2 + random() * ceiling / 2
         if let retryAfter {
             // Clamped again here, so no caller can make the conversion below trap.
-            let limit = Self.seconds(ProviderNumbers.maximumRetryAfter)
-            let floor = Self.seconds(retryAfter)
+            let limit = ProviderNumbers.maximumRetryAfter.inSeconds
+            let floor = retryAfter.inSeconds
             seconds = max(seconds, floor.isFinite ? min(max(floor, 0), limit) : 0)
         }
         guard seconds.isFinite else { return maximumDelay }
         return .milliseconds(Int64(min(max(seconds, 0), 1e9) * 1000))
-    }
-
-    static func seconds(_ d: Duration) -> Double {
-        Double(d.components.seconds) + Double(d.components.attoseconds) / 1e18
     }
 }
 

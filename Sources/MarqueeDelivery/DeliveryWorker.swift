@@ -811,7 +811,7 @@ public final class DeliveryWorker: Sendable {
         metrics.retries.inc(1, [d.provider.rawValue])
         metrics.deliveries.inc(
             1, [d.provider.rawValue, d.operation.rawValue, "retry", DeliveryReason.metricLabel(reason)])
-        let seconds = Double(delay.components.seconds) + Double(delay.components.attoseconds) / 1e18
+        let seconds = delay.inSeconds
         return DeliveryResult(
             tenantID: d.tenantID, id: d.id, instanceID: d.instanceID, status: .queued, reason: reason,
             nextAttemptAt: Date().addingTimeInterval(seconds))
@@ -877,7 +877,7 @@ final class QueueGauges: Sendable {
         self.lastSample = Mutex(now())
         registry.onCollect { [self] in
             let age = self.now() - lastSample.withLock { $0 }
-            metrics.queueSampleAge.set(Double(age.components.seconds) + Double(age.components.attoseconds) / 1e18)
+            metrics.queueSampleAge.set(age.inSeconds)
         }
     }
 
