@@ -35,41 +35,52 @@ struct LifecycleRoutes: Sendable {
         let (identity, start) = try parseStart(JSONBody.parse(request))
         let idempotencyKey = try Self.idempotencyKey(request)
         let requestHash = Self.requestHash(request)
-        let context = try await store.startContext(
-            tenant: tenant, activityType: start.activityType, personID: identity.personID, email: identity.email,
-            instanceID: start.instanceID, idempotencyKey: idempotencyKey, channelID: start.channelID)
-        if let stored = context.idempotent { return try Self.replay(stored, hash: requestHash) }
-        if let existing = context.existingStart { return .json(existing.body, status: existing.status) }
-        let decision = try LifecyclePlanner.planStart(
-            start,
-            facts: .init(
-                activityType: context.activityType, candidates: context.candidates,
-                instanceIDTaken: context.existingInstance, channel: context.channel),
-            now: now(), newID: { ULIDGenerator.shared.next().uuid })
-        guard case .write(let plan) = decision else {
-            throw Problems.conflict(field: "instance_id", reason: "is already used by another instance")
-        }
-        let response = Self.render(start, plan)
-        let outcome = try await store.start(
-            tenant: tenant,
-            StartWrite(
-                request: start, plan: plan, personID: context.personID ?? identity.personID,
-                personEmail: identity.email, response: response,
-                idempotency: idempotencyKey.map {
-                    IdempotencyRecord(key: $0, requestHash: requestHash, status: 200, response: response)
-                }))
-        if case .alreadyExists = outcome {
-            // A concurrent request with the same instance ID or key won, or this start committed and its answer was
-            // lost with the database connection: answer with what was stored.
-            let again = try await store.startContext(
+        // Planned from a read, written after: a device planned for that went meanwhile makes the write fail, and the
+        // start is planned again from a fresh read (its answer names what it queued).
+        for _ in 0..<Self.writeAttempts {
+            let context = try await store.startContext(
                 tenant: tenant, activityType: start.activityType, personID: identity.personID, email: identity.email,
-                instanceID: start.instanceID, idempotencyKey: idempotencyKey)
-            if let stored = again.idempotent { return try Self.replay(stored, hash: requestHash) }
-            if let existing = again.existingStart { return .json(existing.body, status: existing.status) }
-            throw Problems.conflict(field: "instance_id", reason: "is already used by another instance")
+                instanceID: start.instanceID, idempotencyKey: idempotencyKey, channelID: start.channelID)
+            if let stored = context.idempotent { return try Self.replay(stored, hash: requestHash) }
+            if let existing = context.existingStart { return .json(existing.body, status: existing.status) }
+            let decision = try LifecyclePlanner.planStart(
+                start,
+                facts: .init(
+                    activityType: context.activityType, candidates: context.candidates,
+                    instanceIDTaken: context.existingInstance, channel: context.channel),
+                now: now(), newID: { ULIDGenerator.shared.next().uuid })
+            guard case .write(let plan) = decision else {
+                throw Problems.conflict(field: "instance_id", reason: "is already used by another instance")
+            }
+            let response = Self.render(start, plan)
+            let outcome = try await store.start(
+                tenant: tenant,
+                StartWrite(
+                    request: start, plan: plan, personID: context.personID ?? identity.personID,
+                    personEmail: identity.email, response: response,
+                    idempotency: idempotencyKey.map {
+                        IdempotencyRecord(key: $0, requestHash: requestHash, status: 200, response: response)
+                    }))
+            switch outcome {
+            case .written: return .json(response)
+            case .versionConflict: continue
+            case .alreadyExists:
+                // A concurrent request with the same instance ID or key won, or this start committed and its answer
+                // was lost with the database connection: answer with what was stored.
+                let again = try await store.startContext(
+                    tenant: tenant, activityType: start.activityType, personID: identity.personID,
+                    email: identity.email, instanceID: start.instanceID, idempotencyKey: idempotencyKey)
+                if let stored = again.idempotent { return try Self.replay(stored, hash: requestHash) }
+                if let existing = again.existingStart { return .json(existing.body, status: existing.status) }
+                throw Problems.conflict(field: "instance_id", reason: "is already used by another instance")
+            }
         }
-        return .json(response)
+        throw Problems.contention(instanceID: start.instanceID)
     }
+
+    /// How many times a start or change is planned and written before it is answered 503 (its instance, or its
+    /// person's devices, kept changing under it).
+    static let writeAttempts = 8
 
     /// The person a start addresses (by ID or by email) and the start itself.
     func parseStart(_ body: JSONBody) throws(ValidationError) -> (
@@ -156,7 +167,7 @@ struct LifecycleRoutes: Sendable {
     func apply(_ batch: [PendingChange], tenant: UUID, instanceID: String) async -> [Result<HTTPResponse, any Error>] {
         let key = batch.count == 1 ? batch[0].idempotencyKey : nil
         do {
-            for _ in 0..<8 {
+            for _ in 0..<Self.writeAttempts {
                 let context = try await store.changeContext(tenant: tenant, instanceID: instanceID, idempotencyKey: key)
                 if let stored = context.idempotent {
                     return [Result { try Self.replay(stored, hash: batch[0].requestHash) }]

@@ -162,7 +162,7 @@ extension Problems {
         }
     }
 
-    /// 503: too many concurrent changes to one instance.
+    /// 503: too many concurrent changes to one instance (or to the devices a start plans for).
     static func contention(instanceID: String) -> HTTPProblem {
         HTTPProblem(
             status: 503, type: typeBase + "contention", title: "Instance busy",

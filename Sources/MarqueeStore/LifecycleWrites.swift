@@ -290,7 +290,13 @@ extension StartWrite: SetWrite {
                    -- A start whose ID was taken meanwhile must not keep its key's record (migration 0075): the
                    -- statement fails, and the batch is written again a start at a time.
                    CASE WHEN r.idem_key IN (SELECT key FROM idem) AND r.instance_id NOT IN (SELECT id FROM ins)
-                        THEN marquee_write_lost('instance ID taken: ' || r.instance_id) END AS lost
+                        THEN marquee_write_lost('instance ID taken: ' || r.instance_id) END AS lost,
+                   -- A start whose planned device went since its context read (migration 0087) is planned again: its
+                   -- answer and state must be those of what it queued.
+                   CASE WHEN r.instance_id IN (SELECT id FROM ins)
+                             AND EXISTS (SELECT 1 FROM planned d
+                                         WHERE d.i = r.i AND d.device_token NOT IN (SELECT token FROM live))
+                        THEN marquee_plan_stale('a target of ' || r.instance_id || ' is gone') END AS stale
             FROM req r
             LEFT JOIN queued q ON q.instance_id = r.instance_id
             -- The people are held even for a start with nothing to send (an erasure must see its instance).

@@ -114,7 +114,8 @@ public enum WriteOutcome: Sendable, Equatable {
     /// Written: the new version and the number of deliveries queued; `coalesced` when pacing queued them for later
     /// (a newer update before then replaces them).
     case written(version: Int, deliveries: Int, coalesced: Bool = false)
-    /// Another request changed the instance first (update/end) — read again and recompute.
+    /// Another request changed the instance first (update/end), or a device a start planned for went — read again
+    /// and plan again.
     case versionConflict
     /// The instance ID or idempotency key was taken by a concurrent request — replay its stored response.
     case alreadyExists
@@ -234,13 +235,16 @@ public struct LiveActivityStore: Sendable {
     ///
     /// `alreadyExists` also when the start committed but its answer was lost with the connection
     /// (`UnansweredCommit(.committed)`): the instance (or its Idempotency-Key's record) now holds the start's answer,
-    /// read back as for a start that found its ID taken. Throws `UnansweredCommit(.unknown)`.
+    /// read back as for a start that found its ID taken. `versionConflict` when a device it planned for went before
+    /// its write (nothing is written). Throws `UnansweredCommit(.unknown)`.
     public func start(tenant: UUID, _ write: StartWrite) async throws -> WriteOutcome {
         let row: PostgresRow
         do {
             row = try await committer.submit(tenant: tenant, write)
         } catch let error as PostgresError where error.sqlState == Self.writeLost {
             return .alreadyExists  // its ID was taken meanwhile, and its key was not recorded (migration 0075)
+        } catch let error as PostgresError where error.sqlState == Self.planStale {
+            return .versionConflict  // a device it planned for went meanwhile (migration 0087): plan it again
         } catch let error as UnansweredCommit where error.outcome == .committed {
             return .alreadyExists
         }
@@ -275,6 +279,10 @@ public struct LiveActivityStore: Sendable {
     /// The SQLSTATE of a set-based write that lost its race after recording an Idempotency-Key (`marquee_write_lost`,
     /// migration 0075): the statement fails so that the record goes with it.
     static let writeLost = "MQ001"
+
+    /// The SQLSTATE of a set-based start whose planned device went before its write (`marquee_plan_stale`, migration
+    /// 0087): nothing of it is written, and it is planned again.
+    static let planStale = "MQ002"
 
     /// Records an idempotent response for a request that wrote nothing else (a suppressed no-op).
     /// Returns false when the key was taken meanwhile (its own answer is then the one to give), and when the record

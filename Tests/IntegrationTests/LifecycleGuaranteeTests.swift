@@ -104,7 +104,10 @@ struct LifecycleGuaranteeTests {
 
     @Test("a person erased while a start of theirs is being written keeps nothing of it")
     func erasureWaitsForStart() async throws {
-        let w = try await LifecycleTests.world()
+        // Not in the shared fixture: there, another test's start failing the statement this start shares (an ID
+        // taken, a device gone) rolls the batch back and writes this start again alone, after the erasure (which
+        // the rollback let through); then it is a start of someone unknown, and its device-less instance stays.
+        let w = try await LifecycleTests.world(fixture: .holding)
         let instance = Fake.id("erased")
         // Something holds the Android phone (as a registration's write would): the start's write waits for it, its
         // instance written, and the person's erasure begins meanwhile.
@@ -128,6 +131,35 @@ struct LifecycleGuaranteeTests {
                   + (SELECT count(*) FROM delivery_queue WHERE tenant_id = \(w.tenant.uuid)))::int AS n
             """)
         #expect(left == 0)
+    }
+
+    @Test("a start whose device goes before its write is planned again: its answer names only the targets it queued")
+    func startPlannedAgainWhenATargetGoes() async throws {
+        let w = try await LifecycleTests.world()
+        let instance = Fake.id("replanned")
+        // The Android phone is being removed (FCM called it unregistered): the start, planned with it, waits for the
+        // removal's transaction in its write, then finds the phone gone.
+        let removing = try await HeldTransaction.open(
+            w.fixture.databaseURL,
+            begin: { c in
+                _ = try c.query(
+                    "SELECT 1 FROM devices WHERE tenant_id = \(w.tenant.uuid) AND token = \(w.pixel) FOR UPDATE")
+            },
+            end: { c in
+                try c.execute("DELETE FROM devices WHERE tenant_id = \(w.tenant.uuid) AND token = \(w.pixel)")
+            })
+        let starting = Task { try await w.start(["instance_id": instance]) }
+        try await removing.waitedOn(via: w.fixture.pool, "the start waits for the removal")
+        try await removing.commit()
+        let started = try await starting.value
+        #expect(started.status == 200, "\(started.text)")
+        let queued = try await w.fixture.pool.count(
+            "SELECT count(*)::int AS n FROM delivery_queue WHERE tenant_id = \(w.tenant.uuid) AND instance_id = \(instance)"
+        )
+        #expect(queued == 2, "the two iPhones")
+        #expect(try started.json()["targets"] as? Int == queued, "\(started.text)")
+        // The replayed answer is the same.
+        #expect(try await w.start(["instance_id": instance]).json()["targets"] as? Int == queued)
     }
 
     @Test("a person erased while pushes of theirs are being sent keeps no record of them")

@@ -51,7 +51,8 @@ actor RegistryFixture {
 
     /// A second fixture, for tests that hold a worker's claim open while they call the API: in the shared one, a test
     /// that alters `deliveries` (a trigger created and dropped) queues its lock behind the open claim, every other
-    /// statement on the table queues behind it, and the API call the claim waits for never returns.
+    /// statement on the table queues behind it, and the API call the claim waits for never returns. Also for tests
+    /// that order one write after another by a lock: a batch another test fails would reorder them.
     static let holding = RegistryFixture()
 
     func running() async throws -> Running {
