@@ -235,10 +235,16 @@ public struct PeopleImportStore: Sendable {
             """)
         // A person keeps at most the tenant's max_devices_per_person devices, the imported ones first: the rule's one
         // home (migration 0081), which a single registration uses too. The people's rows are held (written above).
+        // Asked only for people who may be over it: someone this import created has no devices but its own, so one
+        // device (the cap is at least 1) cannot be too many — a first import of 100,000 people skips 100,000 counts.
         try connection.query(
             """
             SELECT marquee_keep_recent_devices(
-                \(tenant), ARRAY(SELECT DISTINCT person_id FROM import_devices), ARRAY(SELECT token FROM import_devices))
+                \(tenant),
+                ARRAY(SELECT d.person_id FROM import_devices d
+                      LEFT JOIN import_people i ON i.id = d.person_id AND i.created
+                      GROUP BY d.person_id HAVING count(*) > 1 OR bool_or(i.id IS NULL)),
+                ARRAY(SELECT token FROM import_devices))
             """)
         return ImportOutcome(
             imported: try created[0].decode(Int.self, "n"), updated: updated, rejected: rejected)

@@ -106,6 +106,21 @@ extension DeliveryTests {
         #expect(imported.status == 200, "\(imported.text)")
         let devices = try await t.api.call("GET", "/v1/people/\(other)", key: t.tenant.app).json().array("devices")
         #expect(devices.count == 1, "the import evicted the older phone: \(devices)")
+        // Someone the import creates with more phones than the cap keeps as many as it allows.
+        let newcomer = Fake.id("carol")
+        let created = try await PeopleImportTests.post(
+            t.api, t.tenant.app,
+            PeopleImportTests.ndjson([
+                try PeopleImportTests.json([
+                    "id": newcomer,
+                    "devices": [
+                        ["token": Fake.hex(), "platform": "ios"], ["token": Fake.fcm(), "platform": "android"],
+                    ],
+                ])
+            ]))
+        #expect(try created.json()["imported"] as? Int == 1, "\(created.text)")
+        let theirs = try await t.api.call("GET", "/v1/people/\(newcomer)", key: t.tenant.app).json().array("devices")
+        #expect(theirs.count == 1, "a new person's imported phones past the cap: \(theirs)")
 
         let worker = try t.fixture.worker()
         defer { worker.signal(SIGKILL) }
