@@ -105,6 +105,9 @@ let package = Package(
             dependencies: ["MarqueeAPI", "MarqueeCore", "MarqueeStore", "HTTPServer", "Observability"],
             swiftSettings: swiftSettings),
         .testTarget(
+            name: "MarqueeStoreTests", dependencies: ["MarqueeStore", "MarqueeCore", "PostgresClient"],
+            swiftSettings: swiftSettings),
+        .testTarget(
             name: "MarqueeCoreTests", dependencies: ["MarqueeCore", "ClientMirrors", "CMalloc"], exclude: ["Golden"],
             swiftSettings: swiftSettings),
         .testTarget(

@@ -126,39 +126,40 @@ public final class GroupCommitter: Sendable {
         return answer.rows[answer.row]
     }
 
-    /// One tenant's statements: the writes of each kind in as few statements as their exclusive keys allow (a write
-    /// whose key an earlier write of its kind has goes to a later statement, so the writes of one key run in the order
-    /// they came). Each member's statement and row.
+    /// One tenant's statements, as `rounds` places its writes. Each member's statement and row.
     private static func statements(_ members: [(index: Int, submission: Submission)], tenant: UUID) -> (
         queries: [PostgresQuery], members: [(index: Int, statement: Int, row: Int)]
     ) {
         var queries: [PostgresQuery] = []
         var placed: [(index: Int, statement: Int, row: Int)] = []
-        // Groups of one kind, in the order of their first member: each a list of rounds (writes, keys taken).
-        var groups: [ObjectIdentifier: [(writes: [(index: Int, submission: Submission)], keys: Set<String>)]] = [:]
-        var kinds: [ObjectIdentifier] = []
-        for member in members {
-            let kind = member.submission.kind
-            if groups[kind] == nil { kinds.append(kind) }
-            var rounds = groups[kind, default: []]
-            // The first round after every round holding one of its keys.
-            var round = rounds.count
-            while round > 0, rounds[round - 1].keys.isDisjoint(with: member.submission.keys) { round -= 1 }
-            if round == rounds.count { rounds.append(([], [])) }
-            rounds[round].writes.append(member)
-            rounds[round].keys.formUnion(member.submission.keys)
-            groups[kind] = rounds
-        }
-        for kind in kinds {
-            for round in groups[kind]! {
-                for (row, write) in round.writes.enumerated() {
-                    placed.append((write.index, queries.count, row))
-                }
-                queries.append(
-                    contentsOf: round.writes[0].submission.compose(tenant, round.writes.map(\.submission.write)))
+        for round in rounds(members.map { (kind: $0.submission.kind, keys: $0.submission.keys) }) {
+            let writes = round.map { members[$0] }
+            for (row, write) in writes.enumerated() {
+                placed.append((write.index, queries.count, row))
             }
+            queries.append(contentsOf: writes[0].submission.compose(tenant, writes.map(\.submission.write)))
         }
         return (queries, placed)
+    }
+
+    /// Where one tenant's writes go: the writes of each kind in as few statements as their exclusive keys allow. A
+    /// write goes to the first statement of its kind after every statement holding one of its keys, so the writes of
+    /// one key run in the order they came and never share a statement. Kinds follow each other in the order of their
+    /// first write. Returns the statements in order, each the indices of its writes (in `members`), in order.
+    static func rounds(_ members: [(kind: ObjectIdentifier, keys: [String])]) -> [[Int]] {
+        var groups: [ObjectIdentifier: [(writes: [Int], keys: Set<String>)]] = [:]
+        var kinds: [ObjectIdentifier] = []
+        for (index, member) in members.enumerated() {
+            if groups[member.kind] == nil { kinds.append(member.kind) }
+            var rounds = groups[member.kind, default: []]
+            var round = rounds.count
+            while round > 0, rounds[round - 1].keys.isDisjoint(with: member.keys) { round -= 1 }
+            if round == rounds.count { rounds.append(([], [])) }
+            rounds[round].writes.append(index)
+            rounds[round].keys.formUnion(member.keys)
+            groups[member.kind] = rounds
+        }
+        return kinds.flatMap { groups[$0, default: []].map(\.writes) }
     }
 
     private func commit(_ batch: [Submission]) async -> [Result<Answer, any Error>] {

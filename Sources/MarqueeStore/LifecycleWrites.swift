@@ -381,7 +381,7 @@ extension IdempotencyRecord: SetWrite {
 }
 
 /// The idempotency records of a batch of writes, as arrays (NULL where a write has none).
-private struct IdempotencyColumns {
+struct IdempotencyColumns {
     var keys: [String?] = []
     var hashes: [String?] = []
     var statuses: [Int?] = []
