@@ -53,6 +53,9 @@ public final class HTTPServer: Sendable {
         public var requestReadTimeout: Duration
         /// How long `stop()` waits for in-flight requests before answering the rest with 503. Default 10 s.
         public var drainTimeout: Duration
+        /// Headers sent with every response that does not set them itself, including the server's own answers
+        /// (404, 405, 413, 503…), e.g. `Cache-Control` and `X-Content-Type-Options`. Default none.
+        public var defaultHeaders: HTTPHeaders
 
         /// Creates a configuration; every parameter has the documented default.
         public init(
@@ -65,7 +68,8 @@ public final class HTTPServer: Sendable {
             drainTimeout: Duration = .seconds(10),
             perAddressConnectionLimit: Int = 256,
             requestReadTimeout: Duration = .seconds(30),
-            maxBufferedBodySize: Int = 64 << 20
+            maxBufferedBodySize: Int = 64 << 20,
+            defaultHeaders: HTTPHeaders = [:]
         ) {
             self.host = host
             self.port = port
@@ -77,6 +81,7 @@ public final class HTTPServer: Sendable {
             self.perAddressConnectionLimit = perAddressConnectionLimit
             self.requestReadTimeout = requestReadTimeout
             self.maxBufferedBodySize = maxBufferedBodySize
+            self.defaultHeaders = defaultHeaders
         }
     }
 
@@ -881,6 +886,9 @@ final class ServerCore: Sendable {
             response = .problem(.internalError(requestID: requestID))
         }
         response.headers["X-Request-Id"] = requestID
+        for (name, value) in configuration.defaultHeaders where !response.headers.contains(name) {
+            response.headers[name] = value
+        }
         response.headers.remove("Content-Length")
         response.headers.remove("Transfer-Encoding")
         if response.status < 200 || response.status == 204 || response.status == 304 {

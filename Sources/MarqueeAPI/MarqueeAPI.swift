@@ -27,6 +27,15 @@ public struct MarqueeAPI: Sendable {
     /// The group committer of lifecycle writes (exposed for metrics).
     public let committer: GroupCommitter
 
+    /// Sent with every response of `marquee serve` that does not set them itself (`HTTPServer.Configuration
+    /// .defaultHeaders`). Answers carry a tenant's data, much of it written by parties who are not the tenant (sdk
+    /// keys are public; providers answer what they like): no cache, the browser's or a proxy's, keeps a copy, and no
+    /// browser reads one as anything but its declared type. The console's files set their own (`ConsoleRoutes`).
+    public static let responseHeaders: HTTPHeaders = [
+        "Cache-Control": "no-store",
+        "X-Content-Type-Options": "nosniff",
+    ]
+
     public init(
         pool: PostgresPool, migrator: Migrator, keyRing: SealingKeyRing, adminToken: String?,
         keyCacheTTL: Duration = .seconds(5), requestLimits: RequestLimits,

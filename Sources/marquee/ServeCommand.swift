@@ -72,7 +72,7 @@ struct ServeCommand {
                 drainTimeout: .seconds(configuration.drainTimeoutSeconds),
                 perAddressConnectionLimit: configuration.httpConnectionsPerAddress,
                 requestReadTimeout: .seconds(configuration.httpReadTimeoutSeconds),
-                maxBufferedBodySize: configuration.maxBufferedBodyBytes),
+                maxBufferedBodySize: configuration.maxBufferedBodyBytes, defaultHeaders: MarqueeAPI.responseHeaders),
             router: router,
             onRequestCompleted: { record in
                 httpMetrics.record(record)

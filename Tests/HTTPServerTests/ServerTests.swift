@@ -61,6 +61,40 @@ struct ServerTests {
         }
     }
 
+    @Test("default headers go on every answer that does not set them, the server's own problems included")
+    func defaultHeaders() async throws {
+        var router = Self.router()
+        router.get("/cached") { _ in
+            HTTPResponse(
+                status: 200, headers: ["Cache-Control": "max-age=60", "Content-Type": "text/plain"],
+                body: Array("x".utf8))
+        }
+        let configure: (inout HTTPServer.Configuration) -> Void = {
+            $0.defaultHeaders = ["Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"]
+        }
+        try await withServer(router, configure: configure) { server in
+            // A handler's answer, its thrown problem, its hidden error, no route, a method the route does not take.
+            for (method, path, status) in [
+                ("GET", "/hello", 200), ("GET", "/teapot", 418), ("GET", "/boom", 500), ("GET", "/nope", 404),
+                ("DELETE", "/hello", 405),
+            ] {
+                let response = try await request(server.boundPort, method, path)
+                #expect(response.status == status, "\(method) \(path)")
+                #expect(response.headers["Cache-Control"] == "no-store", "\(method) \(path)")
+                #expect(response.headers["X-Content-Type-Options"] == "nosniff", "\(method) \(path)")
+            }
+            // A header the handler set is kept, once.
+            let cached = try await request(server.boundPort, "GET", "/cached")
+            #expect(cached.headers.values("Cache-Control") == ["max-age=60"])
+            #expect(cached.headers["X-Content-Type-Options"] == "nosniff")
+        }
+        // None unless configured.
+        try await withServer(Self.router()) { server in
+            let response = try await request(server.boundPort, "GET", "/hello")
+            #expect(response.headers["Cache-Control"] == nil && response.headers["X-Content-Type-Options"] == nil)
+        }
+    }
+
     @Test func errorsAreProblemJSON() async throws {
         let runs = Counter()
         try await withServer(Self.router(handlerRuns: runs)) { server in

@@ -59,6 +59,26 @@ struct ConsoleServingTests {
         Self.expectSecurityHeaders(page, "/console")
     }
 
+    @Test("the API's answers, which the console reads with the key: no cache keeps them, no browser sniffs them")
+    func apiAnswers() async throws {
+        let api = try await RegistryFixture.get().api
+        let tenant = try await api.createTenant()
+        for (method, path, key, status) in [
+            ("GET", "/v1/overview", tenant.app, 200), ("GET", "/v1/delivery_failures", tenant.app, 200),
+            ("GET", "/v1/live_notifications", tenant.app, 200), ("GET", "/v1/activity_types", tenant.app, 200),
+            ("GET", "/v1/overview", nil, 401), ("GET", "/v1/overview", tenant.sdk, 403),
+            ("GET", "/v1/people/nobody", tenant.app, 404), ("GET", "/v1/no-such-route", tenant.app, 404),
+            ("DELETE", "/v1/overview", tenant.app, 405),
+        ] as [(String, String, String?, Int)] {
+            let r = try await api.call(method, path, key: key)
+            #expect(r.status == status, "\(method) \(path): \(r.text)")
+            #expect(r.header("Cache-Control") == "no-store", "\(method) \(path)")
+            #expect(r.header("X-Content-Type-Options") == "nosniff", "\(method) \(path)")
+        }
+        // The console's own files are revalidated, not forbidden from caches: they hold no data.
+        #expect(try await api.call("GET", "/console/app.js").header("Cache-Control") == "no-cache")
+    }
+
     @Test("unknown names and path tricks are 404 problems, never a file from elsewhere")
     func unknownFiles() async throws {
         let api = try await RegistryFixture.get().api
