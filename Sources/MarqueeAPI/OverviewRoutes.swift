@@ -64,6 +64,7 @@ struct OverviewRoutes: Sendable {
         return .json(
             .object([
                 "since": .from(f.since), "total": .int(Int64(f.total)), "truncated": .bool(f.truncated),
+                "groups_total": .int(Int64(f.groupsTotal)),
                 "groups": .array(
                     f.groups.map { g in
                         .object([

@@ -54,6 +54,8 @@ public struct DeliveryFailures: Sendable, Equatable {
     public var total: Int
     /// True when the window holds more failures than were read (`OverviewStore.failureCap`): counts cover the newest.
     public var truncated: Bool
+    /// How many groups the failures read fall in; `groups` holds the largest `OverviewStore.maximumGroups` of them.
+    public var groupsTotal: Int
     /// Largest group first.
     public var groups: [Group]
 }
@@ -69,6 +71,10 @@ public struct OverviewStore: Sendable {
     public static let failureCap = 10_000
     /// How many deliveries of each failure group are listed.
     public static let failuresPerGroup = 5
+    /// How many failure groups are listed at most, the largest. A reason is a provider's word (up to 64 characters,
+    /// `ProviderNumbers.reasonText`), and a tenant's endpoint may answer a new one for every push: without this, the
+    /// failures of a window could fall in as many groups as there are failures (10,000 cards in the console).
+    public static let maximumGroups = 50
     /// How far back the overview counts instances. Instances live at most 8 hours, so every open one is in it.
     public static let instanceWindow: TimeInterval = 24 * 3600
 
@@ -160,31 +166,40 @@ public struct OverviewStore: Sendable {
     }
 
     /// The failed and undeliverable deliveries recorded since `since` (the newest `failureCap`), grouped by provider,
-    /// status and reason, largest group first, each with its newest few.
+    /// status and reason, the largest `maximumGroups` groups, largest first, each with its newest few.
     public func failures(tenant: UUID, since: Date) async throws -> DeliveryFailures {
+        // Groups are ranked by size, then by their newest failure (provider, status and reason break the last ties,
+        // so that the rank names one group); a group's first row (pos 1) counts the groups.
         let rows = try await database.tenantRead(
             tenant,
             [
                 """
                 SELECT * FROM (
-                    SELECT f.*, count(*) OVER () AS total, count(*) OVER g AS n, max(updated_at) OVER g AS last_at,
-                           row_number() OVER (g ORDER BY updated_at DESC, id DESC) AS pos
-                    FROM (SELECT id, instance_id, provider, status, reason, http_status, operation,
-                                 recorded_at AS updated_at
-                          FROM delivery_history
-                          WHERE tenant_id = \(tenant) AND status IN ('failed', 'undeliverable')
-                            AND recorded_at >= \(since)
-                          ORDER BY recorded_at DESC LIMIT \(Self.failureCap + 1)) f
-                    WINDOW g AS (PARTITION BY provider, status, reason)
-                ) r
-                WHERE pos <= \(Self.failuresPerGroup)
-                ORDER BY n DESC, last_at DESC, provider, status, reason, updated_at DESC, id DESC
+                    SELECT r.*, count(*) FILTER (WHERE pos = 1) OVER () AS groups_total,
+                           dense_rank() OVER (ORDER BY n DESC, last_at DESC, provider, status, reason) AS group_rank
+                    FROM (
+                        SELECT f.*, count(*) OVER () AS total, count(*) OVER g AS n, max(updated_at) OVER g AS last_at,
+                               row_number() OVER (g ORDER BY updated_at DESC, id DESC) AS pos
+                        FROM (SELECT id, instance_id, provider, status, reason, http_status, operation,
+                                     recorded_at AS updated_at
+                              FROM delivery_history
+                              WHERE tenant_id = \(tenant) AND status IN ('failed', 'undeliverable')
+                                AND recorded_at >= \(since)
+                              ORDER BY recorded_at DESC LIMIT \(Self.failureCap + 1)) f
+                        WINDOW g AS (PARTITION BY provider, status, reason)
+                    ) r
+                    WHERE pos <= \(Self.failuresPerGroup)
+                ) ranked
+                WHERE group_rank <= \(Self.maximumGroups)
+                ORDER BY group_rank, updated_at DESC, id DESC
                 """
             ])
         var groups: [DeliveryFailures.Group] = []
         var total = 0
+        var groupsTotal = 0
         for row in rows[0] {
             total = Int(try row.decode(Int64.self, "total"))
+            groupsTotal = Int(try row.decode(Int64.self, "groups_total"))
             let provider = try row.decode(String.self, "provider")
             let status = try row.decode(String.self, "status")
             let reason = try row.decode(String?.self, "reason")
@@ -202,7 +217,8 @@ public struct OverviewStore: Sendable {
                     httpStatus: try row.decode(Int?.self, "http_status"), at: try row.decode(Date.self, "updated_at")))
         }
         return DeliveryFailures(
-            since: since, total: min(total, Self.failureCap), truncated: total > Self.failureCap, groups: groups)
+            since: since, total: min(total, Self.failureCap), truncated: total > Self.failureCap,
+            groupsTotal: groupsTotal, groups: groups)
     }
 
     /// The smallest ULID (as a UUID) of the millisecond `date` falls in: every delivery created at or after `date`

@@ -130,7 +130,40 @@ struct ConsoleEndpointTests {
 
         let day = try await api.call("GET", "/v1/delivery_failures", key: a.app).json()
         #expect(day["total"] as? Int == 4)
+        #expect(day["groups_total"] as? Int == 2)
         #expect(try await api.call("GET", "/v1/delivery_failures", key: b.app).json()["total"] as? Int == 0)
+    }
+
+    @Test("failures a provider words each its own way: the 50 largest groups are listed, and how many there are")
+    func manyGroups() async throws {
+        let fixture = try await RegistryFixture.get()
+        let api = fixture.api
+        let (a, ids) = try await Self.tenant(api, instances: 3)
+        for id in ids.prefix(2) {
+            try await fixture.pool.recordOutcome(
+                tenant: a.uuid, instance: id, status: "undeliverable", reason: "Unregistered", httpStatus: 410)
+        }
+        try await fixture.pool.recordOutcome(
+            tenant: a.uuid, instance: ids[2], status: "failed", reason: "hostile-0", httpStatus: 500)
+        // The tenant's endpoint answered a new reason for each of 79 more pushes: 80 groups of one.
+        _ = try await fixture.pool.query(
+            """
+            INSERT INTO delivery_history
+            SELECT (jsonb_populate_record(h, jsonb_build_object('id', gen_random_uuid(), 'reason', 'hostile-' || g))).*
+            FROM delivery_history h, generate_series(1, 79) g
+            WHERE h.tenant_id = \(a.uuid) AND h.instance_id = \(ids[2])
+            """)
+        let r = try await api.call("GET", "/v1/delivery_failures", key: a.app)
+        #expect(r.status == 200, "\(r.text)")
+        let f = try r.json()
+        #expect(f["total"] as? Int == 82)
+        #expect(f["groups_total"] as? Int == 81)
+        let groups = f.array("groups")
+        #expect(groups.count == 50, "at most 50 groups: \(groups.count)")
+        #expect(groups.first?.string("reason") == "Unregistered", "the largest first")
+        #expect(groups.first?["count"] as? Int == 2)
+        #expect(Set(groups.compactMap { $0.string("reason") }).count == 50, "50 different groups")
+        #expect(r.body.count < 64 * 1024, "\(r.body.count) bytes")
     }
 
     @Test("client errors are problems: a bad window is 422 for hours, a missing key 401, an sdk key 403")

@@ -79,8 +79,9 @@ extension ConsoleFiles {
             h(
               'p',
               { class: 'muted' },
-              `${plural(failures.total, 'failed or undeliverable delivery', 'failed or undeliverable deliveries')} in the ${period}, in ${plural(failures.groups.length, 'group')}.`,
+              `${plural(failures.total, 'failed or undeliverable delivery', 'failed or undeliverable deliveries')} in the ${period}, in ${plural(failures.groups_total, 'group')}.`,
               failures.truncated ? ' Only the newest are counted: narrow the period for exact numbers.' : '',
+              failures.groups_total > failures.groups.length ? ` The ${failures.groups.length} largest groups are shown.` : '',
             ),
             failures.groups.map((group, index) =>
               h(
