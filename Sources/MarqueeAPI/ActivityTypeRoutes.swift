@@ -54,9 +54,17 @@ struct ActivityTypeRoutes: Sendable {
         return .json(Render.activityType(type), status: created ? 201 : 200)
     }
 
+    /// A page of activity types by identifier: an sdk key creates types with its push-to-start registrations, so
+    /// there may be any number of them.
     func list(_ request: HTTPRequest, _ principal: Principal) async throws -> HTTPResponse {
-        let types = try await registry.activityTypes(tenant: principal.tenantID)
-        return .json(.object(["activity_types": .array(types.map(Render.activityType))]))
+        let limit = try LifecycleRoutes.limit(request)
+        let after = try request.query["cursor"].map { text throws(ValidationError) in
+            try Identifiers.activityType(text, field: "cursor")
+        }
+        let page = try await registry.activityTypes(tenant: principal.tenantID, after: after, limit: limit + 1)
+        let items = page.prefix(limit)
+        let next: JSONValue = page.count > limit ? items.last.map { .string($0.identifier) } ?? .null : .null
+        return .json(.object(["activity_types": .array(items.map(Render.activityType)), "next_cursor": next]))
     }
 
     func get(_ request: HTTPRequest, _ principal: Principal) async throws -> HTTPResponse {

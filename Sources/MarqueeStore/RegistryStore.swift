@@ -128,12 +128,15 @@ public struct RegistryStore: Sendable {
         }
     }
 
-    public func activityTypes(tenant: UUID) async throws -> [ActivityType] {
+    /// The tenant's activity types by identifier, the first `limit` after `after` (a page: push-to-start registrations
+    /// with an sdk key, which is public, create types, so a tenant may have any number of them).
+    public func activityTypes(tenant: UUID, after: String?, limit: Int) async throws -> [ActivityType] {
         try await database.tenantTransaction(tenant) { connection in
             try connection.query(
                 """
                 SELECT \(unsafeRaw: Self.typeColumns) FROM activity_types
-                WHERE tenant_id = \(tenant) ORDER BY identifier
+                WHERE tenant_id = \(tenant) AND (\(after)::text IS NULL OR identifier > \(after))
+                ORDER BY identifier LIMIT \(limit)
                 """
             ).map(Self.activityType)
         }

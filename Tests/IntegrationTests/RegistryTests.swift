@@ -217,6 +217,47 @@ struct RegistryTests {
             try await api.call("GET", "/v1/activity_types/com.example.none", key: tenant.app), 404, "not-found")
     }
 
+    @Test("activity types an sdk key creates by the hundred are listed a page at a time, by identifier")
+    func activityTypePages() async throws {
+        let fixture = try await RegistryFixture.get()
+        let api = fixture.api
+        let tenant = try await api.createTenant()
+        // The sdk key ships in the app: whoever holds it registers push-to-start tokens for 55 made-up types, each
+        // of which is created.
+        let person = Fake.id("typist")
+        let device = Fake.hex()
+        try ok(
+            await api.call("PUT", "/v1/people/\(person)/devices/\(device)", key: tenant.sdk, json: ["platform": "ios"]))
+        let prefix = "com.hostile" + Fake.hex(4)
+        let types = (0..<55).map { prefix + ".t" + String(100 + $0) }
+        for type in types {
+            try ok(
+                await api.call(
+                    "PUT", "/v1/people/\(person)/devices/\(device)/push_to_start/\(type)", key: tenant.sdk,
+                    json: ["token": Fake.hex(64)]))
+        }
+        let first = try await api.call("GET", "/v1/activity_types", key: tenant.app)
+        #expect(first.status == 200, "\(first.text)")
+        let page = try first.json()
+        #expect(page.array("activity_types").compactMap { $0.string("identifier") } == Array(types.prefix(50)))
+        let cursor = try #require(page.string("next_cursor"), "\(page["next_cursor"] ?? "none")")
+        let rest = try await api.call("GET", "/v1/activity_types?cursor=\(cursor)", key: tenant.app).json()
+        #expect(rest.array("activity_types").compactMap { $0.string("identifier") } == Array(types.suffix(5)))
+        #expect(rest["next_cursor"] is NSNull)
+
+        let two = try await api.call("GET", "/v1/activity_types?limit=2", key: tenant.app).json()
+        #expect(two.array("activity_types").compactMap { $0.string("identifier") } == Array(types.prefix(2)))
+        #expect(two.string("next_cursor") == types[1])
+        for query in ["limit=0", "limit=201", "limit=x"] {
+            expectProblem(
+                try await api.call("GET", "/v1/activity_types?\(query)", key: tenant.app), 422, "invalid-field",
+                field: "limit", query)
+        }
+        expectProblem(
+            try await api.call("GET", "/v1/activity_types?cursor=not-a-type", key: tenant.app), 422, "invalid-field",
+            field: "cursor")
+    }
+
     // MARK: People and devices
 
     @Test("people: PUT creates and updates, GET shows devices, DELETE erases with devices")
