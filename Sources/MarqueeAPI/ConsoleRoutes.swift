@@ -40,11 +40,15 @@ struct ConsoleRoutes: Sendable {
     ]
 
     /// Sent with every console response. Scripts, styles and connections only from this origin (no inline script or
-    /// style, no third party), never framed, no referrer (a console URL names instances), no MIME sniffing.
+    /// style, no third party), never framed, no referrer (a console URL names instances), no MIME sniffing. Trusted
+    /// Types with no policy: the browser refuses a string for any sink that parses HTML or runs script (`innerHTML`,
+    /// `outerHTML`, `insertAdjacentHTML`, `document.write`, a script's `src` or text…), so the console can only build
+    /// its DOM from nodes and `textContent`, whatever a device or a provider wrote.
     static let securityHeaders: HTTPHeaders = [
         "Content-Security-Policy":
             "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
-            + "base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
+            + "base-uri 'none'; form-action 'none'; frame-ancestors 'none'; require-trusted-types-for 'script'; "
+            + "trusted-types 'none'",
         "X-Frame-Options": "DENY",
         "X-Content-Type-Options": "nosniff",
         "Referrer-Policy": "no-referrer",

@@ -19,7 +19,7 @@ struct ConsoleServingTests {
         let csp = r.header("Content-Security-Policy") ?? ""
         for directive in [
             "default-src 'none'", "script-src 'self'", "style-src 'self'", "connect-src 'self'",
-            "frame-ancestors 'none'", "base-uri 'none'",
+            "frame-ancestors 'none'", "base-uri 'none'", "require-trusted-types-for 'script'", "trusted-types 'none'",
         ] {
             #expect(csp.contains(directive), "\(label): CSP \(csp) lacks \(directive)")
         }

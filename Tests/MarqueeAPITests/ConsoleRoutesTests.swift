@@ -43,6 +43,47 @@ struct ConsoleRoutesTests {
         }
     }
 
+    /// Sinks that parse a string as HTML, run it as script, navigate away or style the page, each with why it is
+    /// refused. The console builds its DOM with `h`/`s` (nodes, `textContent`, `setAttribute` of names it spells
+    /// itself): data from devices and providers never reaches one of these.
+    static let unsafeSinks: [(pattern: String, why: String)] = [
+        ("innerHTML", "parses HTML"), ("outerHTML", "parses HTML"), ("insertAdjacentHTML", "parses HTML"),
+        ("document.write", "parses HTML"), ("createContextualFragment", "parses HTML"), ("DOMParser", "parses HTML"),
+        ("srcdoc", "parses HTML"), ("eval(", "runs a string"), ("Function(", "runs a string"),
+        ("setTimeout('", "runs a string"), ("setTimeout(`", "runs a string"), ("setTimeout(\"", "runs a string"),
+        ("setInterval('", "runs a string"), ("setInterval(`", "runs a string"), ("setInterval(\"", "runs a string"),
+        ("javascript:", "a script URL"), ("setAttribute('on", "an inline handler"),
+        ("setAttribute(`on", "an inline handler"),
+        ("window.open", "navigates elsewhere"), ("location.href =", "navigates elsewhere"),
+        ("location.assign", "navigates elsewhere"), ("location.replace", "navigates elsewhere"),
+        ("createElement('script'", "a script element"), ("h('script'", "a script element"),
+        ("s('script'", "a script element"), ("h('iframe'", "a frame"), ("'style'", "inline style (CSS injection)"),
+        ("style:", "inline style (CSS injection)"), (".style.", "inline style (CSS injection)"),
+        ("cssText", "inline style (CSS injection)"),
+    ]
+
+    @Test("the console's scripts use no sink that parses or runs a string, and build every link within the page")
+    func noUnsafeSinks() {
+        for (name, asset) in ConsoleRoutes.assets where name.hasSuffix(".js") {
+            let text = String(decoding: asset.body, as: UTF8.self)
+            for (number, line) in text.split(separator: "\n", omittingEmptySubsequences: false).enumerated() {
+                let code = line.trimmingCharacters(in: .whitespaces)
+                if code.hasPrefix("//") || code.hasPrefix("*") || code.hasPrefix("/**") { continue }
+                for sink in Self.unsafeSinks where line.contains(sink.pattern) {
+                    Issue.record("\(name):\(number + 1): \(sink.pattern) (\(sink.why)): \(code)")
+                }
+                // A link stays within the page: every `href` is a literal fragment ('#…'), data only after it.
+                for match in line.matches(of: /href\s*[:,]\s*(.{0,2})/) where !["'#", "`#"].contains(match.output.1) {
+                    Issue.record("\(name):\(number + 1): an href that is not a literal '#…': \(code)")
+                }
+            }
+        }
+        // The page has no inline script or handler either.
+        let page = String(decoding: ConsoleRoutes.assets["index.html"]?.body ?? [], as: UTF8.self)
+        #expect(page.matches(of: /\son[a-z]+\s*=/).isEmpty, "an inline handler in index.html")
+        #expect(page.components(separatedBy: "<script").count == 2, "one script element, the module")
+    }
+
     @Test("If-None-Match: the file's tag, its weak form, one of a list, or * answer 304 with no body")
     func revalidation() {
         let etag = Self.get("app.js").headers["ETag"] ?? ""
