@@ -348,6 +348,75 @@ struct ConsoleBrowserTests {
         }
     }
 
+    @Test("what devices and providers wrote is text: no markup runs, a reason called `constructor` finds no advice")
+    func hostileStrings() async throws {
+        let t = try await Self.setup()
+        // The sdk key ships in the app, so a person ID is anyone's to choose.
+        let person = #"<img src=x onerror="window.__xss='person'">"# + Fake.hex(4)
+        let path = try #require(person.addingPercentEncoding(withAllowedCharacters: .alphanumerics))
+        var instances: [String: String] = [:]
+        // A tenant's endpoint answers what it likes: reasons that are names every JavaScript object has.
+        for reason in ["constructor", "__proto__", "Unregistered"] {
+            _ = try await t.api.iphone(t.tenant, person: path, type: t.type)
+            let instance = "order-" + reason.filter(\.isLetter).lowercased() + "-" + Fake.hex(6)
+            try await t.start(
+                instance, person: person,
+                state: ["note": #"</pre><script>window.__xss='state'</script><img src=x onerror="window.__xss='img'">"#]
+            )
+            try await t.fixture.pool.recordOutcome(
+                tenant: t.tenant.uuid, instance: instance, status: "failed", reason: reason, httpStatus: 400)
+            instances[reason] = instance
+        }
+        let reasons = instances
+        let noScriptRan = """
+            return `${window.__xss ?? 'nothing ran'}, ${document.querySelectorAll('img[src=x], script:not([src])').length}`;
+            """
+
+        try await Browser.run("hostile") { browser in
+            try await t.signIn(browser)
+            try await browser.open(t.console + "#/activities")
+            try await browser.wait(for: "[data-testid=activities-table]", containing: #"<img src=x onerror="#)
+            #expect(try await browser.execute(noScriptRan) as? String == "nothing ran, 0")
+
+            let instance = try #require(reasons["constructor"])
+            try await browser.open(t.console + "#/activities/" + instance)
+            try await browser.wait(for: "[data-testid=content-state]", containing: "</pre><script>")
+            try await browser.wait(for: "[data-testid=deliveries-table]", containing: "constructor")
+            #expect(try await browser.execute(noScriptRan) as? String == "nothing ran, 0")
+            // The person link keeps the ID in the fragment, encoded.
+            let href = try await browser.wait(for: "dl.facts a[href^='#/activities?person=']").attribute("href")
+            let query = try #require(href?.split(separator: "=", maxSplits: 1).last)
+            #expect(!query.contains("<") && !query.contains("\""), "\(href ?? "")")
+            #expect(query.removingPercentEncoding == person, "\(href ?? "")")
+
+            try await browser.open(t.console + "#/failures")
+            try await browser.wait(for: "[data-testid=failure-group]", containing: "__proto__")
+            try await browser.wait(for: "[data-testid=failure-group]", containing: "constructor")
+            let advice = """
+                return [...document.querySelectorAll('[data-testid=failure-group]')].map((group) =>
+                  [group.querySelector('h2 .mono').textContent, group.querySelector(':scope > p')?.textContent ?? '']);
+                """
+            let groups = try #require(try await browser.execute(advice) as? [[String]])
+            #expect(groups.count == 3, "\(groups)")
+            for group in groups {
+                switch group.first {
+                case "Unregistered": #expect(group.last?.contains("Marquee retired the token") == true, "\(group)")
+                default: #expect(group.last == "", "advice for \(group.first ?? "?"): \(group.last ?? "")")
+                }
+            }
+            #expect(try await browser.execute(noScriptRan) as? String == "nothing ran, 0")
+
+            // Trusted Types without a policy: a string handed to an HTML sink is refused.
+            let sink = """
+                try { document.createElement('div').innerHTML = '<img src=x>'; return 'parsed'; }
+                catch (error) { return error.name; }
+                """
+            #expect(try await browser.execute(sink) as? String == "TypeError")
+            let severe = try await browser.severeLogs().filter { !$0.contains("TrustedHTML") }
+            #expect(severe.isEmpty, "\(severe)")
+        }
+    }
+
     @Test("a wrong key shows a clear error and is not kept; an sdk key is refused; the app key then signs in")
     func wrongKey() async throws {
         let t = try await Self.setup()

@@ -17,8 +17,11 @@ extension ConsoleFiles {
           [168, 'last 7 days'],
         ];
 
-        /** What a reason means and what to do, for the reasons operators meet most. */
-        const ADVICE = {
+        /**
+         * What a reason means and what to do, for the reasons operators meet most. A Map, not an object: a reason is
+         * whatever the provider answered, and `constructor` or `__proto__` must find nothing.
+         */
+        const ADVICE = new Map(Object.entries({
           BadDeviceToken: 'The token is not valid for this app and environment: check the credential’s environment (sandbox or production).',
           Unregistered: 'The app was removed from the device, or the token expired; Marquee retired the token.',
           DeviceTokenNotForTopic: 'The token belongs to another bundle ID than the APNs credential’s.',
@@ -33,7 +36,7 @@ extension ConsoleFiles {
           timeout: 'The provider did not answer in time after every retry.',
           transport_error: 'The connection to the provider failed after every retry.',
           tls_error: 'The TLS connection to the provider failed: check the endpoint and CA.',
-        };
+        }));
 
         export function renderFailures(main, params, navigate) {
           setTitle('Failures');
@@ -96,7 +99,7 @@ extension ConsoleFiles {
                   h('span', { class: 'muted small', text: `${formatNumber(group.count)} × · last ` }),
                   time(group.last_at),
                 ),
-                ADVICE[group.reason] ? h('p', { class: 'small', text: ADVICE[group.reason] }) : null,
+                ADVICE.has(group.reason) ? h('p', { class: 'small', 'data-testid': 'failure-advice', text: ADVICE.get(group.reason) }) : null,
                 table(
                   `Latest deliveries failing with ${group.reason ?? 'no reason'}`,
                   [
