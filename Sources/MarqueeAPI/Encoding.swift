@@ -70,14 +70,16 @@ public enum Render {
         ])
     }
 
-    /// A device; its token is masked, as push tokens are never shown whole.
-    static func device(_ d: Device, tokens: [TokenInfo]? = nil) -> JSONValue {
+    /// A device; its token is masked, as push tokens are never shown whole. With `tokens`, `tokensTotal` says how many
+    /// the device has in all.
+    static func device(_ d: Device, tokens: [TokenInfo]? = nil, tokensTotal: Int = 0) -> JSONValue {
         var o: [String: JSONValue] = [
             "token": .string(maskToken(d.token)), "platform": .string(d.platform.rawValue), "app_id": .from(d.appID),
             "os_version": .from(d.osVersion), "app_version": .from(d.appVersion), "attributes": d.attributes,
             "created_at": .from(d.createdAt), "updated_at": .from(d.updatedAt),
         ]
         if let tokens {
+            o["tokens_total"] = .int(Int64(tokensTotal))
             o["tokens"] = .array(
                 tokens.map { t in
                     var token: [String: JSONValue] = [
@@ -98,7 +100,7 @@ public enum Render {
 
     static func personDetail(_ p: PersonDetail) -> JSONValue {
         guard case .object(var o) = person(p.person) else { return .null }
-        o["devices"] = .array(p.devices.map { device($0.device, tokens: $0.tokens) })
+        o["devices"] = .array(p.devices.map { device($0.device, tokens: $0.tokens, tokensTotal: $0.tokensTotal) })
         return .object(o)
     }
 }

@@ -38,7 +38,10 @@ public struct TokenInfo: Sendable, Equatable {
 
 public struct DeviceDetail: Sendable, Equatable {
     public var device: Device
+    /// At most `RegistryStore.maximumTokensPerDevice`: the active ones first, then the most recently changed.
     public var tokens: [TokenInfo]
+    /// How many tokens the device has, active and retired.
+    public var tokensTotal: Int
 }
 
 public struct PersonDetail: Sendable, Equatable {
@@ -149,7 +152,13 @@ public struct RegistryStore: Sendable {
         try await transaction(tenant: tenant) { try $0.upsertPerson(id: id, email: email, attributes: attributes) }
     }
 
-    /// The person with every device and (masked) token.
+    /// The most tokens a person read lists per device. An sdk key (public) registers tokens: every rotation keeps the
+    /// retired token (for `MARQUEE_RETENTION_DAYS`) and every activity type it names is created, so a device may hold
+    /// any number of them.
+    public static let maximumTokensPerDevice = 50
+
+    /// The person with every device and its (masked) tokens: at most `maximumTokensPerDevice` of them each, the
+    /// active first, then the most recently changed.
     public func person(tenant: UUID, id: String) async throws -> PersonDetail {
         try await database.tenantTransaction(tenant) { connection in
             let rows = try connection.query(
@@ -167,28 +176,42 @@ public struct RegistryStore: Sendable {
             ).map(Self.device)
             let tokenRows = try connection.query(
                 """
-                SELECT 'push_to_start' AS kind, device_token, activity_type AS scope, token, status, updated_at
-                FROM push_to_start_tokens p
-                WHERE p.tenant_id = \(tenant) AND p.device_token IN (
-                    SELECT token FROM devices WHERE tenant_id = \(tenant) AND person_id = \(id))
-                UNION ALL
-                SELECT 'activity', device_token, instance_id, token, status, updated_at
-                FROM activity_tokens a
-                WHERE a.tenant_id = \(tenant) AND a.device_token IN (
-                    SELECT token FROM devices WHERE tenant_id = \(tenant) AND person_id = \(id))
-                ORDER BY updated_at DESC
+                SELECT * FROM (
+                    SELECT t.*, count(*) OVER w AS n,
+                           row_number() OVER (w ORDER BY t.status = 'active' DESC, t.updated_at DESC) AS pos
+                    FROM (
+                        SELECT 'push_to_start' AS kind, device_token, activity_type AS scope, token, status, updated_at
+                        FROM push_to_start_tokens p
+                        WHERE p.tenant_id = \(tenant) AND p.device_token IN (
+                            SELECT token FROM devices WHERE tenant_id = \(tenant) AND person_id = \(id))
+                        UNION ALL
+                        SELECT 'activity', device_token, instance_id, token, status, updated_at
+                        FROM activity_tokens a
+                        WHERE a.tenant_id = \(tenant) AND a.device_token IN (
+                            SELECT token FROM devices WHERE tenant_id = \(tenant) AND person_id = \(id))
+                    ) t
+                    WINDOW w AS (PARTITION BY t.device_token)
+                ) r
+                WHERE pos <= \(Self.maximumTokensPerDevice)
+                ORDER BY status = 'active' DESC, updated_at DESC
                 """)
             var tokens: [String: [TokenInfo]] = [:]
+            var totals: [String: Int] = [:]
             for row in tokenRows {
                 let info = TokenInfo(
                     kind: try row.decodeRaw(TokenInfo.Kind.self, "kind"),
                     scope: try row.decode(String.self, "scope"),
                     masked: maskToken(try row.decode(String.self, "token")),
                     status: try row.decode(String.self, "status"), updatedAt: try row.decode(Date.self, "updated_at"))
-                tokens[try row.decode(String.self, "device_token"), default: []].append(info)
+                let device = try row.decode(String.self, "device_token")
+                tokens[device, default: []].append(info)
+                totals[device] = Int(try row.decode(Int64.self, "n"))
             }
             return PersonDetail(
-                person: person, devices: devices.map { DeviceDetail(device: $0, tokens: tokens[$0.token] ?? []) })
+                person: person,
+                devices: devices.map {
+                    DeviceDetail(device: $0, tokens: tokens[$0.token] ?? [], tokensTotal: totals[$0.token] ?? 0)
+                })
         }
     }
 

@@ -258,6 +258,36 @@ struct RegistryTests {
             field: "cursor")
     }
 
+    @Test("a person read lists 50 tokens a device at most, the active first, and how many the device has")
+    func personTokensBounded() async throws {
+        let fixture = try await RegistryFixture.get()
+        let api = fixture.api
+        let tenant = try await api.createTenant()
+        // Whoever holds the sdk key rotates one device's push-to-start token 60 times: 59 retired tokens are kept.
+        let person = Fake.id("rotator")
+        let device = Fake.hex()
+        let type = Fake.activityType()
+        try ok(
+            await api.call("PUT", "/v1/people/\(person)/devices/\(device)", key: tenant.sdk, json: ["platform": "ios"]))
+        var last = ""
+        for _ in 0..<60 {
+            last = Fake.hex(64)
+            try ok(
+                await api.call(
+                    "PUT", "/v1/people/\(person)/devices/\(device)/push_to_start/\(type)", key: tenant.sdk,
+                    json: ["token": last]))
+        }
+        let read = try await api.call("GET", "/v1/people/\(person)", key: tenant.app)
+        #expect(read.status == 200, "\(read.text)")
+        let first = try #require(try read.json().array("devices").first)
+        #expect(first["tokens_total"] as? Int == 60)
+        let tokens = first.array("tokens")
+        #expect(tokens.count == 50)
+        #expect(tokens.first?.string("status") == "active")
+        #expect(tokens.first?.string("token") == maskToken(last))
+        #expect(tokens.dropFirst().allSatisfy { $0.string("status") == "retired" })
+    }
+
     // MARK: People and devices
 
     @Test("people: PUT creates and updates, GET shows devices, DELETE erases with devices")
