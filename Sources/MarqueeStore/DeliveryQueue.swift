@@ -755,7 +755,10 @@ public struct DeliveryQueue: Sendable {
                   AND i.state = ANY(\(InstanceState.allCases.filter(\.isActivatedByDelivery).map(\.rawValue))::text[])
                 """)
         }
-        for r in retire {
+        // Devices before tokens, as every other writer takes them: a start holds its devices, then its push-to-start
+        // tokens (StartWrite.statement), so a settle retiring a person's iPhone token before deleting their Android
+        // phone could deadlock with a start for that person.
+        for r in retire.filter({ $0.kind == .fcm }) + retire.filter({ $0.kind != .fcm }) {
             let before = r.unregisteredAt ?? Date.distantFuture
             switch r.kind {
             case .pushToStart:

@@ -243,15 +243,32 @@ extension StartWrite: SetWrite {
                                                                         UNION SELECT device_token FROM android))))
                 FOR KEY SHARE
             ), live AS (
-                -- The planned devices still there, held until the commit (a worker deletes a device FCM calls
-                -- unregistered; an erasure, its person's): one deleted since the start was planned gets no push,
-                -- and no row in instance_devices (whose reference to it would fail the statement). Read once the
-                -- people are held (the condition is a one-time filter): the erasure takes a person, then devices.
-                SELECT dv.token FROM devices dv
+                -- The planned devices still there, with their owners, held until the commit (a worker deletes a
+                -- device FCM calls unregistered; an erasure, its person's): one deleted since the start was planned
+                -- gets no push, and no row in instance_devices (whose reference to it would fail the statement). Read
+                -- once the people are held (the condition is a one-time filter): the erasure takes a person, then
+                -- devices.
+                SELECT dv.token, dv.person_id FROM devices dv
                 WHERE dv.tenant_id = \(tenant)
                   AND dv.token = ANY(ARRAY(SELECT device_token FROM planned UNION SELECT device_token FROM android))
                   AND (SELECT count(*) FROM who) >= 0
                 FOR KEY SHARE
+            ), tokens AS (
+                -- The planned push-to-start tokens still active, held until the commit. FOR SHARE, so that a token
+                -- retired meanwhile is seen even by a start that waited for its device's lock (a registration holds
+                -- the device, then retires its old token; a worker retires one APNs called dead): the retirement
+                -- waits for this start, or this start waits for it and finds the token retired. After the devices,
+                -- as every writer of tokens takes them (the condition is a one-time filter).
+                SELECT t.device_token, t.token
+                FROM (SELECT DISTINCT d.device_token, d.token, r.activity_type
+                      FROM planned d JOIN req r ON r.i = d.i WHERE d.token_kind = 'push_to_start') p
+                CROSS JOIN LATERAL (
+                    SELECT t.device_token, t.token FROM push_to_start_tokens t
+                    WHERE t.tenant_id = \(tenant) AND t.device_token = p.device_token
+                      AND t.activity_type = p.activity_type AND t.token = p.token AND t.status = 'active'
+                    OFFSET 0 FOR SHARE
+                ) t
+                WHERE (SELECT count(*) FROM live) >= 0
             ), idem AS (
                 \(unsafeRaw: IdempotencyColumns.write(response: "r.idem_response"))
             ), ins AS (
@@ -291,16 +308,28 @@ extension StartWrite: SetWrite {
                    -- statement fails, and the batch is written again a start at a time.
                    CASE WHEN r.idem_key IN (SELECT key FROM idem) AND r.instance_id NOT IN (SELECT id FROM ins)
                         THEN marquee_write_lost('instance ID taken: ' || r.instance_id) END AS lost,
-                   -- A start whose planned device went since its context read (migration 0087) is planned again: its
-                   -- answer and state must be those of what it queued.
+                   -- A start whose plan is out of date is planned again (migration 0087): its answer and state
+                   -- must be those of what it queued, to the targets the person has now. Since its context read, a
+                   -- planned device went or became someone else's (a push to it would reach another person's phone,
+                   -- and an Android phone would stay the instance's target), or a planned push-to-start token was
+                   -- retired (rotated, or called dead by APNs: the device's token now is another one, or none).
                    CASE WHEN r.instance_id IN (SELECT id FROM ins)
                              AND EXISTS (SELECT 1 FROM planned d
-                                         WHERE d.i = r.i AND d.device_token NOT IN (SELECT token FROM live))
-                        THEN marquee_plan_stale('a target of ' || r.instance_id || ' is gone') END AS stale
+                                         WHERE d.i = r.i
+                                           AND (NOT EXISTS (SELECT 1 FROM live l
+                                                            WHERE l.token = d.device_token
+                                                              AND l.person_id = r.person_id)
+                                                OR (d.token_kind = 'push_to_start'
+                                                    AND NOT EXISTS (SELECT 1 FROM tokens t
+                                                                    WHERE t.device_token = d.device_token
+                                                                      AND t.token = d.token))))
+                        THEN marquee_plan_stale('a target of ' || r.instance_id || ' changed') END AS stale
             FROM req r
             LEFT JOIN queued q ON q.instance_id = r.instance_id
-            -- The people are held even for a start with nothing to send (an erasure must see its instance).
+            -- The people are held even for a start with nothing to send (an erasure must see its instance), and
+            -- every planned push-to-start token is (a CTE is read only as far as a reader needs it).
             CROSS JOIN (SELECT count(*) FROM who) held
+            CROSS JOIN (SELECT count(*) FROM tokens) held_tokens
             ORDER BY r.i
             """
     }

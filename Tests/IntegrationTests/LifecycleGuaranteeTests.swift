@@ -162,6 +162,43 @@ struct LifecycleGuaranteeTests {
         #expect(try await w.start(["instance_id": instance]).json()["targets"] as? Int == queued)
     }
 
+    @Test("a start whose push-to-start token rotates while it waits to write goes to the new token")
+    func startFollowsARotatedPushToStartToken() async throws {
+        let w = try await LifecycleTests.world()
+        let tenant = w.tenant.uuid
+        let instance = Fake.id("rotated")
+        let (iphone, old, new) = (w.iphones[0], w.pushToStart[0], Fake.hex())
+        // The iPhone registers a new push-to-start token, as marquee_register_push_to_start does: the device first,
+        // then the old token retired and the new one stored. The start, planned with the old token, waits for the
+        // device in its write.
+        let rotating = try await HeldTransaction.open(
+            w.fixture.databaseURL,
+            begin: { c in
+                _ = try c.query("SELECT 1 FROM devices WHERE tenant_id = \(tenant) AND token = \(iphone) FOR UPDATE")
+            },
+            end: { c in
+                try c.execute(
+                    """
+                    UPDATE push_to_start_tokens SET status = 'retired', retired_reason = 'rotated', retired_at = now()
+                    WHERE tenant_id = \(tenant) AND device_token = \(iphone) AND token = \(old)
+                    """)
+                try c.execute(
+                    """
+                    INSERT INTO push_to_start_tokens (tenant_id, device_token, activity_type, token)
+                    VALUES (\(tenant), \(iphone), \(w.type), \(new))
+                    """)
+            })
+        let starting = Task { try await w.start(["instance_id": instance]) }
+        try await rotating.waitedOn(via: w.fixture.pool, "the start waits for the registration")
+        try await rotating.commit()
+        let started = try await starting.value
+        #expect(started.status == 200, "\(started.text)")
+        #expect(try started.json()["targets"] as? Int == 3, "\(started.text)")
+        let tokens = try await w.fixture.pool.query(
+            "SELECT token FROM delivery_queue WHERE tenant_id = \(tenant) AND instance_id = \(instance)")
+        #expect(Set(try tokens.map { try $0.decode(String.self, "token") }) == [new, w.pushToStart[1], w.pixel])
+    }
+
     @Test("a person erased while pushes of theirs are being sent keeps no record of them")
     func erasureWaitsForSend() async throws {
         let w = try await LifecycleTests.world()

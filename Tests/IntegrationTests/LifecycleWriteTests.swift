@@ -311,6 +311,89 @@ struct LifecycleWriteTests {
                 """) == 0)
     }
 
+    @Test("a start planned before its push-to-start tokens rotated or were retired writes nothing, then uses them")
+    func startAfterPushToStartTokensChanged() async throws {
+        let w = try await LifecycleTests.world()
+        let (pool, _, store) = try Self.oneConnection(w.fixture.databaseURL)
+        defer { pool.close() }
+        let tenant = w.tenant.uuid
+        let instance = Fake.id("p2s-changed")
+        let start = try await Self.start(store, w, instance)
+        #expect(Set(start.plan.deliveries.map(\.token)) == Set(w.pushToStart + [w.pixel]))
+        // Meanwhile the first iPhone registered a new push-to-start token (the planned one is retired as rotated),
+        // and APNs called the second one's dead (a worker retired it).
+        let rotated = Fake.hex()
+        let registered = try await w.api.call(
+            "PUT", "/v1/people/\(w.person)/devices/\(w.iphones[0])/push_to_start/\(w.type)", key: w.tenant.sdk,
+            json: ["token": rotated])
+        #expect(registered.status == 200, "\(registered.text)")
+        #expect(
+            try await w.fixture.pool.execute(
+                """
+                UPDATE push_to_start_tokens SET status = 'retired', retired_reason = 'Unregistered', retired_at = now()
+                WHERE tenant_id = \(tenant) AND device_token = \(w.iphones[1]) AND status = 'active'
+                """) == 1)
+        // The plan is out of date: nothing of it is written, rather than a start to two dead tokens.
+        #expect(try await store.start(tenant: tenant, start) == .versionConflict)
+        #expect(
+            try await w.fixture.pool.count(
+                "SELECT count(*)::int AS n FROM instances WHERE tenant_id = \(tenant) AND id = \(instance)") == 0)
+        let again = try await Self.start(store, w, instance)
+        #expect(try await store.start(tenant: tenant, again) == .written(version: 1, deliveries: 2))
+        let tokens = try await w.fixture.pool.query(
+            "SELECT token FROM delivery_queue WHERE tenant_id = \(tenant) AND instance_id = \(instance)")
+        #expect(Set(try tokens.map { try $0.decode(String.self, "token") }) == [rotated, w.pixel])
+    }
+
+    @Test("a start planned before its Android phone moved to another person writes nothing, then leaves the phone out")
+    func startAfterDeviceMoved() async throws {
+        let w = try await LifecycleTests.world()
+        let (pool, _, store) = try Self.oneConnection(w.fixture.databaseURL)
+        defer { pool.close() }
+        let tenant = w.tenant.uuid
+        let instance = Fake.id("moved-device")
+        let start = try await Self.start(store, w, instance)
+        #expect(start.plan.androidDevices == [w.pixel])
+        // Someone else signed in on the phone meanwhile: it is theirs now.
+        let moved = try await w.api.call(
+            "PUT", "/v1/people/\(Fake.id("bob"))/devices/\(w.pixel)", key: w.tenant.sdk, json: ["platform": "android"])
+        #expect(moved.status == 200, "\(moved.text)")
+        #expect(try await store.start(tenant: tenant, start) == .versionConflict)
+        let again = try await Self.start(store, w, instance)
+        #expect(again.plan.androidDevices.isEmpty)
+        #expect(try await store.start(tenant: tenant, again) == .written(version: 1, deliveries: 2))
+        // Neither a start to the phone nor the phone as a target of the instance's later updates.
+        #expect(
+            try await w.fixture.pool.count(
+                """
+                SELECT ((SELECT count(*) FROM instance_devices WHERE tenant_id = \(tenant) AND instance_id = \(instance))
+                      + (SELECT count(*) FROM delivery_queue WHERE tenant_id = \(tenant) AND device_token = \(w.pixel))
+                       )::int AS n
+                """) == 0)
+    }
+
+    @Test("a worker's settle deletes devices before it retires tokens, in the order a start holds them")
+    func settleTakesDevicesFirst() {
+        // A start holds its devices, then its push-to-start tokens until it commits: a settle retiring an iPhone's
+        // token, then deleting the same person's Android phone, waited for the start while the start waited for it.
+        let tenant = UUID()
+        let retire = [
+            TokenRetirement(
+                tenantID: tenant, kind: .pushToStart, deviceToken: "iphone", token: "p2s", reason: "Unregistered",
+                unregisteredAt: nil),
+            TokenRetirement(
+                tenantID: tenant, kind: .activity, deviceToken: "iphone", token: "activity", reason: "BadDeviceToken",
+                unregisteredAt: nil),
+            TokenRetirement(
+                tenantID: tenant, kind: .fcm, deviceToken: "pixel", token: "pixel", reason: "UNREGISTERED",
+                unregisteredAt: nil),
+        ]
+        let statements = DeliveryQueue.settleStatements(sentTo: [], retire: retire).map(\.sql)
+        let devices = statements.firstIndex { $0.contains("DELETE FROM devices") }
+        let tokens = statements.firstIndex { $0.contains("push_to_start_tokens") || $0.contains("activity_tokens") }
+        #expect(devices != nil && tokens != nil && devices! < tokens!, "\(statements)")
+    }
+
     static func start(
         _ store: LiveActivityStore, _ w: LifecycleTests.World, _ instance: String, eta: Int64 = 0, key: String? = nil
     ) async throws -> StartWrite {
