@@ -30,6 +30,22 @@ extension ChangeWrite: SetWrite {
                                      \(c.deliveries.devices)::text[], \(c.deliveries.providers)::text[],
                                      \(c.deliveries.kinds)::text[], \(c.deliveries.tokens)::text[])
                     AS d(i, id, device_token, provider, token_kind, token)
+            ), stale AS MATERIALIZED (
+                -- Changes whose planned targets are no longer their instance's targets: since the context read, a
+                -- token was registered, rotated or retired, a device removed or moved to another person, an Android
+                -- device reported the activity ended or dismissed (or started). Nothing of such a change is written
+                -- (its version comes back NULL, and it is planned again): it would go to a token or device that is no
+                -- longer a target (a removed or moved device's pushes went with it, migrations 0083 and 0086: this
+                -- one would reach it after all), miss one that is, and answer with its plan's targets and state. The
+                -- targets are marquee_instance_targets (migration 0049), the rule the context read used, asked once
+                -- for the statement's instances; the plan's per-token deliveries are compared with them as sets (a
+                -- broadcast goes to a channel, not to a target). Two changes of one instance never share a statement.
+                SELECT DISTINCT COALESCE(p.instance_id, x.instance_id) AS instance_id
+                FROM (SELECT r.instance_id, d.device_token, d.token
+                      FROM planned d JOIN req r ON r.i = d.i WHERE d.token_kind <> 'channel') p
+                FULL JOIN marquee_instance_targets(\(tenant), \(c.instanceIDs)::text[]) x
+                  ON x.instance_id = p.instance_id AND x.device_token = p.device_token AND x.token = p.token
+                WHERE p.token IS NULL OR x.token IS NULL
             ), pace AS (
                 -- Pacing: an update of an instance whose activity type has min_update_interval_ms is due that long
                 -- after the instance's last update that went out (or is going out now: marquee_paced_due, the one
@@ -50,7 +66,7 @@ extension ChangeWrite: SetWrite {
                 -- was answered 200 from the record of a change that was never written).
                 SELECT r.i FROM req r
                 JOIN instances i ON i.tenant_id = \(tenant) AND i.id = r.instance_id AND i.version = r.expected_version
-                WHERE r.idem_key IS NOT NULL
+                WHERE r.idem_key IS NOT NULL AND r.instance_id NOT IN (SELECT instance_id FROM stale)
                 FOR NO KEY UPDATE OF i
             ), idem AS (
                 \(unsafeRaw: IdempotencyColumns.write(
@@ -80,6 +96,7 @@ extension ChangeWrite: SetWrite {
                 FROM req r
                 WHERE instances.tenant_id = \(tenant) AND instances.id = r.instance_id
                   AND instances.version = r.expected_version
+                  AND r.instance_id NOT IN (SELECT instance_id FROM stale)
                   AND (r.idem_key IS NULL OR r.idem_key IN (SELECT key FROM idem))
                 RETURNING r.i, instances.version
             ), cand AS (

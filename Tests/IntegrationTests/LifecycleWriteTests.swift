@@ -231,23 +231,60 @@ struct LifecycleWriteTests {
         let w = try await LifecycleTests.world()
         let (pool, _, store) = try Self.oneConnection(w.fixture.databaseURL)
         defer { pool.close() }
-        let instance = Fake.id("end-race")
-        #expect(try await w.start(["instance_id": instance, "platform": "ios"]).status == 200)
-        try await w.fixture.pool.recordOutcome(tenant: w.tenant.uuid, instance: instance, status: "sent")
-        // Planned while no activity token is known; the tokens register before it is written, so the write sees
-        // them (it does not wait for them) though its plan has no push for them.
-        let end = try await Self.plan(store, w.tenant.uuid, instance, .end, eta: nil)
-        let tokens = try await w.registerActivityTokens(instance)
-        guard case .written = try await store.change(tenant: w.tenant.uuid, end) else {
+        let tenant = w.tenant.uuid
+        func ends(_ instance: String) async throws -> [String] {
+            try await w.fixture.pool.query(
+                """
+                SELECT token FROM deliveries
+                WHERE tenant_id = \(tenant) AND instance_id = \(instance) AND operation = 'end'
+                """
+            ).map { try $0.decode(String.self, "token") }
+        }
+        // Planned while no activity token is known; the tokens register before it is written: its plan is out of
+        // date, so nothing of it is written, and planned again it ends on them.
+        let before = Fake.id("end-race")
+        #expect(try await w.start(["instance_id": before, "platform": "ios"]).status == 200)
+        try await w.fixture.pool.recordOutcome(tenant: tenant, instance: before, status: "sent")
+        let stale = try await Self.plan(store, tenant, before, .end, eta: nil)
+        var tokens = try await w.registerActivityTokens(before)
+        #expect(try await store.change(tenant: tenant, stale) == .versionConflict)
+        let again = try await Self.plan(store, tenant, before, .end, eta: nil)
+        guard case .written = try await store.change(tenant: tenant, again) else {
             throw TestFailure("the end was not written")
         }
-        let ends = try await w.fixture.pool.query(
-            """
-            SELECT token FROM deliveries
-            WHERE tenant_id = \(w.tenant.uuid) AND instance_id = \(instance) AND operation = 'end'
-            """
-        ).map { try $0.decode(String.self, "token") }
-        #expect(Set(ends) == Set(tokens) && ends.count == tokens.count, "\(ends)")
+        var found = try await ends(before)
+        #expect(Set(found) == Set(tokens) && found.count == tokens.count, "\(found)")
+
+        // The tokens register while the end is being written: the registration holds the instance's row (as
+        // marquee_register_activity_token does), the end's write waits for it, then finds its instance at the
+        // version it planned from, and writes. Its statement did not see the tokens, the statement after it does
+        // (ChangeWrite.afterwards, migration 0076).
+        let during = Fake.id("end-race")
+        #expect(try await w.start(["instance_id": during, "platform": "ios"]).status == 200)
+        try await w.fixture.pool.recordOutcome(tenant: tenant, instance: during, status: "sent")
+        let end = try await Self.plan(store, tenant, during, .end, eta: nil)
+        tokens = w.iphones.map { _ in Fake.hex() }
+        let registering = try await HeldTransaction.open(
+            w.fixture.databaseURL,
+            begin: { c in
+                _ = try c.query(
+                    "SELECT 1 FROM instances WHERE tenant_id = \(tenant) AND id = \(during) FOR NO KEY UPDATE")
+            },
+            end: { [tokens] c in
+                for (iphone, token) in zip(w.iphones, tokens) {
+                    try c.execute(
+                        """
+                        INSERT INTO activity_tokens (tenant_id, instance_id, device_token, token)
+                        VALUES (\(tenant), \(during), \(iphone), \(token))
+                        """)
+                }
+            })
+        let ending = Task { try await store.change(tenant: tenant, end) }
+        try await registering.waitedOn(via: w.fixture.pool, "the end waits for the registration")
+        try await registering.commit()
+        guard case .written = try await ending.value else { throw TestFailure("the end was not written") }
+        found = try await ends(during)
+        #expect(Set(found) == Set(tokens) && found.count == tokens.count, "\(found)")
     }
 
     @Test("a change planned while its instance was pending keeps it active if a push got through meanwhile")
@@ -370,6 +407,85 @@ struct LifecycleWriteTests {
                       + (SELECT count(*) FROM delivery_queue WHERE tenant_id = \(tenant) AND device_token = \(w.pixel))
                        )::int AS n
                 """) == 0)
+    }
+
+    @Test("an update planned before its targets changed writes nothing; planned again, it goes to the targets now")
+    func changeAfterTargetsChanged() async throws {
+        let w = try await LifecycleTests.world()
+        let (pool, _, store) = try Self.oneConnection(w.fixture.databaseURL)
+        defer { pool.close() }
+        let tenant = w.tenant.uuid
+        let instance = Fake.id("moving-targets")
+        #expect(try await w.start(["instance_id": instance]).status == 200)
+        var (version, eta): (Int, Int64) = (1, 0)
+        /// Plans an update, lets `meanwhile` change the instance's targets (it returns the targets then), writes the
+        /// plan (out of date: nothing is written), then plans and writes again: the update's pushes are queued to the
+        /// targets now, and to nothing else.
+        func update(_ what: Comment, meanwhile: () async throws -> Set<String>) async throws {
+            eta += 1
+            let stale = try await Self.plan(store, tenant, instance, .update, eta: eta)
+            let expected = try await meanwhile()
+            #expect(try await store.change(tenant: tenant, stale) == .versionConflict, what)
+            eta += 1
+            let again = try await Self.plan(store, tenant, instance, .update, eta: eta)
+            version = again.plan.version
+            #expect(
+                try await store.change(tenant: tenant, again)
+                    == .written(version: version, deliveries: expected.count), what)
+            let queued = try await w.fixture.pool.query(
+                """
+                SELECT token FROM delivery_queue
+                WHERE tenant_id = \(tenant) AND instance_id = \(instance) AND operation = 'update'
+                  AND instance_version = \(version)
+                """)
+            #expect(Set(try queued.map { try $0.decode(String.self, "token") }) == expected, what)
+        }
+        func post(_ event: String, _ device: String) async throws {
+            let r = try await w.api.call(
+                "POST", "/v1/live_notifications/\(instance)/events", key: w.tenant.sdk,
+                json: ["event": event, "device_token": device, "at": Date().timeIntervalSince1970.rounded()])
+            #expect(r.status == 202, "\(r.text)")
+        }
+
+        // Planned before the activity tokens registered: the Android phone alone (and the instance `failed` if it
+        // had none), the iPhones' first update lost.
+        var tokens: [String] = []
+        try await update("first tokens") {
+            tokens = try await w.registerActivityTokens(instance)
+            return Set(tokens + [w.pixel])
+        }
+        // The first iPhone's token rotated: the update went to the retired token, not the new one.
+        try await update("rotated") {
+            tokens[0] = Fake.hex()
+            let r = try await w.api.call(
+                "PUT", "/v1/live_notifications/\(instance)/tokens/\(w.iphones[0])", key: w.tenant.sdk,
+                json: ["token": tokens[0]])
+            #expect(r.status == 200, "\(r.text)")
+            return Set(tokens + [w.pixel])
+        }
+        // APNs called the second iPhone's token dead (a worker retired it).
+        try await update("retired") {
+            let retired = try await w.fixture.pool.execute(
+                """
+                UPDATE activity_tokens SET status = 'retired', retired_reason = 'Unregistered', retired_at = now()
+                WHERE tenant_id = \(tenant) AND instance_id = \(instance) AND token = \(tokens[1])
+                """)
+            #expect(retired == 1)
+            return [tokens[0], w.pixel]
+        }
+        // The Android phone's user dismissed the notification.
+        try await update("dismissed") {
+            try await post("dismissed", w.pixel)
+            return [tokens[0]]
+        }
+        // The first iPhone was removed (its pushes go with it, migration 0083: a push queued after would not).
+        try await update("removed") {
+            let removed = try await w.fixture.pool.execute(
+                "DELETE FROM devices WHERE tenant_id = \(tenant) AND token = \(w.iphones[0])")
+            #expect(removed == 1)
+            return []
+        }
+        #expect(try await w.instance(instance).string("state") == "failed")
     }
 
     @Test("a worker's settle deletes devices before it retires tokens, in the order a start holds them")
