@@ -57,13 +57,12 @@ struct ActivityTypeRoutes: Sendable {
     /// A page of activity types by identifier: an sdk key creates types with its push-to-start registrations, so
     /// there may be any number of them.
     func list(_ request: HTTPRequest, _ principal: Principal) async throws -> HTTPResponse {
-        let limit = try LifecycleRoutes.limit(request)
+        let limit = try Paging.limit(request)
         let after = try request.query["cursor"].map { text throws(ValidationError) in
             try Identifiers.activityType(text, field: "cursor")
         }
         let page = try await registry.activityTypes(tenant: principal.tenantID, after: after, limit: limit + 1)
-        let items = page.prefix(limit)
-        let next: JSONValue = page.count > limit ? items.last.map { .string($0.identifier) } ?? .null : .null
+        let (items, next) = Paging.page(page, limit: limit) { .string($0.identifier) }
         return .json(.object(["activity_types": .array(items.map(Render.activityType)), "next_cursor": next]))
     }
 

@@ -342,19 +342,15 @@ struct CampaignRoutes: Sendable {
     }
 
     func list(_ request: HTTPRequest, _ principal: Principal) async throws -> HTTPResponse {
-        let limit = try LifecycleRoutes.limit(request)
+        let limit = try Paging.limit(request)
         let after = try TimeCursor.decode(request.query["cursor"])
         let page = try await store.list(tenant: principal.tenantID, after: after, limit: limit + 1)
-        let items = page.prefix(limit)
-        var next = JSONValue.null
-        if page.count > limit, let last = items.last {
-            next = TimeCursor.encode(last.createdAt, last.id)
-        }
+        let (items, next) = Paging.page(page, limit: limit) { TimeCursor.encode($0.createdAt, $0.id) }
         return .json(.object(["data": .array(items.map(Self.render)), "next_cursor": next]))
     }
 
     func people(_ request: HTTPRequest, _ principal: Principal) async throws -> HTTPResponse {
-        let limit = try LifecycleRoutes.limit(request)
+        let limit = try Paging.limit(request)
         let after = try request.query["cursor"].map { text throws(ValidationError) in
             try Identifiers.personID(text, field: "cursor")
         }
@@ -362,8 +358,7 @@ struct CampaignRoutes: Sendable {
             let page = try await store.members(
                 tenant: principal.tenantID, campaignID: try Self.pathID(request), after: after, limit: limit + 1)
         else { throw NotFound("campaign") }
-        let items = page.prefix(limit)
-        let next: JSONValue = page.count > limit ? items.last.map { .string($0.personID) } ?? .null : .null
+        let (items, next) = Paging.page(page, limit: limit) { .string($0.personID) }
         return .json(
             .object([
                 "data": .array(

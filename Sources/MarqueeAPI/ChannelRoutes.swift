@@ -71,7 +71,7 @@ struct ChannelRoutes: Sendable {
     }
 
     func list(_ request: HTTPRequest, _ principal: Principal) async throws -> HTTPResponse {
-        let limit = try LifecycleRoutes.limit(request)
+        let limit = try Paging.limit(request)
         var before: UUID?
         if let cursor = request.query["cursor"] {
             guard let ulid = ULID(string: cursor) else {
@@ -84,9 +84,7 @@ struct ChannelRoutes: Sendable {
         }
         let page = try await store.list(
             tenant: principal.tenantID, activityType: activityType, before: before, limit: limit + 1)
-        let items = page.prefix(limit)
-        let next: JSONValue =
-            page.count > limit ? items.last.map { .string(ULID(uuid: $0.id).description) } ?? .null : .null
+        let (items, next) = Paging.page(page, limit: limit) { .string(ULID(uuid: $0.id).description) }
         return .json(.object(["data": .array(items.map(Self.render)), "next_cursor": next]))
     }
 

@@ -307,7 +307,7 @@ struct LifecycleRoutes: Sendable {
     }
 
     func list(_ request: HTTPRequest, _ principal: Principal) async throws -> HTTPResponse {
-        let limit = try Self.limit(request)
+        let limit = try Paging.limit(request)
         var state: InstanceState?
         if let text = request.query["state"] {
             guard let parsed = InstanceState(rawValue: text) else {
@@ -322,11 +322,7 @@ struct LifecycleRoutes: Sendable {
             tenant: principal.tenantID, person: request.query["person"],
             activityType: request.query["notification_type"], campaign: request.query["campaign"], state: state,
             after: after, limit: limit + 1)
-        let items = page.prefix(limit)
-        var next: JSONValue = .null
-        if page.count > limit, let last = items.last {
-            next = TimeCursor.encode(last.startedAt, last.id)
-        }
+        let (items, next) = Paging.page(page, limit: limit) { TimeCursor.encode($0.startedAt, $0.id) }
         let now = self.now()
         return .json(.object(["data": .array(items.map { Self.render($0, now: now) }), "next_cursor": next]))
     }
@@ -335,7 +331,7 @@ struct LifecycleRoutes: Sendable {
         guard let id = try? Identifiers.instanceID(request.pathParameters["instance_id"] ?? "") else {
             throw Problems.notFound("live_notification")
         }
-        let limit = try Self.limit(request)
+        let limit = try Paging.limit(request)
         var before: UUID?
         if let cursor = request.query["cursor"] {
             guard let ulid = ULID(string: cursor) else {
@@ -347,9 +343,7 @@ struct LifecycleRoutes: Sendable {
             let page = try await store.deliveries(
                 tenant: principal.tenantID, instanceID: id, before: before, limit: limit + 1)
         else { throw Problems.notFound("live_notification") }
-        let items = page.prefix(limit)
-        let next: JSONValue =
-            page.count > limit ? items.last.map { .string(ULID(uuid: $0.id).description) } ?? .null : .null
+        let (items, next) = Paging.page(page, limit: limit) { .string(ULID(uuid: $0.id).description) }
         return .json(.object(["data": .array(items.map(Self.render)), "next_cursor": next]))
     }
 
@@ -512,13 +506,5 @@ struct LifecycleRoutes: Sendable {
         var response = HTTPResponse.json(stored.body, status: stored.status)
         response.headers["Idempotent-Replayed"] = "true"
         return response
-    }
-
-    static func limit(_ request: HTTPRequest) throws(ValidationError) -> Int {
-        guard let text = request.query["limit"] else { return 50 }
-        guard let n = Int(text), (1...200).contains(n) else {
-            throw ValidationError(field: "limit", reason: "must be an integer in 1...200")
-        }
-        return n
     }
 }

@@ -29,13 +29,12 @@ struct SegmentRoutes: Sendable {
     }
 
     func list(_ request: HTTPRequest, _ principal: Principal) async throws -> HTTPResponse {
-        let limit = try LifecycleRoutes.limit(request)
+        let limit = try Paging.limit(request)
         let after = try request.query["cursor"].map { text throws(ValidationError) in
             try Identifiers.instanceID(text, field: "cursor")
         }
         let page = try await store.list(tenant: principal.tenantID, after: after, limit: limit + 1)
-        let items = page.prefix(limit)
-        let next: JSONValue = page.count > limit ? items.last.map { .string($0.id) } ?? .null : .null
+        let (items, next) = Paging.page(page, limit: limit) { .string($0.id) }
         return .json(.object(["data": .array(items.map(Self.render)), "next_cursor": next]))
     }
 
