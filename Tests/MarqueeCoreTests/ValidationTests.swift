@@ -43,12 +43,14 @@ struct ValidationTests {
         #expect(try Identifiers.anyDeviceToken("fcm:token", field: "t") == "fcm:token")
     }
 
-    @Test("instance IDs", arguments: ["a", "order-42", "A.b_c:d-e", String(repeating: "x", count: 128)])
+    @Test("instance IDs", arguments: ["a", "order-42", "A.b_c:d-e", "...", ".a", String(repeating: "x", count: 128)])
     func goodInstanceIDs(id: String) throws {
         #expect(try Identifiers.instanceID(id) == id)
     }
 
-    @Test("bad instance IDs", arguments: ["", "has space", "slash/", String(repeating: "x", count: 129), "é"])
+    @Test(
+        "bad instance IDs (. and .. are dropped from request paths: no route could name them)",
+        arguments: ["", "has space", "slash/", String(repeating: "x", count: 129), "é", ".", ".."])
     func badInstanceIDs(id: String) {
         #expect(throws: ValidationError.self) { try Identifiers.instanceID(id) }
     }
