@@ -63,16 +63,10 @@ struct LifecycleRoutes: Sendable {
                     }))
             switch outcome {
             case .written: return .json(response)
-            case .versionConflict: continue
-            case .alreadyExists:
-                // A concurrent request with the same instance ID or key won, or this start committed and its answer
-                // was lost with the database connection: answer with what was stored.
-                let again = try await store.startContext(
-                    tenant: tenant, activityType: start.activityType, personID: identity.personID,
-                    email: identity.email, instanceID: start.instanceID, idempotencyKey: idempotencyKey)
-                if let stored = again.idempotent { return try Self.replay(stored, hash: requestHash) }
-                if let existing = again.existingStart { return .json(existing.body, status: existing.status) }
-                throw Problems.conflict(field: "instance_id", reason: "is already used by another instance")
+            // Planned again from a fresh read: a device it planned for went; or a concurrent request with the same
+            // instance ID or key won, or this start committed and its answer was lost with the database connection,
+            // and the read answers with what was stored (or 409 for an ID another instance has).
+            case .versionConflict, .alreadyExists: continue
             }
         }
         throw Problems.contention(instanceID: start.instanceID)

@@ -95,10 +95,11 @@ struct TokenBucket: Sendable, Equatable {
         }
     }
 
-    /// Takes a token at `now` (with `spend` false, only looks whether there is one). Returns nil when there is one;
-    /// otherwise the whole seconds until there will be, at least 1: what `Retry-After` says.
-    mutating func take(at now: ContinuousClock.Instant, spend: Bool = true) -> Int? {
-        advance(to: now, limit: limit)
+    /// Takes a token at `now` (with `spend` false, only looks whether there is one), under `newLimit` if given (as
+    /// `advance` applies it). Returns nil when there is one; otherwise the whole seconds until there will be, at least
+    /// 1: what `Retry-After` says.
+    mutating func take(at now: ContinuousClock.Instant, limit newLimit: Limit? = nil, spend: Bool = true) -> Int? {
+        advance(to: now, limit: newLimit ?? limit)
         if tokens >= 1 {
             if spend { tokens -= 1 }
             return nil
@@ -155,9 +156,8 @@ final class RequestLimiter: Sendable {
         entries.withLock { entries in
             if entries[key] == nil, entries.count >= capacity { Self.makeRoom(&entries, capacity: capacity, at: now) }
             var entry = entries[key] ?? Entry(bucket: TokenBucket(limit: limit, now: now))
-            entry.bucket.advance(to: now, limit: limit)
             let decision: Decision
-            if let retryAfter = entry.bucket.take(at: now, spend: spend) {
+            if let retryAfter = entry.bucket.take(at: now, limit: limit, spend: spend) {
                 entry.refused += 1
                 if let reported = entry.reported, now - reported < reportInterval {
                     decision = .limited(retryAfter: retryAfter, report: nil)
