@@ -480,6 +480,51 @@ struct ConsoleBrowserTests {
             #expect(try await browser.execute("return sessionStorage.length;") as? Int == 0)
         }
     }
+
+    @Test("a #key= link with another tenant's key changes nothing until the operator chooses to switch")
+    func linkWithAnotherKey() async throws {
+        let t = try await Self.setup()
+        let other = try await t.api.createTenant("console-other-" + Fake.hex(6))
+        let stored = "return sessionStorage.getItem('marquee.console.appKey');"
+        try await Browser.run("switch-key") { browser in
+            try await t.signIn(browser)
+            try await browser.wait(for: "#key-hint", containing: "tenant " + t.tenant.id.lowercased().prefix(8))
+
+            // Another tenant's link in the same tab: asked, not switched; the link's key is out of the address bar.
+            try await browser.open(t.console + "#key=" + other.app)
+            try await browser.wait(
+                for: "[data-testid=confirm-switch]", containing: String(other.id.lowercased().prefix(8)))
+            #expect(try await browser.execute(stored) as? String == t.tenant.app)
+            #expect(!(try await browser.url).contains(other.app))
+            #expect(try await browser.execute("return document.activeElement.dataset.testid;") as? String == "keep-key")
+            try await browser.screenshot("switch-key")
+            try await browser.wait(for: "[data-testid=keep-key]").click()
+            try await browser.wait(for: "[data-testid=instances-total]")
+            #expect(try await browser.execute(stored) as? String == t.tenant.app)
+
+            // A switch to a key the API refuses keeps the current one.
+            try await browser.open(t.console + "#key=mq_app_0000_not-a-real-key")
+            try await browser.wait(for: "[data-testid=switch-key]").click()
+            try await browser.wait(for: "[data-testid=switch-error]", containing: "current key is kept")
+            #expect(try await browser.execute(stored) as? String == t.tenant.app)
+
+            // Chosen: the other tenant's key is used.
+            try await browser.open(t.console + "#key=" + other.app)
+            try await browser.wait(for: "[data-testid=switch-key]").click()
+            try await browser.wait(for: "[data-testid=instances-total]")
+            #expect(try await browser.execute(stored) as? String == other.app)
+            try await browser.wait(for: "#key-hint", containing: "tenant " + other.id.lowercased().prefix(8))
+
+            // The same key again signs in without asking.
+            try await browser.open(t.console + "#key=" + other.app)
+            try await browser.wait(for: "[data-testid=instances-total]")
+            #expect(try await browser.execute(stored) as? String == other.app)
+            // No script error (the refused key's 401 and the other tenant's missing credentials are logged as failed
+            // loads).
+            let severe = try await browser.severeLogs().filter { !$0.contains("Failed to load resource") }
+            #expect(severe.isEmpty, "\(severe)")
+        }
+    }
 }
 
 extension API {

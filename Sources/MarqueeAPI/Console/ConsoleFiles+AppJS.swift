@@ -7,7 +7,8 @@ extension ConsoleFiles {
         //
         // Routes: #/overview, #/activities[?filters], #/activities/<id>, #/campaigns[?cursor], #/campaigns/<id>,
         // #/failures[?hours]. A link with #key=<app key> signs in; the fragment never reaches the server, and it is removed
-        // from the address bar (history.replaceState) before anything else happens.
+        // from the address bar (history.replaceState) before anything else happens. A link whose key differs from the
+        // one this tab is signed in with asks first: anyone can send a link that signs the reader into their own tenant.
         import { api, storedKey, storeKey, forgetKey, setUnauthorizedHandler, ApiError } from './api.js';
         import { renderOverview } from './overview.js';
         import { renderActivities, renderActivity } from './activities.js';
@@ -86,8 +87,21 @@ extension ConsoleFiles {
         async function signIn(key) {
           await api('/v1/overview', { key });
           storeKey(key);
-          keyHint.textContent = `Signed in · ${key.slice(0, 7)}…${key.slice(-4)}`;
-          keyHint.hidden = false;
+          showKeyHint(key);
+        }
+
+        /**
+         * How a key is shown: the tenant it names (a key carries its tenant's ID) and the hint the key listings show,
+         * the kind and the secret's first six characters (APIKeyText.hint on the server).
+         */
+        function keyLabel(key) {
+          const [, kind, tenant, secret] = key.match(/^mq_([a-z]+)_([0-9a-f]{32})_(.+)$/) ?? [];
+          return tenant ? `tenant ${tenant.slice(0, 8)} · mq_${kind}_…${secret.slice(0, 6)}` : 'an unrecognised key';
+        }
+
+        function showKeyHint(key) {
+          keyHint.textContent = key ? `Signed in · ${keyLabel(key)}` : '';
+          keyHint.hidden = !key;
         }
 
         function showSignIn(message) {
@@ -172,9 +186,7 @@ extension ConsoleFiles {
             await fragmentSignIn();
             return;
           }
-          const key = storedKey();
-          if (key) keyHint.textContent = `Signed in · ${key.slice(0, 7)}…${key.slice(-4)}`;
-          keyHint.hidden = !key;
+          showKeyHint(storedKey());
           render();
         }
 
@@ -187,6 +199,11 @@ extension ConsoleFiles {
             showSignIn();
             return;
           }
+          const current = storedKey();
+          if (current && current !== key) {
+            confirmSwitch(key, current);
+            return;
+          }
           replace(main, h('p', { class: 'loading', text: 'Signing in…' }));
           try {
             await signIn(key);
@@ -195,6 +212,40 @@ extension ConsoleFiles {
             forgetKey();
             showSignIn(explain(error));
           }
+        }
+
+        /**
+         * A `#key=` link with another key than the one in use: nothing changes until the operator chooses. Keeping the
+         * current key is the default (it has the focus); the link's key is held by this screen only.
+         */
+        function confirmSwitch(key, current) {
+          leave();
+          leave = () => {};
+          setTitle('Switch keys?');
+          const keep = h('button', { class: 'button', type: 'button', 'data-testid': 'keep-key', text: 'Keep the current key' });
+          const change = h('button', { class: 'button secondary', type: 'button', 'data-testid': 'switch-key', text: 'Use the link’s key' });
+          const error = h('div', { role: 'status' });
+          keep.addEventListener('click', () => render());
+          change.addEventListener('click', async () => {
+            change.disabled = true;
+            try {
+              await signIn(key);
+              render();
+            } catch (problem) {
+              replace(error, h('p', { class: 'notice error', role: 'alert', 'data-testid': 'switch-error', text: `${explain(problem)} The current key is kept.` }));
+              change.disabled = false;
+            }
+          });
+          replace(
+            main,
+            h('section', { class: 'signin card', 'data-testid': 'confirm-switch' },
+              h('h1', { tabindex: '-1', text: 'This link signs in with another key' }),
+              h('p', {}, 'You are signed in with ', code(keyLabel(current)), '. The link you opened carries ', code(keyLabel(key)),
+                '. Use it only if you expected to change tenants: anyone can send a link that signs you in to their own.'),
+              error,
+              h('div', { class: 'actions' }, keep, change)),
+          );
+          keep.focus();
         }
 
         start().catch((error) => replace(main, errorNotice(error, 'The console could not start: ')));
