@@ -38,14 +38,23 @@ extension ChangeWrite: SetWrite {
                 -- longer a target (a removed or moved device's pushes went with it, migrations 0083 and 0086: this
                 -- one would reach it after all), miss one that is, and answer with its plan's targets and state. The
                 -- targets are marquee_instance_targets (migration 0049), the rule the context read used, asked once
-                -- for the statement's instances; the plan's per-token deliveries are compared with them as sets (a
-                -- broadcast goes to a channel, not to a target). Two changes of one instance never share a statement.
+                -- for the statement's instances; the plan's per-token deliveries are compared with them as sets.
+                -- A planned broadcast is out of date when its channel no longer backs the instance as an active
+                -- channel (deleted, which unlinks it, or found gone at Apple): it would go to a channel that is no
+                -- longer there. Two changes of one instance never share a statement.
                 SELECT DISTINCT COALESCE(p.instance_id, x.instance_id) AS instance_id
                 FROM (SELECT r.instance_id, d.device_token, d.token
                       FROM planned d JOIN req r ON r.i = d.i WHERE d.token_kind <> 'channel') p
                 FULL JOIN marquee_instance_targets(\(tenant), \(c.instanceIDs)::text[]) x
                   ON x.instance_id = p.instance_id AND x.device_token = p.device_token AND x.token = p.token
                 WHERE p.token IS NULL OR x.token IS NULL
+                UNION
+                SELECT r.instance_id FROM planned d JOIN req r ON r.i = d.i
+                WHERE d.token_kind = 'channel' AND NOT EXISTS (
+                    SELECT 1 FROM instances i
+                    JOIN channels ch ON ch.tenant_id = i.tenant_id AND ch.id = i.channel_id
+                    WHERE i.tenant_id = \(tenant) AND i.id = r.instance_id
+                      AND ch.status = 'active' AND ch.apns_channel_id = d.token)
             ), pace AS (
                 -- Pacing: an update of an instance whose activity type has min_update_interval_ms is due that long
                 -- after the instance's last update that went out (or is going out now: marquee_paced_due, the one

@@ -2,6 +2,8 @@ import Crypto
 import Foundation
 import MarqueeCore
 import MarqueeSimulators
+import MarqueeStore
+import PostgresClient
 import Testing
 
 /// Channel-backed instances: a start names a channel; its push-to-start pushes subscribe the new activities to it;
@@ -167,6 +169,45 @@ struct BroadcastInstanceTests {
         expectProblem(
             try await Self.start(t, person: Fake.id("p"), instance: Fake.id("x"), channel: channel), 422,
             "invalid-field", field: "channel_id")
+    }
+
+    @Test("an update planned while its channel backed the instance writes nothing if the channel went before its write")
+    func channelGoneBeforeWrite() async throws {
+        let t = try await ChannelTests.tenant()
+        let (pool, _, store) = try LifecycleWriteTests.oneConnection(t.fixture.databaseURL)
+        defer { pool.close() }
+        let tenant = t.tenant.uuid
+        let queued: PostgresQuery =
+            "SELECT count(*)::int AS n FROM delivery_queue WHERE tenant_id = \(tenant) AND token_kind = 'channel'"
+        for ending in ["deleted", "gone"] {
+            let created = try await t.create("none")
+            let channel = try #require(try created.json().string("channel_id"))
+            let apnsChannel = try #require(try created.json().string("apns_channel_id"))
+            let instance = Fake.id("audience")
+            let started = try await Self.start(t, person: Fake.id("nobody"), instance: instance, channel: channel)
+            #expect(started.status == 200, "\(started.text)")
+            let stale = try await LifecycleWriteTests.plan(store, tenant, instance, .update, eta: 1)
+            #expect(stale.plan.deliveries.map(\.tokenKind) == [.channel], "\(ending)")
+            if ending == "deleted" {
+                let deleted = try await t.api.call("DELETE", "/v1/channels/\(channel)", key: t.tenant.app)
+                #expect(deleted.status == 204, "\(deleted.text)")
+            } else {
+                // A worker found it gone at Apple (ChannelNotRegistered) and marked it.
+                #expect(
+                    try await pool.execute(
+                        "UPDATE channels SET status = 'gone' WHERE tenant_id = \(tenant) AND apns_channel_id = \(apnsChannel)"
+                    ) == 1)
+            }
+            #expect(try await store.change(tenant: tenant, stale) == .versionConflict, "\(ending)")
+            #expect(try await pool.count(queued) == 0, "nothing queued to the channel that went (\(ending))")
+            // Planned again: no broadcast.
+            let again = try await LifecycleWriteTests.plan(store, tenant, instance, .update, eta: 2)
+            #expect(again.plan.deliveries.isEmpty, "\(ending)")
+            guard case .written = try await store.change(tenant: tenant, again) else {
+                throw TestFailure("the update was not written (\(ending))")
+            }
+            #expect(try await pool.count(queued) == 0, "\(ending)")
+        }
     }
 
     @Test(
