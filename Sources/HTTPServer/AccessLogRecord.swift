@@ -17,8 +17,10 @@ public struct AccessLogRecord: Sendable {
     public var duration: Duration
     /// The request ID (echoed or generated), also sent as `X-Request-Id`.
     public var requestID: String
-    /// The client's IP address, when known.
+    /// The client's IP address, when known (behind a trusted proxy, the one it names: `HTTPRequest.remoteAddress`).
     public var remoteAddress: String?
+    /// The connection's other end: the proxy's address behind one, else the client's.
+    public var peerAddress: String?
     /// The `User-Agent` header.
     public var userAgent: String?
     /// `String(describing:)` of a non-problem error the handler threw (the client only saw a 500 with the
@@ -33,7 +35,8 @@ public struct AccessLogRecord: Sendable {
     public init(
         method: HTTPMethod, path: String, route: String?, status: Int, bytesIn: Int, bytesOut: Int,
         duration: Duration, requestID: String, remoteAddress: String?, userAgent: String?,
-        handlerError: String? = nil, completed: Bool = true, bodyRejection: BodyRejection? = nil
+        handlerError: String? = nil, completed: Bool = true, bodyRejection: BodyRejection? = nil,
+        peerAddress: String? = nil
     ) {
         self.method = method
         self.path = path
@@ -44,6 +47,7 @@ public struct AccessLogRecord: Sendable {
         self.duration = duration
         self.requestID = requestID
         self.remoteAddress = remoteAddress
+        self.peerAddress = peerAddress ?? remoteAddress
         self.userAgent = userAgent
         self.handlerError = handlerError
         self.completed = completed

@@ -21,8 +21,11 @@ public struct HTTPRequest: Sendable {
     public var pathParameters: [String: String]
     /// The client's `X-Request-Id` when it is sane (1–128 characters of `[A-Za-z0-9._-]`), else a generated ID.
     public var requestID: String
-    /// The client's IP address, when known.
+    /// The client's IP address, when known: the peer's, or, when the peer is a trusted proxy, the address its
+    /// `X-Forwarded-For` names (`Configuration.trustedProxies`).
     public var remoteAddress: String?
+    /// The address of the connection's other end (a proxy's, behind one).
+    public var peerAddress: String?
     /// The matched route pattern, e.g. `/v1/people/{id}` (nil before routing or when nothing matched).
     public var route: String?
     /// Why the request target cannot be taken as text (see `RequestTarget.problem`); the router answers it.
@@ -37,7 +40,8 @@ public struct HTTPRequest: Sendable {
         headers: HTTPHeaders = [:],
         body: [UInt8] = [],
         requestID: String? = nil,
-        remoteAddress: String? = nil
+        remoteAddress: String? = nil,
+        peerAddress: String? = nil
     ) {
         let parsed = RequestTarget(target)
         self.targetProblem = parsed.problem
@@ -55,6 +59,7 @@ public struct HTTPRequest: Sendable {
         self.pathParameters = [:]
         self.requestID = requestID ?? RequestID.accept(headers["X-Request-Id"]) ?? RequestID.generate()
         self.remoteAddress = remoteAddress
+        self.peerAddress = peerAddress ?? remoteAddress
         self.route = nil
     }
 

@@ -56,6 +56,9 @@ public final class HTTPServer: Sendable {
         /// Headers sent with every response that does not set them itself, including the server's own answers
         /// (404, 405, 413, 503…), e.g. `Cache-Control` and `X-Content-Type-Options`. Default none.
         public var defaultHeaders: HTTPHeaders
+        /// The proxies in front of the server whose `X-Forwarded-For` names a request's client
+        /// (`HTTPRequest.remoteAddress`, the access log's address). Default none: the peer is the client.
+        public var trustedProxies: TrustedProxies
 
         /// Creates a configuration; every parameter has the documented default.
         public init(
@@ -69,7 +72,8 @@ public final class HTTPServer: Sendable {
             perAddressConnectionLimit: Int = 256,
             requestReadTimeout: Duration = .seconds(30),
             maxBufferedBodySize: Int = 64 << 20,
-            defaultHeaders: HTTPHeaders = [:]
+            defaultHeaders: HTTPHeaders = [:],
+            trustedProxies: TrustedProxies = .empty
         ) {
             self.host = host
             self.port = port
@@ -82,6 +86,7 @@ public final class HTTPServer: Sendable {
             self.requestReadTimeout = requestReadTimeout
             self.maxBufferedBodySize = maxBufferedBodySize
             self.defaultHeaders = defaultHeaders
+            self.trustedProxies = trustedProxies
         }
     }
 
@@ -533,6 +538,13 @@ final class ServerCore: Sendable {
 
     // MARK: Request handling (MHD threads)
 
+    /// A request's client: its peer, or behind a trusted proxy the address `X-Forwarded-For` names.
+    func client(_ context: RequestContext, _ headers: HTTPHeaders) -> String? {
+        let proxies = configuration.trustedProxies
+        guard !proxies.networks.isEmpty else { return context.remoteAddress }
+        return proxies.client(peer: context.remoteAddress, forwardedFor: headers.values("X-Forwarded-For"))
+    }
+
     func requestStarted(target: String, connection: OpaquePointer?) -> RequestContext {
         liveRequests.add(1, ordering: .relaxed)
         return RequestContext(target: target, remoteAddress: connection.flatMap(Self.clientAddress))
@@ -552,9 +564,10 @@ final class ServerCore: Sendable {
                 method: snapshot.method, path: snapshot.path, route: snapshot.route, status: snapshot.status,
                 bytesIn: snapshot.bytesIn, bytesOut: snapshot.bytesOut,
                 duration: ContinuousClock.now - context.startedAt, requestID: snapshot.requestID,
-                remoteAddress: context.remoteAddress, userAgent: snapshot.headers["User-Agent"],
+                remoteAddress: client(context, snapshot.headers), userAgent: snapshot.headers["User-Agent"],
                 handlerError: snapshot.handlerError,
-                completed: termination == .REQUEST_TERMINATED_COMPLETED_OK, bodyRejection: snapshot.bodyRejection))
+                completed: termination == .REQUEST_TERMINATED_COMPLETED_OK, bodyRejection: snapshot.bodyRejection,
+                peerAddress: context.remoteAddress))
     }
 
     /// The access handler: returns false to make MHD close the connection.
@@ -693,7 +706,7 @@ final class ServerCore: Sendable {
         let (method, headers, requestID) = context.state.withLock { ($0.method, $0.headers, $0.requestID) }
         let request = HTTPRequest(
             method: method, target: context.target, headers: headers, requestID: requestID,
-            remoteAddress: context.remoteAddress)
+            remoteAddress: client(context, headers), peerAddress: context.remoteAddress)
         return suspend(context, connection: connection, as: .admitting) { [self] in
             var next = RequestContext.Stage.admitted
             var failure: String?
@@ -796,7 +809,8 @@ final class ServerCore: Sendable {
         }
         var request = HTTPRequest(
             method: snapshot.method, target: context.target, headers: snapshot.headers, body: snapshot.body,
-            requestID: snapshot.requestID, remoteAddress: context.remoteAddress)
+            requestID: snapshot.requestID, remoteAddress: client(context, snapshot.headers),
+            peerAddress: context.remoteAddress)
         request.route = match.pattern
         request.pathParameters = match.parameters
         if let problem = match.bodyPolicy.violation(for: request) {

@@ -24,15 +24,31 @@ public struct RequestLimits: Sendable, Equatable {
     public var sdkPerSecond: Int
     /// A bucket holds this many seconds' worth of its rate (`MARQUEE_RATE_LIMIT_BURST`).
     public var burstSeconds: Int
+    /// Requests a second per tenant, process and client address with sdk keys (`MARQUEE_RATE_LIMIT_SDK_PER_ADDRESS`);
+    /// 0: none. Checked before the tenant's bucket, so one client flooding with the public sdk key runs out of its
+    /// own share and leaves the tenant's to everyone else. An IPv6 client's address counts by its /64 (one
+    /// subscriber's network). Behind a proxy, only as good as `MARQUEE_TRUSTED_PROXIES`: untrusted, the proxy is the
+    /// only address.
+    public var sdkPerAddressPerSecond: Int
 
-    public init(appPerSecond: Int, sdkPerSecond: Int, burstSeconds: Int) {
+    public init(appPerSecond: Int, sdkPerSecond: Int, burstSeconds: Int, sdkPerAddressPerSecond: Int = 0) {
         self.appPerSecond = appPerSecond
         self.sdkPerSecond = sdkPerSecond
         self.burstSeconds = max(1, burstSeconds)
+        self.sdkPerAddressPerSecond = sdkPerAddressPerSecond
     }
 
     /// No limits at all.
     public static let off = RequestLimits(appPerSecond: 0, sdkPerSecond: 0, burstSeconds: 1)
+
+    /// The bucket of one client address's requests with a key of `kind` (nil: not limited by address), and the
+    /// address's group: an IPv4 address, or an IPv6 address's /64. Nil for an address that is not numeric.
+    func addressLimit(_ kind: APIKeyKind, address: String?) -> (limit: TokenBucket.Limit, group: String)? {
+        guard kind == .sdk, sdkPerAddressPerSecond > 0, let address, let parsed = IPAddress(address) else { return nil }
+        let group = parsed.isIPv6 ? "\(parsed.prefix(64))/64" : parsed.description
+        let rate = Double(sdkPerAddressPerSecond)
+        return (TokenBucket.Limit(perSecond: rate, burst: rate * Double(burstSeconds)), group)
+    }
 
     /// The operator's limit for keys of `kind` (nil: none). It is also the ceiling of a tenant's own setting: the
     /// limits protect the service from its tenants, so a tenant's key may lower its rate (a leaked sdk key, a server
@@ -123,6 +139,8 @@ final class RequestLimiter: Sendable {
     struct Key: Hashable, Sendable {
         var tenant: UUID
         var kind: APIKeyKind
+        /// A client address's own bucket within the tenant's (`RequestLimits.addressLimit`); nil for the tenant's.
+        var address: String? = nil
     }
 
     enum Decision: Sendable, Equatable {
@@ -174,77 +192,114 @@ final class RequestLimiter: Sendable {
         }
     }
 
+    /// Forgets the buckets that filled up again; if that is not room enough, the tenth used longest ago (at least
+    /// one) at once: a stream of new keys (client addresses, one after another) then pays for one pass and one sort
+    /// per tenth of the capacity, not for a pass over every bucket at each new key.
     private static func makeRoom(_ entries: inout [Key: Entry], capacity: Int, at now: ContinuousClock.Instant) {
         entries = entries.filter { !$0.value.bucket.isFull(at: now) }
-        guard entries.count >= capacity,
-            let oldest = entries.min(by: { $0.value.bucket.updated < $1.value.bucket.updated })
-        else { return }
-        entries[oldest.key] = nil
+        guard entries.count >= capacity else { return }
+        let oldest = entries.sorted { $0.value.bucket.updated < $1.value.bucket.updated }
+        for (key, _) in oldest.prefix(max(1, capacity / 10)) { entries[key] = nil }
     }
 }
 
-/// Applies `RequestLimits` to authenticated requests: the buckets, the metric and the log line.
+/// Applies `RequestLimits` to authenticated requests: the buckets, the metrics and the log lines.
 struct RequestRateGuard: Sendable {
     let limits: RequestLimits
     let limiter: RequestLimiter
+    /// The client addresses' buckets, apart from the tenants': a flood from many addresses cannot push a tenant's
+    /// spent bucket out (which would refill it).
+    let addressLimiter: RequestLimiter
     /// `marquee_http_rate_limited_total{kind}`.
     let refused: Counter
+    /// `marquee_http_rate_limited_addresses_total`.
+    let refusedAddresses: Counter
     let logger: Logger
     let now: @Sendable () -> ContinuousClock.Instant
 
     init(
-        limits: RequestLimits, limiter: RequestLimiter = RequestLimiter(), metrics: MetricsRegistry, logger: Logger,
+        limits: RequestLimits, limiter: RequestLimiter = RequestLimiter(),
+        addressLimiter: RequestLimiter = RequestLimiter(capacity: 50_000), metrics: MetricsRegistry, logger: Logger,
         now: @escaping @Sendable () -> ContinuousClock.Instant = { .now }
     ) {
         self.limits = limits
         self.limiter = limiter
+        self.addressLimiter = addressLimiter
         self.refused = metrics.counter(
             "marquee_http_rate_limited_total",
             help: "Requests answered 429 rate-limited: the tenant's requests with keys of this kind went over its "
                 + "rate on this process.", labels: ["kind"])
         for kind in APIKeyKind.allCases { refused.inc(0, [kind.rawValue]) }
+        self.refusedAddresses = metrics.counter(
+            "marquee_http_rate_limited_addresses_total",
+            help: "Requests answered 429 rate-limited: one client address's requests with a tenant's sdk keys went "
+                + "over MARQUEE_RATE_LIMIT_SDK_PER_ADDRESS on this process.")
+        refusedAddresses.inc(0)
         self.logger = logger
         self.now = now
     }
 
-    /// Throws 429 `rate-limited` when `principal`'s bucket is empty; otherwise takes a token from it (with `spend`
-    /// false, only looks: a body admission, whose request takes its token when its handler runs).
+    /// Throws 429 `rate-limited` when the bucket of `principal`'s client address (sdk keys, when limited by address)
+    /// or of its tenant is empty; otherwise takes a token from each (with `spend` false, only looks: a body
+    /// admission, whose request takes its tokens when its handler runs). The address's bucket is asked first: a
+    /// client over its own share spends nothing of the tenant's.
     func check(_ principal: Principal, _ request: HTTPRequest, spend: Bool = true) throws {
+        let now = now()
+        if let (limit, group) = limits.addressLimit(principal.kind, address: request.remoteAddress) {
+            let key = RequestLimiter.Key(tenant: principal.tenantID, kind: principal.kind, address: group)
+            if case .limited(let retryAfter, let report) = addressLimiter.check(
+                key, limit: limit, at: now, spend: spend)
+            {
+                refusedAddresses.inc(1)
+                if let report { log(principal, request, limit: limit, refused: report, address: group) }
+                throw Problems.rateLimited(kind: principal.kind, limit: limit, retryAfter: retryAfter, perAddress: true)
+            }
+        }
         guard let limit = limits.limit(principal.kind, setting: principal.requestsPerSecond) else { return }
         let key = RequestLimiter.Key(tenant: principal.tenantID, kind: principal.kind)
-        guard case .limited(let retryAfter, let report) = limiter.check(key, limit: limit, at: now(), spend: spend)
+        guard case .limited(let retryAfter, let report) = limiter.check(key, limit: limit, at: now, spend: spend)
         else { return }
         refused.inc(1, [principal.kind.rawValue])
-        if let report {
-            // Never the key itself: its ID names it.
-            logger.warning(
-                "request rate limited",
-                metadata: [
-                    "tenant.id": .string(principal.tenantID.uuidString.lowercased()),
-                    "api_key.kind": .string(principal.kind.rawValue),
-                    "api_key.id": .string(principal.keyID.uuidString.lowercased()),
-                    "rate_limit.per_second": .int(Int(limit.perSecond)), "rate_limit.burst": .int(Int(limit.burst)),
-                    "rate_limit.refused": .int(report), "request.id": .string(request.requestID),
-                    "http.route": .string(request.route ?? "unmatched"),
-                ])
-        }
-        throw Problems.rateLimited(kind: principal.kind, limit: limit, retryAfter: retryAfter)
+        if let report { log(principal, request, limit: limit, refused: report, address: nil) }
+        throw Problems.rateLimited(kind: principal.kind, limit: limit, retryAfter: retryAfter, perAddress: false)
+    }
+
+    /// A bucket's refusals since its previous line (never the key itself: its ID names it).
+    private func log(
+        _ principal: Principal, _ request: HTTPRequest, limit: TokenBucket.Limit, refused: Int, address: String?
+    ) {
+        var metadata: LogMetadata = [
+            "tenant.id": .string(principal.tenantID.uuidString.lowercased()),
+            "api_key.kind": .string(principal.kind.rawValue),
+            "api_key.id": .string(principal.keyID.uuidString.lowercased()),
+            "rate_limit.per_second": .int(Int(limit.perSecond)), "rate_limit.burst": .int(Int(limit.burst)),
+            "rate_limit.refused": .int(refused), "request.id": .string(request.requestID),
+            "http.route": .string(request.route ?? "unmatched"),
+        ]
+        if let address { metadata["rate_limit.client_address"] = .string(address) }
+        logger.warning(
+            address == nil ? "request rate limited" : "request rate limited for a client address", metadata: metadata)
     }
 }
 
 extension Problems {
-    /// 429: the tenant's requests with keys of this kind went over its rate on this process.
-    static func rateLimited(kind: APIKeyKind, limit: TokenBucket.Limit, retryAfter: Int) -> HTTPProblem {
+    /// 429: the tenant's requests with keys of this kind (`perAddress`: from this client address) went over their
+    /// rate on this process.
+    static func rateLimited(kind: APIKeyKind, limit: TokenBucket.Limit, retryAfter: Int, perAddress: Bool)
+        -> HTTPProblem
+    {
         let perSecond = Int(limit.perSecond)
         let burst = Int(limit.burst)
+        let what =
+            perAddress
+            ? "Requests from this client address with this workspace's \(kind.rawValue) key are over their rate"
+            : "This workspace's \(kind.rawValue) key is over its request rate"
         return HTTPProblem(
             status: 429, type: typeBase + "rate-limited", title: "Too Many Requests",
-            detail:
-                "This workspace's \(kind.rawValue) key is over its request rate on this server (\(perSecond) a second, "
-                + "bursts of \(burst)). Retry after \(retryAfter) s.",
+            detail: "\(what) on this server (\(perSecond) a second, bursts of \(burst)). Retry after \(retryAfter) s.",
             extensions: [
                 "key_kind": kind.rawValue, "limit_per_second": String(perSecond), "burst": String(burst),
-                "retry_after": String(retryAfter),
+                "retry_after": String(retryAfter), "scope": perAddress ? "client_address" : "workspace",
             ],
             headers: ["Retry-After": String(retryAfter)])
     }

@@ -114,6 +114,12 @@ public struct MarqueeConfiguration: Sendable, Equatable {
     public var rateLimitSDK: Int
     /// `MARQUEE_RATE_LIMIT_BURST`: a tenant's request bucket holds this many seconds' worth of its rate. Default 10.
     public var rateLimitBurstSeconds: Int
+    /// `MARQUEE_RATE_LIMIT_SDK_PER_ADDRESS`: requests a second each `marquee serve` process takes from one client
+    /// address with one tenant's sdk keys (an IPv6 address counts by its /64); 0: no such limit. Default 0.
+    public var rateLimitSDKPerAddress: Int
+    /// `MARQUEE_TRUSTED_PROXIES`: the proxies in front of `serve` (addresses and CIDR blocks separated by commas)
+    /// whose `X-Forwarded-For` names the client. Default none. Parsed by `serve` (HTTPServer's `TrustedProxies`).
+    public var trustedProxies: String?
     /// `MARQUEE_METRICS_LISTEN`: where a worker serves `/metrics` and `/healthz`. Default `127.0.0.1:9464`.
     public var metricsListen: ListenAddress
     /// `MARQUEE_CA_FILE`: an extra CA certificate file (PEM) to trust for APNs/FCM, besides the system store.
@@ -280,6 +286,8 @@ public struct MarqueeConfiguration: Sendable, Equatable {
         rateLimitApp = integer("MARQUEE_RATE_LIMIT_APP", default: 1000, range: 0...1_000_000)
         rateLimitSDK = integer("MARQUEE_RATE_LIMIT_SDK", default: 1000, range: 0...1_000_000)
         rateLimitBurstSeconds = integer("MARQUEE_RATE_LIMIT_BURST", default: 10, range: 1...3600)
+        rateLimitSDKPerAddress = integer("MARQUEE_RATE_LIMIT_SDK_PER_ADDRESS", default: 0, range: 0...1_000_000)
+        trustedProxies = value("MARQUEE_TRUSTED_PROXIES")
         if let text = value("MARQUEE_METRICS_LISTEN") {
             if let address = ListenAddress(text) {
                 metricsListen = address

@@ -38,6 +38,17 @@ struct ServeCommand {
         StallWatch.start(logger: logger, registry: metrics)
 
         let keyRing = try Startup.keyRing(configuration, command: "serve")
+        var trustedProxies = TrustedProxies.empty
+        if let text = configuration.trustedProxies {
+            guard let parsed = TrustedProxies(parsing: text) else {
+                throw ConfigurationError(problems: [
+                    .init(
+                        variable: "MARQUEE_TRUSTED_PROXIES",
+                        reason: "must be IP addresses or CIDR blocks (192.0.2.0/24, 2001:db8::/32) separated by commas")
+                ])
+            }
+            trustedProxies = parsed
+        }
 
         // Broadcast channels are created and deleted at Apple synchronously, from this process. A channel list can be
         // long (10,000 IDs per app), hence the larger answer cap.
@@ -57,7 +68,8 @@ struct ServeCommand {
             keyCacheTTL: .seconds(configuration.keyCacheSeconds),
             requestLimits: RequestLimits(
                 appPerSecond: configuration.rateLimitApp, sdkPerSecond: configuration.rateLimitSDK,
-                burstSeconds: configuration.rateLimitBurstSeconds),
+                burstSeconds: configuration.rateLimitBurstSeconds,
+                sdkPerAddressPerSecond: configuration.rateLimitSDKPerAddress),
             groupCommit: .init(writers: configuration.databaseWriteBatches),
             readBatches: configuration.databaseReadBatches, providerHosts: configuration.providerHosts,
             channelManager: channelManager, metrics: metrics,
@@ -72,7 +84,8 @@ struct ServeCommand {
                 drainTimeout: .seconds(configuration.drainTimeoutSeconds),
                 perAddressConnectionLimit: configuration.httpConnectionsPerAddress,
                 requestReadTimeout: .seconds(configuration.httpReadTimeoutSeconds),
-                maxBufferedBodySize: configuration.maxBufferedBodyBytes, defaultHeaders: MarqueeAPI.responseHeaders),
+                maxBufferedBodySize: configuration.maxBufferedBodyBytes, defaultHeaders: MarqueeAPI.responseHeaders,
+                trustedProxies: trustedProxies),
             router: router,
             onRequestCompleted: { record in
                 httpMetrics.record(record)
@@ -164,6 +177,9 @@ struct HTTPMetrics: Sendable {
                     / 1e15),
         ]
         if let address = record.remoteAddress { metadata["client.address"] = .string(address) }
+        if let peer = record.peerAddress, peer != record.remoteAddress {
+            metadata["network.peer.address"] = .string(peer)
+        }
         if let agent = record.userAgent { metadata["http.user_agent"] = .string(agent) }
         return metadata
     }

@@ -5,6 +5,18 @@ import Testing
 /// cache off, so a settings change shows at once): a tenant's own limit, per kind of key, per tenant.
 @Suite("Request rate limits")
 struct RequestLimitTests {
+    /// Calls `request` until it is answered 429 (each before it must be a 200); returns that answer and how many went
+    /// through. A request takes a token and a token comes back each second at the tests' rates: far fewer than 100
+    /// requests must find the bucket empty, however slowly this machine answers them.
+    static func firstRefusal(_ request: () async throws -> HTTP.Response) async throws -> (HTTP.Response, Int) {
+        for allowed in 0..<100 {
+            let response = try await request()
+            if response.status == 429 { return (response, allowed) }
+            #expect(response.status == 200, "\(response.text)")
+        }
+        throw TestFailure("no request was refused")
+    }
+
     @Test("over its sdk-key rate a tenant gets 429 rate-limited with Retry-After; its app key and other tenants go on")
     func overTheLimit() async throws {
         let fixture = try await RegistryFixture.get()
@@ -19,21 +31,9 @@ struct RequestLimitTests {
         #expect(try patched.json()["sdk_requests_per_second"] as? Int == 1)
         #expect(try patched.json()["app_requests_per_second"] as? Int == 1000, "the default")
 
-        // Each request takes a token and a token comes back each second: far fewer than 100 requests must find the
-        // bucket empty, however slowly this machine answers them.
-        var refused: HTTP.Response?
-        var allowed = 0
-        for _ in 0..<100 {
-            let response = try await api.call(
-                "PUT", "/v1/people/\(Fake.id("p"))", key: limited.sdk, json: [String: Any]())
-            if response.status == 429 {
-                refused = response
-                break
-            }
-            #expect(response.status == 200, "\(response.text)")
-            allowed += 1
+        let (response, allowed) = try await Self.firstRefusal {
+            try await api.call("PUT", "/v1/people/\(Fake.id("p"))", key: limited.sdk, json: [String: Any]())
         }
-        let response = try #require(refused, "no request was refused")
         #expect(allowed >= 10, "the burst went through first")
         expectProblem(response, 429, "rate-limited")
         let retryAfter = try #require(response.header("Retry-After").flatMap { Int($0) })
@@ -75,6 +75,55 @@ struct RequestLimitTests {
             ).status
         }
         #expect(status == 200)
+    }
+
+    @Test(
+        "behind a trusted proxy, one client address over its sdk share gets 429; other addresses and app keys go on")
+    func perClientAddress() async throws {
+        let fixture = try await RegistryFixture.get()
+        let serve = try MarqueeProcess(
+            ["serve"],
+            environment: [
+                "DATABASE_URL": fixture.databaseURL, "MARQUEE_TRUSTED_PROXIES": "127.0.0.0/8, ::1",
+                "MARQUEE_RATE_LIMIT_SDK_PER_ADDRESS": "1", "MARQUEE_RATE_LIMIT_BURST": "3",
+            ], port: TestEnvironment.freePort())
+        try await serve.waitUntilServing()
+        defer { serve.signal(SIGKILL) }
+        let api = API(baseURL: serve.baseURL)
+        let tenant = try await api.createTenant()
+        // The proxy (this test, on 127.0.0.1) appends the address it got the request from; what the client wrote to
+        // its left is not believed.
+        func put(forwardedFor: String) async throws -> HTTP.Response {
+            try await api.call(
+                "PUT", "/v1/people/\(Fake.id("p"))", key: tenant.sdk, json: [String: Any](),
+                headers: ["X-Forwarded-For": forwardedFor])
+        }
+        let (response, allowed) = try await Self.firstRefusal {
+            try await put(forwardedFor: "198.51.100.1, 203.0.113.9")
+        }
+        #expect(allowed >= 3, "the burst went through first")
+        expectProblem(response, 429, "rate-limited")
+        #expect(try response.json()["scope"] as? String == "client_address", "\(response.text)")
+        #expect(response.header("Retry-After").flatMap { Int($0) } ?? 0 >= 1)
+        // Writing another address to the left does not help that client.
+        #expect(try await put(forwardedFor: "198.51.100.77, 203.0.113.9").status == 429)
+        // Another client, behind the same proxy, is not held back; nor is the tenant's app key.
+        for _ in 0..<3 { #expect(try await put(forwardedFor: "203.0.113.10").status == 200) }
+        for _ in 0..<10 {
+            let settings = try await api.call(
+                "GET", "/v1/settings", key: tenant.app, headers: ["X-Forwarded-For": "203.0.113.9"])
+            #expect(settings.status == 200)
+        }
+        // Counted and logged with the client's address; the access log names the client, not the proxy.
+        let metrics = try await HTTP.get(serve.baseURL + "/metrics").text
+        let counted = metrics.split(separator: "\n").first {
+            $0.hasPrefix("marquee_http_rate_limited_addresses_total ")
+        }
+        #expect(counted.flatMap { $0.split(separator: " ").last }.flatMap { Double($0) } ?? 0 >= 2, "\(metrics)")
+        #expect(serve.log.contains(#""rate_limit.client_address":"203.0.113.9""#))
+        let access = serve.log.split(separator: "\n").first { $0.contains(#""client.address":"203.0.113.10""#) }
+        #expect(access?.contains(#""network.peer.address":"127.0.0.1""#) == true, "\(access ?? "no access line")")
+        #expect(!serve.log.contains(tenant.sdk))
     }
 
     @Test("a tenant's request rates are 1 to 1,000,000 a second, or null")

@@ -192,4 +192,52 @@ struct RequestLimitsTests {
         #expect(logged.first?.contains(sdk.keyID.uuidString.lowercased()) == true)
         #expect(logged.first?.contains(#""rate_limit.per_second":2"#) == true)
     }
+
+    @Test("a client address's sdk requests have their own share, asked first; IPv6 by its /64; app keys not by address")
+    func perAddress() throws {
+        let metrics = MetricsRegistry()
+        let lines = Mutex<[String]>([])
+        let rateGuard = RequestRateGuard(
+            limits: RequestLimits(appPerSecond: 0, sdkPerSecond: 5, burstSeconds: 1, sdkPerAddressPerSecond: 2),
+            metrics: metrics,
+            logger: Logger(label: "test", sink: LogSink { line in lines.withLock { $0.append(line) } }),
+            now: { Self.at(0) })
+        let sdk = Principal(tenantID: UUID(), keyID: UUID(), kind: .sdk)
+        func request(_ address: String?) -> HTTPRequest {
+            HTTPRequest(method: .PUT, target: "/v1/people/p1", requestID: "req-1", remoteAddress: address)
+        }
+        func refusal(_ principal: Principal, _ address: String?) -> HTTPProblem? {
+            do { try rateGuard.check(principal, request(address)) } catch let problem as HTTPProblem {
+                return problem
+            } catch { return nil }
+            return nil
+        }
+        // One address: its two, then refused, and the refusals spend nothing of the tenant's five.
+        #expect(refusal(sdk, "203.0.113.9") == nil && refusal(sdk, "203.0.113.9") == nil)
+        for _ in 0..<10 {
+            let problem = try #require(refusal(sdk, "203.0.113.9"))
+            #expect(problem.status == 429 && problem.extensions["scope"] == "client_address")
+            #expect(problem.detail?.contains("client address") == true)
+        }
+        // An IPv6 client counts by its /64: another address of the same network shares the bucket.
+        #expect(refusal(sdk, "2001:db8:1:2::1") == nil && refusal(sdk, "2001:db8:1:2::ffff") == nil)
+        #expect(refusal(sdk, "2001:db8:1:2:aaaa::1")?.extensions["scope"] == "client_address")
+        // The tenant's bucket had 5: four taken above, one left for a third address; then the tenant is over.
+        #expect(refusal(sdk, "198.51.100.1") == nil)
+        #expect(refusal(sdk, "198.51.100.2")?.extensions["scope"] == "workspace")
+        // App keys are not limited by address (and not at all here); another tenant's sdk key has its own share.
+        let app = Principal(tenantID: sdk.tenantID, keyID: UUID(), kind: .app)
+        for _ in 0..<20 { #expect(refusal(app, "203.0.113.9") == nil) }
+        let other = Principal(tenantID: UUID(), keyID: UUID(), kind: .sdk)
+        #expect(refusal(other, "203.0.113.9") == nil)
+        // No known address: the tenant's bucket alone.
+        #expect(refusal(other, nil) == nil)
+        #expect(rateGuard.refusedAddresses.value([]) == 11)
+        #expect(rateGuard.refused.value(["sdk"]) == 1)
+        #expect(metrics.exposition().contains("marquee_http_rate_limited_addresses_total 11"))
+        let logged = lines.withLock { $0 }.filter { $0.contains("for a client address") }
+        #expect(logged.count == 2, "one line per address's first refusal: \(logged)")
+        #expect(logged.first?.contains(#""rate_limit.client_address":"203.0.113.9""#) == true)
+        #expect(lines.withLock { $0 }.contains { $0.contains(#""rate_limit.client_address":"2001:db8:1:2::/64""#) })
+    }
 }
