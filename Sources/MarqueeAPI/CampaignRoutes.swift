@@ -352,7 +352,7 @@ struct CampaignRoutes: Sendable {
     func people(_ request: HTTPRequest, _ principal: Principal) async throws -> HTTPResponse {
         let limit = try Paging.limit(request)
         let after = try request.query["cursor"].map { text throws(ValidationError) in
-            try Identifiers.personID(text, field: "cursor")
+            try Identifiers.personReference(text, field: "cursor")
         }
         guard
             let page = try await store.members(

@@ -306,8 +306,10 @@ struct CompatRoutes: Sendable {
             guard let device = try context?.nested("device") else { throw ValidationError.missing("context.device") }
             let token = try Identifiers.anyDeviceToken(
                 device.requiredString("token", maxLength: 4096), field: "context.device.token")
-            // Only the owner may delete a device: without a userId anyone holding the public sdk key could.
-            let userID = try Identifiers.personID(event.requiredString("userId", maxLength: 256), field: "userId")
+            // Only the owner may delete a device: without a userId anyone holding the public sdk key could. A delete
+            // names its person (one created before the rule on new IDs too).
+            let userID = try Identifiers.personReference(
+                event.requiredString("userId", maxLength: 256), field: "userId")
             return .deleteDevice(person: userID, token: token)
 
         case "Live Notification Token":

@@ -47,14 +47,14 @@ struct RegistryRoutes: Sendable {
     }
 
     func getPerson(_ request: HTTPRequest, _ principal: Principal) async throws -> HTTPResponse {
-        guard let id = try? Identifiers.personID(request.pathParameters["id"] ?? "") else {
+        guard let id = try? Identifiers.personReference(request.pathParameters["id"] ?? "") else {
             throw Problems.notFound("person")
         }
         return .json(Render.personDetail(try await registry.person(tenant: principal.tenantID, id: id)))
     }
 
     func deletePerson(_ request: HTTPRequest, _ principal: Principal) async throws -> HTTPResponse {
-        guard let id = try? Identifiers.personID(request.pathParameters["id"] ?? "") else {
+        guard let id = try? Identifiers.personReference(request.pathParameters["id"] ?? "") else {
             throw Problems.notFound("person")
         }
         try await registry.deletePerson(tenant: principal.tenantID, id: id)
@@ -91,7 +91,7 @@ struct RegistryRoutes: Sendable {
 
     func deleteDevice(_ request: HTTPRequest) async throws -> HTTPResponse {
         let principal = try await authenticator.require(request, kinds: Self.anyKey)
-        guard let personID = try? Identifiers.personID(request.pathParameters["id"] ?? ""),
+        guard let personID = try? Identifiers.personReference(request.pathParameters["id"] ?? ""),
             let token = try? Identifiers.anyDeviceToken(
                 request.pathParameters["device_token"] ?? "", field: "device_token")
         else { throw Problems.notFound("device") }

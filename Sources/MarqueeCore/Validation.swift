@@ -95,14 +95,46 @@ public enum Identifiers {
         return try fcmToken(text, field: field)
     }
 
-    /// A person's ID, chosen by the product team: 1–256 characters, no control characters.
+    /// A person's ID as a write that may create a record carrying it takes it (a person, device, instance or campaign
+    /// audience): ``personReference(_:field:)``, and none of the characters that make an ID look like another in the
+    /// console and in logs (``isInvisibleOrReordering(_:)``).
     public static func personID(_ text: String, field: String = "id") throws(ValidationError) -> String {
+        let id = try personReference(text, field: field)
+        guard !id.unicodeScalars.contains(where: isInvisibleOrReordering) else {
+            throw ValidationError(
+                field: field,
+                reason: "must not hold invisible, formatting, direction-changing, private-use or noncharacter "
+                    + "code points (Unicode categories Cc, Cf, Zl, Zp, Co, default-ignorable code points, "
+                    + "noncharacters)")
+        }
+        return id
+    }
+
+    /// A person's ID as a read or a delete names one (and a paging cursor): 1–256 characters, no control characters.
+    /// Laxer than ``personID(_:field:)`` on purpose: people created before that rule keep IDs it refuses, and must
+    /// still be found, erased and paged through by them.
+    public static func personReference(_ text: String, field: String = "id") throws(ValidationError) -> String {
         guard (1...256).contains(text.unicodeScalars.count),
             !text.unicodeScalars.contains(where: { $0.properties.generalCategory == .control })
         else {
             throw ValidationError(field: field, reason: "must be 1 to 256 characters without control characters")
         }
         return text
+    }
+
+    /// Code points that do not show, or show as something else, and so let two IDs that differ look the same (or
+    /// one look like another when printed next to text): controls (Cc), format characters (Cf: zero-width spaces and
+    /// joiners, the bidi embeddings, overrides, isolates and marks, soft hyphen, BOM, tags), line and paragraph
+    /// separators (Zl, Zp), private use (Co), other default-ignorable code points (variation selectors, the Hangul
+    /// fillers, combining grapheme joiner) and noncharacters (U+FDD0–U+FDEF, U+xFFFE, U+xFFFF). (Surrogates cannot
+    /// occur: a Swift string holds Unicode scalars only, and JSON's unpaired `\\uD800` is refused when parsed.)
+    /// The one home of that rule, for the identifiers clients choose freely (the others are ASCII by their own rules).
+    public static func isInvisibleOrReordering(_ scalar: Unicode.Scalar) -> Bool {
+        let properties = scalar.properties
+        switch properties.generalCategory {
+        case .control, .format, .lineSeparator, .paragraphSeparator, .privateUse: return true
+        default: return properties.isDefaultIgnorableCodePoint || properties.isNoncharacterCodePoint
+        }
     }
 
     /// A live activity instance ID: 1–128 characters of `[A-Za-z0-9._:-]`, not `.` or `..` (dot segments, which

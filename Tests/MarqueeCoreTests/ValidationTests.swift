@@ -84,6 +84,48 @@ struct ValidationTests {
         #expect(throws: ValidationError.self) { try Identifiers.personID(String(repeating: "x", count: 257)) }
     }
 
+    /// One of each kind of code point that makes an ID look like another (Cc, Cf, Zl, Zp, Co, default-ignorable,
+    /// noncharacter), by name for the test's label.
+    static let invisibleOrReordering: [(String, UInt32)] = [
+        ("NEL (Cc)", 0x0085), ("zero-width space (Cf)", 0x200B), ("zero-width joiner (Cf)", 0x200D),
+        ("left-to-right mark (Cf)", 0x200E), ("right-to-left mark (Cf)", 0x200F),
+        ("Arabic letter mark (Cf)", 0x061C), ("right-to-left override (Cf)", 0x202E),
+        ("left-to-right embedding (Cf)", 0x202A), ("first strong isolate (Cf)", 0x2068),
+        ("pop directional isolate (Cf)", 0x2069), ("soft hyphen (Cf)", 0x00AD), ("BOM (Cf)", 0xFEFF),
+        ("tag letter A (Cf)", 0xE0041), ("line separator (Zl)", 0x2028),
+        ("paragraph separator (Zp)", 0x2029), ("private use (Co)", 0xE000),
+        ("supplementary private use (Co)", 0xF0000), ("variation selector 16", 0xFE0F),
+        ("Hangul filler", 0x3164), ("combining grapheme joiner", 0x034F), ("noncharacter U+FDD0", 0xFDD0),
+        ("noncharacter U+FFFE", 0xFFFE), ("noncharacter U+1FFFF", 0x1FFFF),
+    ]
+
+    @Test("person IDs a write creates refuse invisible, formatting, direction-changing, private-use and noncharacters")
+    func personIDsLookAlike() throws {
+        for (name, value) in Self.invisibleOrReordering {
+            // Built from its value: Swift refuses noncharacters in literals.
+            let scalar = Unicode.Scalar(value)!
+            let id = "alice" + String(Character(scalar)) + "1"
+            #expect(throws: ValidationError.self, "\(name)") { try Identifiers.personID(id, field: "userId") }
+            do {
+                _ = try Identifiers.personID(id, field: "userId")
+            } catch {
+                #expect(error.field == "userId", "\(name)")
+                #expect(error.code == .invalidField, "\(name)")
+            }
+            // Named by a read or a delete, it is accepted: people stored before the rule keep such IDs (controls were
+            // refused before too).
+            if scalar.properties.generalCategory != .control {
+                #expect(try Identifiers.personReference(id) == id, "\(name)")
+            }
+        }
+        // Visible text of any script, spaces, combining marks and emoji stay valid.
+        for good in ["Zoë Smith", "cafe\u{301}", "名前", "עברית", "user+tag@example.com", "🦊"] {
+            #expect(try Identifiers.personID(good) == good)
+        }
+        #expect(throws: ValidationError.self) { try Identifiers.personReference("a\nb") }
+        #expect(throws: ValidationError.self) { try Identifiers.personReference("") }
+    }
+
     @Test("lifecycle events that stop sends")
     func lifecycle() {
         #expect(LifecycleEvent.ended.stopsSends)
