@@ -427,9 +427,14 @@ struct CompatRoutes: Sendable {
             }
             switch change.registration {
             case .pushToStart(let person, let activityType, let token, let attributesType):
-                _ = try registry.registerPushToStart(
-                    personID: person, deviceToken: change.deviceToken, activityType: activityType, token: token,
-                    attributesType: attributesType, profile: .customerio)
+                do {
+                    _ = try registry.registerPushToStart(
+                        personID: person, deviceToken: change.deviceToken, activityType: activityType, token: token,
+                        attributesType: attributesType, profile: .customerio)
+                } catch var error as ValidationError where error.code == .activityTypeLimit {
+                    error.field = "properties.notificationType"  // where the event names the type
+                    throw error
+                }
             case .instance(let instanceID, let token):
                 // Only from a device of the instance's person (checked by the registration itself).
                 _ = try registry.registerActivityToken(

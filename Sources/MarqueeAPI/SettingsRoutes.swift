@@ -5,7 +5,7 @@ import MarqueeCore
 import MarqueeStore
 
 /// `/v1/settings` (app key): the tenant's identity verification mode and identity secret, its send rate limit, its
-/// cap on devices per person and its API request rate limits.
+/// cap on devices per person, its API request rate limits and its cap on activity types registrations create.
 struct SettingsRoutes: Sendable {
     let authenticator: Authenticator
     let settings: TenantSettingsStore
@@ -27,7 +27,7 @@ struct SettingsRoutes: Sendable {
         let body = try JSONBody.parse(request)
         try body.rejectUnknown([
             "identity_verification", "send_rate_per_second", "max_devices_per_person", "app_requests_per_second",
-            "sdk_requests_per_second",
+            "sdk_requests_per_second", "max_auto_created_activity_types",
         ])
         var change = TenantSettingsStore.Change()
         if body.object["identity_verification"] != nil {
@@ -43,6 +43,11 @@ struct SettingsRoutes: Sendable {
             change.maxDevicesPerPerson = .some(
                 try body.integer("max_devices_per_person", range: 1...1000).map { Int($0) })
         }
+        if body.object["max_auto_created_activity_types"] != nil {
+            // null restores the default; 0 lets registrations create none (every type made with the app key).
+            change.maxAutoCreatedActivityTypes = .some(
+                try body.integer("max_auto_created_activity_types", range: 0...10_000).map { Int($0) })
+        }
         // Up to the operator's limit (a tenant may lower its rate, not raise it); null restores the operator's.
         for (field, kind) in [("app_requests_per_second", APIKeyKind.app), ("sdk_requests_per_second", .sdk)]
         where body.object[field] != nil {
@@ -56,12 +61,13 @@ struct SettingsRoutes: Sendable {
         guard
             change.identityVerification != nil || change.sendRatePerSecond != nil
                 || change.maxDevicesPerPerson != nil || change.appRequestsPerSecond != nil
-                || change.sdkRequestsPerSecond != nil
+                || change.sdkRequestsPerSecond != nil || change.maxAutoCreatedActivityTypes != nil
         else {
             throw ValidationError(
                 field: "body",
                 reason: "must set at least one of identity_verification, send_rate_per_second, "
-                    + "max_devices_per_person, app_requests_per_second, sdk_requests_per_second")
+                    + "max_devices_per_person, app_requests_per_second, sdk_requests_per_second, "
+                    + "max_auto_created_activity_types")
         }
         let updated = try await settings.update(tenant: principal.tenantID, change)
         identity.invalidate(principal.tenantID)
@@ -91,6 +97,7 @@ struct SettingsRoutes: Sendable {
             "max_devices_per_person": .int(Int64(s.maxDevicesPerPerson)),
             "app_requests_per_second": rate(.app, s.appRequestsPerSecond),
             "sdk_requests_per_second": rate(.sdk, s.sdkRequestsPerSecond),
+            "max_auto_created_activity_types": .int(Int64(s.maxAutoCreatedActivityTypes)),
         ])
     }
 }

@@ -9,6 +9,9 @@ public struct ValidationError: Error, Sendable, Equatable, CustomStringConvertib
         public static let invalidToken = Code("invalid-token")
         public static let invalidKey = Code("invalid-key")
         public static let schemaViolation = Code("schema-violation")
+        /// A registration named an activity type the tenant does not have, and registrations have created as many
+        /// as the tenant allows (`max_auto_created_activity_types`).
+        public static let activityTypeLimit = Code("activity-type-limit")
         public var description: String { rawValue }
     }
 

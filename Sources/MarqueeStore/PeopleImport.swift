@@ -54,8 +54,8 @@ public struct ImportOutcome: Sendable, Equatable {
     public var imported: Int
     /// People who existed and were updated.
     public var updated: Int
-    /// Lines refused by the database's rules (an email that belongs to another person); the API adds the lines
-    /// it refused before.
+    /// Lines refused by the database's rules (an email that belongs to another person, an activity type past the
+    /// tenant's cap on types registrations create); the API adds the lines it refused before.
     public var rejected: [ImportRejection]
 }
 
@@ -105,6 +105,54 @@ public struct PeopleImportStore: Sendable {
                     """)
             }
             return .done(outcome, response)
+        }
+    }
+
+    /// Creates the activity types the staged push-to-start tokens name that the tenant does not have, through the one
+    /// home of the cap on types registrations create (`marquee_create_activity_types`, migration 0088), before any
+    /// person is written; the lines naming a type it could not create are removed from the staging tables and
+    /// returned as rejected, so that such a line is skipped whole, as every other bad line is. One statement for any
+    /// number of lines, and one more only when some are refused.
+    static func createActivityTypes(_ connection: PostgresConnection, tenant: UUID, _ people: [ImportPerson]) throws
+        -> [ImportRejection]
+    {
+        let created = try connection.query(
+            """
+            SELECT marquee_create_activity_types(
+                       \(tenant), 'marquee',
+                       COALESCE(array_agg(activity_type ORDER BY line, device_token, activity_type), '{}'),
+                       COALESCE(array_agg(default_attributes_type ORDER BY line, device_token, activity_type), '{}'))
+                   AS refused
+            FROM import_push_to_start
+            """)
+        let refused = Set(try created[0].decode([String].self, "refused"))
+        guard !refused.isEmpty else { return [] }
+        let lines = try connection.query(
+            """
+            WITH bad AS (
+                SELECT DISTINCT line FROM import_push_to_start WHERE activity_type = ANY(\(Array(refused))::text[])
+            ), people AS (
+                DELETE FROM import_people i USING bad WHERE i.line = bad.line
+            ), devices AS (
+                DELETE FROM import_devices d USING bad WHERE d.line = bad.line
+            ), tokens AS (
+                DELETE FROM import_push_to_start t USING bad WHERE t.line = bad.line
+            )
+            SELECT line FROM bad ORDER BY line
+            """
+        ).map { try $0.decode(Int.self, "line") }
+        // Each line's field: its first device, and that device's first type (in key order), that was refused.
+        let byLine = Dictionary(people.map { ($0.line, $0) }, uniquingKeysWith: { first, _ in first })
+        return lines.map { line in
+            var field = "devices"
+            for (index, device) in (byLine[line]?.devices ?? []).enumerated() {
+                if let type = device.pushToStart.keys.sorted().first(where: refused.contains) {
+                    field = "devices[\(index)].push_to_start.\(type)"
+                    break
+                }
+            }
+            let error = RegistryTransaction.activityTypeLimit(field: field)
+            return ImportRejection(line: line, field: error.field, reason: error.reason)
         }
     }
 
@@ -186,11 +234,12 @@ public struct PeopleImportStore: Sendable {
             )
             SELECT line, repeats FROM bad ORDER BY line
             """)
-        let rejected = try conflicts.map {
+        var rejected = try conflicts.map {
             ImportRejection(
                 line: try $0.decode(Int.self, "line"), field: "email",
                 reason: try $0.decode(Int?.self, "repeats").map { "repeats line \($0)" } ?? "belongs to another person")
         }
+        rejected += try Self.createActivityTypes(connection, tenant: tenant, people)
         // People: new ones inserted (and marked), existing ones updated; absent email and attributes are kept.
         try connection.execute(
             """

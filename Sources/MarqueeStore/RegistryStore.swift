@@ -153,8 +153,8 @@ public struct RegistryStore: Sendable {
     }
 
     /// The most tokens a person read lists per device. An sdk key (public) registers tokens: every rotation keeps the
-    /// retired token (for `MARQUEE_RETENTION_DAYS`) and every activity type it names is created, so a device may hold
-    /// any number of them.
+    /// retired token (for `MARQUEE_RETENTION_DAYS`) and every activity type it names is created (up to the tenant's
+    /// `max_auto_created_activity_types`), so a device may hold very many of them.
     public static let maximumTokensPerDevice = 50
 
     /// The person with every device and its (masked) tokens: at most `maximumTokensPerDevice` of them each, the

@@ -122,10 +122,11 @@ public struct RegistryTransaction {
     // MARK: Tokens
 
     /// Registers the push-to-start token of a person's iOS device for an activity type. A different active token
-    /// for the same (device, type) is retired. Unknown types are created with permissive defaults.
+    /// for the same (device, type) is retired. Unknown types are created with permissive defaults, while the tenant
+    /// has fewer types created so than its `max_auto_created_activity_types` (else `activityTypeLimit`, a 422).
     ///
-    /// One statement (`marquee_register_push_to_start`, migration 0003), confined to the tenant by row-level
-    /// security like every other query.
+    /// One statement (`marquee_register_push_to_start`, migrations 0003 and 0088), confined to the tenant by
+    /// row-level security like every other query.
     public func registerPushToStart(
         personID: String, deviceToken: String, activityType: String, token: String, attributesType: String?,
         profile: PayloadProfile = .marquee
@@ -159,8 +160,20 @@ public struct RegistryTransaction {
         switch try rows[0].decode(String.self, "outcome") {
         case "no_device": throw NotFound("device")
         case "not_ios": throw Conflict(field: "device_token", reason: "push-to-start tokens exist only for iOS devices")
+        case "type_limit": throw activityTypeLimit(field: "activity_type")
         default: return try registration(rows[0])
         }
+    }
+
+    /// A registration refused because it names an activity type the tenant does not have and registrations may
+    /// create no more (`marquee_create_activity_types`, migration 0088, the one home of the cap): the single route,
+    /// the Customer.io ingest and the people import answer with this.
+    public static func activityTypeLimit(field: String) -> ValidationError {
+        ValidationError(
+            .activityTypeLimit, field: field,
+            reason: "is not an activity type of this workspace, and push-to-start registrations have created as many "
+                + "as it allows (max_auto_created_activity_types): create the type with the app key, PUT "
+                + "/v1/activity_types/{identifier}")
     }
 
     /// Registers the per-activity token of a device for an instance; a different active token is retired.

@@ -23,6 +23,9 @@ public struct TenantSettings: Sendable, Equatable {
     /// nil: the operator's default (`RequestLimits` in MarqueeAPI applies them).
     public var appRequestsPerSecond: Int?
     public var sdkRequestsPerSecond: Int?
+    /// At most this many activity types created by push-to-start registrations (`auto_created`); a registration
+    /// naming an unknown type beyond it is refused (migration 0088, which holds the default).
+    public var maxAutoCreatedActivityTypes: Int
 }
 
 /// What the identity check needs: the mode and the opened secrets (current first; the previous one with its end).
@@ -73,7 +76,8 @@ public struct TenantSettingsStore: Sendable {
                    CASE WHEN s.previous_secret_valid_until > now() THEN s.previous_secret_valid_until END
                        AS previous_until,
                    l.rate_per_second, marquee_max_devices_per_person(t.tenant_id) AS max_devices_per_person,
-                   s.app_requests_per_second, s.sdk_requests_per_second
+                   s.app_requests_per_second, s.sdk_requests_per_second,
+                   marquee_max_auto_created_activity_types(t.tenant_id) AS max_auto_created_activity_types
             FROM (SELECT \(tenant)::uuid AS tenant_id) t
             LEFT JOIN tenant_settings s ON s.tenant_id = t.tenant_id
             LEFT JOIN send_limits l ON l.tenant_id = t.tenant_id
@@ -89,7 +93,8 @@ public struct TenantSettingsStore: Sendable {
             sendRatePerSecond: try row.decode(Int?.self, "rate_per_second"),
             maxDevicesPerPerson: try row.decode(Int.self, "max_devices_per_person"),
             appRequestsPerSecond: try row.decode(Int?.self, "app_requests_per_second"),
-            sdkRequestsPerSecond: try row.decode(Int?.self, "sdk_requests_per_second"))
+            sdkRequestsPerSecond: try row.decode(Int?.self, "sdk_requests_per_second"),
+            maxAutoCreatedActivityTypes: try row.decode(Int.self, "max_auto_created_activity_types"))
     }
 
     /// What a settings change sets: nil leaves a setting as it is.
@@ -102,16 +107,20 @@ public struct TenantSettingsStore: Sendable {
         /// `.some(nil)` restores the operator's default.
         public var appRequestsPerSecond: Int??
         public var sdkRequestsPerSecond: Int??
+        /// `.some(nil)` restores the default.
+        public var maxAutoCreatedActivityTypes: Int??
 
         public init(
             identityVerification: IdentityVerification? = nil, sendRatePerSecond: Int?? = nil,
-            maxDevicesPerPerson: Int?? = nil, appRequestsPerSecond: Int?? = nil, sdkRequestsPerSecond: Int?? = nil
+            maxDevicesPerPerson: Int?? = nil, appRequestsPerSecond: Int?? = nil, sdkRequestsPerSecond: Int?? = nil,
+            maxAutoCreatedActivityTypes: Int?? = nil
         ) {
             self.identityVerification = identityVerification
             self.sendRatePerSecond = sendRatePerSecond
             self.maxDevicesPerPerson = maxDevicesPerPerson
             self.appRequestsPerSecond = appRequestsPerSecond
             self.sdkRequestsPerSecond = sdkRequestsPerSecond
+            self.maxAutoCreatedActivityTypes = maxAutoCreatedActivityTypes
         }
     }
 
@@ -158,6 +167,15 @@ public struct TenantSettingsStore: Sendable {
                     INSERT INTO tenant_settings (tenant_id, max_devices_per_person) VALUES (\(tenant), \(cap))
                     ON CONFLICT (tenant_id) DO UPDATE SET
                         max_devices_per_person = EXCLUDED.max_devices_per_person, updated_at = now()
+                    """)
+            }
+            if case .some(let cap) = change.maxAutoCreatedActivityTypes {
+                // A lower cap refuses new types from the next registration on; the types already there stay.
+                try connection.execute(
+                    """
+                    INSERT INTO tenant_settings (tenant_id, max_auto_created_activity_types) VALUES (\(tenant), \(cap))
+                    ON CONFLICT (tenant_id) DO UPDATE SET
+                        max_auto_created_activity_types = EXCLUDED.max_auto_created_activity_types, updated_at = now()
                     """)
             }
             if change.appRequestsPerSecond != nil || change.sdkRequestsPerSecond != nil {

@@ -158,10 +158,10 @@ struct PeopleImportTests {
     func registrationsAsSet() async throws {
         let fixture = try await RegistryFixture.get()
         let api = fixture.api
-        let (type, other) = (Fake.activityType(), Fake.activityType())
+        let (type, other, third) = (Fake.activityType(), Fake.activityType(), Fake.activityType())
         let (alice, bob, carol) = (Fake.id("a"), Fake.id("b"), Fake.id("c"))
         let (phoneA, pixelB, phoneC, unknown) = (Fake.hex(), Fake.fcm(), Fake.hex(), Fake.hex())
-        let (first, second, carols) = (Fake.hex(), Fake.hex(), Fake.hex())
+        let (first, second, carols, carolsToo) = (Fake.hex(), Fake.hex(), Fake.hex(), Fake.hex())
         // The same people in two tenants: one registers through the set function, the other one row at a time
         // through the single registration's (migration 0003).
         var results: [[String]] = []
@@ -217,6 +217,13 @@ struct PeopleImportTests {
             ])
             // Registered again: neither new nor rotating.
             outcomes += try await register([(alice, phoneA, type, second)])
+            // Past the tenant's cap on types registrations create (2: `type` and `other`), a new type is refused and
+            // the known one in the same call registers (migration 0088).
+            #expect(
+                try await api.call(
+                    "PATCH", "/v1/settings", key: tenant.app, json: ["max_auto_created_activity_types": 2]
+                ).status == 200)
+            outcomes += try await register([(carol, phoneC, third, Fake.hex()), (carol, phoneC, type, carolsToo)])
             let tokens = try await fixture.pool.query(
                 """
                 SELECT device_token || '/' || activity_type || '/' || token || '=' || status
@@ -234,13 +241,14 @@ struct PeopleImportTests {
             if asSet {
                 #expect(
                     outcomes == [
-                        "ok,rotated,inserted", "no_device", "not_ios", "ok,inserted", "no_device", "ok",
+                        "ok,rotated,inserted", "no_device", "not_ios", "ok,inserted", "no_device", "ok", "type_limit",
+                        "ok,inserted",
                     ])
                 #expect(
                     tokens
                         == [
                             "\(phoneA)/\(type)/\(first)=retired/rotated", "\(phoneA)/\(type)/\(second)=active",
-                            "\(phoneC)/\(other)/\(carols)=active",
+                            "\(phoneC)/\(other)/\(carols)=active", "\(phoneC)/\(type)/\(carolsToo)=active",
                         ].sorted())
                 // A batch naming a (device, type) twice cannot say which token is the newer: refused.
                 await #expect(throws: PostgresError.self) {
