@@ -17,17 +17,20 @@ struct CompatRoutes: Sendable {
     let tenants: TenantStore
     /// Identity verification of sdk-key writes about a person.
     let identity: IdentityGuard
+    /// What an `identify` learns of an email another person has.
+    let takenEmails: TakenEmails
     let events: Counter
     let logger: Logger
 
     init(
         authenticator: Authenticator, registry: RegistryStore, tenants: TenantStore, identity: IdentityGuard,
-        metrics: MetricsRegistry, logger: Logger
+        takenEmails: TakenEmails, metrics: MetricsRegistry, logger: Logger
     ) {
         self.authenticator = authenticator
         self.registry = registry
         self.tenants = tenants
         self.identity = identity
+        self.takenEmails = takenEmails
         self.events = metrics.counter(
             "marquee_ingest_events_total", help: "Customer.io-compatible events received, by type and outcome.",
             labels: ["type", "outcome"])
@@ -174,20 +177,28 @@ struct CompatRoutes: Sendable {
             }
         }
         let validated = changes
-        return try await registry.transaction(tenant: principal.tenantID) { registry in
+        let takenEmail = TakenEmails.policy(principal.kind, verdict)
+        let (outcomes, keptEmails) = try await registry.transaction(tenant: principal.tenantID) { registry in
             var outcomes: [Outcome] = []
             outcomes.reserveCapacity(validated.count)
+            var keptEmails: [String] = []
             for (index, change) in validated.enumerated() {
                 do {
-                    outcomes.append(try Self.write(change, registry, verdict))
+                    outcomes.append(try Self.write(change, registry, verdict, takenEmail, keptEmails: &keptEmails))
                 } catch let error as PostgresError {
                     throw error
                 } catch {
                     throw EventFailure(index: index, error: error)
                 }
             }
-            return outcomes
+            return (outcomes, keptEmails)
         }
+        // Once committed (a transaction run again counts once).
+        for person in keptEmails {
+            takenEmails.kept(
+                tenant: principal.tenantID, person: person, route: "customerio", requestID: request.requestID)
+        }
+        return outcomes
     }
 
     /// The problem a batch answers when its event `index` fails with `item`: that event's status and type, its field
@@ -392,17 +403,24 @@ struct CompatRoutes: Sendable {
         return TokenChange(person: userID, deviceToken: deviceToken, platform: platform, registration: registration)
     }
 
-    /// Writes one validated event inside the request's transaction, after its identity check.
-    static func write(_ change: Change, _ registry: RegistryTransaction, _ identity: IdentityGuard.Verdict) throws
-        -> Outcome
-    {
+    /// Writes one validated event inside the request's transaction, after its identity check. An `identify` whose
+    /// email belongs to another person is refused or, as `takenEmail` says, written without it: its person is added
+    /// to `keptEmails`.
+    static func write(
+        _ change: Change, _ registry: RegistryTransaction, _ identity: IdentityGuard.Verdict,
+        _ takenEmail: TakenEmail, keptEmails: inout [String]
+    ) throws -> Outcome {
         switch change {
         case .ignored:
             return .ignored
         case .identify(let person, let email, let traits):
             try identity.check([person])
             try identity.check(email: email, field: "traits.email")
-            _ = try registry.upsertPerson(id: person, email: email, attributes: traits)
+            if try registry.upsertPerson(id: person, email: email, attributes: traits, takenEmail: takenEmail)
+                .emailKept
+            {
+                keptEmails.append(person)
+            }
         case .device(let registration):
             // Registering a device another person owns moves it: a write about its owner too, as for token events.
             try identity.check {

@@ -58,11 +58,13 @@ public struct MarqueeAPI: Sendable {
             authenticator: authenticator, credentials: CredentialStore(database: database, keyRing: keyRing),
             providerHosts: providerHosts)
         activityTypes = ActivityTypeRoutes(authenticator: authenticator, registry: registryStore)
+        let takenEmails = TakenEmails(metrics: metrics, logger: logger)
         registry = RegistryRoutes(
-            authenticator: authenticator, registry: registryStore, tenants: tenants, identity: identity)
+            authenticator: authenticator, registry: registryStore, tenants: tenants, identity: identity,
+            takenEmails: takenEmails)
         compat = CompatRoutes(
             authenticator: authenticator, registry: registryStore, tenants: tenants, identity: identity,
-            metrics: metrics, logger: logger)
+            takenEmails: takenEmails, metrics: metrics, logger: logger)
         settings = SettingsRoutes(
             authenticator: authenticator, settings: settingsStore, identity: identity, limits: requestLimits)
         channels = ChannelRoutes(

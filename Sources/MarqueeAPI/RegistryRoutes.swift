@@ -11,6 +11,8 @@ struct RegistryRoutes: Sendable {
     let tenants: TenantStore
     /// Identity verification of sdk-key writes about a person.
     let identity: IdentityGuard
+    /// What an sdk-key write learns of an email another person has.
+    let takenEmails: TakenEmails
 
     static let anyKey: Set<APIKeyKind> = [.app, .sdk]
 
@@ -39,11 +41,16 @@ struct RegistryRoutes: Sendable {
         let email = try Self.email(body.string("email", maxLength: 320))
         try verdict.check(email: email)
         let attributes = try Self.attributes(body.objectValue("attributes"), field: "attributes")
-        let person = try await registry.upsertPerson(
-            tenant: principal.tenantID, id: id, email: email, attributes: attributes)
+        let written = try await registry.upsertPerson(
+            tenant: principal.tenantID, id: id, email: email, attributes: attributes,
+            takenEmail: TakenEmails.policy(principal.kind, verdict))
+        if written.emailKept {
+            takenEmails.kept(tenant: principal.tenantID, person: id, route: "people", requestID: request.requestID)
+        }
         // The sdk key is public: it may write a person, never read one (absent members keep what is stored, so the
         // whole record would answer an empty body).
-        return .json(principal.kind == .sdk ? .object(["id": .string(person.id)]) : Render.person(person))
+        return .json(
+            principal.kind == .sdk ? .object(["id": .string(written.person.id)]) : Render.person(written.person))
     }
 
     func getPerson(_ request: HTTPRequest, _ principal: Principal) async throws -> HTTPResponse {

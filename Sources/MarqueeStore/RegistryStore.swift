@@ -147,9 +147,13 @@ public struct RegistryStore: Sendable {
 
     // MARK: People
 
-    /// Creates or updates a person. Absent fields keep their stored values; `attributes` replaces the object.
-    public func upsertPerson(tenant: UUID, id: String, email: String?, attributes: JSONValue?) async throws -> Person {
-        try await transaction(tenant: tenant) { try $0.upsertPerson(id: id, email: email, attributes: attributes) }
+    /// Creates or updates a person (see `RegistryTransaction.upsertPerson`).
+    public func upsertPerson(
+        tenant: UUID, id: String, email: String?, attributes: JSONValue?, takenEmail: TakenEmail = .conflict
+    ) async throws -> PersonWrite {
+        try await transaction(tenant: tenant) {
+            try $0.upsertPerson(id: id, email: email, attributes: attributes, takenEmail: takenEmail)
+        }
     }
 
     /// The most tokens a person read lists per device. An sdk key (public) registers tokens: every rotation keeps the

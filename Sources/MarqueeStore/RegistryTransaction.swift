@@ -10,6 +10,21 @@ public struct RegisteredDevice: Sendable, Equatable {
     public var platform: Platform
 }
 
+/// What a person write does with an email that belongs to another person (the unique index people_email).
+public enum TakenEmail: Sendable, Equatable {
+    /// Refused: `Conflict` on `email` (a 409), nothing written.
+    case conflict
+    /// The rest is written and the person keeps the email they had; `PersonWrite.emailKept` says so.
+    case keepStored
+}
+
+/// A person as a write left it.
+public struct PersonWrite: Sendable, Equatable {
+    public var person: Person
+    /// The email asked for belongs to another person and was not set (`TakenEmail.keepStored`).
+    public var emailKept: Bool
+}
+
 /// The registry's writes (and the reads they depend on) on one open transaction confined to one tenant: the one home
 /// of their SQL. `RegistryStore`'s single-call methods run one of these each in a transaction of its own; a caller
 /// that must apply several changes atomically (a Customer.io batch) runs them all in one `RegistryStore.transaction`.
@@ -27,20 +42,38 @@ public struct RegistryTransaction {
 
     // MARK: People and devices
 
-    /// Creates or updates a person. Absent fields keep their stored values; `attributes` replaces the object.
-    public func upsertPerson(id: String, email: String?, attributes: JSONValue?) throws -> Person {
+    /// Creates or updates a person. Absent fields keep their stored values; `attributes` replaces the object. An
+    /// `email` that belongs to another person (compared as the people_email index does, `lower()`) is refused with
+    /// `Conflict` or, with `.keepStored`, left out: the person keeps the email they had and `emailKept` says so.
+    ///
+    /// Two writes giving one email to two people at once may both find it free; the later one then meets the unique
+    /// index. With `.keepStored` that error is rethrown as it is, so that the transaction runs again
+    /// (`RegistryStore.transaction`) and finds the email taken.
+    public func upsertPerson(id: String, email: String?, attributes: JSONValue?, takenEmail: TakenEmail = .conflict)
+        throws -> PersonWrite
+    {
+        let keep = takenEmail == .keepStored
         do {
             let rows = try connection.query(
                 """
+                WITH taken AS (
+                    SELECT \(keep) AND EXISTS (
+                        SELECT 1 FROM people p
+                        WHERE p.tenant_id = \(tenant) AND p.email IS NOT NULL AND lower(p.email) = lower(\(email))
+                          AND p.id <> \(id)) AS taken
+                )
                 INSERT INTO people (tenant_id, id, email, attributes)
-                VALUES (\(tenant), \(id), \(email), COALESCE(\(attributes), '{}'::jsonb))
+                SELECT \(tenant), \(id), CASE WHEN taken.taken THEN NULL ELSE \(email) END,
+                       COALESCE(\(attributes), '{}'::jsonb)
+                FROM taken
                 ON CONFLICT (tenant_id, id) DO UPDATE SET
                     email = COALESCE(EXCLUDED.email, people.email),
                     attributes = CASE WHEN \(attributes) IS NULL THEN people.attributes ELSE EXCLUDED.attributes END
-                RETURNING id, email, attributes, created_at, updated_at
+                RETURNING id, email, attributes, created_at, updated_at, (SELECT taken FROM taken) AS email_kept
                 """)
-            return try RegistryStore.person(rows[0])
-        } catch let error as PostgresError where error.code == .uniqueViolation {
+            return PersonWrite(
+                person: try RegistryStore.person(rows[0]), emailKept: try rows[0].decode(Bool.self, "email_kept"))
+        } catch let error as PostgresError where error.code == .uniqueViolation && !keep {
             throw Conflict(field: "email", reason: "belongs to another person")
         }
     }
