@@ -43,7 +43,9 @@ public indirect enum SegmentFilter: Sendable, Equatable {
 
     /// The right-hand side of an ordered comparison.
     public enum Bound: Sendable, Equatable {
-        case number(Double)
+        /// A JSON number as parsed (`.int`, or a finite `.double`), compared exactly: an integer beyond 2^53 or a
+        /// number of more than 15 significant digits (epoch microseconds) is not rounded first.
+        case number(JSONValue)
         case string(String)
     }
 
@@ -164,8 +166,8 @@ public indirect enum SegmentFilter: Sendable, Equatable {
         }
         func bound() throws(ValidationError) -> Bound {
             switch try required() {
-            case .int(let n): return .number(Double(n))
-            case .double(let d) where d.isFinite: return .number(d)
+            case .int(let n): return .number(.int(n))
+            case .double(let d) where d.isFinite: return .number(.double(d))
             case .string(let s): return .string(s)
             default: throw ValidationError(field: valuePath, reason: "must be a number or a string for \(opText)")
             }

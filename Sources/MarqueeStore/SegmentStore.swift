@@ -191,9 +191,10 @@ public enum SegmentSQL {
     private static func ordered(_ a: String, _ op: String, _ bound: SegmentFilter.Bound, into q: inout Builder) {
         switch bound {
         case .number(let n):
+            // As jsonb, cast to numeric: exact (a float8 parameter reaches numeric rounded to 15 significant digits).
             let v = q.parameter(n)
             q.append(
-                "COALESCE(CASE WHEN jsonb_typeof(\(a)) = 'number' THEN (\(a))::numeric \(op) \(v)::float8::numeric END, false)"
+                "COALESCE(CASE WHEN jsonb_typeof(\(a)) = 'number' THEN (\(a))::numeric \(op) \(v)::jsonb::numeric END, false)"
             )
         case .string(let s):
             let v = q.parameter(s)

@@ -135,6 +135,62 @@ struct SegmentTests {
         }
     }
 
+    @Test("ordered comparisons of numbers are exact: 16 significant digits, integers beyond 2^53, long fractions")
+    func exactNumbers() async throws {
+        let fixture = try await RegistryFixture.get()
+        let api = fixture.api
+        let tenant = try await api.createTenant("segments-numbers-" + Fake.hex(6))
+        // Epoch microseconds (16 digits), integers either side of 2^53, and doubles that differ in the 17th digit.
+        let values: [(String, String)] = [
+            ("us1", "1700000000123456"), ("us2", "1700000000123457"), ("us3", "1700000000123458"),
+            ("big1", "9007199254740992"), ("big2", "9007199254740993"),
+            ("f1", "1.0000000000000002"), ("f2", "1.0000000000000004"),
+        ]
+        var ids: [String: String] = [:]
+        for (name, number) in values {
+            let id = Fake.id(name)
+            ids[name] = id
+            let put = try await api.call(
+                "PUT", "/v1/people/\(id)", key: tenant.app,
+                body: Data("{\"attributes\": {\"n\": \(number)}}".utf8), contentType: "application/json")
+            #expect(put.status == 200 || put.status == 201, "\(put.text)")
+        }
+        let cases: [(String, String, [String])] = [
+            ("gt", "1700000000123456", ["us2", "us3"]),
+            ("gte", "1700000000123457", ["us2", "us3"]),
+            ("lt", "1700000000123458", ["us1", "us2"]),
+            ("lte", "1700000000123457", ["us1", "us2"]),
+            ("gt", "9007199254740992", ["big2"]),
+            ("gte", "9007199254740993", ["big2"]),
+            ("lt", "9007199254740993", ["big1"]),
+            ("gt", "1.0000000000000002", ["f2"]),
+            ("lte", "1.0000000000000002", ["f1"]),
+        ]
+        for (op, number, expected) in cases {
+            // Within this test's people of the same kind (by the magnitude of n); numbers as written, not through
+            // JSONSerialization.
+            let range =
+                number.contains(".")
+                ? ("gt", "0", "lt", "2")
+                : number.hasPrefix("17")
+                    ? ("gt", "2", "lt", "1800000000000000") : ("gt", "1800000000000000", "lt", "1e17")
+            let filter = """
+                {"name": "n", "filter": {"and": [{"attribute": "/n", "op": "\(op)", "value": \(number)},
+                 {"attribute": "/n", "op": "\(range.0)", "value": \(range.1)},
+                 {"attribute": "/n", "op": "\(range.2)", "value": \(range.3)}]}}
+                """
+            let segment = Fake.id("seg")
+            let put = try await api.call(
+                "PUT", "/v1/segments/\(segment)", key: tenant.app, body: Data(filter.utf8),
+                contentType: "application/json")
+            #expect(put.status == 201, "\(put.text)")
+            let preview = try await api.call("POST", "/v1/segments/\(segment)/preview", key: tenant.app).json()
+            let want = expected.map { ids[$0]! }.sorted()
+            #expect(preview["count"] as? Int == want.count, "\(op) \(number): count")
+            #expect(preview["sample"] as? [String] == want, "\(op) \(number)")
+        }
+    }
+
     @Test("a bad filter is a 422 naming the bad node by JSON pointer")
     func badFilters() async throws {
         let fixture = try await RegistryFixture.get()
