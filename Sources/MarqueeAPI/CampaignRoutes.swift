@@ -35,6 +35,8 @@ struct CampaignRoutes: Sendable {
 
     func create(_ request: HTTPRequest, _ principal: Principal) async throws -> HTTPResponse {
         let tenant = principal.tenantID
+        let idempotency = try Self.idempotency(request)
+        if let answered = try await earlierAnswer(tenant: tenant, idempotency) { return answered }
         let body = try JSONBody.parse(request)
         try body.rejectUnknown([
             "campaign_id", "name", "notification_type", "audience", "attributes", "content_state", "push_payload",
@@ -91,9 +93,6 @@ struct CampaignRoutes: Sendable {
         }
         let stale = StaleDateRule.apply(options.staleDate, now: start)
         options.staleDate = stale.staleDate
-        let idempotency = try LifecycleRoutes.idempotencyKey(request).map {
-            (key: $0, hash: LifecycleRoutes.requestHash(request))
-        }
 
         let type: ActivityType
         do {
@@ -137,13 +136,10 @@ struct CampaignRoutes: Sendable {
         try LifecyclePlanner.checkSize(content, platforms: platforms)
 
         let warnings = JSONValue.array(stale.warnings.map { .string($0) })
-        // A new channel for the campaign: made at Apple now (a replay of this request makes none), and deleted again
-        // if the campaign is not created after all.
+        // A new channel for the campaign: made at Apple now (a replay of this request, answered above, makes none),
+        // and deleted again if the campaign is not created after all.
         var newChannel: ChannelRecord?
         if let policy = newChannelPolicy {
-            if let key = idempotency?.key, let stored = try await store.idempotentResponse(tenant: tenant, key: key) {
-                return try LifecycleRoutes.replay(stored, hash: idempotency?.hash ?? [])
-            }
             newChannel = try await channelRoutes.open(tenant: tenant, activityType: activityType, policy: policy)
         }
         let opened = newChannel
@@ -225,6 +221,22 @@ struct CampaignRoutes: Sendable {
         }
     }
 
+    /// The request's Idempotency-Key with the hash of what it asks.
+    static func idempotency(_ request: HTTPRequest) throws(ValidationError) -> (key: String, hash: [UInt8])? {
+        try LifecycleRoutes.idempotencyKey(request).map { (key: $0, hash: LifecycleRoutes.requestHash(request)) }
+    }
+
+    /// The answer an earlier request with this Idempotency-Key got, if there was one (422 if it asked something else).
+    /// Looked up before anything that depends on the time or on other records: a retry of an accepted request whose
+    /// `start_at` or `at` has passed since, or whose segment or activity type has changed, is answered as the first
+    /// one was, not refused as a request that was never accepted. (The write claims the key again, for two requests
+    /// that race.)
+    func earlierAnswer(tenant: UUID, _ idempotency: (key: String, hash: [UInt8])?) async throws -> HTTPResponse? {
+        guard let idempotency, let stored = try await store.idempotentResponse(tenant: tenant, key: idempotency.key)
+        else { return nil }
+        return try LifecycleRoutes.replay(stored, hash: idempotency.hash)
+    }
+
     // MARK: Campaign-wide changes
 
     func update(_ request: HTTPRequest, _ principal: Principal) async throws -> HTTPResponse {
@@ -240,6 +252,8 @@ struct CampaignRoutes: Sendable {
     {
         let tenant = principal.tenantID
         let campaignID = try Self.pathID(request)
+        let idempotency = try Self.idempotency(request)
+        if let answered = try await earlierAnswer(tenant: tenant, idempotency) { return answered }
         let body = try JSONBody.parse(request)
         var allowed: Set<String> = [
             "content_state", "content_state_patch", "push_payload", "deep_link", "stale_date", "relevance_score",
@@ -268,9 +282,6 @@ struct CampaignRoutes: Sendable {
             guard let type = rows else { throw NotFound("campaign") }
             _ = try content.apply(
                 to: .null, schema: type.contentStateSchema, dateFields: type.dateFields, profile: type.payloadProfile)
-        }
-        let idempotency = try LifecycleRoutes.idempotencyKey(request).map {
-            (key: $0, hash: LifecycleRoutes.requestHash(request))
         }
         let outcome: CampaignStore.ScheduleOutcome
         do {

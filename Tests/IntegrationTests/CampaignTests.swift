@@ -768,6 +768,53 @@ struct CampaignTests {
         #expect(t.fixture.apns.pushes(token: token).count == 1)
     }
 
+    @Test("a retry of an accepted create or change gets its answer, though its time has passed and its segment is gone")
+    func retryAfterTheTime() async throws {
+        let t = try await Self.tenant()
+        let segment = Fake.id("seg")
+        let saved = try await t.api.call(
+            "PUT", "/v1/segments/\(segment)", key: t.tenant.app,
+            json: ["name": "s", "filter": ["has_device": [:] as [String: Any]]])
+        #expect(saved.status == 201, "\(saved.text)")
+        let soon = (Date().timeIntervalSince1970 + 2).rounded(.up)
+        let id = Fake.id("soon")
+        let createKey = ["Idempotency-Key": Fake.hex(16)]
+        let createBody: [String: Any] = ["campaign_id": id, "audience": ["segment": segment], "start_at": soon]
+        let created = try await t.create(createBody, headers: createKey)
+        #expect(created.status == 202, "\(created.text)")
+        let changeKey = ["Idempotency-Key": Fake.hex(16)]
+        let changeBody: [String: Any] = ["content_state_patch": ["home": 1], "at": soon]
+        func change() async throws -> HTTP.Response {
+            try await t.api.call(
+                "POST", "/v1/campaigns/\(id)/update", key: t.tenant.app, json: changeBody, headers: changeKey)
+        }
+        let changed = try await change()
+        #expect(changed.status == 202, "\(changed.text)")
+        #expect(try await t.api.call("DELETE", "/v1/segments/\(segment)", key: t.tenant.app).status == 204)
+
+        // Until start_at and at have passed (no worker runs the start meanwhile).
+        let clock = ContinuousClock()
+        let deadline = clock.now + .seconds(30)
+        while Date().timeIntervalSince1970 < soon + 0.5 && clock.now < deadline {
+            try await Task.sleep(for: .milliseconds(50))
+        }
+        // The answers the requests got: not 422 for a time now past, or for a segment since deleted.
+        let createAgain = try await t.create(createBody, headers: createKey)
+        #expect(createAgain.status == 202, "\(createAgain.text)")
+        #expect(createAgain.text == created.text)
+        #expect(createAgain.header("Idempotent-Replayed") == "true")
+        let changeAgain = try await change()
+        #expect(changeAgain.status == 202, "\(changeAgain.text)")
+        #expect(changeAgain.text == changed.text)
+        #expect(changeAgain.header("Idempotent-Replayed") == "true")
+        // Another request under a used key is still refused, before anything else is checked.
+        let other = try await t.create(
+            ["campaign_id": Fake.id("other"), "audience": ["all": true]], headers: createKey)
+        #expect(other.status == 422, "\(other.text)")
+        #expect(try other.json().string("field") == "Idempotency-Key")
+        #expect(try await t.campaign(id).array("schedules").count == 2, "one start, one update: nothing twice")
+    }
+
     @Test("bad requests: 4xx problems naming the field, never a 500; Idempotency-Key replays")
     func validation() async throws {
         let t = try await Self.tenant()
