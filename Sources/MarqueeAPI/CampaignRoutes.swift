@@ -314,13 +314,22 @@ struct CampaignRoutes: Sendable {
 
     func cancel(_ request: HTTPRequest, _ principal: Principal) async throws -> HTTPResponse {
         let campaignID = try Self.pathID(request)
-        _ = try LifecycleRoutes.idempotencyKey(request)
-        let (campaign, schedules) = try await store.cancel(tenant: principal.tenantID, campaignID: campaignID)
-        return .json(
+        let idempotency = try Self.idempotency(request)
+        if let answered = try await earlierAnswer(tenant: principal.tenantID, idempotency) { return answered }
+        @Sendable func answer(_ campaign: Bool, _ schedules: Int) -> JSONValue {
             .object([
                 "campaign_id": .string(campaignID), "campaign_cancelled": .bool(campaign),
                 "schedules_cancelled": .int(Int64(schedules)),
-            ]))
+            ])
+        }
+        switch try await store.cancel(
+            tenant: principal.tenantID, campaignID: campaignID, response: answer, idempotency: idempotency)
+        {
+        case .cancelled(let campaign, let schedules):
+            return .json(answer(campaign, schedules))
+        case .replay(let stored):
+            return try LifecycleRoutes.replay(stored, hash: idempotency?.hash ?? [])
+        }
     }
 
     // MARK: Reads

@@ -287,10 +287,22 @@ public struct CampaignStore: Sendable {
         }
     }
 
-    /// Cancels a campaign that has not started (it will never start), or else its pending scheduled changes.
-    /// Returns whether the campaign itself was cancelled and how many schedules were; `NotFound` when none.
-    public func cancel(tenant: UUID, campaignID: String) async throws -> (campaign: Bool, schedules: Int) {
+    public enum CancelOutcome: Sendable, Equatable {
+        /// Whether the campaign itself was cancelled, and how many schedules were.
+        case cancelled(campaign: Bool, schedules: Int)
+        /// The Idempotency-Key was used before: its stored response.
+        case replay(StoredResponse)
+    }
+
+    /// Cancels a campaign that has not started (it will never start), or else its pending scheduled changes; the
+    /// answer (`response`) is kept under the Idempotency-Key, so a retry is told what the cancel did, not that a second
+    /// one found nothing left. `NotFound` when there is no such campaign.
+    public func cancel(
+        tenant: UUID, campaignID: String, response: @escaping @Sendable (Bool, Int) -> JSONValue,
+        idempotency: (key: String, hash: [UInt8])?
+    ) async throws -> CancelOutcome {
         try await database.tenantTransaction(tenant) { connection in
+            if let replay = try Self.claimKey(connection, tenant, idempotency) { return .replay(replay) }
             // Its pending schedules first, then the campaign row, in the order a worker running one takes them (the
             // schedule, then the campaign: CampaignRunner); the other way round, the two deadlocked. A worker running
             // one holds both until it commits, so what it did is seen here.
@@ -323,7 +335,9 @@ public struct CampaignStore: Sendable {
                     WHERE tenant_id = \(tenant) AND id = \(campaignID)
                     """)
             }
-            return (notStarted, cancelled.count)
+            try Self.storeKey(
+                connection, tenant, idempotency, status: 200, response: response(notStarted, cancelled.count))
+            return .cancelled(campaign: notStarted, schedules: cancelled.count)
         }
     }
 

@@ -736,6 +736,32 @@ struct CampaignTests {
         #expect(after.array("schedules").map { $0.string("state") ?? "" } == ["done", "cancelled"])
     }
 
+    @Test("a cancel retried with its Idempotency-Key is told what the cancel did, not that nothing was left")
+    func cancelRetried() async throws {
+        let t = try await Self.tenant()
+        let id = Fake.id("later")
+        let created = try await t.create([
+            "campaign_id": id, "audience": ["all": true], "start_at": Date().timeIntervalSince1970 + 3600,
+        ])
+        #expect(created.status == 202, "\(created.text)")
+        let key = ["Idempotency-Key": Fake.hex(16)]
+        let first = try await t.api.call("POST", "/v1/campaigns/\(id)/cancel", key: t.tenant.app, headers: key)
+        #expect(first.status == 200, "\(first.text)")
+        #expect(try first.json()["campaign_cancelled"] as? Bool == true)
+        #expect(try first.json()["schedules_cancelled"] as? Int == 1)
+        let retry = try await t.api.call("POST", "/v1/campaigns/\(id)/cancel", key: t.tenant.app, headers: key)
+        #expect(retry.status == 200, "\(retry.text)")
+        #expect(retry.text == first.text)
+        #expect(retry.header("Idempotent-Replayed") == "true")
+        // Without the key, a second cancel finds nothing left to cancel; the key on another campaign is refused.
+        let again = try await t.api.call("POST", "/v1/campaigns/\(id)/cancel", key: t.tenant.app)
+        #expect(try again.json()["campaign_cancelled"] as? Bool == false)
+        let other = try await t.api.call(
+            "POST", "/v1/campaigns/\(Fake.id("other"))/cancel", key: t.tenant.app, headers: key)
+        #expect(other.status == 422, "\(other.text)")
+        #expect(try other.json().string("field") == "Idempotency-Key")
+    }
+
     @Test("a run that can never succeed fails its schedule and campaign, visibly, and the queue moves on")
     func poisonedRun() async throws {
         let t = try await Self.tenant()
