@@ -177,12 +177,11 @@ enum Timestamps {
         return formatter.string(from: date)
     }
 
+    /// An ISO 8601 date-time with a zone (`Z` or an offset), read by MarqueeCore's strict reader (the one that reads
+    /// content-state dates), not Foundation's: that one rolls a day that does not exist over into the next month, so a
+    /// campaign asked to start on 2027-02-30 would have started on March 2nd.
     static func parse(_ text: String) -> Date? {
-        let formatter = ISO8601DateFormatter()
-        formatter.formatOptions = [.withInternetDateTime, .withFractionalSeconds]
-        if let date = formatter.date(from: text) { return date }
-        formatter.formatOptions = [.withInternetDateTime]
-        return formatter.date(from: text)
+        DateFields.epochSeconds(from: .string(text)).map(Date.init(timeIntervalSince1970:))
     }
 }
 

@@ -847,6 +847,9 @@ struct CampaignTests {
         let past = Date().timeIntervalSince1970 - 60
         let cases: [([String: Any], Int, String)] = [
             (["audience": ["all": true], "start_at": past], 422, "start_at"),
+            // A day that does not exist: not rolled over into March.
+            (["audience": ["all": true], "start_at": "2031-02-29T12:00:00Z"], 422, "start_at"),
+            (["audience": ["all": true], "start_at": "2031-04-31T12:00:00+02:00"], 422, "start_at"),
             (["audience": ["all": true, "people": ["a"]]], 422, "audience"),
             (["audience": ["segment": "nope-\(Fake.hex(4))"]], 422, "audience.segment"),
             (["audience": ["people": []]], 422, "audience.people"),
