@@ -32,9 +32,20 @@ struct LifecycleRoutes: Sendable {
 
     func start(_ request: HTTPRequest, _ principal: Principal) async throws -> HTTPResponse {
         let tenant = principal.tenantID
-        let (identity, start) = try parseStart(JSONBody.parse(request))
         let idempotencyKey = try Self.idempotencyKey(request)
         let requestHash = Self.requestHash(request)
+        let identity: (personID: String?, email: String?)
+        let start: LifecyclePlanner.StartRequest
+        do {
+            (identity, start) = try parseStart(JSONBody.parse(request))
+        } catch let error as ValidationError {
+            // A retry of an accepted start whose `expiration` has passed since is answered as the first one was, not
+            // refused as a request never accepted (asked only then: the usual start reads its key with its context).
+            if let key = idempotencyKey, let stored = try await store.idempotentResponse(tenant: tenant, key: key) {
+                return try Self.replay(stored, hash: requestHash)
+            }
+            throw error
+        }
         // Planned from a read, written after: a device planned for that went meanwhile makes the write fail, and the
         // start is planned again from a fresh read (its answer names what it queued).
         for _ in 0..<Self.writeAttempts {

@@ -328,6 +328,27 @@ struct LifecycleTests {
         #expect(low > 3500, "most of the 4 KiB is the team's")
     }
 
+    @Test("a start retried with its Idempotency-Key after its expiration passed gets its first answer, not a 422")
+    func replayAfterExpiration() async throws {
+        let w = try await Self.world()
+        let key = "exp-" + Fake.hex(8)
+        let expiration = Date().timeIntervalSince1970.rounded(.up) + 2
+        let body: [String: Any] = ["instance_id": Fake.id("short"), "expiration": expiration]
+        let first = try await w.start(body, headers: ["Idempotency-Key": key])
+        #expect(first.status == 200, "\(first.text)")
+        try await eventually("the expiration passed") { Date().timeIntervalSince1970 > expiration + 0.5 }
+        let retried = try await w.start(body, headers: ["Idempotency-Key": key])
+        #expect(retried.status == 200, "\(retried.text)")
+        #expect(retried.header("Idempotent-Replayed") == "true")
+        #expect(try retried.json() as NSDictionary == (try first.json()) as NSDictionary)
+        // Another request under the key is refused as any reuse of a key is; the same one without a key is checked.
+        var other = body
+        other["content_state"] = ["status": "different"]
+        expectProblem(
+            try await w.start(other, headers: ["Idempotency-Key": key]), 422, "invalid-field", field: "Idempotency-Key")
+        expectProblem(try await w.start(body), 422, "invalid-field", field: "expiration")
+    }
+
     @Test("Idempotency-Key and a repeated client instance_id replay the first answer and queue nothing twice")
     func idempotentReplay() async throws {
         let w = try await Self.world()
