@@ -605,15 +605,16 @@ final class ServerCore: Sendable {
         uploadSize: UnsafeMutablePointer<Int>
     ) -> Bool {
         let headers = Self.requestHeaders(connection)
-        let path = PercentDecoding.decode(RequestTarget(context.target).rawPath)
         let httpMethod = HTTPMethod(rawValue: method)
-        let routed = router.route(HTTPRequest(method: httpMethod, target: context.target, headers: headers))
+        let requestID = RequestID.accept(headers["X-Request-Id"]) ?? RequestID.generate()
+        let request = HTTPRequest(method: httpMethod, target: context.target, headers: headers, requestID: requestID)
+        let routed = router.route(request)
         context.state.withLock { s in
             s.stage = .receiving
             s.method = httpMethod
             s.headers = headers
-            s.path = path
-            s.requestID = RequestID.accept(headers["X-Request-Id"]) ?? RequestID.generate()
+            s.path = request.path
+            s.requestID = requestID
             s.routed = routed
             if case .matched(let match) = routed { s.route = match.pattern }
         }

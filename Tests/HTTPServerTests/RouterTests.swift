@@ -176,6 +176,36 @@ struct RequestTests {
             #expect(request.requestID.allSatisfy { $0.isHexDigit })
         }
         #expect(RequestID.generate() != RequestID.generate())
+        // Generated IDs: 32 lowercase hex digits, none repeated.
+        var seen = Set<String>()
+        for _ in 0..<100_000 {
+            let id = RequestID.generate()
+            #expect(
+                id.utf8.count == 32 && id.utf8.allSatisfy { (0x30...0x39).contains($0) || (0x61...0x66).contains($0) })
+            seen.insert(id)
+        }
+        #expect(seen.count == 100_000)
+    }
+
+    @Test("plain paths (the fast path) and the others are taken apart alike")
+    func targets() {
+        for (target, raw, decoded) in [
+            ("/v1/live_notifications/update", "/v1/live_notifications/update", "/v1/live_notifications/update"),
+            ("/v1/people/a+b", "/v1/people/a+b", "/v1/people/a+b"),
+            ("/v1/people/a%20b", "/v1/people/a%20b", "/v1/people/a b"),
+            ("/v1/people/x?limit=2", "/v1/people/x", "/v1/people/x"),
+            ("/v1/people/x#frag", "/v1/people/x", "/v1/people/x"),
+            ("http://example.com/v1/x", "/v1/x", "/v1/x"),
+            ("/v1/people/ü", "/v1/people/ü", "/v1/people/ü"),
+        ] {
+            let request = HTTPRequest(method: .GET, target: target)
+            #expect(request.rawPath == raw, "\(target)")
+            #expect(request.path == decoded, "\(target)")
+            #expect(request.targetProblem == nil, "\(target)")
+        }
+        #expect(HTTPRequest(method: .GET, target: "/v1/people/x?limit=2").query["limit"] == "2")
+        #expect(HTTPRequest(method: .GET, target: "/v1/people/a%00b").targetProblem != nil)
+        #expect(HTTPRequest(method: .GET, target: "/v1/people/%FF").targetProblem != nil)
     }
 
     @Test func headersAreCaseInsensitive() {
