@@ -181,6 +181,9 @@ final class RequestContext: Sendable {
         var headers = HTTPHeaders()
         var path = ""
         var requestID = ""
+        /// The request as its headers made it (its target taken apart once, its client address found once); the body
+        /// and the route's parameters are added when the handler runs.
+        var request: HTTPRequest?
         var body: [UInt8] = []
         var bytesIn = 0
         /// The request's share of the server's body budget (`ServerCore.bodyBudget`); given back when the body is
@@ -607,7 +610,9 @@ final class ServerCore: Sendable {
         let headers = Self.requestHeaders(connection)
         let httpMethod = HTTPMethod(rawValue: method)
         let requestID = RequestID.accept(headers["X-Request-Id"]) ?? RequestID.generate()
-        let request = HTTPRequest(method: httpMethod, target: context.target, headers: headers, requestID: requestID)
+        let request = HTTPRequest(
+            method: httpMethod, target: context.target, headers: headers, requestID: requestID,
+            remoteAddress: client(context, headers), peerAddress: context.remoteAddress)
         let routed = router.route(request)
         context.state.withLock { s in
             s.stage = .receiving
@@ -615,6 +620,7 @@ final class ServerCore: Sendable {
             s.headers = headers
             s.path = request.path
             s.requestID = requestID
+            s.request = request
             s.routed = routed
             if case .matched(let match) = routed { s.route = match.pattern }
         }
@@ -704,10 +710,8 @@ final class ServerCore: Sendable {
     private func admit(
         _ admission: @escaping BodyPolicy.Admission, context: RequestContext, connection: OpaquePointer
     ) -> Bool {
-        let (method, headers, requestID) = context.state.withLock { ($0.method, $0.headers, $0.requestID) }
-        let request = HTTPRequest(
-            method: method, target: context.target, headers: headers, requestID: requestID,
-            remoteAddress: client(context, headers), peerAddress: context.remoteAddress)
+        let stored = context.state.withLock { $0.request }
+        guard let request = stored else { return false }
         return suspend(context, connection: connection, as: .admitting) { [self] in
             var next = RequestContext.Stage.admitted
             var failure: String?
@@ -808,10 +812,11 @@ final class ServerCore: Sendable {
             return queue(
                 .problem(.internalError(requestID: snapshot.requestID)), context: context, connection: connection)
         }
-        var request = HTTPRequest(
-            method: snapshot.method, target: context.target, headers: snapshot.headers, body: snapshot.body,
-            requestID: snapshot.requestID, remoteAddress: client(context, snapshot.headers),
-            peerAddress: context.remoteAddress)
+        guard var request = snapshot.request else {
+            return queue(
+                .problem(.internalError(requestID: snapshot.requestID)), context: context, connection: connection)
+        }
+        request.body = snapshot.body
         request.route = match.pattern
         request.pathParameters = match.parameters
         if let problem = match.bodyPolicy.violation(for: request) {
