@@ -125,39 +125,43 @@ public struct TenantStore: Sendable {
         }
     }
 
-    /// Revokes a key, at once or after `grace` (to let clients switch). Revoking twice keeps the first time.
+    /// Revokes a key, at once or after `grace` (to let clients switch). Revoking twice keeps the earlier time, so a
+    /// key a rotation left working for a grace period stops at once when revoked at once.
     @discardableResult
     public func revokeKey(tenant: UUID, key: UUID, grace: Duration = .zero) async throws -> APIKeyRecord {
-        let graceSeconds = Double(grace.components.seconds)
-        return try await database.systemTransaction { connection in
-            let rows = try connection.query(
-                """
-                UPDATE api_keys
-                SET revoked_at = COALESCE(revoked_at, now() + make_interval(secs => \(graceSeconds)))
-                WHERE tenant_id = \(tenant) AND id = \(key)
-                RETURNING id, tenant_id, kind, hint, created_at, revoked_at, last_used_at
-                """)
-            guard let row = rows.first else { throw NotFound("api_key") }
-            return try Self.keyRecord(row)
+        try await database.systemTransaction { connection in
+            guard let record = try Self.revoke(connection, tenant: tenant, key: key, grace: grace, onlyIfLive: false)
+            else { throw NotFound("api_key") }
+            return record
         }
     }
 
     /// Rotates a key: issues a new one of the same kind and revokes the old one after `grace`.
     public func rotateKey(tenant: UUID, key: UUID, grace: Duration = .zero) async throws -> IssuedKey {
-        let graceSeconds = Double(grace.components.seconds)
-        return try await database.systemTransaction { connection in
-            let rows = try connection.query(
-                """
-                UPDATE api_keys
-                SET revoked_at = LEAST(COALESCE(revoked_at, 'infinity'), now() + make_interval(secs => \(graceSeconds)))
-                WHERE tenant_id = \(tenant) AND id = \(key) AND (revoked_at IS NULL OR revoked_at > now())
-                RETURNING kind
-                """)
-            guard let row = rows.first, let kind = APIKeyKind(rawValue: try row.decode(String.self, "kind")) else {
+        try await database.systemTransaction { connection in
+            guard let old = try Self.revoke(connection, tenant: tenant, key: key, grace: grace, onlyIfLive: true) else {
                 throw NotFound("api_key")
             }
-            return try Self.insertKey(connection, tenant: tenant, kind: kind)
+            return try Self.insertKey(connection, tenant: tenant, kind: old.kind)
         }
+    }
+
+    /// The one home of a key's revocation: it ends `grace` from now, or at its earlier revocation time (a revocation
+    /// never moves later). With `onlyIfLive`, a key already past its revocation is left alone and nil is returned, as
+    /// for an unknown key.
+    static func revoke(
+        _ connection: PostgresConnection, tenant: UUID, key: UUID, grace: Duration, onlyIfLive: Bool
+    ) throws -> APIKeyRecord? {
+        let graceSeconds = Double(grace.components.seconds)
+        let rows = try connection.query(
+            """
+            UPDATE api_keys
+            SET revoked_at = LEAST(COALESCE(revoked_at, 'infinity'), now() + make_interval(secs => \(graceSeconds)))
+            WHERE tenant_id = \(tenant) AND id = \(key)
+              AND (NOT \(onlyIfLive) OR revoked_at IS NULL OR revoked_at > now())
+            RETURNING id, tenant_id, kind, hint, created_at, revoked_at, last_used_at
+            """)
+        return try rows.first.map(keyRecord)
     }
 
     /// Checks a presented key. Returns nil for anything unknown, malformed or revoked (the caller answers 401

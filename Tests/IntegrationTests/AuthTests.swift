@@ -149,6 +149,36 @@ struct AuthTests {
             "not-found")
     }
 
+    @Test("revoking a key a rotation left working for a grace period stops it at once; revoking again keeps the time")
+    func revokeDuringGrace() async throws {
+        let fixture = try await RegistryFixture.get()
+        let api = fixture.api
+        let admin = MarqueeProcess.adminToken
+        let tenant = try await api.createTenant()
+        let keys = try await api.call("GET", "/admin/v1/tenants/\(tenant.id)/keys", key: admin).json().array("keys")
+        let appID = try #require(keys.first { $0.string("kind") == "app" }?.string("id"))
+        let rotated = try await api.call(
+            "POST", "/admin/v1/tenants/\(tenant.id)/keys/\(appID)/rotate", key: admin, json: ["grace_seconds": 3600])
+        #expect(rotated.status == 201, "\(rotated.text)")
+        #expect(try await api.call("GET", "/v1/activity_types", key: tenant.app).status == 200, "old key in grace")
+
+        // The key leaked: the operator revokes it at once. It was answered 200 with the grace's end kept, and the
+        // key went on working for the hour.
+        let revoke = try await api.call("DELETE", "/admin/v1/tenants/\(tenant.id)/keys/\(appID)", key: admin)
+        #expect(revoke.status == 200, "\(revoke.text)")
+        let revokedAt = try #require(try revoke.json().string("revoked_at"))
+        let formatter = ISO8601DateFormatter()
+        formatter.formatOptions = [.withInternetDateTime, .withFractionalSeconds]
+        let date = try #require(formatter.date(from: revokedAt))
+        #expect(date.timeIntervalSinceNow < 60, "revoked now, not at the grace's end (\(revokedAt))")
+        expectProblem(try await api.call("GET", "/v1/activity_types", key: tenant.app), 401, "unauthorized")
+
+        // Revoking again keeps the first time.
+        let again = try await api.call("DELETE", "/admin/v1/tenants/\(tenant.id)/keys/\(appID)", key: admin)
+        #expect(again.status == 200)
+        #expect(try again.json().string("revoked_at") == revokedAt)
+    }
+
     @Test("last_used_at is set when a key is used")
     func lastUsed() async throws {
         let fixture = try await RegistryFixture.get()
