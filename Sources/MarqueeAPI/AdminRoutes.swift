@@ -59,14 +59,19 @@ struct AdminRoutes: Sendable {
         let body = try JSONBody.parse(request, allowEmpty: true)
         try body.rejectUnknown(["grace_seconds"])
         let grace = try body.integer("grace_seconds", range: 0...(30 * 86400)) ?? 0
-        let issued = try await tenants.rotateKey(
-            tenant: try tenantID(request), key: try keyID(request), grace: .seconds(grace))
+        let tenant = try tenantID(request)
+        let issued = try await tenants.rotateKey(tenant: tenant, key: try keyID(request), grace: .seconds(grace))
+        // This process's cache learns at once (others within MARQUEE_KEY_CACHE_SECONDS).
+        authenticator.forgetKeys(of: tenant)
         return .json(Render.issuedKey(issued), status: 201)
     }
 
     func revokeKey(_ request: HTTPRequest) async throws -> HTTPResponse {
         try authenticator.requireAdmin(request)
-        let record = try await tenants.revokeKey(tenant: try tenantID(request), key: try keyID(request))
+        let tenant = try tenantID(request)
+        let record = try await tenants.revokeKey(tenant: tenant, key: try keyID(request))
+        // This process's cache learns at once (others within MARQUEE_KEY_CACHE_SECONDS).
+        authenticator.forgetKeys(of: tenant)
         return .json(Render.key(record))
     }
 

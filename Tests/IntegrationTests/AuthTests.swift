@@ -179,6 +179,35 @@ struct AuthTests {
         #expect(try again.json().string("revoked_at") == revokedAt)
     }
 
+    @Test("with the key cache on, a revocation or rotation applies at once on the process that made it")
+    func revokeForgetsCachedKey() async throws {
+        let fixture = try await RegistryFixture.get()
+        let serve = try MarqueeProcess(
+            ["serve"], environment: ["DATABASE_URL": fixture.databaseURL, "MARQUEE_KEY_CACHE_SECONDS": "300"],
+            port: TestEnvironment.freePort())
+        try await serve.waitUntilServing()
+        defer { serve.signal(SIGKILL) }
+        let api = API(baseURL: serve.baseURL)
+        let admin = MarqueeProcess.adminToken
+        let tenant = try await api.createTenant()
+        let keys = try await api.call("GET", "/admin/v1/tenants/\(tenant.id)/keys", key: admin).json().array("keys")
+        let appID = try #require(keys.first { $0.string("kind") == "app" }?.string("id"))
+        let sdkID = try #require(keys.first { $0.string("kind") == "sdk" }?.string("id"))
+        #expect(try await api.call("GET", "/v1/activity_types", key: tenant.app).status == 200, "now cached")
+        #expect(
+            try await api.call("PUT", "/v1/people/\(Fake.id("p"))", key: tenant.sdk, json: [String: Any]()).status
+                == 200, "now cached")
+        #expect(try await api.call("DELETE", "/admin/v1/tenants/\(tenant.id)/keys/\(sdkID)", key: admin).status == 200)
+        expectProblem(
+            try await api.call("PUT", "/v1/people/\(Fake.id("p"))", key: tenant.sdk, json: [String: Any]()), 401,
+            "unauthorized")
+        let rotated = try await api.call("POST", "/admin/v1/tenants/\(tenant.id)/keys/\(appID)/rotate", key: admin)
+        #expect(rotated.status == 201, "\(rotated.text)")
+        expectProblem(try await api.call("GET", "/v1/activity_types", key: tenant.app), 401, "unauthorized")
+        let fresh = try #require(try rotated.json().string("key"))
+        #expect(try await api.call("GET", "/v1/activity_types", key: fresh).status == 200)
+    }
+
     @Test("last_used_at is set when a key is used")
     func lastUsed() async throws {
         let fixture = try await RegistryFixture.get()
