@@ -26,8 +26,7 @@ struct AuthTests {
         expectProblem(basic, 401, "unauthorized", "Basic is only for the compat ingest")
 
         // Revoked keys stop at once.
-        let keys = try await api.call("GET", "/admin/v1/tenants/\(tenant.id)/keys", key: MarqueeProcess.adminToken)
-        let sdkID = try #require(try keys.json().array("keys").first { $0.string("kind") == "sdk" }?.string("id"))
+        let sdkID = try await api.keyIDs(tenant).sdk
         #expect(try await api.call("PUT", path, key: tenant.sdk, json: [:]).status == 200)
         let revoke = try await api.call(
             "DELETE", "/admin/v1/tenants/\(tenant.id)/keys/\(sdkID)", key: MarqueeProcess.adminToken)
@@ -103,9 +102,7 @@ struct AuthTests {
         let api = fixture.api
         let admin = MarqueeProcess.adminToken
         let tenant = try await api.createTenant()
-        let keys = try await api.call("GET", "/admin/v1/tenants/\(tenant.id)/keys", key: admin).json().array("keys")
-        let appID = try #require(keys.first { $0.string("kind") == "app" }?.string("id"))
-        let sdkID = try #require(keys.first { $0.string("kind") == "sdk" }?.string("id"))
+        let (appID, sdkID) = try await api.keyIDs(tenant)
 
         // The grace starts when the rotation commits, after `rotating`: a request answered within the grace of
         // `rotating` was in it. (With 2 s, a loaded CI machine took longer than the grace to answer the next request.)
@@ -155,8 +152,7 @@ struct AuthTests {
         let api = fixture.api
         let admin = MarqueeProcess.adminToken
         let tenant = try await api.createTenant()
-        let keys = try await api.call("GET", "/admin/v1/tenants/\(tenant.id)/keys", key: admin).json().array("keys")
-        let appID = try #require(keys.first { $0.string("kind") == "app" }?.string("id"))
+        let appID = try await api.keyIDs(tenant).app
         let rotated = try await api.call(
             "POST", "/admin/v1/tenants/\(tenant.id)/keys/\(appID)/rotate", key: admin, json: ["grace_seconds": 3600])
         #expect(rotated.status == 201, "\(rotated.text)")
@@ -182,17 +178,12 @@ struct AuthTests {
     @Test("with the key cache on, a revocation or rotation applies at once on the process that made it")
     func revokeForgetsCachedKey() async throws {
         let fixture = try await RegistryFixture.get()
-        let serve = try MarqueeProcess(
-            ["serve"], environment: ["DATABASE_URL": fixture.databaseURL, "MARQUEE_KEY_CACHE_SECONDS": "300"],
-            port: TestEnvironment.freePort())
-        try await serve.waitUntilServing()
+        let serve = try await fixture.serveCachingKeys()
         defer { serve.signal(SIGKILL) }
         let api = API(baseURL: serve.baseURL)
         let admin = MarqueeProcess.adminToken
         let tenant = try await api.createTenant()
-        let keys = try await api.call("GET", "/admin/v1/tenants/\(tenant.id)/keys", key: admin).json().array("keys")
-        let appID = try #require(keys.first { $0.string("kind") == "app" }?.string("id"))
-        let sdkID = try #require(keys.first { $0.string("kind") == "sdk" }?.string("id"))
+        let (appID, sdkID) = try await api.keyIDs(tenant)
         #expect(try await api.call("GET", "/v1/activity_types", key: tenant.app).status == 200, "now cached")
         #expect(
             try await api.call("PUT", "/v1/people/\(Fake.id("p"))", key: tenant.sdk, json: [String: Any]()).status

@@ -457,10 +457,7 @@ struct ConsoleBrowserTests {
             try await browser.press(Browser.enter)
             try await browser.wait(for: "h1", containing: "Live activities")
             // A key revoked while the console is open signs it out at its next call, saying why.
-            let keys = try await t.api.call(
-                "GET", "/admin/v1/tenants/\(t.tenant.id)/keys", key: MarqueeProcess.adminToken
-            ).json().array("keys")
-            let appKey = try #require(keys.first { $0.string("kind") == "app" }?.string("id"))
+            let appKey = try await t.api.keyIDs(t.tenant).app
             try ok(
                 await t.api.call(
                     "DELETE", "/admin/v1/tenants/\(t.tenant.id)/keys/\(appKey)", key: MarqueeProcess.adminToken))

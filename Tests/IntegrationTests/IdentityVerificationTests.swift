@@ -416,10 +416,7 @@ extension IdentityVerificationTests {
     @Test("with the settings cache on, a PATCH takes effect for the next request on the same process")
     func cachedSettingsInvalidated() async throws {
         let fixture = try await RegistryFixture.get()
-        let serve = try MarqueeProcess(
-            ["serve"], environment: ["DATABASE_URL": fixture.databaseURL, "MARQUEE_KEY_CACHE_SECONDS": "300"],
-            port: TestEnvironment.freePort())
-        try await serve.waitUntilServing()
+        let serve = try await fixture.serveCachingKeys()
         defer { serve.signal(SIGKILL) }
         let api = API(baseURL: serve.baseURL)
         let tenant = try await api.createTenant()

@@ -35,6 +35,17 @@ actor RegistryFixture {
         let registry: RegistryStore
 
         var api: API { API(baseURL: serve.baseURL) }
+
+        /// A second `marquee serve` on this database with the key cache on (300 s; the shared one runs without it),
+        /// for tests of what a change invalidates on the process that made it. The caller stops it.
+        func serveCachingKeys() async throws -> MarqueeProcess {
+            let serve = try MarqueeProcess(
+                ["serve"], environment: ["DATABASE_URL": databaseURL, "MARQUEE_KEY_CACHE_SECONDS": "300"],
+                port: TestEnvironment.freePort())
+            try await serve.waitUntilServing()
+            return serve
+        }
+
         /// The environment `marquee` subcommands need to work on this database.
         var environment: [String: String] {
             [
@@ -139,6 +150,16 @@ struct API: Sendable {
             let app = keys["app"] as? String, let sdk = keys["sdk"] as? String
         else { throw TestFailure("create tenant: unexpected body \(response.text)") }
         return TestTenant(id: id, name: name, app: app, sdk: sdk)
+    }
+
+    /// The IDs of `tenant`'s app and sdk keys (the first of each kind the admin API lists).
+    func keyIDs(_ tenant: TestTenant) async throws -> (app: String, sdk: String) {
+        let keys = try await call("GET", "/admin/v1/tenants/\(tenant.id)/keys", key: MarqueeProcess.adminToken)
+            .json().array("keys")
+        guard let app = keys.first(where: { $0.string("kind") == "app" })?.string("id"),
+            let sdk = keys.first(where: { $0.string("kind") == "sdk" })?.string("id")
+        else { throw TestFailure("keys of \(tenant.id): \(keys)") }
+        return (app, sdk)
     }
 }
 

@@ -85,7 +85,7 @@ struct RequestLimitTests {
             ["serve"],
             environment: [
                 "DATABASE_URL": fixture.databaseURL, "MARQUEE_TRUSTED_PROXIES": "127.0.0.0/8, ::1",
-                "MARQUEE_RATE_LIMIT_SDK_PER_ADDRESS": "1", "MARQUEE_RATE_LIMIT_BURST": "3",
+                "MARQUEE_RATE_LIMIT_SDK_PER_ADDRESS": "1", "MARQUEE_RATE_LIMIT_BURST": "30",
             ], port: TestEnvironment.freePort())
         try await serve.waitUntilServing()
         defer { serve.signal(SIGKILL) }
@@ -101,12 +101,14 @@ struct RequestLimitTests {
         let (response, allowed) = try await Self.firstRefusal {
             try await put(forwardedFor: "198.51.100.1, 203.0.113.9")
         }
-        #expect(allowed >= 3, "the burst went through first")
+        #expect(allowed >= 30, "the burst went through first")
         expectProblem(response, 429, "rate-limited")
         #expect(try response.json()["scope"] as? String == "client_address", "\(response.text)")
         #expect(response.header("Retry-After").flatMap { Int($0) } ?? 0 >= 1)
-        // Writing another address to the left does not help that client.
-        #expect(try await put(forwardedFor: "198.51.100.77, 203.0.113.9").status == 429)
+        // Writing another address to the left does not help that client: its bucket (empty, one token back a second)
+        // refuses it again after as many requests as seconds went by, where a bucket of its own would let 30 through.
+        let (_, spoofed) = try await Self.firstRefusal { try await put(forwardedFor: "198.51.100.77, 203.0.113.9") }
+        #expect(spoofed < 15, "\(spoofed) went through")
         // Another client, behind the same proxy, is not held back; nor is the tenant's app key.
         for _ in 0..<3 { #expect(try await put(forwardedFor: "203.0.113.10").status == 200) }
         for _ in 0..<10 {
