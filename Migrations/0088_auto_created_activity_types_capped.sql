@@ -136,6 +136,7 @@ DECLARE
     v_refused text[] := '{}';
     v_ok bigint[];
     v_rotated bigint[];
+    v_unknown boolean;
 BEGIN
     PERFORM marquee_enter_tenant(p_tenant);
     IF cardinality(p_device) IS DISTINCT FROM cardinality(p_person)
@@ -150,9 +151,11 @@ BEGIN
         RAISE EXCEPTION 'marquee_register_push_to_start_rows: a (device, activity type) appears twice'
             USING ERRCODE = '22023';
     END IF;
-    IF EXISTS (SELECT 1 FROM unnest(p_type) AS x(type)
-               WHERE NOT EXISTS (SELECT 1 FROM activity_types a
-                                 WHERE a.tenant_id = p_tenant AND a.identifier = x.type)) THEN
+    -- Asked of the distinct types (an import names one type 100,000 times).
+    v_unknown := EXISTS (SELECT 1 FROM (SELECT DISTINCT u.type FROM unnest(p_type) AS u(type)) x
+                         WHERE NOT EXISTS (SELECT 1 FROM activity_types a
+                                           WHERE a.tenant_id = p_tenant AND a.identifier = x.type));
+    IF v_unknown THEN
         -- Before the devices' locks, as a single registration takes them.
         PERFORM marquee_lock_activity_type_creation(p_tenant);
     END IF;
@@ -168,14 +171,19 @@ BEGIN
           FOR UPDATE OF d) l;
     v_found := COALESCE(v_found, '{}');
 
-    -- Types not known yet are created, up to the tenant's cap (the first row naming one gives its attributes type).
-    SELECT marquee_create_activity_types(
-               p_tenant, p_profile, COALESCE(array_agg(x.type ORDER BY x.ord), '{}'),
-               COALESCE(array_agg(COALESCE(x.attributes_type, x.default_type) ORDER BY x.ord), '{}'))
-    INTO v_refused
-    FROM unnest(p_type, p_attributes_type, p_default_attributes_type) WITH ORDINALITY
-             AS x(type, attributes_type, default_type, ord)
-    JOIN unnest(v_ios) AS k(ord) ON k.ord = x.ord;
+    -- Types not known yet are created, up to the tenant's cap (the first row naming one gives its attributes type),
+    -- each type passed once, in the order of its first row.
+    IF v_unknown THEN
+        SELECT marquee_create_activity_types(
+                   p_tenant, p_profile, COALESCE(array_agg(f.type ORDER BY f.ord), '{}'),
+                   COALESCE(array_agg(f.attributes_type ORDER BY f.ord), '{}'))
+        INTO v_refused
+        FROM (SELECT DISTINCT ON (x.type) x.type, COALESCE(x.attributes_type, x.default_type) AS attributes_type, x.ord
+              FROM unnest(p_type, p_attributes_type, p_default_attributes_type) WITH ORDINALITY
+                       AS x(type, attributes_type, default_type, ord)
+              JOIN unnest(v_ios) AS k(ord) ON k.ord = x.ord
+              ORDER BY x.type, x.ord) f;
+    END IF;
     -- (A join on the position, not p_type[k.ord]: subscripting a text[] walks it from its start, so 100,000 rows took
     -- 12 s that way.)
     IF COALESCE(cardinality(v_refused), 0) = 0 THEN

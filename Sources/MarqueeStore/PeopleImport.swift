@@ -116,6 +116,7 @@ public struct PeopleImportStore: Sendable {
     static func createActivityTypes(_ connection: PostgresConnection, tenant: UUID, _ people: [ImportPerson]) throws
         -> [ImportRejection]
     {
+        // Each type once, with the row that names it first (the staged lines name one type 100,000 times).
         let created = try connection.query(
             """
             SELECT marquee_create_activity_types(
@@ -123,7 +124,8 @@ public struct PeopleImportStore: Sendable {
                        COALESCE(array_agg(activity_type ORDER BY line, device_token, activity_type), '{}'),
                        COALESCE(array_agg(default_attributes_type ORDER BY line, device_token, activity_type), '{}'))
                    AS refused
-            FROM import_push_to_start
+            FROM (SELECT DISTINCT ON (activity_type) activity_type, default_attributes_type, line, device_token
+                  FROM import_push_to_start ORDER BY activity_type, line, device_token) first
             """)
         let refused = Set(try created[0].decode([String].self, "refused"))
         guard !refused.isEmpty else { return [] }
