@@ -178,8 +178,6 @@ final class RequestContext: Sendable {
     struct State {
         var stage: Stage = .new
         var method = HTTPMethod.GET
-        var headers = HTTPHeaders()
-        var path = ""
         var requestID = ""
         /// The request as its headers made it (its target taken apart once, its client address found once); the body
         /// and the route's parameters are added when the handler runs.
@@ -564,10 +562,12 @@ final class ServerCore: Sendable {
         if case .new = snapshot.stage { return }  // never reached us (MHD rejected it)
         onRequestCompleted(
             AccessLogRecord(
-                method: snapshot.method, path: snapshot.path, route: snapshot.route, status: snapshot.status,
+                method: snapshot.method, path: snapshot.request?.path ?? "", route: snapshot.route,
+                status: snapshot.status,
                 bytesIn: snapshot.bytesIn, bytesOut: snapshot.bytesOut,
                 duration: ContinuousClock.now - context.startedAt, requestID: snapshot.requestID,
-                remoteAddress: client(context, snapshot.headers), userAgent: snapshot.headers["User-Agent"],
+                remoteAddress: snapshot.request?.remoteAddress ?? context.remoteAddress,
+                userAgent: snapshot.request?.headers["User-Agent"],
                 handlerError: snapshot.handlerError,
                 completed: termination == .REQUEST_TERMINATED_COMPLETED_OK, bodyRejection: snapshot.bodyRejection,
                 peerAddress: context.remoteAddress))
@@ -617,8 +617,6 @@ final class ServerCore: Sendable {
         context.state.withLock { s in
             s.stage = .receiving
             s.method = httpMethod
-            s.headers = headers
-            s.path = request.path
             s.requestID = requestID
             s.request = request
             s.routed = routed
@@ -664,7 +662,7 @@ final class ServerCore: Sendable {
         uploadSize: UnsafeMutablePointer<Int>
     ) -> Bool {
         let length = context.state.withLock { s in
-            s.announcedLength = s.headers["Content-Length"].flatMap { Int(HTTPHeaders.trimmed($0)) }
+            s.announcedLength = s.request?.headers["Content-Length"].flatMap { Int(HTTPHeaders.trimmed($0)) }
             return s.announcedLength
         }
         if let length, length > 0, !bodyBudget.wouldFit(length) {
