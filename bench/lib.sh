@@ -105,6 +105,16 @@ bench_cpu_snapshot() {
 # bench_cpu_report LABEL BEFORE AFTER SECONDS N UNIT: where the CPU went between two snapshots SECONDS apart: the
 # workers, the simulator, the API, the rest (PostgreSQL, the bench's polls, the OS) and idle, in seconds, then per UNIT
 # (N of them: pushes, people).
+# The write-ahead log PostgreSQL wrote between two snapshots (pg_stat_wal: records, full-page images, bytes):
+# deterministic where CPU seconds are noisy, and the full-page images show checkpoints landing inside a run.
+# Usage: w0=$(bench_wal_snapshot); …; bench_wal_report LABEL "$w0" "$(bench_wal_snapshot)" N UNIT
+bench_wal_snapshot() { psql -qtA -F ' ' "$DATABASE_URL" -c "SELECT wal_records, wal_fpi, wal_bytes FROM pg_stat_wal"; }
+bench_wal_report() {
+  echo "$2 $3" | awk -v n="$4" -v unit="$5" -v label="$1" '{
+    printf "%s: WAL %.1f MB, %d records, %d full-page images; per %s: %.0f bytes, %.2f records, %.3f full-page images\n", label,
+      ($6 - $3) / 1e6, $4 - $1, $5 - $2, unit, ($6 - $3) / n, ($4 - $1) / n, ($5 - $2) / n }'
+}
+
 bench_cpu_report() {
   echo "$2 $3" | awk -v hz="$(getconf CLK_TCK)" -v cores="$(nproc)" -v secs="$4" -v n="$5" -v unit="$6" -v label="$1" '{
     w = ($5 - $1) / hz; s = ($6 - $2) / hz; a = ($7 - $3) / hz; busy = ($8 - $4) / hz; rest = busy - w - s - a

@@ -135,8 +135,9 @@ PY
 # every 250 ms): the workers, the simulator, the API, the rest (PostgreSQL, this script's polls, the OS) and idle,
 # in seconds and per person.
 measure() {
-  local operation=$1 what=$2 t0 t1 t2 answer done_at before after
+  local operation=$1 what=$2 t0 t1 t2 answer done_at before after wal0
   sim_reset "$sim_port" "$work/ca.pem"
+  wal0=$(bench_wal_snapshot)
   before=$(bench_cpu_snapshot "${pids[@]}")
   t0=$(date +%s.%N)
   answer=$(api "$3" "$4" "$5")
@@ -147,6 +148,7 @@ measure() {
   echo "campaign $operation: answered in $(echo "($t1 - $t0) * 1000" | bc) ms ($answer)"
   echo "campaign $operation: last $what accepted by the simulator $(echo "$done_at - $t0" | bc) s after the call (goal ≤ 10 s)"
   bench_cpu_report "campaign $operation" "$before" "$after" "$(echo "$t2 - $t0" | bc)" "$people" person
+  bench_wal_report "campaign $operation" "$wal0" "$(bench_wal_snapshot)" "$people" person
   psql -qtA "$DATABASE_URL" -c "
     SELECT '$operation run: ' || (result ->> 'instances') || ' instances in '
            || round(extract(epoch FROM executed_at - created_at)::numeric, 2) || ' s after the call'
