@@ -96,6 +96,28 @@ public struct HTTPProblem: Error, Sendable, Equatable, Codable, CustomStringConv
         return problem
     }
 
+    /// 414: the request target is longer than `limit` bytes; `field` is `path` or `query`, the part that makes it long.
+    public static func uriTooLong(limit: Int, field: String) -> HTTPProblem {
+        var problem = HTTPProblem(
+            status: 414, slug: "uri-too-long", title: "URI Too Long",
+            detail: "The request target is longer than the limit of \(limit) bytes.", field: field)
+        problem.extensions["limit_bytes"] = String(limit)
+        return problem
+    }
+
+    /// 431: the request head (request line and header fields) takes `size` bytes, more than `limit`, counted as
+    /// `RequestHead.size` does; `field` names the header field that takes most of it, if one does.
+    public static func headerFieldsTooLarge(limit: Int, size: Int, fieldCount: Int, field: String?) -> HTTPProblem {
+        var problem = HTTPProblem(
+            status: 431, slug: "header-fields-too-large", title: "Request Header Fields Too Large",
+            detail: "The request line and its \(fieldCount) header fields take \(size) bytes (each field, query "
+                + "parameter and cookie counting \(RequestHead.recordSize) bytes besides its text); the limit is "
+                + "\(limit) bytes.",
+            field: field)
+        problem.extensions["limit_bytes"] = String(limit)
+        return problem
+    }
+
     /// 415: the body's `Content-Type` is not one of `supported`.
     public static func unsupportedMediaType(
         contentType: String?, supported: [String] = ["application/json"]

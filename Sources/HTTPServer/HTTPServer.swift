@@ -59,6 +59,15 @@ public final class HTTPServer: Sendable {
         /// The proxies in front of the server whose `X-Forwarded-For` names a request's client
         /// (`HTTPRequest.remoteAddress`, the access log's address). Default none: the peer is the client.
         public var trustedProxies: TrustedProxies
+        /// Longest accepted request target (path and query) in bytes; beyond it the answer is 414 `uri-too-long` and
+        /// the connection is closed. At most `maxRequestHeadSize`. Default 8 KiB.
+        public var maxTargetLength: Int
+        /// Most memory a request's head (request line and header fields) may take: its bytes as sent, plus 64 for each
+        /// header field, query parameter and cookie and a copy of the `Cookie` header (`RequestHead.size`); beyond it
+        /// the answer is 431 `header-fields-too-large` and the connection is closed. Each connection holds a pool of
+        /// twice this from its first request to its close (libmicrohttpd's, where the head is kept); a head beyond
+        /// the pool is answered by libmicrohttpd itself (see `RequestHead`). At least 4 KiB. Default 16 KiB.
+        public var maxRequestHeadSize: Int
 
         /// Creates a configuration; every parameter has the documented default.
         public init(
@@ -73,7 +82,9 @@ public final class HTTPServer: Sendable {
             requestReadTimeout: Duration = .seconds(30),
             maxBufferedBodySize: Int = 64 << 20,
             defaultHeaders: HTTPHeaders = [:],
-            trustedProxies: TrustedProxies = .empty
+            trustedProxies: TrustedProxies = .empty,
+            maxTargetLength: Int = 8 << 10,
+            maxRequestHeadSize: Int = 16 << 10
         ) {
             self.host = host
             self.port = port
@@ -87,6 +98,8 @@ public final class HTTPServer: Sendable {
             self.maxBufferedBodySize = maxBufferedBodySize
             self.defaultHeaders = defaultHeaders
             self.trustedProxies = trustedProxies
+            self.maxTargetLength = maxTargetLength
+            self.maxRequestHeadSize = maxRequestHeadSize
         }
     }
 
@@ -293,6 +306,13 @@ final class ServerCore: Sendable {
                 .invalidConfiguration, "maxBufferedBodySize must be 0 (off) or at least maxBodySize",
                 details: "maxBufferedBodySize \(config.maxBufferedBodySize), maxBodySize \(config.maxBodySize)")
         }
+        guard config.maxRequestHeadSize >= 4096, (1...config.maxRequestHeadSize).contains(config.maxTargetLength)
+        else {
+            throw HTTPServerError(
+                .invalidConfiguration,
+                "maxRequestHeadSize must be at least 4096, maxTargetLength 1...maxRequestHeadSize",
+                details: "maxRequestHeadSize \(config.maxRequestHeadSize), maxTargetLength \(config.maxTargetLength)")
+        }
         guard var address = SocketAddress(host: config.host, port: UInt16(config.port)) else {
             throw HTTPServerError(
                 .invalidConfiguration, "host must be a numeric IP address", details: "host \(config.host)")
@@ -320,6 +340,8 @@ final class ServerCore: Sendable {
             var arguments: [any CVarArg] = [
                 MHD_OPTION.CONNECTION_TIMEOUT.rawValue, UInt32(clamping: timeout),
                 MHD_OPTION.CONNECTION_LIMIT.rawValue, UInt32(clamping: config.connectionLimit),
+                MHD_OPTION.CONNECTION_MEMORY_LIMIT.rawValue,
+                RequestHead.connectionMemory(maxSize: config.maxRequestHeadSize),
                 MHD_OPTION.NOTIFY_COMPLETED.rawValue, unsafeBitCast(completed, to: OpaquePointer.self),
                 OpaquePointer(cls),
                 MHD_OPTION.URI_LOG_CALLBACK.rawValue, unsafeBitCast(uriLog, to: OpaquePointer.self), OpaquePointer(cls),
@@ -613,6 +635,18 @@ final class ServerCore: Sendable {
         let request = HTTPRequest(
             method: httpMethod, target: context.target, headers: headers, requestID: requestID,
             remoteAddress: client(context, headers), peerAddress: context.remoteAddress)
+        if let problem = Self.head(context, connection: connection, headers: headers).problem(
+            maxTargetLength: configuration.maxTargetLength, maxSize: configuration.maxRequestHeadSize,
+            rawPath: request.rawPath, headers: headers)
+        {
+            context.state.withLock { s in
+                s.stage = .receiving
+                s.method = httpMethod
+                s.requestID = requestID
+                s.request = request
+            }
+            return answerBeforeBody(.problem(problem), context: context, connection: connection)
+        }
         let routed = router.route(request)
         context.state.withLock { s in
             s.stage = .receiving
@@ -942,6 +976,21 @@ final class ServerCore: Sendable {
             _ = MHD_get_connection_values(connection, .HEADER_KIND, mhdCollectHeader, pointer)
         }
         return headers
+    }
+
+    /// The request's head as libmicrohttpd holds it (see `RequestHead`).
+    private static func head(_ context: RequestContext, connection: OpaquePointer, headers: HTTPHeaders) -> RequestHead
+    {
+        let text = cmhd_get_connection_info(connection, .CONNECTION_INFO_REQUEST_HEADER_SIZE).map {
+            Int($0.pointee.header_size)
+        }
+        return RequestHead(
+            targetLength: context.target.utf8.count,
+            textLength: text ?? context.target.utf8.count,
+            fieldCount: headers.count,
+            queryParameterCount: Int(MHD_get_connection_values(connection, .GET_ARGUMENT_KIND, nil, nil)),
+            cookieCount: Int(MHD_get_connection_values(connection, .COOKIE_KIND, nil, nil)),
+            cookieHeaderLength: headers.first("Cookie")?.utf8.count ?? 0)
     }
 
     private static func clientAddress(_ connection: OpaquePointer) -> String? {

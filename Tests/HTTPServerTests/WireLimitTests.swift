@@ -1,0 +1,144 @@
+import Foundation
+import Testing
+
+@testable import HTTPServer
+
+/// The limits a client meets on the wire: the request head (target and header fields), a body that goes over its
+/// limit while it streams, and clients that send slowly.
+@Suite("HTTPServer wire limits over sockets")
+struct WireLimitTests {
+    /// One request on a fresh connection, sent as given; `closed` says whether the server closed the connection after
+    /// its answer (asked for with `awaitClose`, else false).
+    static func exchange(_ port: Int, _ raw: String, awaitClose: Bool = true) async throws -> (
+        RawResponse, closed: Bool
+    ) {
+        try await onThread {
+            let connection = try RawConnection(port: port)
+            try connection.send(raw)
+            let response = try connection.readResponse()
+            return (response, awaitClose && connection.isClosedByPeer())
+        }
+    }
+
+    /// `count` header lines `X-Fill-n: value`.
+    static func fill(_ count: Int, value: String = "v") -> String {
+        (0..<count).map { "X-Fill-\($0): \(value)\r\n" }.joined()
+    }
+
+    @Test("a request target over the limit is answered 414 problem+json, up to well past the limit")
+    func longTargetIs414() async throws {
+        try await withServer(ServerTests.router()) { server in
+            let port = server.boundPort
+            for length in [8_200, 20_000] {
+                let target = "/hello?q=" + String(repeating: "a", count: length)
+                let (response, closed) = try await Self.exchange(port, "GET \(target) HTTP/1.1\r\nHost: x\r\n\r\n")
+                #expect(response.status == 414, "target of \(target.utf8.count) bytes")
+                #expect(response.headers["Content-Type"] == "application/problem+json")
+                let problem = try response.problem()
+                #expect(problem.type == HTTPProblem.typeBase + "uri-too-long")
+                #expect(problem.field == "query")
+                #expect(problem.detail?.contains("8192") == true, "\(problem.detail ?? "")")
+                #expect(problem.extensions["limit_bytes"] == "8192")
+                #expect(response.headers["X-Request-Id"] != nil)
+                #expect(closed)
+            }
+            // The path alone over the limit names the path.
+            let longPath = "/" + String(repeating: "p", count: 9_000)
+            let (path, _) = try await Self.exchange(port, "GET \(longPath) HTTP/1.1\r\nHost: x\r\n\r\n")
+            #expect(path.status == 414)
+            #expect(try path.problem().field == "path")
+        }
+    }
+
+    @Test("header fields over the limit (large, many, or many cookies) are answered 431 problem+json")
+    func largeHeadsAre431() async throws {
+        try await withServer(ServerTests.router()) { server in
+            let port = server.boundPort
+            let cases: [(name: String, headers: String, field: String?)] = [
+                ("one large field", "X-Large: \(String(repeating: "h", count: 17_000))\r\n", "X-Large"),
+                ("one field, well past the limit", "X-Large: \(String(repeating: "h", count: 24_000))\r\n", "X-Large"),
+                // 300 fields of 16 bytes: 5 KB of text, each field counting 64 bytes more.
+                ("many small fields", Self.fill(300), nil),
+                ("many cookies", "Cookie: " + (0..<300).map { "c\($0)=1" }.joined(separator: "; ") + "\r\n", "Cookie"),
+            ]
+            for (name, headers, field) in cases {
+                let (response, closed) = try await Self.exchange(
+                    port, "GET /hello HTTP/1.1\r\nHost: x\r\n\(headers)\r\n")
+                #expect(response.status == 431, "\(name)")
+                #expect(response.headers["Content-Type"] == "application/problem+json", "\(name)")
+                let problem = try response.problem()
+                #expect(problem.type == HTTPProblem.typeBase + "header-fields-too-large", "\(name)")
+                #expect(problem.field == field, "\(name)")
+                #expect(problem.extensions["limit_bytes"] == "16384", "\(name)")
+                #expect(problem.detail?.contains("16384") == true, "\(name): \(problem.detail ?? "")")
+                #expect(closed, "\(name)")
+            }
+        }
+    }
+
+    @Test("a head within the limits is served, however it spends them (the listener's memory never refuses it)")
+    func headsWithinTheLimitsAreServed() async throws {
+        try await withServer(ServerTests.router()) { server in
+            let port = server.boundPort
+            // The longest target, and header text up to the limit.
+            let target = "/hello?q=" + String(repeating: "a", count: 8_192 - 9)
+            let (longest, _) = try await Self.exchange(
+                port,
+                "GET \(target) HTTP/1.1\r\nHost: x\r\nX-Large: \(String(repeating: "h", count: 7_900))\r\n\r\n",
+                awaitClose: false)
+            #expect(longest.status == 200, "\(longest.text)")
+            // As many query parameters, fields and cookies as fit: what the listener stores for each, not their text.
+            let query = "/hello?" + (0..<55).map { "p\($0)=\($0)" }.joined(separator: "&")
+            let cookies = "Cookie: " + (0..<55).map { "c\($0)=1" }.joined(separator: "; ") + "\r\n"
+            let (many, _) = try await Self.exchange(
+                port, "GET \(query) HTTP/1.1\r\nHost: x\r\n\(cookies)\(Self.fill(90))\r\n", awaitClose: false)
+            #expect(many.status == 200, "\(many.text)")
+            // Nothing but fields without values: each costs its record, 4 bytes of text besides.
+            let (fields, _) = try await Self.exchange(
+                port, "GET /hello HTTP/1.1\r\n\(String(repeating: "a:\r\n", count: 240))\r\n", awaitClose: false)
+            #expect(fields.status == 200, "\(fields.text)")
+            // Kept alive: a head within the limits costs the connection nothing.
+            let kept = try await onThread {
+                let connection = try RawConnection(port: port)
+                var statuses: [Int] = []
+                for _ in 0..<3 {
+                    try connection.send("GET \(query) HTTP/1.1\r\nHost: x\r\n\(cookies)\(Self.fill(90))\r\n")
+                    statuses.append(try connection.readResponse().status)
+                }
+                return statuses
+            }
+            #expect(kept == [200, 200, 200])
+        }
+    }
+
+    /// Pins what the README ("HTTP limits") says libmicrohttpd answers itself, before the server sees the request: no
+    /// hook of libmicrohttpd 0.9.75 replaces these answers, so they are documented instead.
+    @Test("the listener answers a head beyond its memory, and requests it cannot parse, itself")
+    func listenerOwnAnswers() async throws {
+        try await withServer(ServerTests.router()) { server in
+            let port = server.boundPort
+            let huge = String(repeating: "h", count: 40_000)
+            let cases: [(name: String, request: String, status: Int)] = [
+                ("a header field beyond the pool", "GET /hello HTTP/1.1\r\nX-Huge: \(huge)\r\n\r\n", 431),
+                ("a target beyond the pool", "GET /hello?q=\(huge) HTTP/1.1\r\nHost: x\r\n\r\n", 414),
+                ("a version not HTTP/d.d", "GET /hello HTTX/1.1\r\nHost: x\r\n\r\n", 400),
+                ("a version not 1.x", "GET /hello HTTP/2.0\r\nHost: x\r\n\r\n", 505),
+                ("a header line without a colon", "GET /hello HTTP/1.1\r\nHost: x\r\nno colon\r\n\r\n", 400),
+                ("a Content-Length not a number", "POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: ab\r\n\r\n", 400),
+                (
+                    "a malformed chunk size",
+                    "POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nabc\r\n", 400
+                ),
+            ]
+            for (name, raw, status) in cases {
+                let (response, closed) = try await Self.exchange(port, raw)
+                #expect(response.status == status, "\(name)")
+                #expect(response.headers["Content-Type"] == nil, "\(name)")
+                #expect(closed, "\(name)")
+            }
+            // An HTTP/1.1 request without Host is not refused (libmicrohttpd checks it only when told to be strict).
+            let (noHost, _) = try await Self.exchange(port, "GET /hello HTTP/1.1\r\n\r\n", awaitClose: false)
+            #expect(noHost.status == 200)
+        }
+    }
+}
