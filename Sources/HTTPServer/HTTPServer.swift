@@ -23,8 +23,9 @@ public final class HTTPServer: Sendable {
         public var host: String
         /// TCP port; 0 picks an ephemeral one (see `boundPort`). Default 8080.
         public var port: Int
-        /// Largest accepted request body in bytes; beyond it the answer is 413. Checked against
-        /// `Content-Length` up front and while receiving. Default 1 MiB.
+        /// Largest accepted request body in bytes; beyond it the answer is 413 and the connection is closed. Checked
+        /// against `Content-Length` before the body is read, and as it arrives (a chunked body is answered as soon as
+        /// it passes the limit; the rest is not read). Default 1 MiB.
         public var maxBodySize: Int
         /// Most request-body bytes held at once over all requests (bodies being received and bodies of running
         /// handlers); 0 disables the cap. A request's share is reserved before its body is read, from its
@@ -212,6 +213,8 @@ final class RequestContext: Sendable {
         var status = 0
         var bytesOut = 0
         var handlerError: String?
+        /// The answer was written whole by `answerMidBody` (MHD then ends the request as failed).
+        var answeredMidBody = false
     }
 
     let target: String
@@ -591,7 +594,8 @@ final class ServerCore: Sendable {
                 remoteAddress: snapshot.request?.remoteAddress ?? context.remoteAddress,
                 userAgent: snapshot.request?.headers["User-Agent"],
                 handlerError: snapshot.handlerError,
-                completed: termination == .REQUEST_TERMINATED_COMPLETED_OK, bodyRejection: snapshot.bodyRejection,
+                completed: termination == .REQUEST_TERMINATED_COMPLETED_OK || snapshot.answeredMidBody,
+                bodyRejection: snapshot.bodyRejection,
                 peerAddress: context.remoteAddress))
     }
 
@@ -767,9 +771,8 @@ final class ServerCore: Sendable {
     /// Takes a part of the body, or the end of it (`uploadSize` 0), then dispatches.
     ///
     /// A body that turns out too large, or that the budget cannot hold (a chunked one, reserved as it grows), is
-    /// dropped and its reservation given back at once; the rest is read and discarded, and the refusal answered when
-    /// the body ends: MHD cannot queue a response while it passes body data (nor is there a way to answer and close
-    /// at that point), so a client that never ends its body is cut off by `requestReadTimeout`.
+    /// dropped and its reservation given back at once, and refused there and then (`answerMidBody`): the client learns
+    /// it while still sending, and nothing more of the body is read.
     private func receive(
         _ context: RequestContext, connection: OpaquePointer, upload: UnsafePointer<CChar>?,
         uploadSize: UnsafeMutablePointer<Int>
@@ -778,9 +781,9 @@ final class ServerCore: Sendable {
         guard size > 0 else { return dispatch(context, connection: connection) }
         uploadSize.pointee = 0
         let limit = bodyLimit(context)
-        context.state.withLock { s in
+        let rejection = context.state.withLock { s -> BodyRejection? in
             s.bytesIn += size
-            guard s.bodyRejection == nil, let upload else { return }
+            guard s.bodyRejection == nil, let upload else { return nil }
             let needed = s.body.count + size
             if needed > limit {
                 s.bodyRejection = .tooLarge
@@ -798,12 +801,77 @@ final class ServerCore: Sendable {
                 s.body = []
                 bodyBudget.release(s.reservedBody)
                 s.reservedBody = 0
-                return
+                return s.bodyRejection
             }
             if s.body.capacity < s.reservedBody { s.body.reserveCapacity(s.reservedBody) }
             s.body.append(contentsOf: UnsafeRawBufferPointer(start: upload, count: size))
+            return nil
         }
-        return true
+        switch rejection {
+        case .tooLarge:
+            return answerMidBody(.problem(.payloadTooLarge(limit: limit)), context: context, connection: connection)
+        case .overBudget:
+            return answerMidBody(Self.overBudget, context: context, connection: connection)
+        case nil:
+            return true
+        }
+    }
+
+    /// Answers while the body is still coming, and closes the connection without reading the rest of it.
+    ///
+    /// MHD queues no response while it passes body data (`MHD_queue_response` refuses it in that state) and cannot
+    /// skip the rest of a chunked body, so the answer is written to the socket here, on the MHD thread that owns the
+    /// connection, while MHD has nothing of its own to send (any `100 Continue` went out before the body). Then the
+    /// sending side is shut down (the client reads the answer, then end of stream) and MHD is told to close the
+    /// connection. The answer is a few hundred bytes into an empty send buffer; a socket that takes less drops the
+    /// rest, the connection being closed either way.
+    private func answerMidBody(_ response: HTTPResponse, context: RequestContext, connection: OpaquePointer) -> Bool {
+        setReading(connection, false)
+        var response = response
+        response.headers["Connection"] = "close"
+        response = finalize(response, context: context)
+        guard let info = cmhd_get_connection_info(connection, .CONNECTION_INFO_CONNECTION_FD) else { return false }
+        let socket = info.pointee.connect_fd
+        let bytes = Self.serialize(response)
+        var offset = 0
+        while offset < bytes.count {
+            let sent = bytes[offset...].withUnsafeBytes {
+                send(socket, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL) | Int32(MSG_DONTWAIT))
+            }
+            if sent <= 0 { break }
+            offset += sent
+        }
+        _ = shutdown(socket, Int32(SHUT_WR))
+        context.state.withLock { $0.answeredMidBody = offset == bytes.count }
+        return false
+    }
+
+    /// A finalized response (`finalize`) as HTTP/1.1 bytes, with `Content-Length` and `Date`, for `answerMidBody`.
+    /// Like MHD, it drops a header whose name or value holds CR, LF or NUL.
+    static func serialize(_ response: HTTPResponse) -> [UInt8] {
+        let reason = MHD_get_reason_phrase_for(UInt32(response.status)).map { String(cString: $0) } ?? ""
+        var head = "HTTP/1.1 \(response.status) \(reason)\r\n"
+        for (name, value) in response.headers
+        where !name.utf8.contains(where: { $0 == 13 || $0 == 10 || $0 == 0 })
+            && !value.utf8.contains(where: { $0 == 13 || $0 == 10 || $0 == 0 })
+        {
+            head += "\(name): \(value)\r\n"
+        }
+        head += "Content-Length: \(response.body.count)\r\nDate: \(httpDate(time(nil)))\r\n\r\n"
+        return Array(head.utf8) + response.body
+    }
+
+    /// An IMF-fixdate (RFC 9110 §5.6.7), e.g. `Sun, 06 Nov 1994 08:49:37 GMT`, without the C library's locale.
+    static func httpDate(_ seconds: time_t) -> String {
+        var t = seconds
+        var parts = tm()
+        gmtime_r(&t, &parts)
+        let days = ["Sun", "Mon", "Tue", "Wed", "Thu", "Fri", "Sat"]
+        let months = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"]
+        func two(_ n: Int32) -> String { n < 10 ? "0\(n)" : "\(n)" }
+        return
+            "\(days[Int(parts.tm_wday)]), \(two(parts.tm_mday)) \(months[Int(parts.tm_mon)]) \(parts.tm_year + 1900) "
+            + "\(two(parts.tm_hour)):\(two(parts.tm_min)):\(two(parts.tm_sec)) GMT"
     }
 
     /// Gives back the request's share of the body budget.
@@ -814,25 +882,13 @@ final class ServerCore: Sendable {
         }
     }
 
-    /// The request is complete: answer at once (routing found nothing, the body was refused) or suspend and run the
-    /// handler.
+    /// The request is complete: answer at once (routing found nothing) or suspend and run the handler. (A refused body
+    /// was answered as it came, in `receive`.)
     private func dispatch(_ context: RequestContext, connection: OpaquePointer) -> Bool {
         setReading(connection, false)
         let snapshot = context.state.withLock { s in
             defer { s.body = [] }
             return s
-        }
-        switch snapshot.bodyRejection {
-        case .tooLarge:
-            var response = HTTPResponse.problem(.payloadTooLarge(limit: bodyLimit(context)))
-            response.headers["Connection"] = "close"
-            return queue(response, context: context, connection: connection)
-        case .overBudget:
-            var response = Self.overBudget
-            response.headers["Connection"] = "close"
-            return queue(response, context: context, connection: connection)
-        case nil:
-            break
         }
         let match: RouteMatch
         switch snapshot.routed {
@@ -932,6 +988,22 @@ final class ServerCore: Sendable {
 
     /// Finalizes headers and hands the response to MHD.
     private func queue(_ response: HTTPResponse, context: RequestContext, connection: OpaquePointer) -> Bool {
+        let response = finalize(response, context: context)
+        let mhdResponse = response.body.withUnsafeBytes { bytes in
+            MHD_create_response_from_buffer(
+                bytes.count, UnsafeMutableRawPointer(mutating: bytes.baseAddress), .RESPMEM_MUST_COPY)
+        }
+        guard let mhdResponse else { return false }
+        defer { MHD_destroy_response(mhdResponse) }
+        for (name, value) in response.headers {
+            _ = MHD_add_response_header(mhdResponse, name, value)  // MHD refuses CR/LF; such headers are dropped
+        }
+        return MHD_queue_response(connection, UInt32(response.status), mhdResponse) == .YES
+    }
+
+    /// The response as sent: request ID, default headers, `Content-Type`, `Connection: close` while stopping, no body
+    /// where none may go; records its status and size as the request's.
+    private func finalize(_ response: HTTPResponse, context: RequestContext) -> HTTPResponse {
         var response = response
         let (method, requestID) = context.state.withLock { ($0.method, $0.requestID) }
         if !(100...999).contains(response.status) {
@@ -957,17 +1029,7 @@ final class ServerCore: Sendable {
             s.status = response.status
             s.bytesOut = sentBytes
         }
-
-        let mhdResponse = response.body.withUnsafeBytes { bytes in
-            MHD_create_response_from_buffer(
-                bytes.count, UnsafeMutableRawPointer(mutating: bytes.baseAddress), .RESPMEM_MUST_COPY)
-        }
-        guard let mhdResponse else { return false }
-        defer { MHD_destroy_response(mhdResponse) }
-        for (name, value) in response.headers {
-            _ = MHD_add_response_header(mhdResponse, name, value)  // MHD refuses CR/LF; such headers are dropped
-        }
-        return MHD_queue_response(connection, UInt32(response.status), mhdResponse) == .YES
+        return response
     }
 
     private static func requestHeaders(_ connection: OpaquePointer) -> HTTPHeaders {

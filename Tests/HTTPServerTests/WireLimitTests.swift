@@ -141,4 +141,49 @@ struct WireLimitTests {
             #expect(noHost.status == 200)
         }
     }
+
+    @Test("a chunked body is answered 413 as soon as it passes the limit, while the client is still sending")
+    func streamedBodyIsRefusedAtTheLimit() async throws {
+        let records = RecordSink()
+        let limit = 64 << 10
+        let smallBodies: (inout HTTPServer.Configuration) -> Void = { $0.maxBodySize = limit }
+        try await withServer(ServerTests.router(), configure: smallBodies, records: records) { server in
+            let port = server.boundPort
+            let (response, sentBeforeAnswer, total, closed) = try await onThread {
+                let connection = try RawConnection(port: port)
+                try connection.send("POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
+                // 64 chunks of 8 KiB, 20 ms apart: 512 KiB over more than a second, 8 times the limit.
+                let chunk = Array("2000\r\n".utf8) + [UInt8](repeating: 0x61, count: 8_192) + Array("\r\n".utf8)
+                var sent = 0
+                var answered = false
+                for _ in 0..<64 {
+                    var probe = pollfd(fd: connection.fd, events: Int16(POLLIN), revents: 0)
+                    if poll(&probe, 1, 20) > 0 {
+                        answered = true
+                        break
+                    }
+                    guard (try? connection.send(chunk)) != nil else { break }  // closed: the answer is waiting
+                    sent += 8_192
+                }
+                if !answered { try? connection.send("0\r\n\r\n") }
+                let response = try connection.readResponse()
+                return (response, sent, 64 * 8_192, connection.isClosedByPeer())
+            }
+            #expect(response.status == 413)
+            #expect(try response.problem().type == HTTPProblem.typeBase + "payload-too-large")
+            #expect(try response.problem().extensions["limit_bytes"] == String(limit))
+            #expect(response.headers["Connection"]?.lowercased() == "close")
+            #expect(response.headers["X-Request-Id"] != nil)
+            #expect(response.headers["Date"] != nil)
+            // Answered near the limit, long before the client was done (a loaded machine may take a few chunks more).
+            #expect(sentBeforeAnswer < total / 2, "answered after \(sentBeforeAnswer) of \(total) bytes")
+            #expect(sentBeforeAnswer > limit)
+            #expect(closed)
+            let record = try #require(await records.waitFor(1).first)
+            #expect(record.status == 413)
+            #expect(record.bodyRejection == .tooLarge)
+            #expect(record.completed)
+            #expect(server.bufferedBodyBytes == 0)
+        }
+    }
 }
