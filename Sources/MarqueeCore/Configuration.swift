@@ -101,6 +101,13 @@ public struct MarqueeConfiguration: Sendable, Equatable {
     /// `MARQUEE_HTTP_READ_TIMEOUT`: seconds a client may take to send one whole request (headers and body); a
     /// slower one is disconnected. 0 disables it. Default 30.
     public var httpReadTimeoutSeconds: Int
+    /// `MARQUEE_HTTP_IDLE_TIMEOUT`: seconds a connection may stay silent (kept alive between requests, or stalled
+    /// mid-request) before the listener closes it. 0 disables it. Default 60.
+    public var httpIdleTimeoutSeconds: Int
+    /// `MARQUEE_HTTP_CONNECTIONS`: most connections the listener holds open at once; further ones wait in the
+    /// kernel's listen backlog. Each holds about 33 KiB once it has served a request (the listener's per-connection
+    /// pool), so the default keeps 4096 idle kept-alive connections near 130 MiB. Default 4096.
+    public var httpConnections: Int
     /// `MARQUEE_DRAIN_TIMEOUT`: seconds to finish in-flight work on SIGTERM. Default 30.
     public var drainTimeoutSeconds: Int
     /// `MARQUEE_KEY_CACHE_SECONDS`: how long a checked API key is trusted without a database lookup. Default 5;
@@ -280,6 +287,8 @@ public struct MarqueeConfiguration: Sendable, Equatable {
                     reason: "must be 0 (off) or at least MARQUEE_MAX_BODY_BYTES (\(maxBodyBytes))"))
         }
         httpReadTimeoutSeconds = integer("MARQUEE_HTTP_READ_TIMEOUT", default: 30, range: 0...3600)
+        httpIdleTimeoutSeconds = integer("MARQUEE_HTTP_IDLE_TIMEOUT", default: 60, range: 0...86_400)
+        httpConnections = integer("MARQUEE_HTTP_CONNECTIONS", default: 4096, range: 1...1_000_000)
         httpConnectionsPerAddress = integer("MARQUEE_HTTP_CONNECTIONS_PER_ADDRESS", default: 256, range: 0...1_000_000)
         drainTimeoutSeconds = integer("MARQUEE_DRAIN_TIMEOUT", default: 30, range: 1...3600)
         keyCacheSeconds = integer("MARQUEE_KEY_CACHE_SECONDS", default: 5, range: 0...300)

@@ -81,6 +81,8 @@ struct ServeCommand {
             configuration: .init(
                 host: configuration.listen.host, port: configuration.listen.port,
                 maxBodySize: configuration.maxBodyBytes, threadCount: configuration.httpThreads,
+                connectionTimeout: .seconds(configuration.httpIdleTimeoutSeconds),
+                connectionLimit: configuration.httpConnections,
                 drainTimeout: .seconds(configuration.drainTimeoutSeconds),
                 perAddressConnectionLimit: configuration.httpConnectionsPerAddress,
                 requestReadTimeout: .seconds(configuration.httpReadTimeoutSeconds),

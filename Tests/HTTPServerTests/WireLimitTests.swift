@@ -186,4 +186,41 @@ struct WireLimitTests {
             #expect(server.bufferedBodyBytes == 0)
         }
     }
+
+    @Test("a body trickled byte by byte is cut off at the read deadline, unanswered; a prompt body is not")
+    func trickledBodyIsCutOff() async throws {
+        let oneSecond: (inout HTTPServer.Configuration) -> Void = {
+            $0.requestReadTimeout = .seconds(1)
+            $0.connectionTimeout = .seconds(60)  // each trickled byte comes well inside the idle timeout
+        }
+        try await withServer(ServerTests.router(), configure: oneSecond) { server in
+            let port = server.boundPort
+            let (cutOff, elapsed, prompt) = try await onThread {
+                let clock = ContinuousClock()
+                let slow = try RawConnection(port: port, timeoutSeconds: 15)
+                let started = clock.now
+                try slow.send("POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n")
+                // One body byte every 100 ms (1000 bytes would take 100 s): only the read deadline can end this.
+                var cutOff = false
+                while clock.now - started < .seconds(30) {
+                    guard (try? slow.send("b")) != nil else {
+                        cutOff = true
+                        break
+                    }
+                    var probe = pollfd(fd: slow.fd, events: Int16(POLLIN), revents: 0)
+                    if poll(&probe, 1, 100) > 0 {
+                        cutOff = (try? slow.readResponse()) == nil  // EOF or reset, no answer
+                        break
+                    }
+                }
+                let elapsed = clock.now - started
+                let prompt = try RawConnection(port: port)
+                try prompt.sendRequest("POST", "/echo", body: [UInt8](repeating: 0x62, count: 1000))
+                return (cutOff, elapsed, try prompt.readResponse().status)
+            }
+            #expect(cutOff, "the trickling client is disconnected unanswered")
+            #expect(elapsed >= .milliseconds(900) && elapsed < .seconds(10), "cut off after \(elapsed)")
+            #expect(prompt == 200)
+        }
+    }
 }

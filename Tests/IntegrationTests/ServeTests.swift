@@ -140,6 +140,59 @@ struct ServeTests {
             body: huge)
         #expect(tooLarge.status == 413)
         #expect(tooLarge.header("Content-Type") == "application/problem+json")
+
+        // A request target over 8 KiB, and header fields over 16 KiB: the server's problems, not the listener's HTML.
+        let longTarget = try await HTTP.get(serve.baseURL + "/healthz?q=" + String(repeating: "a", count: 9_000))
+        #expect(longTarget.status == 414)
+        #expect(try longTarget.json()["type"] as? String == "https://marquee.dev/problems/uri-too-long")
+        let largeHead = try await HTTP.get(
+            serve.baseURL + "/healthz", headers: ["X-Large": String(repeating: "h", count: 17_000)])
+        #expect(largeHead.status == 431)
+        #expect(try largeHead.json()["type"] as? String == "https://marquee.dev/problems/header-fields-too-large")
+        #expect(largeHead.header("Cache-Control") == "no-store")
+    }
+
+    @Test("MARQUEE_HTTP_IDLE_TIMEOUT closes a silent connection; MARQUEE_HTTP_CONNECTIONS holds others back until then")
+    func listenerConnectionSettings() async throws {
+        let url = try await TestEnvironment.makeDatabase()
+        let env = ["DATABASE_URL": url, "MARQUEE_MIGRATIONS_DIR": TestEnvironment.migrationsDirectory]
+        let migrated = try await runCommand(TestEnvironment.marqueeBinary, ["migrate"], environment: env)
+        try #require(migrated.status == 0, "\(migrated.output)")
+        let settings = ["MARQUEE_HTTP_IDLE_TIMEOUT": "1", "MARQUEE_HTTP_CONNECTIONS": "1", "MARQUEE_HTTP_THREADS": "1"]
+        let serve = try MarqueeProcess(
+            ["serve"], environment: env.merging(settings) { $1 }, port: TestEnvironment.freePort())
+        try await serve.waitUntilServing()
+        let port = serve.port
+        let outcome = try await withCheckedThrowingContinuation {
+            (continuation: CheckedContinuation<(Int, Bool, Duration?, Int?), any Error>) in
+            Thread {
+                continuation.resume(
+                    with: Result {
+                        let clock = ContinuousClock()
+                        let request = Array("GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n".utf8)
+                        // The only connection the listener takes: served, then kept alive and silent.
+                        let held = try KeptAliveSocket(port: port)
+                        try held.send(request)
+                        let first = try held.readResponse().status
+                        let idleSince = clock.now
+                        // A second one waits in the backlog, unanswered while the first is open.
+                        let waiting = try KeptAliveSocket(port: port)
+                        try waiting.send(request)
+                        let answeredWhileHeld = waiting.isReadable(within: .milliseconds(500))
+                        // The idle timeout closes the first (1 s, at MHD's one-second granularity) ...
+                        let closedAfter = held.waitForEnd(within: .seconds(10)) ? clock.now - idleSince : nil
+                        // ... which lets the second in.
+                        let second = try? waiting.readResponse().status
+                        return (first, answeredWhileHeld, closedAfter, second)
+                    })
+            }.start()
+        }
+        let (first, answeredWhileHeld, closedAfter, second) = outcome
+        #expect(first == 200)
+        #expect(!answeredWhileHeld, "a second connection was served beyond MARQUEE_HTTP_CONNECTIONS=1")
+        let idle = try #require(closedAfter, "the silent connection was not closed within 10 s")
+        #expect(idle >= .milliseconds(500), "closed after \(idle)")
+        #expect(second == 200)
     }
 
     @Test("SIGTERM stops the process cleanly")
@@ -267,5 +320,68 @@ struct ReadinessTests {
         #expect(answer.status == 200)
         release.finish()
         try await request.value
+    }
+}
+
+/// A kept-alive client connection to 127.0.0.1 (blocking, 15 s socket timeouts), for the listener's connection tests.
+final class KeptAliveSocket {
+    let fd: Int32
+    private var buffer: [UInt8] = []
+
+    init(port: Int) throws {
+        fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+        guard fd >= 0 else { throw TestFailure("socket() failed") }
+        var timeout = timeval(tv_sec: 15, tv_usec: 0)
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
+        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_port = in_port_t(UInt16(port).bigEndian)
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        let connected = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size))
+            }
+        }
+        guard connected == 0 else { throw TestFailure("connect to port \(port) failed (errno \(errno))") }
+    }
+
+    deinit { close(fd) }
+
+    func send(_ bytes: [UInt8]) throws {
+        var sent = 0
+        while sent < bytes.count {
+            let n = bytes[sent...].withUnsafeBytes { Glibc.send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
+            guard n > 0 else { throw TestFailure("send failed (errno \(errno))") }
+            sent += n
+        }
+    }
+
+    /// Reads one response with a `Content-Length` body.
+    func readResponse() throws -> HTTP.Response {
+        while !HTTP.isComplete(buffer) {
+            var chunk = [UInt8](repeating: 0, count: 65_536)
+            let n = chunk.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
+            guard n > 0 else { throw TestFailure("connection ended before a whole response") }
+            buffer += chunk[0..<n]
+        }
+        let response = try HTTP.parse(buffer)
+        buffer = []
+        return response
+    }
+
+    /// Whether something (data or the end) arrives within `timeout`.
+    func isReadable(within timeout: Duration) -> Bool {
+        var probe = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
+        return poll(
+            &probe, 1, Int32(timeout.components.seconds * 1000 + timeout.components.attoseconds / 1_000_000_000_000_000)
+        ) > 0
+    }
+
+    /// Whether the server ends the connection (EOF or reset, nothing else read) within `timeout`.
+    func waitForEnd(within timeout: Duration) -> Bool {
+        guard isReadable(within: timeout) else { return false }
+        var byte: UInt8 = 0
+        return recv(fd, &byte, 1, 0) <= 0
     }
 }

@@ -73,6 +73,22 @@ struct ConfigurationTests {
         #expect(error?.problems.map(\.variable) == ["MARQUEE_WORKER_LIVENESS_SECONDS"])
     }
 
+    @Test("the HTTP listener's connection settings: idle timeout (0 for none) and connection limit")
+    func httpConnections() throws {
+        let defaults = try MarqueeConfiguration(environment: [:])
+        #expect(defaults.httpIdleTimeoutSeconds == 60 && defaults.httpConnections == 4096)
+        #expect(defaults.httpReadTimeoutSeconds == 30 && defaults.httpConnectionsPerAddress == 256)
+        let set = try MarqueeConfiguration(environment: [
+            "MARQUEE_HTTP_IDLE_TIMEOUT": "0", "MARQUEE_HTTP_CONNECTIONS": "20000",
+        ])
+        #expect(set.httpIdleTimeoutSeconds == 0 && set.httpConnections == 20000)
+        let refused = #expect(throws: ConfigurationError.self) {
+            try MarqueeConfiguration(environment: ["MARQUEE_HTTP_IDLE_TIMEOUT": "-1", "MARQUEE_HTTP_CONNECTIONS": "0"])
+        }
+        #expect(
+            refused?.problems.map(\.variable).sorted() == ["MARQUEE_HTTP_CONNECTIONS", "MARQUEE_HTTP_IDLE_TIMEOUT"])
+    }
+
     @Test("values are read and validated")
     func values() throws {
         let key = String(repeating: "A", count: 43) + "="  // 32 zero bytes in base64
