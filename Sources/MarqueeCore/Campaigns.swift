@@ -2,7 +2,7 @@
 ///
 /// A node may give `"default"`, used when the person has no value there (or `null`); without one such a person gets no
 /// instance (the campaign records them as skipped, `missing_attribute`). The filling itself runs in SQL for the whole
-/// audience at once (`marquee_fill_person`, migration 0049) from ``fillsJSON``; this type validates the template and
+/// audience at once (`marquee_fill_person`, migrations 0049, 0062, 0089) from ``fillsJSON``; this type validates the template and
 /// says what to fill where.
 public struct PersonTemplate: Sendable, Equatable {
     public struct Fill: Sendable, Equatable {
@@ -27,13 +27,18 @@ public struct PersonTemplate: Sendable, Equatable {
         self.fills = fills
     }
 
-    /// The fills as `marquee_fill_person` reads them: `[{"at": [...], "pointer": [...], "default": v?}]`.
+    /// The fills as `marquee_fill_person` reads them: `[{"at": [...], "path": [...], "default": v?}]`. `path` is the
+    /// pointer's tokens, each that names an array element (``JSONPointer/arrayIndex(_:)``) as a number (an element,
+    /// or the member of that name) and any other as a string (a member only), so that SQL walks it as RFC 6901 does.
     public var fillsJSON: JSONValue {
         .array(
             fills.map { fill in
                 var o: [String: JSONValue] = [
                     "at": .array(fill.at.map(JSONValue.string)),
-                    "pointer": .array(fill.pointer.tokens.map(JSONValue.string)),
+                    "path": .array(
+                        fill.pointer.tokens.map { token in
+                            JSONPointer.arrayIndex(token).map { .int(Int64($0)) } ?? .string(token)
+                        }),
                 ]
                 if let d = fill.defaultValue { o["default"] = d }
                 return .object(o)
@@ -94,7 +99,7 @@ public struct PersonTemplate: Sendable, Equatable {
             if let inner = object[key] { object[key] = replacing(inner, at: path.dropFirst(), with: replacement) }
             return .object(object)
         case .array(var items):
-            if let index = Int(key), items.indices.contains(index) {
+            if let index = JSONPointer.arrayIndex(key), items.indices.contains(index) {
                 items[index] = replacing(items[index], at: path.dropFirst(), with: replacement)
             }
             return .array(items)

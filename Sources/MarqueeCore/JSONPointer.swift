@@ -33,6 +33,18 @@ public struct JSONPointer: Sendable, Hashable, CustomStringConvertible {
         tokens = parsed
     }
 
+    /// The array element `token` names (RFC 6901 §4): `0`, or digits without a leading zero, within `Int`'s range.
+    /// Any other token names no element, only an object's member of that name: `01`, `+1`, `-1`, ` 1`, and `-`
+    /// (the element after the last, which never exists). The one home of that rule: the SQL that walks a pointer
+    /// (segment filters, a campaign's `$person` fills) is compiled with it, since PostgreSQL's `#>` would
+    /// read `-1` as the last element and `01`, `+1` or ` 1` as element 1.
+    public static func arrayIndex(_ token: String) -> Int? {
+        let utf8 = token.utf8
+        guard let first = utf8.first, utf8.allSatisfy({ $0 >= 0x30 && $0 <= 0x39 }), first != 0x30 || utf8.count == 1
+        else { return nil }
+        return Int(token)
+    }
+
     /// A pointer one level deeper.
     public func appending(_ token: String) -> JSONPointer { JSONPointer(tokens: tokens + [token]) }
     public func appending(_ index: Int) -> JSONPointer { appending(String(index)) }
@@ -68,7 +80,7 @@ extension JSONValue {
                 guard let next = o[token] else { return nil }
                 current = next
             case .array(let a):
-                guard let i = Int(token), token == String(i), a.indices.contains(i) else { return nil }
+                guard let i = JSONPointer.arrayIndex(token), a.indices.contains(i) else { return nil }
                 current = a[i]
             default:
                 return nil
@@ -96,7 +108,7 @@ extension JSONValue {
             self = .object(o)
             return true
         case .array(var a):
-            guard let i = Int(first), a.indices.contains(i) else { return false }
+            guard let i = JSONPointer.arrayIndex(first), a.indices.contains(i) else { return false }
             guard a[i].replace(tokens: tokens.dropFirst(), with: value) else { return false }
             self = .array(a)
             return true

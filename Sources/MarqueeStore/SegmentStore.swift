@@ -152,8 +152,15 @@ public enum SegmentSQL {
                 AND s.status = 'active')
                 """)
         case .attribute(let pointer, let comparison):
-            let path = q.parameter(pointer.tokens)
-            attribute("(p.attributes #> \(path)::text[])", comparison, into: &q)
+            // A step at a time, as RFC 6901 walks it: `#>` only for a token that names an array element (or a
+            // member: `JSONPointer.arrayIndex`), `->` for any other, which finds nothing in an array (`#>` would read
+            // `-1` as the last element, and `01`, `+1` or ` 1` as element 1).
+            var a = "p.attributes"
+            for token in pointer.tokens {
+                let p = q.parameter(token)
+                a = JSONPointer.arrayIndex(token) != nil ? "(\(a) #> ARRAY[\(p)::text])" : "(\(a) -> \(p)::text)"
+            }
+            attribute(a, comparison, into: &q)
         }
     }
 

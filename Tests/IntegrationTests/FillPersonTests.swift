@@ -1,5 +1,6 @@
 import Foundation
 import MarqueeCore
+import MarqueeStore
 import PostgresClient
 import Testing
 
@@ -48,6 +49,29 @@ struct FillPersonTests {
                 """)[0]
             let filled = try row.decode(String?.self, "filled")
             #expect(filled == (try row.decode(String?.self, "expected")), "\(template) \(fills) \(person)")
+        }
+    }
+
+    @Test("a pointer's array indexes as RFC 6901 reads them: /tags/-1, /tags/01, /tags/+1, /tags/ 1 name no element")
+    func arrayIndexes() async throws {
+        let (_, pool) = try await QueueStatisticsTests.migratedDatabase()
+        defer { pool.close() }
+        let person = #"{"tags": ["first", "second"], "m": {"01": "k", "-1": "l", "0": "z", "-": "d"}}"#
+        // (pointer, the value filled; "none" is the default, used when the pointer names nothing)
+        let cases: [(String, String)] = [
+            ("/tags/0", "first"), ("/tags/1", "second"), ("/tags/-1", "none"), ("/tags/01", "none"),
+            ("/tags/+1", "none"), ("/tags/ 1", "none"), ("/tags/-", "none"), ("/tags/2", "none"),
+            ("/m/01", "k"), ("/m/-1", "l"), ("/m/0", "z"), ("/m/-", "d"),
+        ]
+        for (pointer, expected) in cases {
+            let template = try PersonTemplate(
+                .object(["v": .object(["$person": .string(pointer), "default": .string("none")])]))
+            let row = try await pool.query(
+                """
+                SELECT marquee_fill_person(\(template.attributes)::jsonb, \(template.fillsJSON)::jsonb,
+                                           \(person)::jsonb) ->> 'v' AS v
+                """)[0]
+            #expect(try row.decode(String?.self, "v") == expected, "\(pointer)")
         }
     }
 }

@@ -135,6 +135,33 @@ struct SegmentTests {
         }
     }
 
+    @Test("array indexes in an attribute pointer as RFC 6901 reads them: /tags/-1, /tags/01, /tags/+1 name no element")
+    func arrayIndexes() async throws {
+        let fixture = try await RegistryFixture.get()
+        let api = fixture.api
+        let s = try await Self.seed(api)
+        let p5 = Fake.id("p5")
+        let put = try await api.call(
+            "PUT", "/v1/people/\(p5)", key: s.tenant.app,
+            json: ["attributes": ["m": ["01": "k", "-1": "l", "0": "z", "-": "d"]]])
+        #expect(put.status == 200 || put.status == 201, "\(put.text)")
+        // p1's tags are [vip, beta], p2's [beta].
+        let cases: [(String, String, [String])] = [
+            ("/tags/0", "vip", [s.p1]), ("/tags/1", "beta", [s.p1]), ("/tags/0", "beta", [s.p2]),
+            ("/tags/-1", "beta", []), ("/tags/01", "beta", []), ("/tags/+1", "beta", []), ("/tags/ 1", "beta", []),
+            ("/tags/-", "beta", []), ("/m/01", "k", [p5]), ("/m/-1", "l", [p5]), ("/m/0", "z", [p5]),
+            ("/m/-", "d", [p5]),
+        ]
+        for (pointer, value, expected) in cases {
+            let (count, sample) = try await Self.matches(
+                api, s.tenant, ["attribute": pointer, "op": "eq", "value": value])
+            #expect(count == expected.count, "\(pointer) eq \(value): count")
+            #expect(sample == expected.sorted(), "\(pointer) eq \(value)")
+        }
+        let (present, _) = try await Self.matches(api, s.tenant, ["attribute": "/tags/-1", "op": "exists"])
+        #expect(present == 0)
+    }
+
     @Test("ordered comparisons of numbers are exact: 16 significant digits, integers beyond 2^53, long fractions")
     func exactNumbers() async throws {
         let fixture = try await RegistryFixture.get()

@@ -21,8 +21,13 @@ struct CampaignTemplateTests {
         #expect(template.sample == (try Self.json(#"{"match":"A-B","team":"","seats":[1,0]}"#)))
         #expect(
             template.fillsJSON.arrayValue?.contains {
-                $0["at"] == .array([.string("team")]) && $0["pointer"] == .array([.string("team"), .string("name")])
+                $0["at"] == .array([.string("team")]) && $0["path"] == .array([.string("team"), .string("name")])
             } == true)
+        // A token that names an array element is a number; any other (`01`, `-1`, `-`) a string, a member only.
+        let indexed = try PersonTemplate(Self.json(#"{"a":{"$person":"/t/1/01/-1/-/0"}}"#))
+        #expect(
+            indexed.fillsJSON.arrayValue?.first?["path"]
+                == .array([.string("t"), .int(1), .string("01"), .string("-1"), .string("-"), .int(0)]))
     }
 
     @Test("bad $person nodes name the node at fault")

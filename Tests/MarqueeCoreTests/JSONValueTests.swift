@@ -114,4 +114,26 @@ struct JSONValueTests {
         let missing = copy.replace(at: JSONPointer("/nope/x")!, with: .null)
         #expect(!missing)
     }
+
+    @Test("an array element is named only by 0 or digits without a leading zero (RFC 6901); other tokens name members")
+    func arrayIndexes() throws {
+        for (token, index) in [("0", 0), ("1", 1), ("10", 10)] { #expect(JSONPointer.arrayIndex(token) == index) }
+        for token in ["01", "00", "+1", "-1", " 1", "1 ", "-", "", "1e0", "0x1", "١", "99999999999999999999"] {
+            #expect(JSONPointer.arrayIndex(token) == nil, "\(token)")
+        }
+        let doc = try JSONValue.parse(#"{"tags":["a","b"],"m":{"01":"k","-1":"l","0":"z"}}"#)
+        for text in ["/tags/01", "/tags/+1", "/tags/-1", "/tags/ 1", "/tags/-", "/tags/2"] {
+            let pointer = try #require(JSONPointer(text))
+            #expect(doc[pointer: pointer] == nil, "\(text)")
+            var copy = doc
+            let replaced = copy.replace(at: pointer, with: .null)
+            #expect(!replaced, "\(text)")
+            #expect(copy == doc, "\(text)")
+        }
+        #expect(doc[pointer: JSONPointer("/tags/1")!] == .string("b"))
+        // The same tokens name an object's members.
+        #expect(doc[pointer: JSONPointer("/m/01")!] == .string("k"))
+        #expect(doc[pointer: JSONPointer("/m/-1")!] == .string("l"))
+        #expect(doc[pointer: JSONPointer("/m/0")!] == .string("z"))
+    }
 }
