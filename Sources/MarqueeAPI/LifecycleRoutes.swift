@@ -322,10 +322,19 @@ struct LifecycleRoutes: Sendable {
             }
             state = parsed
         }
+        // Each filter by the rule of what it names, so that nothing unchecked reaches SQL.
+        let person = try request.query["person"].map { text throws(ValidationError) in
+            try Identifiers.personReference(text, field: "person")
+        }
+        let activityType = try request.query["notification_type"].map { text throws(ValidationError) in
+            try Identifiers.activityType(text, field: "notification_type")
+        }
+        let campaign = try request.query["campaign"].map { text throws(ValidationError) in
+            try Identifiers.instanceReference(text, field: "campaign")
+        }
         let after = try TimeCursor.decode(request.query["cursor"])
         let page = try await store.instances(
-            tenant: principal.tenantID, person: request.query["person"],
-            activityType: request.query["notification_type"], campaign: request.query["campaign"], state: state,
+            tenant: principal.tenantID, person: person, activityType: activityType, campaign: campaign, state: state,
             after: after, limit: limit + 1)
         let (items, next) = Paging.page(page, limit: limit) { TimeCursor.encode($0.startedAt, $0.id) }
         let now = self.now()

@@ -31,7 +31,7 @@ struct SegmentRoutes: Sendable {
     func list(_ request: HTTPRequest, _ principal: Principal) async throws -> HTTPResponse {
         let limit = try Paging.limit(request)
         let after = try request.query["cursor"].map { text throws(ValidationError) in
-            try Identifiers.instanceID(text, field: "cursor")
+            try Identifiers.instanceReference(text, field: "cursor")
         }
         let page = try await store.list(tenant: principal.tenantID, after: after, limit: limit + 1)
         let (items, next) = Paging.page(page, limit: limit) { .string($0.id) }

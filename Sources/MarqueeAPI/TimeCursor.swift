@@ -17,8 +17,10 @@ enum TimeCursor {
         guard let bytes = Base64URL.decode(cursor), let text = String(validating: bytes, as: UTF8.self),
             let bar = text.firstIndex(of: "|"), let micros = Int64(text[..<bar]),
             // Every time this API lists is within the accepted range; one beyond it could not be bound.
-            Timestamps.acceptedRange.contains(Double(micros) / 1e6)
+            Timestamps.acceptedRange.contains(Double(micros) / 1e6),
+            // Instance and campaign IDs alike (one rule): no byte of anything else reaches SQL.
+            let id = try? Identifiers.instanceReference(String(text[text.index(after: bar)...]), field: "cursor")
         else { throw ValidationError(field: "cursor", reason: "is not a cursor this API returned") }
-        return (Date(timeIntervalSince1970: Double(micros) / 1e6), String(text[text.index(after: bar)...]))
+        return (Date(timeIntervalSince1970: Double(micros) / 1e6), id)
     }
 }

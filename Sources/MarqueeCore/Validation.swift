@@ -140,17 +140,27 @@ public enum Identifiers {
         }
     }
 
-    /// A live activity instance ID: 1–128 characters of `[A-Za-z0-9._:-]`, not `.` or `..` (dot segments, which
-    /// HTTP clients and browsers remove from request paths: `/v1/live_notifications/..` would never reach it). Campaign
+    /// A live activity instance ID: ``instanceReference(_:field:)``, and not `.` or `..` (dot segments, which HTTP
+    /// clients and browsers remove from request paths: `/v1/live_notifications/..` would never reach it). Campaign
     /// and segment IDs follow the same rule.
     public static func instanceID(_ text: String, field: String = "instance_id") throws(ValidationError) -> String {
+        _ = try instanceReference(text, field: field)
+        guard text != ".", text != ".." else {
+            throw ValidationError(field: field, reason: "must not be . or .. (clients drop them from request paths)")
+        }
+        return text
+    }
+
+    /// An instance, campaign or segment ID as a list's filter or paging cursor names one: 1–128 characters of
+    /// `[A-Za-z0-9._:-]`. Laxer than ``instanceID(_:field:)`` on purpose: IDs made before the rule against `.` and
+    /// `..` keep them, and lists must still filter by them and page past them.
+    public static func instanceReference(_ text: String, field: String = "instance_id") throws(ValidationError)
+        -> String
+    {
         guard (1...128).contains(text.utf8.count),
             text.utf8.allSatisfy({ isAlphanumeric($0) || $0 == 0x2E || $0 == 0x5F || $0 == 0x3A || $0 == 0x2D })
         else {
             throw ValidationError(field: field, reason: "must be 1 to 128 characters of A-Z a-z 0-9 . _ : -")
-        }
-        guard text != ".", text != ".." else {
-            throw ValidationError(field: field, reason: "must not be . or .. (clients drop them from request paths)")
         }
         return text
     }

@@ -362,6 +362,43 @@ struct ValidationTests {
             "bad-request", field: "person")
     }
 
+    @Test("a list's filters and cursors are checked by the rule of what they name: 422 naming the parameter")
+    func listFilters() async throws {
+        let fixture = try await RegistryFixture.get()
+        let api = fixture.api
+        let tenant = try await api.createTenant()
+        let alice = Fake.id("alice")
+        #expect(try await api.call("PUT", "/v1/people/\(alice)", key: tenant.sdk, json: [:]).status == 200)
+        let instance = Fake.id("i")
+        try await fixture.seedInstance(tenant: tenant.uuid, id: instance, person: alice)
+        func cursor(_ text: String) -> String {
+            Data(text.utf8).base64EncodedString().replacingOccurrences(of: "+", with: "-")
+                .replacingOccurrences(of: "/", with: "_").replacingOccurrences(of: "=", with: "")
+        }
+        let list = "/v1/live_notifications"
+        let refused: [(String, String)] = [
+            ("person=", "person"), ("person=" + String(repeating: "p", count: 257), "person"),
+            ("person=a%01b", "person"), ("notification_type=", "notification_type"),
+            ("notification_type=not%20a%20type", "notification_type"), ("campaign=", "campaign"),
+            ("campaign=a%20b", "campaign"), ("campaign=" + String(repeating: "c", count: 129), "campaign"),
+            ("cursor=" + cursor("1700000000000000|a b"), "cursor"), ("cursor=" + cursor("1700000000000000|"), "cursor"),
+            ("cursor=" + cursor("1700000000000000|x\u{1}"), "cursor"),
+        ]
+        for (query, field) in refused {
+            expectProblem(
+                try await api.call("GET", "\(list)?\(query)", key: tenant.app), 422, "invalid-field", field: field,
+                query)
+        }
+        // Well-formed values still filter and page (an ID made before the rule against `.` and `..` included).
+        let found = try await api.call(
+            "GET", "\(list)?person=\(alice)&campaign=..&cursor=\(cursor("1700000000000000|.."))", key: tenant.app)
+        #expect(found.status == 200, "\(found.text)")
+        let byPerson = try await api.call("GET", "\(list)?person=\(alice)", key: tenant.app)
+        #expect(try byPerson.json().array("data").count == 1, "\(byPerson.text)")
+        let segments = try await api.call("GET", "/v1/segments?cursor=..", key: tenant.app)
+        #expect(segments.status == 200, "\(segments.text)")
+    }
+
     @Test("malformed JSON is 400, a non-object body is 400, text/plain is 415, an empty body is 400")
     func bodies() async throws {
         let fixture = try await RegistryFixture.get()
