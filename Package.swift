@@ -41,7 +41,7 @@ let package = Package(
         // MARK: Wire-level modules (know nothing of Marquee)
         .target(name: "PostgresClient", dependencies: ["CLibPQ"], swiftSettings: swiftSettings),
         .target(name: "HTTPServer", dependencies: ["CMicroHTTPD"], swiftSettings: swiftSettings),
-        .target(name: "Crypto", dependencies: ["COpenSSL"], swiftSettings: swiftSettings),
+        .target(name: "Crypto", dependencies: ["COpenSSL", "MarqueeCore"], swiftSettings: swiftSettings),
         .target(name: "HTTP2", dependencies: ["CNGHTTP2", "COpenSSL"], swiftSettings: swiftSettings),
         .target(name: "Observability", swiftSettings: swiftSettings),
         .target(name: "ProcessLifecycle", dependencies: ["Observability"], swiftSettings: swiftSettings),

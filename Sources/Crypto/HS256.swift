@@ -1,9 +1,11 @@
 import Foundation
+import MarqueeCore
 
 /// HS256 JSON Web Tokens (RFC 7519, HMAC-SHA256 per RFC 7518 §3.2): the short-lived user tokens a tenant's server
 /// mints for one person, so that a device's writes can be bound to that person although the sdk key is public.
 ///
-/// Verification is strict: the header's `alg` must be exactly `HS256` (no `none`, no RS/ES confusion), `crit` is
+/// Verification is strict: the header and claims must be JSON objects that name each key once (a parser keeping the
+/// first of two `sub`s and one keeping the last would read different persons), the header's `alg` must be exactly `HS256` (no `none`, no RS/ES confusion), `crit` is
 /// refused, the signature is compared in constant time against each accepted secret (current and, during a
 /// rotation's grace period, previous), `sub` must be a non-empty string and `exp` an integer that is neither past
 /// nor further ahead than `maxLifetime`.
@@ -37,7 +39,7 @@ public enum HS256 {
 
         public var description: String {
             switch self {
-            case .malformed: "is not a JWT (three base64url parts with JSON objects)"
+            case .malformed: "is not a JWT (three base64url parts with JSON objects, each naming a key once)"
             case .algorithm: "must be signed with alg HS256"
             case .signature: "has a signature that does not verify"
             case .missingSubject: "has no sub claim"
@@ -96,7 +98,6 @@ public enum HS256 {
         return Claims(subject: subject, expiresAt: exp, email: email)
     }
 
-    static func object(_ bytes: [UInt8]) -> [String: JSONClaim]? {
-        try? JSONDecoder().decode([String: JSONClaim].self, from: Data(bytes))
-    }
+    /// The header or claims: a JSON object that names each key once (``JSONClaim/object(_:)``), or nil.
+    static func object(_ bytes: [UInt8]) -> [String: JSONClaim]? { JSONClaim.object(bytes) }
 }

@@ -1,4 +1,5 @@
 import Foundation
+import MarqueeCore
 
 /// A JSON value in a JWT header or claims set.
 public enum JSONClaim: Sendable, Equatable, Codable {
@@ -36,6 +37,27 @@ public enum JSONClaim: Sendable, Equatable, Codable {
             self = .object(value)
         } else {
             throw DecodingError.dataCorruptedError(in: container, debugDescription: "unsupported JSON value")
+        }
+    }
+
+    /// The JSON object `bytes` hold, parsed by `JSONValue` (MarqueeCore): nil for anything else, and for an object
+    /// that names a key twice (Foundation's decoder keeps the first, other parsers the last, so the header or claims
+    /// this service checks could differ from those another reader of the same token sees).
+    static func object(_ bytes: [UInt8]) -> [String: JSONClaim]? {
+        guard case .object(let object)? = try? JSONValue.parse(bytes) else { return nil }
+        return object.mapValues(JSONClaim.init)
+    }
+
+    /// The same value as a claim.
+    init(_ value: JSONValue) {
+        switch value {
+        case .null: self = .null
+        case .bool(let b): self = .bool(b)
+        case .int(let i): self = .int(i)
+        case .double(let d): self = .double(d)
+        case .string(let s): self = .string(s)
+        case .array(let a): self = .array(a.map(JSONClaim.init))
+        case .object(let o): self = .object(o.mapValues(JSONClaim.init))
         }
     }
 
@@ -157,7 +179,5 @@ public enum JWT {
         return (header, claims)
     }
 
-    private static func decodeObject(_ bytes: [UInt8]) -> [String: JSONClaim]? {
-        try? JSONDecoder().decode([String: JSONClaim].self, from: Data(bytes))
-    }
+    private static func decodeObject(_ bytes: [UInt8]) -> [String: JSONClaim]? { JSONClaim.object(bytes) }
 }

@@ -50,6 +50,29 @@ struct HS256Tests {
         }
     }
 
+    @Test("a header or claims that name a key twice are malformed: parsers disagree on which one counts")
+    func refusesDuplicateKeys() {
+        let exp = now + 60
+        let header = #"{"alg":"HS256","typ":"JWT"}"#
+        let cases: [(String, String)] = [
+            (header, #"{"sub":"alice","exp":\#(exp),"sub":"bob"}"#),
+            (header, #"{"sub":"alice","exp":\#(exp),"s\u0075b":"bob"}"#),
+            (header, #"{"sub":"alice","exp":\#(exp),"exp":\#(exp + 999_999)}"#),
+            (header, #"{"sub":"alice","exp":\#(exp),"email":"a@example.com","email":"b@example.com"}"#),
+            (header, #"{"sub":"alice","exp":\#(exp),"x":{"k":1,"k":2}}"#),
+            (#"{"alg":"HS256","alg":"none"}"#, #"{"sub":"alice","exp":\#(exp)}"#),
+            (#"{"alg":"none","alg":"HS256"}"#, #"{"sub":"alice","exp":\#(exp)}"#),
+        ]
+        for (header, payload) in cases {
+            #expect(throws: HS256.Failure.malformed, "\(header) \(payload)") {
+                try HS256.verify(forge(header: header, payload: payload, key: secret), secrets: [secret], now: now)
+            }
+        }
+        // The same claims, each key once, verify.
+        let once = forge(header: header, payload: #"{"sub":"alice","exp":\#(exp)}"#, key: secret)
+        #expect((try? HS256.verify(once, secrets: [secret], now: now))?.subject == "alice")
+    }
+
     @Test("exp is required, not past, and at most a day ahead; sub is required")
     func claims() {
         #expect(throws: HS256.Failure.expired) {

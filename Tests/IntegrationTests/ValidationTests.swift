@@ -418,6 +418,11 @@ struct ValidationTests {
             let array = try await api.call(
                 method, path, key: key, body: Data("[1,2]".utf8), contentType: "application/json")
             expectProblem(array, 400, "malformed-json", "\(method) \(path)")
+            // A key named twice: parsers disagree on which one counts, so neither does.
+            let twice = try await api.call(
+                method, path, key: key, body: Data(#"{"platform": "ios", "platform": "android"}"#.utf8),
+                contentType: "application/json")
+            expectProblem(twice, 400, "malformed-json", "\(method) \(path)")
             let text = try await api.call(
                 method, path, key: key, body: Data(#"{"platform":"ios"}"#.utf8), contentType: "text/plain")
             expectProblem(text, 415, "unsupported-media-type", "\(method) \(path)")
