@@ -259,7 +259,7 @@ struct CampaignRoutes: Sendable {
             "content_state", "content_state_patch", "push_payload", "deep_link", "stale_date", "relevance_score",
             "priority", "at",
         ]
-        if operation == .end { allowed.insert("dismissal_date") }
+        if operation == .end { allowed.formUnion(["dismissal_date", "dismissal_policy"]) }
         try body.rejectUnknown(allowed)
         let content = try LifecycleRoutes.contentChange(body, operation: operation)
         let now = self.now()
@@ -269,7 +269,10 @@ struct CampaignRoutes: Sendable {
         }
         var stored = try LifecycleRoutes.optionChanges(body).applied(to: StoredOptions())
         stored.alert = try LifecycleRoutes.alert(body)
-        if operation == .end { stored.dismissalDate = try body.timestamp("dismissal_date") }
+        // As an instance's end takes them; `immediate` is the time the change is due, past when it is sent.
+        if operation == .end {
+            stored.dismissalDate = try LifecycleRoutes.dismissal(body, endsAt: at).date(sentAt: at ?? now)
+        }
         var options = stored.json.objectValue ?? [:]
         // A sticky option sent as null is cleared on every instance.
         for key in ["deep_link", "stale_date", "relevance_score", "priority"] where body.object[key]?.isNull == true {

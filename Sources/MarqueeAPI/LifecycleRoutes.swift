@@ -259,21 +259,7 @@ struct LifecycleRoutes: Sendable {
         try body.rejectUnknown(allowed)
         let instanceID = try Identifiers.instanceID(body.requiredString("instance_id", maxLength: 128))
         let content = try contentChange(body, operation: operation)
-        var dismissal = LifecyclePlanner.Dismissal.default
-        if operation == .end {
-            let policy = try body.string("dismissal_policy")
-            if let policy, policy != "immediate", policy != "default" {
-                throw ValidationError(field: "dismissal_policy", reason: "must be immediate or default")
-            }
-            if let date = try body.timestamp("dismissal_date") {
-                if policy != nil {
-                    throw ValidationError(field: "dismissal_policy", reason: "cannot be combined with dismissal_date")
-                }
-                dismissal = .at(date)
-            } else if policy == "immediate" {
-                dismissal = .immediate
-            }
-        }
+        let dismissal = operation == .end ? try Self.dismissal(body) : .default
         return (
             instanceID,
             LifecyclePlanner.ChangeRequest(
@@ -281,6 +267,13 @@ struct LifecycleRoutes: Sendable {
                 attributes: try nonEmptyObject(body, "attributes", required: false),
                 options: try optionChanges(body), alert: try alert(body), dismissal: dismissal)
         )
+    }
+
+    /// An end's `dismissal_policy` and `dismissal_date`, by the rule of `LifecyclePlanner.Dismissal`; `endsAt` is the
+    /// time a scheduled end is sent (a campaign's `at`).
+    static func dismissal(_ body: JSONBody, endsAt: Date? = nil) throws(ValidationError) -> LifecyclePlanner.Dismissal {
+        try LifecyclePlanner.Dismissal(
+            policy: try body.string("dismissal_policy"), date: try body.timestamp("dismissal_date"), endsAt: endsAt)
     }
 
     // MARK: Reads

@@ -200,6 +200,40 @@ public enum LifecyclePlanner {
         case immediate
         /// At this date.
         case at(Date)
+
+        /// An end's `dismissal_policy` (`immediate` or `default`) or `dismissal_date`, not both: the one home of that
+        /// rule, for an instance's end and a campaign's. iOS removes an ended activity at its dismissal date, or at
+        /// once when that date has passed (ActivityKit's `after(_:)`: "any date"), so a date already past when the end
+        /// is sent is kept and dismisses at once, as `immediate` does (and a client's clock a little ahead of ours
+        /// does no harm). An end scheduled for `endsAt` (a campaign's `at`) refuses a date before it: that date
+        /// would only ever dismiss at once, which is said with `dismissal_policy: immediate`, so it is a mistake.
+        public init(policy: String?, date: Date?, endsAt: Date? = nil) throws(ValidationError) {
+            if let policy, policy != "immediate", policy != "default" {
+                throw ValidationError(field: "dismissal_policy", reason: "must be immediate or default")
+            }
+            if let date {
+                if policy != nil {
+                    throw ValidationError(field: "dismissal_policy", reason: "cannot be combined with dismissal_date")
+                }
+                if let endsAt, date < endsAt {
+                    throw ValidationError(
+                        field: "dismissal_date",
+                        reason: "is before at, when the end is sent: use dismissal_policy immediate to dismiss at once")
+                }
+                self = .at(date)
+            } else {
+                self = policy == "immediate" ? .immediate : .default
+            }
+        }
+
+        /// The dismissal date an end sent at `sentAt` carries (nil: the system's default).
+        public func date(sentAt: Date) -> Date? {
+            switch self {
+            case .default: nil
+            case .immediate: sentAt
+            case .at(let date): date
+            }
+        }
     }
 
     /// Sticky options a change sets: what it names replaces the stored value, what it omits (or sends as null) is kept.
@@ -289,11 +323,7 @@ public enum LifecyclePlanner {
         let current = StoredOptions(json: instance.options)
         var options = request.options.applied(to: current)
         options.alert = request.alert
-        switch request.dismissal {
-        case .default: options.dismissalDate = nil
-        case .immediate: options.dismissalDate = now
-        case .at(let date): options.dismissalDate = date
-        }
+        options.dismissalDate = request.dismissal.date(sentAt: now)
         // A stale date this request sets is checked (and reported); a stored one that has passed since is simply no
         // longer sent.
         var stale = StaleDateRule.Outcome(staleDate: options.staleDate.flatMap { $0 > now ? $0 : nil })

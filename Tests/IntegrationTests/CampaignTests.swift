@@ -841,6 +841,46 @@ struct CampaignTests {
         #expect(try await t.campaign(id).array("schedules").count == 2, "one start, one update: nothing twice")
     }
 
+    @Test("a campaign end takes dismissal_policy and dismissal_date as an instance's end does; none before its at")
+    func endDismissal() async throws {
+        let t = try await Self.tenant()
+        let now = Date().timeIntervalSince1970.rounded(.down)
+        let id = Fake.id("dismiss")
+        #expect(
+            try await t.create(["campaign_id": id, "audience": ["all": true], "start_at": now + 600]).status == 202)
+        let end = "/v1/campaigns/\(id)/end"
+        let at = now + 3600
+        let refused: [([String: Any], String)] = [
+            // Before the end is sent: it could only dismiss at once, which dismissal_policy immediate says.
+            (["at": at, "dismissal_date": at - 1800], "dismissal_date"),
+            (["at": at, "dismissal_date": now - 60], "dismissal_date"),
+            (["dismissal_policy": "sometimes"], "dismissal_policy"),
+            (["dismissal_policy": "immediate", "dismissal_date": at + 60], "dismissal_policy"),
+        ]
+        for (body, field) in refused {
+            let r = try await t.api.call("POST", end, key: t.tenant.app, json: body)
+            #expect(r.status == 422, "\(body): \(r.text)")
+            #expect(try r.json().string("field") == field, "\(body): \(r.text)")
+        }
+        // Accepted: the dismissal date each stored end carries (immediate: the time it is due).
+        let accepted: [([String: Any], Double?)] = [
+            (["at": at, "dismissal_date": at + 1800], at + 1800), (["at": at, "dismissal_date": at], at),
+            (["at": at, "dismissal_policy": "immediate"], at), (["at": at, "dismissal_policy": "default"], nil),
+        ]
+        for (body, expected) in accepted {
+            let r = try await t.api.call("POST", end, key: t.tenant.app, json: body)
+            #expect(r.status == 202, "\(body): \(r.text)")
+            let changeID = try #require(try r.json().string("change_id"))
+            let uuid = try #require(ULID(string: changeID)?.uuid)
+            let rows = try await t.fixture.pool.query(
+                """
+                SELECT (change -> 'options' ->> 'dismissal_date')::float8 AS d FROM campaign_schedules
+                WHERE tenant_id = \(t.tenant.uuid) AND id = \(uuid)
+                """)
+            #expect(try rows[0].decode(Double?.self, "d") == expected, "\(body)")
+        }
+    }
+
     @Test("bad requests: 4xx problems naming the field, never a 500; Idempotency-Key replays")
     func validation() async throws {
         let t = try await Self.tenant()
