@@ -109,23 +109,44 @@ public struct PeopleImportStore: Sendable {
     }
 
     /// Creates the activity types the staged push-to-start tokens name that the tenant does not have, through the one
-    /// home of the cap on types registrations create (`marquee_create_activity_types`, migration 0088), before any
-    /// person is written; the lines naming a type it could not create are removed from the staging tables and
-    /// returned as rejected, so that such a line is skipped whole, as every other bad line is. One statement for any
-    /// number of lines, and one more only when some are refused.
+    /// home of the cap on types registrations create (`marquee_create_activity_types`, migrations 0088 and 0090),
+    /// before any person is written. Each line is a group that creates all its unknown types or none, lines in order,
+    /// so that a line it rejects leaves no type behind (nor holds a place of the cap a later line could use). The
+    /// lines naming a type that could not be created are removed from the staging tables and returned as rejected,
+    /// so that such a line is skipped whole, as every other bad line is. One statement for any number of lines, and
+    /// one more only when some are refused.
     static func createActivityTypes(_ connection: PostgresConnection, tenant: UUID, _ people: [ImportPerson]) throws
         -> [ImportRejection]
     {
-        // Each type once, with the row that names it first (the staged lines name one type 100,000 times).
+        // Only what can change the outcome goes in (the staged lines name one type 100,000 times): the unknown types,
+        // each once per line (the attributes type of its first device), and of the lines naming a single one only
+        // the first per type: a later such line goes in exactly when that first one did (its type is then created,
+        // or the cap is reached for good).
         let created = try connection.query(
             """
+            WITH unknown AS (
+                SELECT u.activity_type FROM (SELECT DISTINCT activity_type FROM import_push_to_start) u
+                WHERE NOT EXISTS (SELECT 1 FROM activity_types a
+                                  WHERE a.tenant_id = \(tenant) AND a.identifier = u.activity_type)
+            ), named AS (
+                SELECT DISTINCT ON (t.line, t.activity_type) t.line, t.activity_type, t.default_attributes_type
+                FROM import_push_to_start t JOIN unknown USING (activity_type)
+                ORDER BY t.line, t.activity_type, t.device_token
+            ), counted AS (
+                SELECT n.*, count(*) OVER (PARTITION BY n.line) = 1 AS single FROM named n
+            ), kept AS (
+                SELECT c.* FROM (SELECT c.*, row_number() OVER (PARTITION BY c.activity_type, c.single ORDER BY c.line)
+                                        AS nth
+                                 FROM counted c) c
+                WHERE NOT c.single OR c.nth = 1
+            )
             SELECT marquee_create_activity_types(
                        \(tenant), 'marquee',
-                       COALESCE(array_agg(activity_type ORDER BY line, device_token, activity_type), '{}'),
-                       COALESCE(array_agg(default_attributes_type ORDER BY line, device_token, activity_type), '{}'))
+                       COALESCE(array_agg(activity_type ORDER BY line, activity_type), '{}'),
+                       COALESCE(array_agg(default_attributes_type ORDER BY line, activity_type), '{}'),
+                       COALESCE(array_agg(line::bigint ORDER BY line, activity_type), '{}'))
                    AS refused
-            FROM (SELECT DISTINCT ON (activity_type) activity_type, default_attributes_type, line, device_token
-                  FROM import_push_to_start ORDER BY activity_type, line, device_token) first
+            FROM kept
             """)
         let refused = Set(try created[0].decode([String].self, "refused"))
         guard !refused.isEmpty else { return [] }

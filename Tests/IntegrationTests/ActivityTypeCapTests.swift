@@ -205,6 +205,46 @@ struct ActivityTypeCapTests {
         #expect(tokens == 4, "the first registration and lines 1, 2 and 4")
     }
 
+    @Test("an import line naming more new types than the cap has room for creates none of them; later lines can")
+    func importLineLeavesNothing() async throws {
+        let w = try await World.make(cap: 2)
+        let known = Fake.activityType()
+        #expect(try await w.register(known).status == 200)  // one place left
+        let (x1, x2, x3, x4) = (Fake.activityType(), Fake.activityType(), Fake.activityType(), Fake.activityType())
+        let ids = (1...5).map { Fake.id("l\($0)") }
+        func line(_ id: String, _ devices: [[String]]) throws -> String {
+            try PeopleImportTests.json([
+                "id": id,
+                "devices": devices.map { types in
+                    [
+                        "token": Fake.hex(), "platform": "ios",
+                        "push_to_start": Dictionary(uniqueKeysWithValues: types.map { ($0, Fake.hex()) }),
+                    ] as [String: Any]
+                },
+            ])
+        }
+        let lines = [
+            try line(ids[0], [[x1, x2]]),  // two new types, room for one: neither is created
+            try line(ids[1], [[x3]]),  // the place line 1 did not take
+            try line(ids[2], [[x1]]),  // no place left
+            try line(ids[3], [[x3], [known]]),  // created by line 2
+            try line(ids[4], [[known], [x4]]),  // no place left
+        ]
+        let response = try await PeopleImportTests.post(w.api, w.tenant.app, PeopleImportTests.ndjson(lines))
+        #expect(response.status == 200, "\(response.text)")
+        let body = try response.json()
+        #expect(body["imported"] as? Int == 2, "\(response.text)")
+        let rejected = body.array("rejected")
+        #expect(rejected.compactMap { $0["line"] as? Int } == [1, 3, 5], "\(rejected)")
+        #expect(rejected.first?.string("field") == "devices[0].push_to_start.\([x1, x2].min()!)", "\(rejected)")
+        #expect(rejected.last?.string("field") == "devices[1].push_to_start.\(x4)", "\(rejected)")
+        #expect(try await w.types() == [known: true, x3: true], "a rejected line left no type behind")
+        let people = try await w.fixture.pool.query(
+            "SELECT id FROM people WHERE tenant_id = \(w.tenant.uuid) AND id = ANY(\(ids)::text[]) ORDER BY id"
+        ).map { try $0.decode(String.self, "id") }
+        #expect(people == [ids[1], ids[3]].sorted())
+    }
+
     @Test("a registration waits for another creating a type, then counts it: concurrent ones never overshoot")
     func concurrentCreationsCounted() async throws {
         let fixture = try await RegistryFixture.holding.running()
