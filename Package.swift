@@ -41,13 +41,14 @@ let package = Package(
         // MARK: Wire-level modules (know nothing of Marquee)
         .target(name: "PostgresClient", dependencies: ["CLibPQ"], swiftSettings: swiftSettings),
         .target(name: "HTTPServer", dependencies: ["CMicroHTTPD"], swiftSettings: swiftSettings),
-        .target(name: "Crypto", dependencies: ["COpenSSL", "MarqueeCore"], swiftSettings: swiftSettings),
+        .target(name: "JSON", swiftSettings: swiftSettings),
+        .target(name: "Crypto", dependencies: ["COpenSSL", "JSON"], swiftSettings: swiftSettings),
         .target(name: "HTTP2", dependencies: ["CNGHTTP2", "COpenSSL"], swiftSettings: swiftSettings),
         .target(name: "Observability", swiftSettings: swiftSettings),
         .target(name: "ProcessLifecycle", dependencies: ["Observability"], swiftSettings: swiftSettings),
 
         // MARK: Marquee
-        .target(name: "MarqueeCore", swiftSettings: swiftSettings),
+        .target(name: "MarqueeCore", dependencies: ["JSON"], swiftSettings: swiftSettings),
         .target(
             name: "MarqueeStore",
             dependencies: ["MarqueeCore", "PostgresClient", "Crypto"],
@@ -108,7 +109,8 @@ let package = Package(
             name: "MarqueeStoreTests", dependencies: ["MarqueeStore", "MarqueeCore", "PostgresClient"],
             swiftSettings: swiftSettings),
         .testTarget(
-            name: "MarqueeCoreTests", dependencies: ["MarqueeCore", "ClientMirrors", "CMalloc"], exclude: ["Golden"],
+            name: "MarqueeCoreTests", dependencies: ["MarqueeCore", "JSON", "ClientMirrors", "CMalloc"],
+            exclude: ["Golden"],
             swiftSettings: swiftSettings),
         .testTarget(
             name: "MarqueeSimulatorsTests", dependencies: ["MarqueeSimulators", "HTTP2", "Crypto", "MarqueeCore"],

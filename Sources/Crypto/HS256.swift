@@ -1,5 +1,5 @@
 import Foundation
-import MarqueeCore
+import JSON
 
 /// HS256 JSON Web Tokens (RFC 7519, HMAC-SHA256 per RFC 7518 §3.2): the short-lived user tokens a tenant's server
 /// mints for one person, so that a device's writes can be bound to that person although the sdk key is public.

@@ -1,5 +1,5 @@
 import Foundation
-import MarqueeCore
+import JSON
 
 /// A JSON value in a JWT header or claims set.
 public enum JSONClaim: Sendable, Equatable, Codable {

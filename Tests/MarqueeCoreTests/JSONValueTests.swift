@@ -1,6 +1,7 @@
 import CMalloc
 import Testing
 
+@testable import JSON
 @testable import MarqueeCore
 
 @Suite("JSON values")
