@@ -115,6 +115,23 @@ bench_wal_report() {
       ($6 - $3) / 1e6, $4 - $1, $5 - $2, unit, ($6 - $3) / n, ($4 - $1) / n, ($5 - $2) / n }'
 }
 
+# WALDUMP=1: what the write-ahead log between two LSNs holds, by record type and by relation (pg_waldump; the
+# cluster keeps its WAL until a checkpoint, so run with PG_OPTIONS="-c max_wal_size=8GB" to keep a whole phase).
+# Usage: l0=$(bench_wal_lsn); …; bench_wal_dump "$l0" "$(bench_wal_lsn)"
+bench_wal_lsn() { psql -qtA "$DATABASE_URL" -c "SELECT pg_current_wal_insert_lsn()"; }
+bench_wal_dump() {
+  [ "${WALDUMP:-0}" = 1 ] || return 0
+  local waldump dir=$out/pg/pg_wal
+  waldump="$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V -r | head -1)/pg_waldump"
+  as_pg_owner() { if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi; }
+  as_pg_owner "$waldump" -p "$dir" -s "$1" -e "$2" --stats=record 2>/dev/null | awk 'NR <= 3 || $2 > 0' | sort -t'(' -k2 -rn | head -25
+  echo "WAL records by relation (the 15 with most):"
+  as_pg_owner "$waldump" -p "$dir" -s "$1" -e "$2" 2>/dev/null | sed -n 's|.*rel [0-9]*/[0-9]*/\([0-9]*\).*|\1|p' | sort | uniq -c \
+    | sort -rn | head -15 | while read -r n node; do
+      echo "  $n $(psql -qtA "$DATABASE_URL" -c "SELECT coalesce((SELECT relname FROM pg_class WHERE pg_relation_filenode(oid) = $node LIMIT 1), '$node')")"
+    done
+}
+
 bench_cpu_report() {
   echo "$2 $3" | awk -v hz="$(getconf CLK_TCK)" -v cores="$(nproc)" -v secs="$4" -v n="$5" -v unit="$6" -v label="$1" '{
     w = ($5 - $1) / hz; s = ($6 - $2) / hz; a = ($7 - $3) / hz; busy = ($8 - $4) / hz; rest = busy - w - s - a

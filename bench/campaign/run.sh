@@ -10,7 +10,7 @@
 #   4. POST /v1/campaigns/{id}/update: the seconds from the call to the last update accepted by the simulator.
 #   5. POST /v1/campaigns/{id}/end: the same for the ends (every activity has its token by then, so none waits).
 # For 2, 4 and 5 also where the CPU went from the call to the last push (workers, simulator, API, the rest, idle).
-# Env: PEOPLE (100000), WORKERS (2), PORT, SIM_PORT, METRICS_PORT.
+# Env: PEOPLE (100000), WORKERS (2), PORT, SIM_PORT, METRICS_PORT; WALDUMP=1 (bench/lib.sh: the WAL of each phase).
 source "$(dirname "$0")/../lib.sh"
 MARQUEE_EXTRA_PACKAGES="" "$root/Deploy/local/deps.sh"
 bench_build
@@ -135,9 +135,10 @@ PY
 # every 250 ms): the workers, the simulator, the API, the rest (PostgreSQL, this script's polls, the OS) and idle,
 # in seconds and per person.
 measure() {
-  local operation=$1 what=$2 t0 t1 t2 answer done_at before after wal0
+  local operation=$1 what=$2 t0 t1 t2 answer done_at before after wal0 lsn0
   sim_reset "$sim_port" "$work/ca.pem"
   wal0=$(bench_wal_snapshot)
+  lsn0=$(bench_wal_lsn)
   before=$(bench_cpu_snapshot "${pids[@]}")
   t0=$(date +%s.%N)
   answer=$(api "$3" "$4" "$5")
@@ -149,6 +150,7 @@ measure() {
   echo "campaign $operation: last $what accepted by the simulator $(echo "$done_at - $t0" | bc) s after the call (goal ≤ 10 s)"
   bench_cpu_report "campaign $operation" "$before" "$after" "$(echo "$t2 - $t0" | bc)" "$people" person
   bench_wal_report "campaign $operation" "$wal0" "$(bench_wal_snapshot)" "$people" person
+  bench_wal_dump "$lsn0" "$(bench_wal_lsn)"
   psql -qtA "$DATABASE_URL" -c "
     SELECT '$operation run: ' || (result ->> 'instances') || ' instances in '
            || round(extract(epoch FROM executed_at - created_at)::numeric, 2) || ' s after the call'
