@@ -1,0 +1,75 @@
+import Foundation
+import MarqueeCore
+import PostgresClient
+import Testing
+
+@testable import MarqueeStore
+
+/// The statistics a campaign's step plans on (migration 0091): the tables it reads are analysed once they have grown
+/// to twice what the planner believes, before the step's statements are planned.
+extension QueueStatisticsTests {
+    @Test(
+        "a campaign step's tables are analysed once they doubled since their statistics (a history partition included), as the worker's role; the others are left alone"
+    )
+    func stepTablesRefreshed() async throws {
+        let (url, owner) = try await Self.migratedDatabase()
+        defer { owner.close() }
+        // Autovacuum must not analyse behind the test's back.
+        for table in ["activity_tokens", "instances", "delivery_history_default"] {
+            try await owner.execute("ALTER TABLE \(unsafeRaw: table) SET (autovacuum_enabled = false)")
+        }
+        let tenant = UUID()
+        try await owner.withConnection { connection in
+            try Self.seedInstance(connection, tenant: tenant, name: "step")
+            try Self.seedDeliveries(connection, tenant: tenant, prefix: "p", count: 10)
+            // The statistics of the moment a start committed: its instances, and no activity token yet.
+            try connection.execute("ANALYZE activity_tokens")
+            try connection.execute("ANALYZE instances")
+            try connection.execute("ANALYZE delivery_history_default")
+            // Then the apps report their tokens (2,000 of them) and the start's pushes are recorded in the history
+            // (in the default partition: a date no daily partition holds).
+            try connection.execute(
+                """
+                INSERT INTO activity_tokens (tenant_id, instance_id, device_token, token, status, retired_reason,
+                                             retired_at)
+                SELECT \(tenant), 'p1', 'p-d1', md5(i::text), 'retired', 'rotated', now()
+                FROM generate_series(1, 2000) i
+                """)
+            try connection.execute(
+                """
+                INSERT INTO delivery_history (tenant_id, id, instance_id, device_token, provider, token_kind, token,
+                                              operation, instance_version, status, attempts, created_at, recorded_at)
+                SELECT \(tenant), gen_random_uuid(), 'i', 'd' || i, 'apns', 'activity', md5(i::text), 'update', 1,
+                       'sent', 1, '1999-01-01', '1999-01-01'
+                FROM generate_series(1, 2000) i
+                """)
+            _ = try connection.query("SELECT pg_stat_force_next_flush()")
+        }
+        // How many times each has been analysed.
+        func analyses() async throws -> [String: Int] {
+            let rows = try await owner.query(
+                """
+                SELECT relname, analyze_count::int AS n FROM pg_stat_user_tables
+                WHERE relname IN ('activity_tokens', 'instances', 'delivery_history_default')
+                """)
+            return try Dictionary(
+                uniqueKeysWithValues: rows.map { (try $0.decode(String.self, "relname"), try $0.decode(Int.self, "n")) }
+            )
+        }
+        let before = try await analyses()
+        let workerPool = try Self.workerPool(url)
+        defer { workerPool.close() }
+        try await workerPool.transaction { c in
+            try c.enterSystem()
+            try CampaignRunner.refreshStatistics(c)
+        }
+        let after = try await analyses()
+        func again(_ table: String) -> Int { after[table, default: 0] - before[table, default: 0] }
+        #expect(again("activity_tokens") == 1, "2,000 tokens where the planner believed none: \(before) → \(after)")
+        #expect(again("delivery_history_default") == 1, "a history partition that grew: \(before) → \(after)")
+        #expect(again("instances") == 0, "no instance added since its statistics: left alone (\(before) → \(after))")
+        let believed = try await owner.query(
+            "SELECT reltuples::int AS n FROM pg_class WHERE oid = 'activity_tokens'::regclass")[0].decode(Int.self, "n")
+        #expect(believed == 2000)
+    }
+}
