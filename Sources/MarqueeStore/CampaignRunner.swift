@@ -95,7 +95,8 @@ public struct CampaignRunner: Sendable {
                 let operation = try row.decode(String.self, "operation")
                 let change = try row.decode(JSONValue.self, "change")
                 let recorded = try row.decode(JSONValue?.self, "result")
-                try Self.refreshStatistics(c)
+                // A start's steps look their rows up one by one (whatever the statistics); a change's read sets.
+                if operation != "start" { try Self.refreshStatistics(c) }
                 try c.enterTenant(tenant)
                 // No savepoint in here: 100,000 foreign-key locks on one channel row from a subtransaction took
                 // minutes.
@@ -566,18 +567,18 @@ public struct CampaignRunner: Sendable {
         try c.query("SELECT set_config('plan_cache_mode', 'force_custom_plan', true)")
     }
 
-    /// The tables a step reads, as the minutes before may have filled them (an import, the apps' activity tokens after a
-    /// start, the start's pushes in today's history partition).
+    /// The tables a campaign-wide change's step reads, as the minutes before may have filled them (the apps' activity
+    /// tokens after a start, the start's pushes in today's history partition, an import's devices).
     static let stepTables = [
-        "people", "devices", "push_to_start_tokens", "instances", "campaign_members", "activity_tokens",
-        "instance_devices", "delivery_queue", "delivery_history",
+        "instances", "activity_tokens", "instance_devices", "devices", "delivery_queue", "delivery_history",
     ]
 
     /// Analyses those of `stepTables` that have grown to twice what the planner believes since they were last analysed
-    /// (migration 0091's rule, the queue's too), before the step plans its statements: planned on a table's "handful of
-    /// rows" while it holds 100,000, a step's `= ANY` over its 10,000 instance IDs was tested against every row of the
-    /// tenant (a campaign-wide update 20 s instead of 9 when the tokens' autoanalyze came after the call). Needs the
-    /// system role (before `enterTenant`).
+    /// (migration 0091's rule, the queue's too), before a change's step plans its statements: planned on a table's
+    /// "handful of rows" while it holds 100,000, a step's `= ANY` over its 10,000 instance IDs was tested against every
+    /// row of the tenant (a campaign-wide update 20 s instead of 9 when the tokens' autoanalyze came after the call).
+    /// Not for a start's steps, whose lookups are by key one row at a time (`LATERAL`), and whose first step would wait
+    /// for the analysis of an import's people, devices and tokens. Needs the system role (before `enterTenant`).
     static func refreshStatistics(_ c: PostgresConnection) throws {
         try c.query("SELECT marquee_refresh_statistics(\(Self.stepTables)::regclass[])")
     }

@@ -9,7 +9,7 @@ import Testing
 /// to twice what the planner believes, before the step's statements are planned.
 extension QueueStatisticsTests {
     @Test(
-        "a campaign step's tables are analysed once they doubled since their statistics (a history partition included), as the worker's role; the others are left alone"
+        "a campaign-wide change's tables are analysed once they doubled since their statistics (a history partition included), as the worker's role; the others are left alone"
     )
     func stepTablesRefreshed() async throws {
         let (url, owner) = try await Self.migratedDatabase()
