@@ -830,20 +830,7 @@ struct ServerTests {
                 let prompt = try other.readResponse().status
                 // One header byte every 100 ms, for at most 30 s: the idle timeout (60 s) never fires, so only the
                 // read deadline can end this.
-                var cutOff = false
-                while clock.now - started < .seconds(30) {
-                    do {
-                        try slow.send("X")
-                    } catch {
-                        cutOff = true
-                        break
-                    }
-                    var probe = pollfd(fd: slow.fd, events: Int16(POLLIN), revents: 0)
-                    if poll(&probe, 1, 100) > 0 {
-                        cutOff = (try? slow.readResponse()) == nil  // EOF or reset, no answer
-                        break
-                    }
-                }
+                let cutOff = slow.trickle("X", from: started, for: .seconds(30))
                 let elapsed = clock.now - started
                 // Time a handler runs does not count against the deadline.
                 let patient = try RawConnection(port: port)

@@ -157,6 +157,20 @@ final class RawConnection {
         }
         return nil
     }
+
+    /// Sends `byte` every 100 ms until the server ends the connection without an answer (true) or `limit` passes
+    /// since `started` (false): a slow client, which only the server's read deadline can cut off.
+    func trickle(_ byte: String, from started: ContinuousClock.Instant, for limit: Duration) -> Bool {
+        let clock = ContinuousClock()
+        while clock.now - started < limit {
+            guard (try? send(byte)) != nil else { return true }
+            var probe = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
+            if poll(&probe, 1, 100) > 0 {
+                return (try? readResponse()) == nil  // EOF or reset, no answer
+            }
+        }
+        return false
+    }
 }
 
 /// Runs blocking work on a fresh thread so the cooperative pool stays free for the server's handlers.

@@ -201,18 +201,7 @@ struct WireLimitTests {
                 let started = clock.now
                 try slow.send("POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n")
                 // One body byte every 100 ms (1000 bytes would take 100 s): only the read deadline can end this.
-                var cutOff = false
-                while clock.now - started < .seconds(30) {
-                    guard (try? slow.send("b")) != nil else {
-                        cutOff = true
-                        break
-                    }
-                    var probe = pollfd(fd: slow.fd, events: Int16(POLLIN), revents: 0)
-                    if poll(&probe, 1, 100) > 0 {
-                        cutOff = (try? slow.readResponse()) == nil  // EOF or reset, no answer
-                        break
-                    }
-                }
+                let cutOff = slow.trickle("b", from: started, for: .seconds(30))
                 let elapsed = clock.now - started
                 let prompt = try RawConnection(port: port)
                 try prompt.sendRequest("POST", "/echo", body: [UInt8](repeating: 0x62, count: 1000))
