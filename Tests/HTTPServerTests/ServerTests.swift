@@ -166,9 +166,7 @@ struct ServerTests {
                 try connection.send(
                     "POST /bulk HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ok\r\nContent-Type: application/x-ndjson\r\nTransfer-Encoding: chunked\r\n\r\n"
                 )
-                let chunk = [UInt8](repeating: 0x61, count: 65_536)
-                for _ in 0..<64 { try connection.send(Array("10000\r\n".utf8) + chunk + Array("\r\n".utf8)) }
-                try connection.send("0\r\n\r\n")
+                connection.sendChunks(64, of: 65_536)
                 return try connection.readResponse()
             }
             #expect(streamed.status == 413)
@@ -274,13 +272,7 @@ struct ServerTests {
             let streamed = try await onThread {
                 let connection = try RawConnection(port: port)
                 try connection.send("POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
-                let chunk = [UInt8](repeating: 0x61, count: 65_536)
-                for _ in 0..<32 {
-                    guard (try? connection.send(Array("10000\r\n".utf8) + chunk + Array("\r\n".utf8))) != nil else {
-                        break
-                    }
-                }
-                try? connection.send("0\r\n\r\n")
+                connection.sendChunks(32, of: 65_536)
                 return try connection.readResponse()
             }
             #expect(streamed.status == 413)

@@ -158,6 +158,16 @@ final class RawConnection {
         return nil
     }
 
+    /// Sends a chunked body of `count` chunks of `size` bytes and its last chunk, stopping at the first send that fails:
+    /// a server that refuses the body as soon as it passes a limit answers and closes the connection midway.
+    func sendChunks(_ count: Int, of size: Int) {
+        let chunk = Array(String(size, radix: 16).utf8) + [13, 10] + [UInt8](repeating: 0x61, count: size) + [13, 10]
+        for _ in 0..<count {
+            guard (try? send(chunk)) != nil else { return }
+        }
+        try? send("0\r\n\r\n")
+    }
+
     /// Sends `byte` every 100 ms until the server ends the connection without an answer (true) or `limit` passes
     /// since `started` (false): a slow client, which only the server's read deadline can cut off.
     func trickle(_ byte: String, from started: ContinuousClock.Instant, for limit: Duration) -> Bool {
