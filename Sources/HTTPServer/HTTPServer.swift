@@ -639,19 +639,9 @@ final class ServerCore: Sendable {
         let request = HTTPRequest(
             method: httpMethod, target: context.target, headers: headers, requestID: requestID,
             remoteAddress: client(context, headers), peerAddress: context.remoteAddress)
-        if let problem = Self.head(context, connection: connection, headers: headers).problem(
-            maxTargetLength: configuration.maxTargetLength, maxSize: configuration.maxRequestHeadSize,
-            rawPath: request.rawPath, headers: headers)
-        {
-            context.state.withLock { s in
-                s.stage = .receiving
-                s.method = httpMethod
-                s.requestID = requestID
-                s.request = request
-            }
-            return answerBeforeBody(.problem(problem), context: context, connection: connection)
-        }
-        let routed = router.route(request)
+        let problem = Self.headProblem(
+            context, connection: connection, headers: headers, rawPath: request.rawPath, configuration: configuration)
+        let routed = problem == nil ? router.route(request) : nil
         context.state.withLock { s in
             s.stage = .receiving
             s.method = httpMethod
@@ -659,6 +649,10 @@ final class ServerCore: Sendable {
             s.request = request
             s.routed = routed
             if case .matched(let match) = routed { s.route = match.pattern }
+        }
+        guard let routed, problem == nil else {
+            // Not routed: the head is over a limit.
+            return answerBeforeBody(.problem(problem!), context: context, connection: connection)
         }
         let length = headers["Content-Length"].flatMap { Int(HTTPHeaders.trimmed($0)) }
         let chunked = length == nil && headers["Transfer-Encoding"] != nil
@@ -1041,18 +1035,28 @@ final class ServerCore: Sendable {
     }
 
     /// The request's head as libmicrohttpd holds it (see `RequestHead`).
-    private static func head(_ context: RequestContext, connection: OpaquePointer, headers: HTTPHeaders) -> RequestHead
-    {
+    /// The head's 414 or 431 (`RequestHead.problem`), or nil. MHD's lists of query parameters and cookies are walked
+    /// to count them only when the head could be over the limit with the most of them its text allows (a usual
+    /// request's head is far under it).
+    private static func headProblem(
+        _ context: RequestContext, connection: OpaquePointer, headers: HTTPHeaders, rawPath: String,
+        configuration: HTTPServer.Configuration
+    ) -> HTTPProblem? {
         let text = cmhd_get_connection_info(connection, .CONNECTION_INFO_REQUEST_HEADER_SIZE).map {
             Int($0.pointee.header_size)
         }
-        return RequestHead(
-            targetLength: context.target.utf8.count,
-            textLength: text ?? context.target.utf8.count,
-            fieldCount: headers.count,
-            queryParameterCount: Int(MHD_get_connection_values(connection, .GET_ARGUMENT_KIND, nil, nil)),
-            cookieCount: Int(MHD_get_connection_values(connection, .COOKIE_KIND, nil, nil)),
+        var head = RequestHead(
+            targetLength: context.target.utf8.count, textLength: text ?? context.target.utf8.count,
+            fieldCount: headers.count, queryParameterCount: nil, cookieCount: nil,
             cookieHeaderLength: headers.first("Cookie")?.utf8.count ?? 0)
+        if head.targetLength <= configuration.maxTargetLength && head.size <= configuration.maxRequestHeadSize {
+            return nil
+        }
+        head.queryParameterCount = Int(MHD_get_connection_values(connection, .GET_ARGUMENT_KIND, nil, nil))
+        head.cookieCount = Int(MHD_get_connection_values(connection, .COOKIE_KIND, nil, nil))
+        return head.problem(
+            maxTargetLength: configuration.maxTargetLength, maxSize: configuration.maxRequestHeadSize,
+            rawPath: rawPath, headers: headers)
     }
 
     private static func clientAddress(_ connection: OpaquePointer) -> String? {

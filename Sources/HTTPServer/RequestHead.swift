@@ -18,16 +18,20 @@ struct RequestHead {
     var textLength: Int
     /// Header fields.
     var fieldCount: Int
-    /// Query parameters libmicrohttpd split off the target.
-    var queryParameterCount: Int
-    /// Cookies libmicrohttpd split off the first `Cookie` header.
-    var cookieCount: Int
+    /// Query parameters libmicrohttpd split off the target; nil when not counted: then at most one a byte of the
+    /// target and one more.
+    var queryParameterCount: Int?
+    /// Cookies libmicrohttpd split off the first `Cookie` header; nil when not counted: then at most one a byte of
+    /// the header and one more.
+    var cookieCount: Int?
     /// Bytes of the first `Cookie` header's value (libmicrohttpd copies it to split it), 0 without one.
     var cookieHeaderLength: Int
 
-    /// What the head takes of the pool.
+    /// What the head takes of the pool; with a count not known, the most it can take.
     var size: Int {
-        textLength + cookieCopy + Self.recordSize * (fieldCount + queryParameterCount + cookieCount)
+        let parameters = queryParameterCount ?? targetLength + 1
+        let cookies = cookieCount ?? (cookieHeaderLength == 0 ? 0 : cookieHeaderLength + 1)
+        return textLength + cookieCopy + Self.recordSize * (fieldCount + parameters + cookies)
     }
 
     /// The copy of the `Cookie` header libmicrohttpd splits (with its terminating NUL, 16-byte aligned).
@@ -53,7 +57,7 @@ struct RequestHead {
         for (name, value) in headers where 2 * (name.utf8.count + value.utf8.count + Self.recordSize) > size {
             field = name
         }
-        if 2 * (cookieHeaderLength + cookieCopy + Self.recordSize * cookieCount) > size { field = "Cookie" }
+        if 2 * (cookieHeaderLength + cookieCopy + Self.recordSize * (cookieCount ?? 0)) > size { field = "Cookie" }
         return .headerFieldsTooLarge(limit: maxSize, size: size, fieldCount: fieldCount, field: field)
     }
 }
