@@ -121,12 +121,10 @@ bench_wal_report() {
 bench_wal_lsn() { psql -qtA "$DATABASE_URL" -c "SELECT pg_current_wal_insert_lsn()"; }
 bench_wal_dump() {
   [ "${WALDUMP:-0}" = 1 ] || return 0
-  local waldump dir=$out/pg/pg_wal
-  waldump="$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V -r | head -1)/pg_waldump"
-  as_pg_owner() { if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi; }
-  as_pg_owner "$waldump" -p "$dir" -s "$1" -e "$2" --stats=record 2>/dev/null | awk 'NR <= 3 || $2 > 0' | sort -t'(' -k2 -rn | head -25
+  local waldump=("$root/Deploy/local/pg.sh" waldump "$out/pg")
+  "${waldump[@]}" -s "$1" -e "$2" --stats=record 2>/dev/null | awk 'NR <= 3 || $2 > 0' | sort -t'(' -k2 -rn | head -25
   echo "WAL records by relation (the 15 with most):"
-  as_pg_owner "$waldump" -p "$dir" -s "$1" -e "$2" 2>/dev/null | sed -n 's|.*rel [0-9]*/[0-9]*/\([0-9]*\).*|\1|p' | sort | uniq -c \
+  "${waldump[@]}" -s "$1" -e "$2" 2>/dev/null | sed -n 's|.*rel [0-9]*/[0-9]*/\([0-9]*\).*|\1|p' | sort | uniq -c \
     | sort -rn | head -15 | while read -r n node; do
       echo "  $n $(psql -qtA "$DATABASE_URL" -c "SELECT coalesce((SELECT relname FROM pg_class WHERE pg_relation_filenode(oid) = $node LIMIT 1), '$node')")"
     done

@@ -5,6 +5,7 @@
 #   pg.sh stop DIR           stop it (fast shutdown)
 #   pg.sh url DIR            print the DATABASE_URL of a running cluster
 #   pg.sh crash DIR          stop it the hard way (immediate mode), as a crash would
+#   pg.sh waldump DIR ARGS…  pg_waldump over the cluster's WAL (bench/lib.sh's WALDUMP=1)
 #
 # initdb refuses to run as root, so as root the cluster belongs to the `postgres` system user.
 # Extra server settings can be passed in PG_OPTIONS (e.g. "-c fsync=off" for throwaway clusters).
@@ -45,7 +46,7 @@ free_port() {
 
 cmd=${1:-}
 dir=${2:-}
-[ -n "$cmd" ] && [ -n "$dir" ] || { sed -n '2,10p' "$0"; exit 2; }
+[ -n "$cmd" ] && [ -n "$dir" ] || { sed -n '2,11p' "$0"; exit 2; }
 mkdir -p "$dir"
 dir=$(cd "$dir" && pwd)
 bin=$(bindir)
@@ -91,12 +92,16 @@ case "$cmd" in
   crash)
     as_owner "$bin/pg_ctl" -D "$dir" -m immediate -w stop >/dev/null
     ;;
+  waldump)
+    shift 2
+    as_owner "$bin/pg_waldump" -p "$dir/pg_wal" "$@"
+    ;;
   url)
     port=$(sed -n 4p "$dir/postmaster.pid")
     echo "postgresql://postgres@127.0.0.1:$port/marquee"
     ;;
   *)
-    sed -n '2,10p' "$0"
+    sed -n '2,11p' "$0"
     exit 2
     ;;
 esac
