@@ -368,7 +368,9 @@ public struct CampaignRunner: Sendable {
         let template = try row.decode(JSONValue.self, "attributes")
         let rate = try row.decode(Int?.self, "rate_limit_per_second")
         let timestamp = Int64(Date().timeIntervalSince1970.rounded(.down))
-        let limit = expiresAt > Date() ? Self.stepSize(remaining: members.map { $0 - written }, chunk: chunk) : 0
+        let limit =
+            expiresAt > Date()
+            ? Self.stepSize(remaining: members.map { $0 - written }, written: written, chunk: chunk) : 0
         let wrote = try c.query(
             """
             -- A step's members, their people, devices and push-to-start tokens are looked up row by row (LATERAL
@@ -505,14 +507,20 @@ public struct CampaignRunner: Sendable {
     }
 
     /// How many members a start's step writes (or open instances a campaign-wide change's step changes), with
-    /// `remaining` left (nil: not known). `chunk`, but the last `chunk` are written in halves while a half is at least
-    /// `tailFloor`: the pushes of a step leave only once it commits, so the last step's are what the run waits for
-    /// after its writes are done (bench/campaign: 10,000 of them, ~1 s of sending after the last commit). Halves keep
-    /// the extra steps few (each costs a transaction and a plan: ~10–30 ms).
-    static func stepSize(remaining: Int?, chunk: Int, floor: Int = tailFloor) -> Int {
-        guard let remaining, remaining <= chunk else { return chunk }
+    /// `written` written by the steps before and `remaining` left (nil: not known). `chunk`, but:
+    /// - the last `chunk` are written in halves while a half is at least `floor`: the pushes of a step leave only once
+    ///   it commits, so the last step's are what the run waits for after its writes are done (bench/campaign: 10,000
+    ///   of them, ~1 s of sending after the last commit);
+    /// - the first steps grow from `floor`, each at most what the steps before wrote: the workers have nothing to send
+    ///   until the first step commits (bench/campaign: a whole first chunk kept one of two cores idle for ~0.5 s), and
+    ///   each later step is written while the one before is sent.
+    ///
+    /// Both keep the extra steps few (each costs a transaction and a plan: ~10–30 ms).
+    static func stepSize(remaining: Int?, written: Int, chunk: Int, floor: Int = tailFloor) -> Int {
+        let ramp = max(floor, written)
+        guard let remaining, remaining <= chunk else { return min(chunk, ramp) }
         let half = (remaining + 1) / 2
-        return half >= floor ? half : max(remaining, 1)
+        return min(half >= floor ? half : max(remaining, 1), ramp)
     }
 
     /// The smallest step ``stepSize(remaining:chunk:floor:)`` splits the end of a run into.
@@ -731,8 +739,8 @@ public struct CampaignRunner: Sendable {
             }
             try planForBulk(c)
         }
-        // This step's chunk: the open instances after the last one an earlier step wrote, up to the chunk's last
-        // (none when no more than a chunk is left: the last step). Found first, then locked as a range, so that an
+        // This step's chunk: the open instances after the last one an earlier step wrote, up to the step's last
+        // (none when no more than a step is left: the last step). Found first, then locked as a range, so that an
         // instance ending meanwhile cannot make a short chunk look like the last.
         let after = progress?["after"]?.stringValue ?? ""
         // The IDs of the open instances after `after`, in order, from position `offset` (0-based).
@@ -748,12 +756,19 @@ public struct CampaignRunner: Sendable {
             ).map { try $0.decode(String.self, "id") }
         }
         var bound: String?
+        // The open instances the steps before covered, and this one covers (changed or not: a state the activity type
+        // refuses changes none).
+        let coveredBefore = Int(progress?["covered"]?.intValue ?? 0)
+        var covered = 0
         if only == nil {
-            let ends = try open(offset: chunk - 1, limit: 2)
+            // The first steps grow from the floor and the last chunk is written in halves, as a start's (`stepSize`):
+            // a step's pushes leave only once it commits.
+            let step = Self.stepSize(remaining: nil, written: coveredBefore, chunk: chunk, floor: tailFloor)
+            let ends = try open(offset: step - 1, limit: 2)
             if ends.count == 2 {
                 bound = ends[0]
+                covered = step
             } else {
-                // The last chunk in halves, as a start's (`stepSize`): its pushes leave only once it commits.
                 let left = try c.query(
                     """
                     SELECT count(*)::int AS n FROM instances i
@@ -762,8 +777,9 @@ public struct CampaignRunner: Sendable {
                       AND (\(excluded)::text IS NULL OR i.id <> \(excluded))
                     """
                 )[0].decode(Int.self, "n")
-                let size = Self.stepSize(remaining: left, chunk: chunk, floor: tailFloor)
+                let size = Self.stepSize(remaining: left, written: coveredBefore, chunk: chunk, floor: tailFloor)
                 if size < left { bound = try open(offset: size - 1, limit: 1).first }
+                covered = min(size, left)
             }
         }
 
@@ -933,6 +949,7 @@ public struct CampaignRunner: Sendable {
         if done { return (counts, broadcast ? only : nil, true) }
         var next: [String: JSONValue] = [
             "phase": .string("changing"), "after": .string(bound ?? ""), "counts": counts,
+            "covered": .int(Int64(coveredBefore + covered)),
         ]
         if let pacing {
             next["paced_from"] = .double(pacing.from)

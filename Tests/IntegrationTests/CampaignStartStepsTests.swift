@@ -91,23 +91,34 @@ extension CampaignTests {
         )
     }
 
-    @Test("a start's last chunk is written in halves, down to a floor; whole chunks before it")
+    @Test(
+        "a start's first steps grow from a floor, its last chunk is written in halves down to it; whole chunks between")
     func stepSizes() {
-        // 100,000 in chunks of 10,000: nine whole chunks, then 5,000, 2,500, 1,250 and the last 1,250.
+        // 100,000 in chunks of 10,000: 1,000, 1,000, 2,000, 4,000, 8,000 (each at most what the steps before
+        // wrote), eight whole chunks, then the last 4,000 in halves: 2,000, 1,000 and 1,000.
         var left = 100_000
         var steps: [Int] = []
         while left > 0 {
-            let size = min(left, CampaignRunner.stepSize(remaining: left, chunk: 10_000))
+            let size = min(left, CampaignRunner.stepSize(remaining: left, written: 100_000 - left, chunk: 10_000))
             steps.append(size)
             left -= size
         }
-        #expect(steps == Array(repeating: 10_000, count: 9) + [5_000, 2_500, 1_250, 1_250])
-        #expect(CampaignRunner.stepSize(remaining: 25_000, chunk: 10_000) == 10_000)
-        #expect(CampaignRunner.stepSize(remaining: 2 * CampaignRunner.tailFloor, chunk: 10_000) == 1_000)
-        #expect(CampaignRunner.stepSize(remaining: 1_998, chunk: 10_000) == 1_998)
-        // Small chunks are not split; nor is anything when the audience's size is not known.
-        #expect(CampaignRunner.stepSize(remaining: 2, chunk: 3) == 2)
-        #expect(CampaignRunner.stepSize(remaining: nil, chunk: 10_000) == 10_000)
+        #expect(
+            steps == [1_000, 1_000, 2_000, 4_000, 8_000] + Array(repeating: 10_000, count: 8) + [2_000, 1_000, 1_000])
+        #expect(CampaignRunner.stepSize(remaining: 25_000, written: 50_000, chunk: 10_000) == 10_000)
+        #expect(CampaignRunner.stepSize(remaining: 25_000, written: 0, chunk: 10_000) == 1_000)
+        #expect(CampaignRunner.stepSize(remaining: 25_000, written: 3_000, chunk: 10_000) == 3_000)
+        #expect(
+            CampaignRunner.stepSize(remaining: 2 * CampaignRunner.tailFloor, written: 50_000, chunk: 10_000) == 1_000)
+        #expect(CampaignRunner.stepSize(remaining: 1_998, written: 50_000, chunk: 10_000) == 1_998)
+        // An audience within the floor is one step.
+        #expect(CampaignRunner.stepSize(remaining: 999, written: 0, chunk: 10_000) == 999)
+        // Small chunks are neither grown nor split; nor is anything but the first steps when the audience's size is
+        // not known.
+        #expect(CampaignRunner.stepSize(remaining: 2, written: 0, chunk: 3) == 2)
+        #expect(CampaignRunner.stepSize(remaining: nil, written: 0, chunk: 3) == 3)
+        #expect(CampaignRunner.stepSize(remaining: nil, written: 50_000, chunk: 10_000) == 10_000)
+        #expect(CampaignRunner.stepSize(remaining: nil, written: 0, chunk: 10_000) == 1_000)
     }
 
     @Test("a start whose audience fills its last step ends in that step; one recorded without its size still ends")
