@@ -517,7 +517,7 @@ public struct CampaignRunner: Sendable {
     ///
     /// Both keep the extra steps few (each costs a transaction and a plan: ~10–30 ms).
     static func stepSize(remaining: Int?, written: Int, chunk: Int, floor: Int = tailFloor) -> Int {
-        let ramp = max(floor, written)
+        let ramp = max(floor, written, 1)
         guard let remaining, remaining <= chunk else { return min(chunk, ramp) }
         let half = (remaining + 1) / 2
         return min(half >= floor ? half : max(remaining, 1), ramp)
@@ -575,20 +575,14 @@ public struct CampaignRunner: Sendable {
         try c.query("SELECT set_config('plan_cache_mode', 'force_custom_plan', true)")
     }
 
-    /// The tables a campaign-wide change's step reads, as the minutes before may have filled them (the apps' activity
-    /// tokens after a start, the start's pushes in today's history partition, an import's devices).
-    static let stepTables = [
-        "instances", "activity_tokens", "instance_devices", "devices", "delivery_queue", "delivery_history",
-    ]
-
-    /// Analyses those of `stepTables` that have grown to twice what the planner believes since they were last analysed
-    /// (migration 0091's rule, the queue's too), before a change's step plans its statements: planned on a table's
-    /// "handful of rows" while it holds 100,000, a step's `= ANY` over its 10,000 instance IDs was tested against every
-    /// row of the tenant (a campaign-wide update 20 s instead of 9 when the tokens' autoanalyze came after the call).
-    /// Not for a start's steps, whose lookups are by key one row at a time (`LATERAL`), and whose first step would wait
-    /// for the analysis of an import's people, devices and tokens. Needs the system role (before `enterTenant`).
+    /// Analyses the tables a change's step reads (`PlannerStatistics`) that have grown to twice what the planner
+    /// believes since they were last analysed, before the step plans its statements: planned on a table's "handful of
+    /// rows" while it holds 100,000, a step's `= ANY` over its 10,000 instance IDs was tested against every row of the
+    /// tenant (a campaign-wide update 20 s instead of 9 when the tokens' autoanalyze came after the call). Not for a
+    /// start's steps, whose lookups are by key one row at a time (`LATERAL`), and whose first step would wait for the
+    /// analysis of an import's people, devices and tokens. Needs the system role (before `enterTenant`).
     static func refreshStatistics(_ c: PostgresConnection) throws {
-        try c.query("SELECT marquee_refresh_statistics(\(Self.stepTables)::regclass[])")
+        try c.query(PlannerStatistics.query(growth: PlannerStatistics.stepGrowth))
     }
 
     /// For the statements that write a whole audience: they read rows this transaction just made (no statistics yet)

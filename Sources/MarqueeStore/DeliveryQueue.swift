@@ -834,6 +834,15 @@ public struct DeliveryQueue: Sendable {
         return try rows.first?.decode(Bool.self, "analysed") ?? false
     }
 
+    /// Analyses the tables the API's group reads plan on that have grown ten-fold since their statistics
+    /// (`PlannerStatistics`, migration 0093): the workers' tick, so that a burst of starts or registrations does not
+    /// leave the API's reads planned for near-empty tables until autovacuum's minute. Returns how many it analysed.
+    @discardableResult
+    public func refreshReadStatistics() async throws -> Int {
+        let rows = try await pool.query(PlannerStatistics.query(growth: PlannerStatistics.tickGrowth))
+        return try rows.first?.decode(Int.self, "analysed") ?? 0
+    }
+
     /// Deletes idempotency records past their 24 hours, a bounded number at a time; returns how many went.
     @discardableResult
     public func expireIdempotencyKeys(limit: Int = 10_000) async throws -> Int {

@@ -72,4 +72,64 @@ extension QueueStatisticsTests {
             "SELECT reltuples::int AS n FROM pg_class WHERE oid = 'activity_tokens'::regclass")[0].decode(Int.self, "n")
         #expect(believed == 2000)
     }
+
+    @Test(
+        "the workers' tick analyses a table grown ten-fold since its statistics (the API's reads), and leaves one that only doubled to a change's step"
+    )
+    func tickRefreshesReadTables() async throws {
+        let (url, owner) = try await Self.migratedDatabase()
+        defer { owner.close() }
+        for table in ["activity_tokens", "instances"] {
+            try await owner.execute("ALTER TABLE \(unsafeRaw: table) SET (autovacuum_enabled = false)")
+        }
+        let tenant = UUID()
+        try await owner.withConnection { connection in
+            try Self.seedInstance(connection, tenant: tenant, name: "tick")
+            try Self.seedDeliveries(connection, tenant: tenant, prefix: "p", count: 1200)
+            // Statistics of the moment: no activity token yet; 1,201 instances; the rest as they are.
+            try connection.execute("ANALYZE activity_tokens")
+            try connection.execute("ANALYZE instances")
+            try connection.execute("ANALYZE devices, instance_devices, push_to_start_tokens, delivery_queue")
+            // Then a burst: 2,000 tokens registered (from none), 2,000 more instances started (2.7 times as many).
+            try connection.execute(
+                """
+                INSERT INTO activity_tokens (tenant_id, instance_id, device_token, token, status, retired_reason,
+                                             retired_at)
+                SELECT \(tenant), 'p1', 'p-d1', md5(i::text), 'retired', 'rotated', now()
+                FROM generate_series(1, 2000) i
+                """)
+            try connection.execute(
+                """
+                INSERT INTO instances (tenant_id, id, activity_type, state, attributes, content_state,
+                                       content_timestamp, expires_at)
+                SELECT \(tenant), 'q' || i, 'a', 'active', '{}', '{}', 1, now() + interval '1 hour'
+                FROM generate_series(1, 2000) i
+                """)
+            _ = try connection.query("SELECT pg_stat_force_next_flush()")
+        }
+        func analyses() async throws -> [String: Int] {
+            let rows = try await owner.query(
+                """
+                SELECT relname, analyze_count::int AS n FROM pg_stat_user_tables
+                WHERE relname IN ('activity_tokens', 'instances')
+                """)
+            return try Dictionary(
+                uniqueKeysWithValues: rows.map { (try $0.decode(String.self, "relname"), try $0.decode(Int.self, "n")) }
+            )
+        }
+        let workerPool = try Self.workerPool(url)
+        defer { workerPool.close() }
+        let before = try await analyses()
+        #expect(try await DeliveryQueue(pool: workerPool).refreshReadStatistics() == 1)
+        let ticked = try await analyses()
+        #expect(ticked["activity_tokens", default: 0] - before["activity_tokens", default: 0] == 1, "\(ticked)")
+        #expect(ticked["instances"] == before["instances"], "2.7 times its statistics: not the tick's (\(ticked))")
+        // A change's step, about to read sets of 10,000, asks for less.
+        try await workerPool.transaction { c in
+            try c.enterSystem()
+            try CampaignRunner.refreshStatistics(c)
+        }
+        let stepped = try await analyses()
+        #expect(stepped["instances", default: 0] - before["instances", default: 0] == 1, "\(stepped)")
+    }
 }
