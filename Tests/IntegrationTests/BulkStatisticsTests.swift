@@ -28,13 +28,7 @@ extension QueueStatisticsTests {
             try connection.execute("ANALYZE delivery_history_default")
             // Then the apps report their tokens (2,000 of them) and the start's pushes are recorded in the history
             // (in the default partition: a date no daily partition holds).
-            try connection.execute(
-                """
-                INSERT INTO activity_tokens (tenant_id, instance_id, device_token, token, status, retired_reason,
-                                             retired_at)
-                SELECT \(tenant), 'p1', 'p-d1', md5(i::text), 'retired', 'rotated', now()
-                FROM generate_series(1, 2000) i
-                """)
+            try Self.registerTokens(connection, tenant: tenant, count: 2000)
             try connection.execute(
                 """
                 INSERT INTO delivery_history (tenant_id, id, instance_id, device_token, provider, token_kind, token,
@@ -45,16 +39,8 @@ extension QueueStatisticsTests {
                 """)
             _ = try connection.query("SELECT pg_stat_force_next_flush()")
         }
-        // How many times each has been analysed.
         func analyses() async throws -> [String: Int] {
-            let rows = try await owner.query(
-                """
-                SELECT relname, analyze_count::int AS n FROM pg_stat_user_tables
-                WHERE relname IN ('activity_tokens', 'instances', 'delivery_history_default')
-                """)
-            return try Dictionary(
-                uniqueKeysWithValues: rows.map { (try $0.decode(String.self, "relname"), try $0.decode(Int.self, "n")) }
-            )
+            try await Self.analyses(owner, of: ["activity_tokens", "instances", "delivery_history_default"])
         }
         let before = try await analyses()
         let workerPool = try Self.workerPool(url)
@@ -91,13 +77,7 @@ extension QueueStatisticsTests {
             try connection.execute("ANALYZE instances")
             try connection.execute("ANALYZE devices, instance_devices, push_to_start_tokens, delivery_queue")
             // Then a burst: 2,000 tokens registered (from none), 2,000 more instances started (2.7 times as many).
-            try connection.execute(
-                """
-                INSERT INTO activity_tokens (tenant_id, instance_id, device_token, token, status, retired_reason,
-                                             retired_at)
-                SELECT \(tenant), 'p1', 'p-d1', md5(i::text), 'retired', 'rotated', now()
-                FROM generate_series(1, 2000) i
-                """)
+            try Self.registerTokens(connection, tenant: tenant, count: 2000)
             try connection.execute(
                 """
                 INSERT INTO instances (tenant_id, id, activity_type, state, attributes, content_state,
@@ -108,14 +88,7 @@ extension QueueStatisticsTests {
             _ = try connection.query("SELECT pg_stat_force_next_flush()")
         }
         func analyses() async throws -> [String: Int] {
-            let rows = try await owner.query(
-                """
-                SELECT relname, analyze_count::int AS n FROM pg_stat_user_tables
-                WHERE relname IN ('activity_tokens', 'instances')
-                """)
-            return try Dictionary(
-                uniqueKeysWithValues: rows.map { (try $0.decode(String.self, "relname"), try $0.decode(Int.self, "n")) }
-            )
+            try await Self.analyses(owner, of: ["activity_tokens", "instances"])
         }
         let workerPool = try Self.workerPool(url)
         defer { workerPool.close() }
@@ -131,5 +104,25 @@ extension QueueStatisticsTests {
         }
         let stepped = try await analyses()
         #expect(stepped["instances", default: 0] - before["instances", default: 0] == 1, "\(stepped)")
+    }
+
+    /// How many times each of `tables` has been analysed.
+    static func analyses(_ owner: PostgresPool, of tables: [String]) async throws -> [String: Int] {
+        let rows = try await owner.query(
+            "SELECT relname::text AS relname, analyze_count::int AS n FROM pg_stat_user_tables WHERE relname = ANY(\(tables))"
+        )
+        return try Dictionary(
+            uniqueKeysWithValues: rows.map { (try $0.decode(String.self, "relname"), try $0.decode(Int.self, "n")) })
+    }
+
+    /// `count` activity tokens the apps reported (retired ones, all for instance `p1` on device `p-d1` of
+    /// `seedDeliveries`, so that no uniqueness rule of active tokens applies).
+    static func registerTokens(_ connection: PostgresConnection, tenant: UUID, count: Int) throws {
+        try connection.execute(
+            """
+            INSERT INTO activity_tokens (tenant_id, instance_id, device_token, token, status, retired_reason, retired_at)
+            SELECT \(tenant), 'p1', 'p-d1', md5(i::text), 'retired', 'rotated', now()
+            FROM generate_series(1, \(count)) i
+            """)
     }
 }
