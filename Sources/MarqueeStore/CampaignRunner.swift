@@ -8,11 +8,11 @@ import PostgresClient
 /// workers, a schedule runs exactly once, and a worker that dies mid-run leaves it to another (its work rolls back
 /// with it).
 ///
-/// A start writes its audience `chunk` members at a time (the last `chunk` in smaller steps, `stepSize`), one
-/// transaction each, in person order: each commits its instances and deliveries (so workers start sending them while
-/// the next are written) and the position reached, on the schedule, which stays pending until the last. Any worker
-/// continues from there. A campaign-wide change writes the campaign's open instances the same way, `chunk` at a time
-/// in instance ID order.
+/// A start writes its audience `chunk` members at a time (the first and the last `chunk` in smaller steps,
+/// `stepSize`), one transaction each, in person order: each commits its instances and deliveries (so workers start
+/// sending them while the next are written) and the position reached, on the schedule, which stays pending until the
+/// last. Any worker continues from there. A campaign-wide change writes the campaign's open instances the same way,
+/// `chunk` at a time in instance ID order.
 public struct CampaignRunner: Sendable {
     let database: TenantDatabase
     let notifyChannel: String
@@ -523,7 +523,7 @@ public struct CampaignRunner: Sendable {
         return min(half >= floor ? half : max(remaining, 1), ramp)
     }
 
-    /// The smallest step ``stepSize(remaining:chunk:floor:)`` splits the end of a run into.
+    /// The smallest step ``stepSize(remaining:written:chunk:floor:)`` begins a run with and splits its end into.
     static let tailFloor = 1_000
 
     /// The first step of a start: the audience, resolved now and kept in `campaign_members`. Returns its size.
