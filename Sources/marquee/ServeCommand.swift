@@ -15,9 +15,33 @@ struct ServeCommand {
         if let first = arguments.first { throw UsageError("serve: unknown option '\(first)'") }
     }
 
+    /// Descriptors beyond the listener's connections and the database pool: the listening socket, provider
+    /// connections (channels), logs, the metrics listener.
+    static let descriptorReserve = 256
+
+    /// Raises the open-files soft limit to cover `MARQUEE_HTTP_CONNECTIONS` and the database pool (as far as the hard
+    /// limit allows), and says when it cannot: past it, connections wait in the kernel's backlog, unanswered.
+    static func ensureOpenFiles(_ configuration: MarqueeConfiguration, logger: Logger) {
+        let needed = configuration.httpConnections + configuration.databasePoolSize + Self.descriptorReserve
+        guard let outcome = OpenFileLimit.ensure(atLeast: needed) else { return }
+        let metadata: [String: LogValue] = [
+            "open_files.needed": .int(needed), "open_files.before": .int(Int(clamping: outcome.before)),
+            "open_files.soft": .int(Int(clamping: outcome.after)), "open_files.hard": .int(Int(clamping: outcome.hard)),
+        ]
+        if !outcome.enough {
+            logger.warning(
+                "the open-files limit is below what MARQUEE_HTTP_CONNECTIONS and the database pool may use: raise the "
+                    + "hard limit (systemd LimitNOFILE=, ulimit -Hn) or lower MARQUEE_HTTP_CONNECTIONS",
+                metadata: metadata)
+        } else if outcome.after > outcome.before {
+            logger.info("open-files limit raised", metadata: metadata)
+        }
+    }
+
     func run() async throws {
         let configuration = try Startup.configuration()
         let logger = Startup.logger("marquee.api", configuration)
+        Self.ensureOpenFiles(configuration, logger: logger)
         let migrations = try Database.migrations(configuration)
 
         var pgConfiguration = try PostgresConfiguration(url: try configuration.requireDatabaseURL())
