@@ -15,6 +15,7 @@
 -- with its size (a unique column stays unique, a tenant's share stays its share), and what goes wrong is a table
 -- analysed near empty. A start of 100,000 then analyses its instances twice (at ~10,000 and ~100,000), not at every
 -- doubling (an analysis of 100,000 instances: ~210 ms here).
+-- Dropped, not replaced: a second signature beside the old one would make one-argument calls ambiguous.
 DROP FUNCTION marquee_refresh_statistics(regclass[]);
 CREATE FUNCTION marquee_refresh_statistics(p_tables regclass[], p_growth real DEFAULT 2) RETURNS integer
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = public, pg_temp AS $$
@@ -42,8 +43,5 @@ $$;
 REVOKE ALL ON FUNCTION marquee_refresh_statistics(regclass[], real) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION marquee_refresh_statistics(regclass[], real) TO marquee_system;
 
--- Unchanged (its body named the function dropped above).
-CREATE OR REPLACE FUNCTION marquee_refresh_queue_statistics() RETURNS boolean
-LANGUAGE sql VOLATILE SECURITY DEFINER SET search_path = public, pg_temp AS $$
-    SELECT marquee_refresh_statistics(ARRAY['delivery_queue'::regclass]) > 0
-$$;
+-- marquee_refresh_queue_statistics (0091) is unchanged: its SQL body names the function by its name, resolved when it
+-- runs, and the growth's default keeps its rule.

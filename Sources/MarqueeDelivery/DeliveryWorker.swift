@@ -825,11 +825,11 @@ public final class DeliveryWorker: Sendable {
         while !Task.isCancelled {
             // Every second: the queue's statistics, fresh after a burst of enqueued deliveries, and those of the
             // tables the API's reads plan on, after a burst of starts or registrations.
-            if (try? await queue.refreshStatistics()) == true {
-                logger.info("queue statistics refreshed")
-            }
-            if let analysed = try? await queue.refreshReadStatistics(), analysed > 0 {
-                logger.info("table statistics refreshed", metadata: ["tables.analysed": .int(analysed)])
+            if let refreshed = try? await queue.refreshTickStatistics() {
+                if refreshed.queue { logger.info("queue statistics refreshed") }
+                if refreshed.tables > 0 {
+                    logger.info("table statistics refreshed", metadata: ["tables.analysed": .int(refreshed.tables)])
+                }
             }
             if ticks % 5 == 0 {
                 let queue = self.queue

@@ -834,13 +834,15 @@ public struct DeliveryQueue: Sendable {
         return try rows.first?.decode(Bool.self, "analysed") ?? false
     }
 
-    /// Analyses the tables the API's group reads plan on that have grown ten-fold since their statistics
-    /// (`PlannerStatistics`, migration 0093): the workers' tick, so that a burst of starts or registrations does not
-    /// leave the API's reads planned for near-empty tables until autovacuum's minute. Returns how many it analysed.
+    /// The workers' once-a-second tick, in one statement: the queue's statistics by its rule (`refreshStatistics`),
+    /// and those of the tables the API's group reads plan on once grown ten-fold (`PlannerStatistics`, migration 0093),
+    /// so that a burst of starts or registrations does not leave the API's reads planned for near-empty tables until
+    /// autovacuum's minute. Returns whether it analysed the queue, and how many of those tables.
     @discardableResult
-    public func refreshReadStatistics() async throws -> Int {
-        let rows = try await pool.query(PlannerStatistics.query(growth: PlannerStatistics.tickGrowth))
-        return try rows.first?.decode(Int.self, "analysed") ?? 0
+    public func refreshTickStatistics() async throws -> (queue: Bool, tables: Int) {
+        let rows = try await pool.query(PlannerStatistics.query(growth: PlannerStatistics.tickGrowth, queue: true))
+        guard let row = rows.first else { return (false, 0) }
+        return (try row.decode(Bool.self, "queue"), try row.decode(Int.self, "analysed"))
     }
 
     /// Deletes idempotency records past their 24 hours, a bounded number at a time; returns how many went.

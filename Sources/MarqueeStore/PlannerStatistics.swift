@@ -7,7 +7,7 @@ import PostgresClient
 /// autovacuum's analysis up to a minute later. One list, two rules:
 /// - a change's step analyses those that have doubled since their statistics, before it plans
 ///   (`CampaignRunner.refreshStatistics`);
-/// - every worker's once-a-second tick analyses those grown ten-fold (`DeliveryQueue.refreshReadStatistics`): once a
+/// - every worker's once-a-second tick analyses those grown ten-fold (`DeliveryQueue.refreshTickStatistics`): once a
 ///   table has statistics from a thousand rows its estimates scale with its size, so the tick only has to catch a
 ///   table analysed near empty, and a start of 100,000 costs it two analyses of the instances, not one per doubling.
 ///
@@ -27,8 +27,14 @@ enum PlannerStatistics {
     /// The growth at which the workers' tick does.
     static let tickGrowth: Float = 10
 
-    /// `SELECT marquee_refresh_statistics(…)` over `tables` at `growth`: how many it analysed, as `analysed`.
-    static func query(growth: Float) -> PostgresQuery {
-        "SELECT marquee_refresh_statistics(\(Self.tables)::regclass[], \(growth)::real) AS analysed"
+    /// `SELECT marquee_refresh_statistics(…)` over `tables` at `growth`: how many it analysed, as `analysed`; with
+    /// `queue`, also the queue's own rule in the same statement (the tick's one round trip), as `queue`.
+    static func query(growth: Float, queue: Bool = false) -> PostgresQuery {
+        queue
+            ? """
+            SELECT marquee_refresh_queue_statistics() AS queue,
+                   marquee_refresh_statistics(\(Self.tables)::regclass[], \(growth)::real) AS analysed
+            """
+            : "SELECT marquee_refresh_statistics(\(Self.tables)::regclass[], \(growth)::real) AS analysed"
     }
 }
