@@ -14,10 +14,7 @@ extension QueueStatisticsTests {
     func stepTablesRefreshed() async throws {
         let (url, owner) = try await Self.migratedDatabase()
         defer { owner.close() }
-        // Autovacuum must not analyse behind the test's back.
-        for table in ["activity_tokens", "instances", "delivery_history_default"] {
-            try await owner.execute("ALTER TABLE \(unsafeRaw: table) SET (autovacuum_enabled = false)")
-        }
+        try await Self.withoutAutovacuum(owner, ["activity_tokens", "instances", "delivery_history_default"])
         let tenant = UUID()
         try await owner.withConnection { connection in
             try Self.seedInstance(connection, tenant: tenant, name: "step")
@@ -65,9 +62,7 @@ extension QueueStatisticsTests {
     func tickRefreshesReadTables() async throws {
         let (url, owner) = try await Self.migratedDatabase()
         defer { owner.close() }
-        for table in ["activity_tokens", "instances"] {
-            try await owner.execute("ALTER TABLE \(unsafeRaw: table) SET (autovacuum_enabled = false)")
-        }
+        try await Self.withoutAutovacuum(owner, ["activity_tokens", "instances"])
         let tenant = UUID()
         try await owner.withConnection { connection in
             try Self.seedInstance(connection, tenant: tenant, name: "tick")
@@ -93,7 +88,7 @@ extension QueueStatisticsTests {
         let workerPool = try Self.workerPool(url)
         defer { workerPool.close() }
         let before = try await analyses()
-        #expect(try await DeliveryQueue(pool: workerPool).refreshReadStatistics() == 1)
+        #expect(try await DeliveryQueue(pool: workerPool).refreshTickStatistics().tables == 1)
         let ticked = try await analyses()
         #expect(ticked["activity_tokens", default: 0] - before["activity_tokens", default: 0] == 1, "\(ticked)")
         #expect(ticked["instances"] == before["instances"], "2.7 times its statistics: not the tick's (\(ticked))")
@@ -104,6 +99,13 @@ extension QueueStatisticsTests {
         }
         let stepped = try await analyses()
         #expect(stepped["instances", default: 0] - before["instances", default: 0] == 1, "\(stepped)")
+    }
+
+    /// Autovacuum must not analyse `tables` behind the test's back: their statistics are the test's to set.
+    static func withoutAutovacuum(_ owner: PostgresPool, _ tables: [String]) async throws {
+        for table in tables {
+            try await owner.execute("ALTER TABLE \(unsafeRaw: table) SET (autovacuum_enabled = false)")
+        }
     }
 
     /// How many times each of `tables` has been analysed.
