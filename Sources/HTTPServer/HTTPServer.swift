@@ -601,14 +601,16 @@ final class ServerCore: Sendable {
 
     /// The access handler: returns false to make MHD close the connection.
     func access(
-        _ context: RequestContext, connection: OpaquePointer, method: String,
+        _ context: RequestContext, connection: OpaquePointer, method: String, version: UnsafePointer<CChar>?,
         upload: UnsafePointer<CChar>?, uploadSize: UnsafeMutablePointer<Int>
     ) -> Bool {
         let stage = context.state.withLock { $0.stage }
         switch stage {
         case .new:
+            let http10 = version.map { String(cString: $0) == "HTTP/1.0" } ?? false
             return headersArrived(
-                context, connection: connection, method: method, upload: upload, uploadSize: uploadSize)
+                context, connection: connection, method: method, http10: http10, upload: upload,
+                uploadSize: uploadSize)
         case .admitted:
             // MHD repeats its first call (no body yet) after the resume; the body follows.
             context.state.withLock { s in
@@ -630,8 +632,8 @@ final class ServerCore: Sendable {
     /// MHD's first call, with the request's headers: routes the request and decides, before any of the body is read,
     /// whether the body is taken.
     private func headersArrived(
-        _ context: RequestContext, connection: OpaquePointer, method: String, upload: UnsafePointer<CChar>?,
-        uploadSize: UnsafeMutablePointer<Int>
+        _ context: RequestContext, connection: OpaquePointer, method: String, http10: Bool,
+        upload: UnsafePointer<CChar>?, uploadSize: UnsafeMutablePointer<Int>
     ) -> Bool {
         let headers = Self.requestHeaders(connection)
         let httpMethod = HTTPMethod(rawValue: method)
@@ -639,8 +641,11 @@ final class ServerCore: Sendable {
         let request = HTTPRequest(
             method: httpMethod, target: context.target, headers: headers, requestID: requestID,
             remoteAddress: client(context, headers), peerAddress: context.remoteAddress)
-        let problem = Self.headProblem(
-            context, connection: connection, headers: headers, rawPath: request.rawPath, configuration: configuration)
+        let problem =
+            Self.headProblem(
+                context, connection: connection, headers: headers, rawPath: request.rawPath,
+                configuration: configuration)
+            ?? RequestHead.hostProblem(http10: http10, hosts: headers.values("Host"))
         let routed = problem == nil ? router.route(request) : nil
         context.state.withLock { s in
             s.stage = .receiving
@@ -651,7 +656,7 @@ final class ServerCore: Sendable {
             if case .matched(let match) = routed { s.route = match.pattern }
         }
         guard let routed, problem == nil else {
-            // Not routed: the head is over a limit.
+            // Not routed: the head is over a limit, or its Host is missing or ambiguous.
             return answerBeforeBody(.problem(problem!), context: context, connection: connection)
         }
         let length = headers["Content-Length"].flatMap { Int(HTTPHeaders.trimmed($0)) }
@@ -1100,7 +1105,7 @@ private func mhdAccessHandler(
     let core = Unmanaged<ServerCore>.fromOpaque(cls).takeUnretainedValue()
     let context = Unmanaged<RequestContext>.fromOpaque(opaque).takeUnretainedValue()
     let handled = core.access(
-        context, connection: connection, method: method.map { String(cString: $0) } ?? "GET",
+        context, connection: connection, method: method.map { String(cString: $0) } ?? "GET", version: version,
         upload: uploadData, uploadSize: uploadDataSize)
     return handled ? .YES : .NO
 }

@@ -61,3 +61,65 @@ struct RequestHead {
         return .headerFieldsTooLarge(limit: maxSize, size: size, fieldCount: fieldCount, field: field)
     }
 }
+
+extension RequestHead {
+    /// 400 unless the request names one authority (RFC 9112 §3.2): an HTTP/1.1 request carries exactly one `Host`
+    /// field, and a `Host` field's value is `uri-host [":" port]` or empty; HTTP/1.0 may leave it out. The server
+    /// does not use the value, but a proxy in front of it does, and a request that two readers can take for two
+    /// different hosts (two fields, or a value with spaces, `/` or `@`) is refused rather than guessed at.
+    static func hostProblem(http10: Bool, hosts: [String]) -> HTTPProblem? {
+        if hosts.count > 1 {
+            return .badRequest(detail: "The request has \(hosts.count) Host header fields; send one.", field: "Host")
+        }
+        guard let host = hosts.first else {
+            if http10 { return nil }
+            return .badRequest(detail: "An HTTP/1.1 request needs a Host header field.", field: "Host")
+        }
+        if !isAuthority(host) {
+            return .badRequest(
+                detail: "The Host header field is not a host with an optional port (RFC 3986 §3.2.2–3.2.3).",
+                field: "Host")
+        }
+        return nil
+    }
+
+    /// Whether `value` is `uri-host [":" port]` (RFC 3986): a registered name (unreserved, sub-delims and
+    /// percent-encoded characters), an IPv4 address, or an IP literal in brackets, then an optional run of digits.
+    /// Empty is allowed (a target without an authority).
+    static func isAuthority(_ value: String) -> Bool {
+        var bytes = value.utf8[...]
+        if bytes.first == UInt8(ascii: "[") {
+            guard let close = bytes.firstIndex(of: UInt8(ascii: "]")) else { return false }
+            let literal = bytes[bytes.index(after: bytes.startIndex)..<close]
+            guard !literal.isEmpty, literal.allSatisfy({ isHex($0) || $0 == UInt8(ascii: ":") || isName($0) })
+            else { return false }
+            bytes = bytes[bytes.index(after: close)...]
+        } else {
+            let end = bytes.firstIndex(of: UInt8(ascii: ":")) ?? bytes.endIndex
+            guard bytes[..<end].allSatisfy(isName) else { return false }
+            bytes = bytes[end...]
+        }
+        guard let colon = bytes.first else { return true }
+        return colon == UInt8(ascii: ":") && bytes.dropFirst().allSatisfy { $0 >= 0x30 && $0 <= 0x39 }
+    }
+
+    /// A byte of a registered name: unreserved, sub-delims, or `%` of a percent-encoding.
+    private static func isName(_ byte: UInt8) -> Bool {
+        switch byte {
+        case UInt8(ascii: "a")...UInt8(ascii: "z"), UInt8(ascii: "A")...UInt8(ascii: "Z"),
+            UInt8(ascii: "0")...UInt8(ascii: "9"):
+            return true
+        default:
+            return "-._~%!$&'()*+,;=".utf8.contains(byte)
+        }
+    }
+
+    private static func isHex(_ byte: UInt8) -> Bool {
+        switch byte {
+        case UInt8(ascii: "a")...UInt8(ascii: "f"), UInt8(ascii: "A")...UInt8(ascii: "F"),
+            UInt8(ascii: "0")...UInt8(ascii: "9"):
+            return true
+        default: return false
+        }
+    }
+}

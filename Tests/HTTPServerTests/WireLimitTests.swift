@@ -95,7 +95,8 @@ struct WireLimitTests {
             #expect(many.status == 200, "\(many.text)")
             // Nothing but fields without values: each costs its record, 4 bytes of text besides.
             let (fields, _) = try await Self.exchange(
-                port, "GET /hello HTTP/1.1\r\n\(String(repeating: "a:\r\n", count: 240))\r\n", awaitClose: false)
+                port, "GET /hello HTTP/1.1\r\nHost: x\r\n\(String(repeating: "a:\r\n", count: 239))\r\n",
+                awaitClose: false)
             #expect(fields.status == 200, "\(fields.text)")
             // Kept alive: a head within the limits costs the connection nothing.
             let kept = try await onThread {
@@ -136,10 +137,64 @@ struct WireLimitTests {
                 #expect(response.headers["Content-Type"] == nil, "\(name)")
                 #expect(closed, "\(name)")
             }
-            // An HTTP/1.1 request without Host is not refused (libmicrohttpd checks it only when told to be strict).
-            let (noHost, _) = try await Self.exchange(port, "GET /hello HTTP/1.1\r\n\r\n", awaitClose: false)
-            #expect(noHost.status == 200)
         }
+    }
+
+    @Test("an HTTP/1.1 request without one well-formed Host is answered 400 problem+json naming Host")
+    func hostIsRequired() async throws {
+        try await withServer(ServerTests.router()) { server in
+            let port = server.boundPort
+            let refused: [(name: String, request: String)] = [
+                ("no Host", "GET /hello HTTP/1.1\r\n\r\n"),
+                ("two Host fields", "GET /hello HTTP/1.1\r\nHost: a.example\r\nHost: b.example\r\n\r\n"),
+                ("a Host with a space", "GET /hello HTTP/1.1\r\nHost: a.example b.example\r\n\r\n"),
+                ("a Host with userinfo", "GET /hello HTTP/1.1\r\nHost: user@a.example\r\n\r\n"),
+                ("a Host with a path", "GET /hello HTTP/1.1\r\nHost: a.example/x\r\n\r\n"),
+                ("a port not a number", "GET /hello HTTP/1.1\r\nHost: a.example:80x\r\n\r\n"),
+                ("a body announced, no Host", "POST /echo HTTP/1.1\r\nContent-Length: 3\r\n\r\nabc"),
+            ]
+            for (name, raw) in refused {
+                let (response, closed) = try await Self.exchange(port, raw)
+                #expect(response.status == 400, "\(name)")
+                #expect(response.headers["Content-Type"] == "application/problem+json", "\(name)")
+                let problem = try response.problem()
+                #expect(problem.type == HTTPProblem.typeBase + "bad-request", "\(name)")
+                #expect(problem.field == "Host", "\(name)")
+                #expect(closed, "\(name)")
+            }
+            let accepted: [(name: String, request: String)] = [
+                ("HTTP/1.0 without Host", "GET /hello HTTP/1.0\r\n\r\n"),
+                ("a name and port", "GET /hello HTTP/1.1\r\nHost: api.example.com:8443\r\n\r\n"),
+                ("an IPv4 address", "GET /hello HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"),
+                ("an IPv6 literal and port", "GET /hello HTTP/1.1\r\nHost: [::1]:8080\r\n\r\n"),
+                ("an empty Host", "GET /hello HTTP/1.1\r\nHost:\r\n\r\n"),
+                ("lower-case name", "GET /hello HTTP/1.1\r\nhost: x\r\n\r\n"),
+            ]
+            for (name, raw) in accepted {
+                let (response, _) = try await Self.exchange(port, raw, awaitClose: false)
+                #expect(response.status == 200, "\(name): \(response.text)")
+            }
+        }
+    }
+
+    @Test("a Host value is an authority: name, IPv4 or IP literal, optional port")
+    func hostValues() {
+        for good in [
+            "", "x", "api.example.com", "api.example.com:443", "a.example:", "127.0.0.1:1", "[::1]",
+            "[fe80::1%25en0]:80", "xn--bcher-kva.example", "a_b~c",
+        ] {
+            #expect(RequestHead.isAuthority(good), "\(good)")
+        }
+        for bad in [
+            "a b", "a/b", "u@a", "a:b", "a:80:90", "[::1", "[]", "[::1]x", "a\u{0}", "\u{e9}.example", "a?b",
+            "a#b",
+        ] {
+            #expect(!RequestHead.isAuthority(bad), "\(bad)")
+        }
+        #expect(RequestHead.hostProblem(http10: true, hosts: []) == nil)
+        #expect(RequestHead.hostProblem(http10: false, hosts: ["x"]) == nil)
+        #expect(RequestHead.hostProblem(http10: false, hosts: [])?.field == "Host")
+        #expect(RequestHead.hostProblem(http10: true, hosts: ["x", "x"])?.status == 400)
     }
 
     @Test("a chunked body is answered 413 as soon as it passes the limit, while the client is still sending")
