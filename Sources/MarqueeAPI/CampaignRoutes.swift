@@ -204,13 +204,13 @@ struct CampaignRoutes: Sendable {
                     field: "audience.people", reason: "must list 1 to \(maximumPeople) people: use a segment for more")
             }
             var ids: [String] = []
-            var seen = Set<String>()
+            var seen = Set<[UInt8]>()
             for (index, item) in items.enumerated() {
                 guard let text = item.stringValue else {
                     throw ValidationError(field: "audience.people[\(index)]", reason: "must be a person ID string")
                 }
                 let id = try Identifiers.personID(text, field: "audience.people[\(index)]")
-                if seen.insert(id).inserted { ids.append(id) }
+                if seen.insert(Identifiers.personKey(id)).inserted { ids.append(id) }
             }
             return .people(ids)
         default:

@@ -63,11 +63,12 @@ struct PeopleImportRoutes: Sendable {
     }
 
     /// The people of an NDJSON body, and the lines refused. Blank lines are skipped; an ID, email or device token
-    /// that repeats an earlier line's is refused (the earlier line wins).
+    /// that repeats an earlier line's is refused (the earlier line wins). IDs repeat when their bytes do
+    /// (``Identifiers/personKey(_:)``).
     static func parse(_ body: [UInt8]) throws(ValidationError) -> ([ImportPerson], [ImportRejection]) {
         var people: [ImportPerson] = []
         var rejected: [ImportRejection] = []
-        var ids: [String: Int] = [:]
+        var ids: [[UInt8]: Int] = [:]
         var emails: [String: Int] = [:]
         var tokens: [String: Int] = [:]
         var number = 0
@@ -84,7 +85,8 @@ struct PeopleImportRoutes: Sendable {
             }
             do throws(ValidationError) {
                 let person = try Self.person(Array(line), line: number)
-                if let first = ids[person.id] {
+                let id = Identifiers.personKey(person.id)
+                if let first = ids[id] {
                     throw ValidationError(field: "id", reason: "repeats line \(first)")
                 }
                 if let email = person.email?.lowercased(), let first = emails[email] {
@@ -95,7 +97,7 @@ struct PeopleImportRoutes: Sendable {
                         throw ValidationError(field: "devices[\(index)].token", reason: "repeats line \(first)")
                     }
                 }
-                ids[person.id] = number
+                ids[id] = number
                 if let email = person.email?.lowercased() { emails[email] = number }
                 for device in person.devices { tokens[device.token] = number }
                 people.append(person)

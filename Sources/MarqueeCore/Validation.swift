@@ -98,6 +98,12 @@ public enum Identifiers {
         return try fcmToken(text, field: field)
     }
 
+    /// A person's ID as a set or dictionary in Swift must hold it: its UTF-8 bytes, which compare as PostgreSQL and
+    /// every route compare IDs. Swift's `==` takes canonically equivalent strings (`é` and `e` + U+0301) for one; to
+    /// the database they are two people. (Instance, campaign and segment IDs, device tokens and activity types are
+    /// ASCII by their rules, where the two agree.)
+    public static func personKey(_ id: String) -> [UInt8] { Array(id.utf8) }
+
     /// A person's ID as a write that may create a record carrying it takes it (a person, device, instance or campaign
     /// audience): ``personReference(_:field:)``, and none of the characters that make an ID look like another in the
     /// console and in logs (``isInvisibleOrReordering(_:)``).

@@ -154,6 +154,33 @@ struct PeopleImportTests {
         #expect(rejected.first?["reason"] as? String == "repeats line 1")
     }
 
+    @Test("IDs are compared byte by byte, as the database does: two spellings of one accented letter are two people")
+    func idsComparedAsBytes() async throws {
+        let fixture = try await RegistryFixture.get()
+        let api = fixture.api
+        let tenant = try await api.createTenant("import-" + Fake.hex(6))
+        let stem = Fake.id("p")
+        // U+00E9 and "e" + U+0301: equal to Swift's ==, different to PostgreSQL (and to every other route).
+        let (composed, decomposed) = (stem + "\u{e9}", stem + "e\u{301}")
+        let lines = [
+            try Self.json(["id": composed]), try Self.json(["id": decomposed]), try Self.json(["id": composed]),
+        ]
+        let response = try await Self.post(api, tenant.app, Self.ndjson(lines))
+        #expect(response.status == 200, "\(response.text)")
+        let body = try response.json()
+        #expect(body["imported"] as? Int == 2, "\(response.text)")
+        let rejected = (body["rejected"] as? [[String: Any]]) ?? []
+        #expect(rejected.count == 1, "\(rejected)")
+        #expect(rejected.first?["line"] as? Int == 3)
+        #expect(rejected.first?["reason"] as? String == "repeats line 1")
+        let stored = try await fixture.pool.query(
+            "SELECT id FROM people WHERE tenant_id = \(tenant.uuid) ORDER BY convert_to(id, 'UTF8')")
+        #expect(
+            try stored.map { Array(try $0.decode(String.self, "id").utf8) } == [
+                Array(decomposed.utf8), Array(composed.utf8),
+            ])
+    }
+
     @Test("registrations as a set give each row the outcome, rotation and stored rows single registrations give")
     func registrationsAsSet() async throws {
         let fixture = try await RegistryFixture.get()

@@ -27,6 +27,16 @@ struct InProcessTests {
         }
     }
 
+    @Test("a campaign's people list drops repeats by bytes: two spellings of one accented letter are two people")
+    func audiencePeopleByBytes() throws {
+        let body = try Self.body(#"{"audience":{"people":["caf\u00e9","cafe\u0301","caf\u00e9","x"]}}"#)
+        guard case .people(let ids) = try CampaignRoutes.audience(body) else {
+            Issue.record("not a people audience")
+            return
+        }
+        #expect(ids.map { Array($0.utf8) } == [Array("caf\u{e9}".utf8), Array("cafe\u{301}".utf8), Array("x".utf8)])
+    }
+
     @Test("update and end bodies parse into the planner's change requests")
     func parseChanges() throws {
         let (id, patch) = try LifecycleRoutes.parseChange(
