@@ -76,9 +76,10 @@ struct Authenticator: Sendable {
         }
     }
 
-    /// The request rate check of `require`, for a route that authenticates its key otherwise.
-    func limit(_ principal: Principal, _ request: HTTPRequest) throws {
-        try rateGuard?.check(principal, request)
+    /// The request rate check of `require`, for a route that authenticates its key otherwise (or that looked with
+    /// `spend` false, and takes `count` tokens once it knows how many writes the request carries).
+    func limit(_ principal: Principal, _ request: HTTPRequest, count: Int = 1) throws {
+        try rateGuard?.check(principal, request, count: count)
     }
 
     /// Forgets the cached keys of `tenant`, so that a settings change read with the key (its request rate limits)

@@ -58,18 +58,28 @@ struct CompatRoutes: Sendable {
     func batch(_ request: HTTPRequest) async throws -> HTTPResponse {
         // A key in the Authorization header is checked before the body is parsed, so that an unauthenticated caller
         // costs no parsing; only a request without one needs its body read for `writeKey`.
-        // NUL is checked per event below, so that the answer names the event that holds it.
+        // NUL is checked per event below, so that the answer names the event that holds it. The rate is only looked
+        // at until the events are counted: a batch takes a token per event (at most the bucket's burst), as many
+        // requests of one event each would.
         let principal: Principal
         let body: JSONBody
         if Authenticator.presentedKey(request, scheme: .bearerOrBasic) != nil {
-            principal = try await authenticator.require(request, kinds: [.sdk], scheme: .bearerOrBasic)
-            body = try JSONBody.parse(request, allowNUL: true)
+            principal = try await authenticator.require(request, kinds: [.sdk], scheme: .bearerOrBasic, spend: false)
+            do {
+                body = try JSONBody.parse(request, allowNUL: true)
+            } catch {
+                try authenticator.limit(principal, request)  // a body refused takes its request's token
+                throw error
+            }
         } else {
             body = try JSONBody.parse(request, allowNUL: true)
             principal = try await authenticator.require(
-                request, kinds: [.sdk], scheme: .bearerOrBasic, fallbackKey: try? body.string("writeKey"))
+                request, kinds: [.sdk], scheme: .bearerOrBasic, fallbackKey: try? body.string("writeKey"),
+                spend: false)
         }
-        guard let list = body.value("batch")?.arrayValue else {
+        let events = body.value("batch")?.arrayValue
+        try authenticator.limit(principal, request, count: events?.count ?? 1)
+        guard let list = events else {
             throw ValidationError(
                 body.has("batch") ? .invalidField : .missingField, field: "batch", reason: "must be an array of events")
         }

@@ -111,16 +111,20 @@ struct TokenBucket: Sendable, Equatable {
         }
     }
 
-    /// Takes a token at `now` (with `spend` false, only looks whether there is one), under `newLimit` if given (as
-    /// `advance` applies it). Returns nil when there is one; otherwise the whole seconds until there will be, at least
-    /// 1: what `Retry-After` says.
-    mutating func take(at now: ContinuousClock.Instant, limit newLimit: Limit? = nil, spend: Bool = true) -> Int? {
+    /// Takes `count` tokens at `now` (with `spend` false, only looks whether there are), under `newLimit` if given
+    /// (as `advance` applies it). A request that counts for more than the burst takes the burst: a full bucket lets it
+    /// through, and it leaves the bucket empty. Returns nil when there are; otherwise the whole seconds until there
+    /// will be, at least 1: what `Retry-After` says.
+    mutating func take(
+        at now: ContinuousClock.Instant, limit newLimit: Limit? = nil, spend: Bool = true, count: Int = 1
+    ) -> Int? {
         advance(to: now, limit: newLimit ?? limit)
-        if tokens >= 1 {
-            if spend { tokens -= 1 }
+        let needed = max(1, min(Double(count), limit.burst))
+        if tokens >= needed {
+            if spend { tokens -= needed }
             return nil
         }
-        return Self.retryAfter(missing: 1 - tokens, perSecond: limit.perSecond)
+        return Self.retryAfter(missing: needed - tokens, perSecond: limit.perSecond)
     }
 
     /// Whole seconds (rounded up, at least 1, at most a day) until `missing` tokens have come back at `perSecond`.
@@ -169,13 +173,15 @@ final class RequestLimiter: Sendable {
     /// Buckets held now.
     var count: Int { entries.withLock { $0.count } }
 
-    /// Takes a token from `key`'s bucket under `limit` (with `spend` false, only looks whether there is one).
-    func check(_ key: Key, limit: TokenBucket.Limit, at now: ContinuousClock.Instant, spend: Bool = true) -> Decision {
+    /// Takes `count` tokens from `key`'s bucket under `limit` (with `spend` false, only looks whether there are).
+    func check(
+        _ key: Key, limit: TokenBucket.Limit, at now: ContinuousClock.Instant, spend: Bool = true, count: Int = 1
+    ) -> Decision {
         entries.withLock { entries in
             if entries[key] == nil, entries.count >= capacity { Self.makeRoom(&entries, capacity: capacity, at: now) }
             var entry = entries[key] ?? Entry(bucket: TokenBucket(limit: limit, now: now))
             let decision: Decision
-            if let retryAfter = entry.bucket.take(at: now, limit: limit, spend: spend) {
+            if let retryAfter = entry.bucket.take(at: now, limit: limit, spend: spend, count: count) {
                 entry.refused += 1
                 if let reported = entry.reported, now - reported < reportInterval {
                     decision = .limited(retryAfter: retryAfter, report: nil)
@@ -242,13 +248,14 @@ struct RequestRateGuard: Sendable {
     /// Throws 429 `rate-limited` when the bucket of `principal`'s client address (sdk keys, when limited by address)
     /// or of its tenant is empty; otherwise takes a token from each (with `spend` false, only looks: a body
     /// admission, whose request takes its tokens when its handler runs). The address's bucket is asked first: a
-    /// client over its own share spends nothing of the tenant's.
-    func check(_ principal: Principal, _ request: HTTPRequest, spend: Bool = true) throws {
+    /// client over its own share spends nothing of the tenant's. A request that carries `count` writes (a batch of
+    /// events) takes `count` tokens from each, so that batching does not multiply the rate.
+    func check(_ principal: Principal, _ request: HTTPRequest, spend: Bool = true, count: Int = 1) throws {
         let now = now()
         if let (limit, group) = limits.addressLimit(principal.kind, address: request.remoteAddress) {
             let key = RequestLimiter.Key(tenant: principal.tenantID, kind: principal.kind, address: group)
             if case .limited(let retryAfter, let report) = addressLimiter.check(
-                key, limit: limit, at: now, spend: spend)
+                key, limit: limit, at: now, spend: spend, count: count)
             {
                 refusedAddresses.inc(1)
                 if let report { log(principal, request, limit: limit, refused: report, address: group) }
@@ -257,7 +264,9 @@ struct RequestRateGuard: Sendable {
         }
         guard let limit = limits.limit(principal.kind, setting: principal.requestsPerSecond) else { return }
         let key = RequestLimiter.Key(tenant: principal.tenantID, kind: principal.kind)
-        guard case .limited(let retryAfter, let report) = limiter.check(key, limit: limit, at: now, spend: spend)
+        guard
+            case .limited(let retryAfter, let report) = limiter.check(
+                key, limit: limit, at: now, spend: spend, count: count)
         else { return }
         refused.inc(1, [principal.kind.rawValue])
         if let report { log(principal, request, limit: limit, refused: report, address: nil) }

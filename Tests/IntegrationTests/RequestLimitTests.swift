@@ -1,4 +1,5 @@
 import Foundation
+import PostgresClient
 import Testing
 
 /// The API's request rate limits through a real `marquee serve` (the shared fixture: the default limits, the key
@@ -75,6 +76,32 @@ struct RequestLimitTests {
             ).status
         }
         #expect(status == 200)
+    }
+
+    @Test("a batch of events takes a token per event: batching does not multiply a tenant's sdk rate")
+    func batchesTakeATokenPerEvent() async throws {
+        let fixture = try await RegistryFixture.get()
+        let api = fixture.api
+        let tenant = try await api.createTenant()
+        // One a second: a bucket of 10. The first batch of 10 empties it; the next needs 10 s of refill.
+        let patched = try await api.call("PATCH", "/v1/settings", key: tenant.app, json: ["sdk_requests_per_second": 1])
+        #expect(patched.status == 200, "\(patched.text)")
+        func batch(_ people: [String]) async throws -> HTTP.Response {
+            try await api.call(
+                "POST", "/v1/batch",
+                json: ["batch": people.map { CompatIngestTests.event("identify", userId: $0) }],
+                headers: ["Authorization": tenant.basicSDK])
+        }
+        let first = (0..<10).map { _ in Fake.id("p") }
+        let accepted = try await batch(first)
+        #expect(accepted.status == 200, "\(accepted.text)")
+        let second = (0..<10).map { _ in Fake.id("p") }
+        let refused = try await batch(second)
+        expectProblem(refused, 429, "rate-limited")
+        #expect(try #require(refused.header("Retry-After").flatMap { Int($0) }) >= 1)
+        let stored = try await fixture.pool.count(
+            "SELECT count(*)::int AS n FROM people WHERE tenant_id = \(tenant.uuid) AND id = ANY(\(first + second))")
+        #expect(stored == 10, "the first batch only")
     }
 
     @Test(

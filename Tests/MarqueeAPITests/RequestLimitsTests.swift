@@ -57,6 +57,20 @@ struct RequestLimitsTests {
         #expect(TokenBucket.retryAfter(missing: 1, perSecond: 0) == 86_400)
     }
 
+    @Test("a request that counts for several takes as many tokens; one beyond the burst takes a full bucket")
+    func count() {
+        var bucket = TokenBucket(limit: Self.oneASecondBurstTen, now: Self.at(0))
+        #expect(bucket.take(at: Self.at(0), count: 4) == nil)
+        #expect(bucket.tokens(at: Self.at(0)) == 6)
+        #expect(bucket.take(at: Self.at(0), count: 7) == 1)  // one short: a second
+        #expect(bucket.take(at: Self.at(0), count: 9) == 3)
+        #expect(bucket.tokens(at: Self.at(0)) == 6, "a refusal takes nothing")
+        #expect(bucket.take(at: Self.at(0), count: 6) == nil)
+        #expect(bucket.take(at: Self.at(10), count: 1_000) == nil, "a full bucket lets it through")
+        #expect(bucket.tokens(at: Self.at(10)) == 0)
+        #expect(bucket.take(at: Self.at(10), count: 0) == 1, "none counts as one")
+    }
+
     @Test("looking without spending takes nothing")
     func look() {
         var bucket = TokenBucket(limit: .init(perSecond: 1, burst: 1), now: Self.at(0))
