@@ -79,6 +79,45 @@ struct LifecycleGuaranteeTests {
             "a rotated token gets the end too")
     }
 
+    @Test("catch-up ends: at most three to a device whatever it registers, and an Android device's through FCM")
+    func catchUpEndsBounded() async throws {
+        let w = try await LifecycleTests.world()
+        let instance = Fake.id("late-tokens")
+        #expect(try await w.start(["instance_id": instance, "platform": "ios"]).status == 200)
+        try await w.fixture.pool.recordOutcome(tenant: w.tenant.uuid, instance: instance, status: "sent")
+        #expect(try await w.end(["instance_id": instance]).status == 200)
+        // One iPhone registers token after token (a client looping with the public sdk key): three ends, no more.
+        for _ in 0..<6 {
+            let r = try await w.api.call(
+                "PUT", "/v1/live_notifications/\(instance)/tokens/\(w.iphones[0])", key: w.tenant.sdk,
+                json: ["token": Fake.hex()])
+            #expect(r.status == 200, "\(r.text)")
+        }
+        // The Android phone registers an activity token after the end: its end goes through FCM, as the planner
+        // sends an Android device's activity token.
+        let pixelToken = Fake.fcm()
+        let r = try await w.api.call(
+            "PUT", "/v1/live_notifications/\(instance)/tokens/\(w.pixel)", key: w.tenant.sdk,
+            json: ["token": pixelToken])
+        #expect(r.status == 200, "\(r.text)")
+        let ends = try await w.fixture.pool.query(
+            """
+            SELECT device_token, provider, token_kind, token FROM deliveries
+            WHERE tenant_id = \(w.tenant.uuid) AND instance_id = \(instance) AND operation = 'end'
+            """)
+        let rows = try ends.map {
+            (
+                device: try $0.decode(String.self, "device_token"), provider: try $0.decode(String.self, "provider"),
+                kind: try $0.decode(String.self, "token_kind"), token: try $0.decode(String.self, "token")
+            )
+        }
+        #expect(rows.filter { $0.device == w.iphones[0] }.count == 3, "\(rows)")
+        #expect(rows.filter { $0.device == w.iphones[0] }.allSatisfy { $0.provider == "apns" && $0.kind == "activity" })
+        let pixel = rows.filter { $0.device == w.pixel }
+        #expect(pixel.count == 1 && pixel.first?.token == pixelToken, "\(rows)")
+        #expect(pixel.first?.provider == "fcm" && pixel.first?.kind == "fcm", "\(rows)")
+    }
+
     @Test("a token registering while an end is being written waits for it, then gets the end")
     func registrationWaitsForEnd() async throws {
         let w = try await LifecycleTests.world()
