@@ -48,17 +48,20 @@ public enum FCMErrorCode: Sendable, Equatable, CustomStringConvertible {
 
     /// Classifies a raw FCM `messages:send` answer: `body` is the response body, `retryAfter` the `Retry-After`
     /// header (clamped by `ProviderNumbers`).
-    public static func decide(status: Int, body: [UInt8], retryAfter header: String?, now: Date = Date())
-        -> DeliveryDecision
-    {
+    public static func decide(
+        status: Int, body: [UInt8], retryAfter header: String?, credentialProven: Bool = false, now: Date = Date()
+    ) -> DeliveryDecision {
         decide(
             status: status, body: body.count <= 65_536 ? try? JSONValue.parse(body) : nil,
-            retryAfter: ProviderNumbers.retryAfter(header, now: now))
+            retryAfter: ProviderNumbers.retryAfter(header, now: now), credentialProven: credentialProven)
     }
 
     /// Classifies an FCM `messages:send` answer. `body` is the response JSON (for errors: `{"error": {…}}`).
     /// A 401 asks for a refreshed access token; the caller turns a second 401 into a broken credential.
-    public static func decide(status: Int, body: JSONValue?, retryAfter: Duration?) -> DeliveryDecision {
+    /// `credentialProven`: FCM has accepted a push sent with the credential as it is now (migration 0095).
+    public static func decide(status: Int, body: JSONValue?, retryAfter: Duration?, credentialProven: Bool = false)
+        -> DeliveryDecision
+    {
         if status == 200 {
             return .sent(providerID: ProviderNumbers.identifier(body?["name"]?.stringValue))
         }
@@ -73,9 +76,12 @@ public enum FCMErrorCode: Sendable, Equatable, CustomStringConvertible {
         case .unregistered:
             return .retireToken(reason: reason, unregisteredAt: nil)
         case .senderIDMismatch:
-            // The token is of another Firebase project than the service account's: almost always the tenant uploaded
-            // the wrong project's account, and retiring would delete every Android device. The credential is at fault.
-            return .credentialBroken(reason: reason)
+            // The token is of another Firebase project than the service account's. Before the credential has worked,
+            // almost always the tenant uploaded the wrong project's account, and retiring would delete every Android
+            // device: the credential is at fault. Once it has worked, the token is (one registered with the public
+            // sdk key must not pause the tenant's other devices).
+            return credentialProven
+                ? .retireToken(reason: reason, unregisteredAt: nil) : .credentialBroken(reason: reason)
         case .invalidArgument where namesToken(error):
             return .retireToken(reason: reason, unregisteredAt: nil)
         case .quotaExceeded, .unavailable, .internalError:

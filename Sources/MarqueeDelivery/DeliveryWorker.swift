@@ -745,6 +745,16 @@ public final class DeliveryWorker: Sendable {
             outcome = await fcm.send(
                 token: d.token, data: FCMData.compose(content, attribution: attribution), ttlSeconds: ttl,
                 collapseKey: FCMMessage.collapseKey(instanceID: d.instanceID), via: tokens, by: sendBy)
+            // The credential's first accepted push proves it (a SENDER_ID_MISMATCH then blames the token): recorded
+            // once per credential and process, for the other workers and the next start.
+            if case .sent = outcome.decision, tokens.markProven() {
+                do {
+                    try await queue.markFCMCredentialProven(
+                        tenant: d.tenantID, credentialUpdatedAt: credentialUpdatedAt)
+                } catch {
+                    log.warning("credential proof not recorded", metadata: ["error": .string("\(error)")])
+                }
+            }
         }
         metrics.sendLatency.observe(clock.now - started, [d.provider.rawValue])
 
@@ -1010,8 +1020,9 @@ final class CredentialCache: Sendable {
         if let cached = fcmEntries.withLock({ $0[tenant] }), now.timeIntervalSince(cached.loadedAt) < ttl {
             return (cached.tokens, cached.updatedAt)
         }
-        guard let (info, sealed) = try await queue.fcmCredential(tenant: tenant) else { return nil }
+        guard let (info, sealed, proven) = try await queue.fcmCredential(tenant: tenant) else { return nil }
         if let cached = fcmEntries.withLock({ $0[tenant] }), cached.updatedAt == info.updatedAt {
+            if proven { cached.tokens.markProven() }  // by another worker
             fcmEntries.withLock { $0[tenant] = (cached.tokens, cached.updatedAt, now) }
             return (cached.tokens, cached.updatedAt)
         }
@@ -1022,6 +1033,7 @@ final class CredentialCache: Sendable {
             tokenURI: info.tokenURI, endpoint: info.endpoint ?? "https://fcm.googleapis.com",
             key: try RS256PrivateKey(pem: pem))
         let tokens = fcmProvider.accessTokens(for: account)
+        if proven { tokens.markProven() }
         fcmEntries.withLock { $0[tenant] = (tokens, info.updatedAt, now) }
         return (tokens, info.updatedAt)
     }

@@ -54,6 +54,19 @@ public final class FCMAccessTokens: Sendable {
     /// How many tokens this cache obtained (for tests and metrics).
     public var tokensIssued: Int { state.withLock { $0.issued } }
 
+    private let proven = Atomic(false)
+
+    /// Whether FCM has accepted a push sent with this credential (as loaded). Until then a SENDER_ID_MISMATCH blames
+    /// the credential, after it the token (`FCMErrorCode.decide`).
+    public var isProven: Bool { proven.load(ordering: .relaxed) }
+
+    /// Notes that FCM accepted a push sent with this credential; true the first time only (then the caller records
+    /// it: `DeliveryQueue.markFCMCredentialProven`).
+    @discardableResult
+    public func markProven() -> Bool {
+        !proven.exchange(true, ordering: .relaxed)
+    }
+
     /// A valid access token; refreshes when none is cached, it is within 5 minutes of expiry, or it equals `rejected`.
     public func token(rejecting rejected: String? = nil) async throws -> String {
         enum Next {
@@ -206,7 +219,8 @@ public final class FCMProvider: Sendable {
                         body: body.bytes, timeout: configuration.requestTimeout),
                     host: target.host, port: target.port, by: deadline)
                 let decision = FCMErrorCode.decide(
-                    status: response.status, body: response.body, retryAfter: response.header("retry-after"))
+                    status: response.status, body: response.body, retryAfter: response.header("retry-after"),
+                    credentialProven: tokens.isProven)
                 if case .refreshProviderToken(let reason) = decision {
                     if attempt == 0 {
                         accessToken = try await tokens.token(rejecting: accessToken)

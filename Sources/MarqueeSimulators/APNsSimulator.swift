@@ -264,6 +264,7 @@ final class APNsCore: Sendable {
         case .serviceUnavailable: (status, reason) = (503, "ServiceUnavailable")
         case .internalError: (status, reason) = (500, "InternalServerError")
         case .expireToken: (status, reason) = (403, "ExpiredProviderToken")
+        case .foreignToken: (status, reason) = (400, "DeviceTokenNotForTopic")
         case .delay: (status, reason) = (500, "InternalServerError")  // not reached: delay is handled by the caller
         }
         recorder.reject(reason: reason)

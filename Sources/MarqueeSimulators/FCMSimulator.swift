@@ -378,6 +378,10 @@ final class FCMCore: Sendable {
         case .unregistered:
             rejection = FCMRejection(
                 404, "NOT_FOUND", errorCode: "UNREGISTERED", "the registration token is no longer registered")
+        case .foreignToken:
+            rejection = FCMRejection(
+                403, "PERMISSION_DENIED", errorCode: "SENDER_ID_MISMATCH",
+                "the registration token belongs to another project")
         case .tooManyRequests:
             rejection = FCMRejection(
                 429, "RESOURCE_EXHAUSTED", errorCode: "QUOTA_EXCEEDED", "the sending quota is exceeded")

@@ -18,7 +18,8 @@ import Synchronization
 /// Actions: `unregistered` (APNs 410 / FCM 404 UNREGISTERED), `too_many_requests` or `quota_exceeded` (APNs 429 /
 /// FCM 429 QUOTA_EXCEEDED), `service_unavailable` or `unavailable` (503), `internal` or `internal_server_error`
 /// (500), `goaway` (GOAWAY on the connection; the stream counts as unprocessed), `expire_token` (FCM: the access
-/// token of the request expires now and the request gets 401), `delay` (only `latency_ms`, then normal handling).
+/// token of the request expires now and the request gets 401), `foreign_token` (another app's token: APNs 400
+/// DeviceTokenNotForTopic / FCM 403 SENDER_ID_MISMATCH), `delay` (only `latency_ms`, then normal handling).
 ///
 /// Hostile answers, to test that a tenant's endpoint cannot hurt the worker: `retry_after_header` sends that text
 /// verbatim as `Retry-After` (any status; e.g. `"1e16"`, `"-1"`, `"NaN"`), `timestamp` replaces an APNs 410's
@@ -42,6 +43,9 @@ public struct FaultRule: Sendable, Hashable {
         case expireToken = "expire_token"
         /// No failure: wait `latencyMilliseconds`, then handle the request normally.
         case delay
+        /// The token belongs to another app: APNs 400 DeviceTokenNotForTopic; FCM 403 SENDER_ID_MISMATCH (another
+        /// Firebase project's token).
+        case foreignToken = "foreign_token"
 
         /// Parses an action name, accepting the aliases listed on `FaultRule`.
         public init?(name: String) {

@@ -891,14 +891,35 @@ public struct DeliveryQueue: Sendable {
     }
 
     /// The tenant's FCM credential row (sealed service account included).
-    public func fcmCredential(tenant: UUID) async throws -> (FCMCredentialInfo, sealed: [UInt8])? {
+    public func fcmCredential(tenant: UUID) async throws -> (FCMCredentialInfo, sealed: [UInt8], proven: Bool)? {
         let rows = try await pool.query(
             """
-            SELECT \(unsafeRaw: CredentialStore.fcmColumns), sealed_service_account FROM fcm_credentials
+            SELECT \(unsafeRaw: CredentialStore.fcmColumns), sealed_service_account,
+                   EXISTS (SELECT 1 FROM fcm_credential_checks k
+                           WHERE k.tenant_id = fcm_credentials.tenant_id
+                             AND k.credential_updated_at = fcm_credentials.updated_at) AS proven
+            FROM fcm_credentials
             WHERE tenant_id = \(tenant)
             """)
         guard let row = rows.first else { return nil }
-        return (try CredentialStore.fcmInfo(row), try row.decode([UInt8].self, "sealed_service_account"))
+        return (
+            try CredentialStore.fcmInfo(row), try row.decode([UInt8].self, "sealed_service_account"),
+            try row.decode(Bool.self, "proven")
+        )
+    }
+
+    /// Records that FCM accepted a push sent with the tenant's credential as it was at `credentialUpdatedAt`
+    /// (migration 0095): from then on a SENDER_ID_MISMATCH blames the token, not the credential. Nothing when the
+    /// credential changed since.
+    public func markFCMCredentialProven(tenant: UUID, credentialUpdatedAt: Date) async throws {
+        try await pool.execute(
+            """
+            INSERT INTO fcm_credential_checks (tenant_id, credential_updated_at)
+            SELECT tenant_id, updated_at FROM fcm_credentials
+            WHERE tenant_id = \(tenant) AND updated_at = \(credentialUpdatedAt)
+            ON CONFLICT (tenant_id) DO UPDATE
+            SET credential_updated_at = EXCLUDED.credential_updated_at, proven_at = now()
+            """)
     }
 
     /// The tenant's sealed delivery secret.

@@ -1,6 +1,7 @@
 import Foundation
 import MarqueeCore
 import MarqueeSimulators
+import PostgresClient
 import Testing
 
 extension FCMDeliveryTests {
@@ -35,5 +36,56 @@ extension FCMDeliveryTests {
         try await t.uploadFCMCredentials()
         #expect(try await t.settled(instance, count: 1)[0].string("status") == "sent")
         #expect(t.fcm.messages(token: token).count == 1)
+    }
+
+    @Test("once the credential has delivered, SENDER_ID_MISMATCH blames the token: its device goes, the others go on")
+    func senderIDMismatchAfterProof() async throws {
+        let t = try await Self.tenant()
+        // A token of another Firebase project, as anyone holding the public sdk key can register.
+        t.fcm.setFaults([.init(tokenPrefix: "frgn", action: .foreignToken)])
+        defer { t.fcm.setFaults([]) }
+        let worker = try t.fixture.worker()
+        defer { worker.signal(SIGKILL) }
+        // The tenant's own device first: FCM accepts the push, which proves the credential.
+        let own = try await t.android()
+        let first = Fake.id("proof")
+        _ = try await t.start(first)
+        #expect(try await t.settled(first, count: 1)[0].string("status") == "sent")
+        try await eventually("the proof is recorded", timeout: .seconds(20)) {
+            try await t.fixture.pool.count(
+                "SELECT count(*)::int AS n FROM fcm_credential_checks WHERE tenant_id = \(t.tenant.uuid)") == 1
+        }
+        // Another person's device with a foreign token.
+        let stranger = Fake.id("stranger")
+        let foreign = try await t.android(person: stranger, tokenPrefix: "frgn")
+        let second = Fake.id("foreign")
+        _ = try await t.start(second, person: stranger)
+        let refused = try await t.settled(second, count: 1)[0]
+        #expect(refused.string("status") == "undeliverable", "\(refused)")
+        #expect(refused.string("reason") == "SENDER_ID_MISMATCH", "\(refused)")
+        try await eventually("the foreign device is gone", timeout: .seconds(20)) {
+            try await t.deviceCount(foreign) == 0
+        }
+        // The credential stays usable: the tenant's own device gets its next push.
+        #expect(try await t.fcmCredential().string("status") == "ok")
+        let third = Fake.id("after")
+        _ = try await t.start(third)
+        #expect(try await t.settled(third, count: 1)[0].string("status") == "sent")
+        #expect(t.fcm.messages(token: own).count == 2)
+
+        // A new upload makes the credential unproven again: a mismatch then blames it (the tenant may have uploaded
+        // the wrong project's account), and the devices are kept. (A new worker: a running one keeps the credential
+        // it loaded for up to 30 s, and with it what that one proved.)
+        try await t.uploadFCMCredentials()
+        worker.signal(SIGKILL)
+        let fresh = try t.fixture.worker()
+        defer { fresh.signal(SIGKILL) }
+        let again = try await t.android(person: stranger, tokenPrefix: "frgn")
+        let fourth = Fake.id("unproven")
+        _ = try await t.start(fourth, person: stranger)
+        try await eventually("the credential is broken", timeout: .seconds(20)) {
+            try await t.fcmCredential().string("status") == "broken"
+        }
+        #expect(try await t.deviceCount(again) == 1)
     }
 }

@@ -54,6 +54,12 @@ struct FCMOutcomeTests {
         #expect(
             decide(403, Self.error(403, status: "PERMISSION_DENIED", errorCode: "SENDER_ID_MISMATCH"))
                 == .credentialBroken(reason: "SENDER_ID_MISMATCH"))
+        // Once the credential has delivered, the token is another project's (one registered with the public sdk key).
+        #expect(
+            FCMErrorCode.decide(
+                status: 403, body: Self.error(403, status: "PERMISSION_DENIED", errorCode: "SENDER_ID_MISMATCH"),
+                retryAfter: nil, credentialProven: true)
+                == .retireToken(reason: "SENDER_ID_MISMATCH", unregisteredAt: nil))
         // Without the detail, the same 403 is about the credential, not the token.
         #expect(
             decide(403, Self.error(403, status: "PERMISSION_DENIED")) == .credentialBroken(reason: "PERMISSION_DENIED"))
