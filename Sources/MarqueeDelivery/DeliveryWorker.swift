@@ -314,7 +314,7 @@ public final class DeliveryWorker: Sendable {
         var claimedIDs: [UUID] = []
         // Once the claim committed (or failed), its rows are no longer held (slow sends are leased, not due).
         defer { inHand.withLock { $0.subtract(claimedIDs) } }
-        let claimed: Int
+        var claimed: Int
         do {
             // This worker's other claims are skipped by a filter rather than by failed lock attempts.
             let held = inHand.withLock { Array($0) }
@@ -339,6 +339,12 @@ public final class DeliveryWorker: Sendable {
                 late = sending.late
                 return sending.results
             }
+        } catch let failure as DeliveryQueue.SettleFailure {
+            // Recorded and committed: only what follows a push (instances marked active, dead tokens retired) failed.
+            logger.warning(
+                "settle failed: instances reached may stay pending, tokens called dead stay active",
+                metadata: ["error": .string(failure.reason)])
+            claimed = failure.claimed
         } catch {
             // Nothing of a failed claim was recorded: its deliveries are due again (at-least-once).
             logger.warning("claim failed", metadata: ["error": .string(String(describing: error))])

@@ -236,7 +236,7 @@ public struct DeliveryQueue: Sendable {
         // Round trips are what a small claim costs (at a steady 1,000 updates/s most claims take a few rows): the
         // skip scan, the claim's BEGIN, settings and lock are one hop to the connection's thread and, in the common
         // case, two round trips; the record and its COMMIT one more; the settle one.
-        return try await pool.withSession { session in
+        let (count, unsettled) = try await pool.withSession { session -> (Int, [PostgresQuery]) in
             let locked = try await session.run { connection -> (claimed: [ClaimedDelivery], allowance: [UUID: Int])? in
                 let (tenants, shares, allowance) = try Self.dueTenants(
                     connection, limit: limit, providers: providerNames, only: only, excluding: excluded)
@@ -291,7 +291,7 @@ public struct DeliveryQueue: Sendable {
                 if claimed.isEmpty { try connection.execute("COMMIT") }
                 return (Self.roundRobin(claimed, tenants: tenants), allowance)
             }
-            guard let (claimed, allowance) = locked else { return 0 }
+            guard let (claimed, allowance) = locked else { return (0, []) }
             // What a limited tenant was allowed and did not use goes back to its bucket (not under this claim's
             // transaction: the bucket row is not held while the claim sends).
             if !allowance.isEmpty {
@@ -312,9 +312,9 @@ public struct DeliveryQueue: Sendable {
                     }
                 }
             }
-            guard !claimed.isEmpty else { return 0 }
+            guard !claimed.isEmpty else { return (0, []) }
             let outcome = await send(claimed)
-            try await session.run { connection in
+            let unsettled = try await session.run { connection -> [PostgresQuery] in
                 // The record runs without a statement timeout (cancelling it would roll back the record of pushes
                 // already sent, to be sent again; a worker stuck here is restarted by its liveness probe); then the
                 // commit, in the same round trip.
@@ -343,12 +343,42 @@ public struct DeliveryQueue: Sendable {
                 // After the commit, in a transaction of its own (one round trip), planned generically like the
                 // claim (planned for its values, the instances' UPDATE took longer to plan than to run).
                 let settle = Self.settleStatements(sentTo: sentTo, retire: outcome.retirements)
-                if !settle.isEmpty {
+                guard !settle.isEmpty else { return [] }
+                do {
                     _ = try connection.pipelineTransaction([GroupCommitter.genericPlans] + settle)
+                    return []
+                } catch {
+                    return settle  // tried again below, on a connection of its own
                 }
             }
-            return claimed.count
+            return (claimed.count, unsettled)
         }
+        guard !unsettled.isEmpty else { return count }
+        // The claim committed: its deliveries are recorded and not due again, whatever happens to the settle (the
+        // instances marked active, the dead tokens retired). So a settle that failed (a lock wait past the statement
+        // timeout, a deadlock, a lost connection) is tried again, and still failing it is reported apart from a
+        // failed claim (`SettleFailure`), with what the claim took.
+        var failure: (any Error)?
+        for pause in [Duration.milliseconds(100), .milliseconds(500), .zero] {
+            do {
+                try await pool.withConnection { connection in
+                    _ = try connection.pipelineTransaction([GroupCommitter.genericPlans] + unsettled)
+                }
+                return count
+            } catch {
+                failure = error
+                try? await Task.sleep(for: pause)
+            }
+        }
+        throw SettleFailure(claimed: count, reason: failure.map { String(describing: $0) } ?? "")
+    }
+
+    /// A claim that committed (its deliveries recorded) but whose settle failed three times: instances its pushes
+    /// reached may still show `pending`, and tokens the providers called dead stay active until their next push.
+    public struct SettleFailure: Error, Sendable {
+        /// Deliveries the claim took, as `claim` returns them.
+        public var claimed: Int
+        public var reason: String
     }
 
     /// The instances a claim found waiting to become active, the only ones its pushes settle (the rule and its race:

@@ -300,6 +300,63 @@ struct DeliveryTests {
             422, "invalid-field", field: "frequent_updates")
     }
 
+    @Test("a settle failing after its claim committed is tried again; still failing, it is logged, nothing is resent")
+    func settleFailures() async throws {
+        let t = try await Self.tenant()
+        let worker = try t.fixture.worker()
+        defer { worker.signal(SIGKILL) }
+        let (_, pushToStart) = try await t.iphone()
+        let (flaky, broken) = (Fake.id("flaky"), Fake.id("broken"))
+        // Marking these instances active fails: `flaky` the first time, `broken` always (a lock wait past the
+        // statement timeout, a deadlock or a lost connection, as far as the worker can tell).
+        let fn = "settle_" + Fake.hex(8)
+        try await t.fixture.pool.execute(
+            PostgresQuery(
+                unsafeSQL: """
+                    CREATE SEQUENCE \(fn)_tries;  -- counts what the failed transactions roll back
+                    CREATE FUNCTION \(fn)() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER AS $$
+                    BEGIN
+                        IF NEW.id = '\(broken)' AND NEW.state = 'active' THEN
+                            RAISE EXCEPTION 'forced settle failure';
+                        END IF;
+                        IF NEW.id = '\(flaky)' AND NEW.state = 'active' AND nextval('\(fn)_tries') = 1 THEN
+                            RAISE EXCEPTION 'forced settle failure';
+                        END IF;
+                        RETURN NEW;
+                    END $$;
+                    CREATE TRIGGER \(fn) BEFORE UPDATE ON instances FOR EACH ROW EXECUTE FUNCTION \(fn)();
+                    """))
+        defer {
+            Task { try? await t.fixture.pool.execute(PostgresQuery(unsafeSQL: "DROP TRIGGER \(fn) ON instances")) }
+        }
+        func state(_ instance: String) async throws -> String? {
+            try await t.api.call("GET", "/v1/live_notifications/\(instance)", key: t.tenant.app).json()["state"]
+                as? String
+        }
+        // Tried again: the instance its push reached becomes active.
+        #expect(try await t.start(flaky).status == 200)
+        #expect(try await t.settled(flaky, count: 1)[0].string("status") == "sent")
+        try await eventually("the flaky instance is active", timeout: .seconds(20)) {
+            try await state(flaky) == "active"
+        }
+        // Failing every time: logged as a settle, not a claim; the delivery stays recorded and is not sent again.
+        #expect(try await t.start(broken).status == 200)
+        #expect(try await t.settled(broken, count: 1)[0].string("status") == "sent")
+        try await eventually("the settle failure is logged", timeout: .seconds(20)) {
+            worker.log.contains("settle failed")
+        }
+        #expect(!worker.log.contains("claim failed"), "\(worker.log)")
+        #expect(try await state(broken) == "pending")
+        // The worker goes on; two pushes in all, one per start.
+        let after = Fake.id("after")
+        #expect(try await t.start(after).status == 200)
+        #expect(try await t.settled(after, count: 1)[0].string("status") == "sent")
+        try await eventually("the next instance is active", timeout: .seconds(20)) {
+            try await state(after) == "active"
+        }
+        #expect(t.fixture.simulator.pushes(token: pushToStart).count == 3)
+    }
+
     @Test("pacing: 50 updates within the interval go out as at most 2 pushes, the last one carrying the last update")
     func pacing() async throws {
         let t = try await Self.tenant()
