@@ -255,18 +255,23 @@ public struct RegistryTransaction {
     /// the instance's person may report (`marquee_device_belongs_to_instance`, as for activity tokens): otherwise
     /// `NotFound("instance")`; an unknown device is `NotFound("device")`.
     ///
-    /// The device and the instance are held (FOR KEY SHARE) from the check to the commit, so neither goes while the
-    /// event is written: a device deleted meanwhile (by its app, a worker retiring its FCM token, an erasure) is
+    /// The device is held FOR SHARE and the instance FOR KEY SHARE from the check to the commit, so neither goes while
+    /// the event is written, and the device does not change hands: a device deleted meanwhile (by its app, a worker retiring its FCM token, an erasure) is
     /// `NotFound("device")` rather than a row whose reference to it fails, and an instance deleted meanwhile
     /// (retention, an erasure) is `NotFound("instance")` rather than a device state its delete trigger (migration
     /// 0078) has already passed, which would outlive it and join a later instance with its ID. The people they
     /// belong to are held first, as a start holds them (`StartWrite.statement`'s `who`): an erasure takes the person,
     /// then collects and deletes the instances and devices, so it waits for this event and then removes it too, or
-    /// this event waits for the erasure and finds them gone.
+    /// this event waits for the erasure and finds them gone. A device moving to another person (an update of its
+    /// owner, which FOR KEY SHARE lets through) waits for this event, and then its trigger (migration 0086) removes the
+    /// device state written here; or this event waits for the move, and its ownership check, a statement of its own
+    /// read after the locks, sees the new owner. (Checked in the locking statement, it read the snapshot from before
+    /// the wait: the event wrote the previous owner's instance a device state the move had already swept, and that
+    /// person's later updates reached the phone, now someone else's.)
     public func recordEvent(
         instanceID: String, event: LifecycleEvent, deviceToken: String, at: Date, contentState: JSONValue?
     ) throws {
-        let check = try connection.query(
+        let check = try connection.pipelined([
             """
             WITH seen AS (
                 -- Whose the device and the instance are, as read before any lock: the device's owner, the instance's
@@ -286,20 +291,21 @@ public struct RegistryTransaction {
                 -- Once the people are held (the condition is a one-time filter): an erasure takes a person first.
                 SELECT d.token FROM devices d
                 WHERE d.tenant_id = \(tenant) AND d.token = \(deviceToken) AND (SELECT count(*) FROM who) >= 0
-                FOR KEY SHARE
+                FOR SHARE
             ), inst AS (
                 SELECT i.id FROM instances i
                 WHERE i.tenant_id = \(tenant) AND i.id = \(instanceID) AND (SELECT count(*) FROM dev) >= 0
                 FOR KEY SHARE
             )
-            -- A row deleted while this statement waited for its lock is not held, and so not there; the ownership
-            -- rule reads the statement's snapshot, but only for rows that are.
-            SELECT EXISTS (SELECT 1 FROM dev) AS known,
-                   EXISTS (SELECT 1 FROM inst)
-                   AND marquee_device_belongs_to_instance(\(tenant), \(instanceID), \(deviceToken)) AS owned
-            """)
-        guard try check[0].decode(Bool.self, "known") else { throw NotFound("device") }
-        guard try check[0].decode(Bool.self, "owned") else { throw NotFound("instance") }
+            -- A row deleted while this statement waited for its lock is not held, and so not there.
+            SELECT EXISTS (SELECT 1 FROM dev) AS known, EXISTS (SELECT 1 FROM inst) AS held
+            """,
+            "SELECT marquee_device_belongs_to_instance(\(tenant), \(instanceID), \(deviceToken)) AS owned",
+        ])
+        guard try check[0][0].decode(Bool.self, "known") else { throw NotFound("device") }
+        guard try check[0][0].decode(Bool.self, "held") && check[1][0].decode(Bool.self, "owned") else {
+            throw NotFound("instance")
+        }
         try connection.execute(
             """
             INSERT INTO activity_events (tenant_id, id, instance_id, device_token, event, at, content_state)

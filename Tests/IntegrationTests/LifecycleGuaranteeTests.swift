@@ -141,6 +141,38 @@ struct LifecycleGuaranteeTests {
         #expect(Set(ends.map(\.1)) == Set(tokens) && ends.count == tokens.count, "\(ends)")
     }
 
+    @Test("a device event waits for the device's move to another person, then is refused: nothing joins it back")
+    func eventWaitsForDeviceMove() async throws {
+        let w = try await LifecycleTests.world()
+        let instance = Fake.id("moving")
+        #expect(try await w.start(["instance_id": instance]).status == 200)
+        let buyer = Fake.id("buyer")
+        #expect(
+            try await w.api.call("PUT", "/v1/people/\(buyer)", key: w.tenant.app, json: [String: Any]()).status == 200)
+        // The Android phone changes hands: the move's transaction holds the device (its trigger, migration 0086, has
+        // swept the previous person's device states) while the phone reports an event of the previous person's
+        // activity.
+        let moving = try await HeldTransaction.open(w.fixture.databaseURL) { c in
+            try c.execute(
+                "UPDATE devices SET person_id = \(buyer) WHERE tenant_id = \(w.tenant.uuid) AND token = \(w.pixel)")
+        }
+        let reporting = Task {
+            try await w.api.call(
+                "POST", "/v1/live_notifications/\(instance)/events", key: w.tenant.sdk,
+                json: ["event": "started", "device_token": w.pixel, "at": Date().timeIntervalSince1970])
+        }
+        try await moving.waitedOn(via: w.fixture.pool, "the event waits for the move")
+        try await moving.commit()
+        let reported = try await reporting.value
+        expectProblem(reported, 404, "not-found")
+        let states = try await w.fixture.pool.count(
+            """
+            SELECT count(*)::int AS n FROM instance_devices
+            WHERE tenant_id = \(w.tenant.uuid) AND instance_id = \(instance) AND device_token = \(w.pixel)
+            """)
+        #expect(states == 0, "the previous person's activity would reach the phone")
+    }
+
     @Test("a person erased while a start of theirs is being written keeps nothing of it")
     func erasureWaitsForStart() async throws {
         // Not in the shared fixture: there, another test's start failing the statement this start shares (an ID
