@@ -199,6 +199,11 @@ public struct RetryPolicy: Sendable, Equatable {
     /// No retry waits longer than this. Default 20 minutes.
     public var maximumDelay: Duration
 
+    /// Reasons of attempts the worker ended itself, before any answer: its shutdown (a rolling deploy must not fail a
+    /// push on its last attempt that the provider never refused), and a credential it could not load (nothing was
+    /// sent). Such a delivery still ends with its instance's expiry.
+    public static let uncounted: Set<String> = ["shutdown", "credential_load"]
+
     public init(maxAttempts: Int = 10, initialDelay: Duration = .seconds(8), maximumDelay: Duration = .seconds(1200)) {
         self.maxAttempts = maxAttempts
         self.initialDelay = initialDelay
@@ -206,13 +211,15 @@ public struct RetryPolicy: Sendable, Equatable {
     }
 
     /// The delay before attempt `attempts + 1`, or nil when `attempts` attempts were the last allowed.
-    /// `retryAfter` (the provider's word) is honoured as a floor. `random` yields values in 0...1.
+    /// `retryAfter` (the provider's word) is honoured as a floor. `random` yields values in 0...1. An attempt the
+    /// worker ended itself (`Self.uncounted`) says nothing of the push and never spends the last one.
     public func delay(
-        afterAttempts attempts: Int, retryAfter: Duration?, random: () -> Double = { Double.random(in: 0...1) }
+        afterAttempts attempts: Int, retryAfter: Duration?, reason: String? = nil,
+        random: () -> Double = { Double.random(in: 0...1) }
     )
         -> Duration?
     {
-        guard attempts < maxAttempts else { return nil }
+        guard attempts < maxAttempts || reason.map(Self.uncounted.contains) == true else { return nil }
         let exponent = min(max(attempts - 1, 0), 30)
         let ceiling = min(initialDelay.inSeconds * pow(2, Double(exponent)), maximumDelay.inSeconds)
         // Half fixed, half jitter: spreads retries without letting them collapse to zero.

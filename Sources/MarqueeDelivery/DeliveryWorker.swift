@@ -821,7 +821,10 @@ public final class DeliveryWorker: Sendable {
     }
 
     func retry(_ d: ClaimedDelivery, reason: String, retryAfter: Duration?) -> DeliveryResult {
-        guard let delay = configuration.retryPolicy.delay(afterAttempts: d.attempts, retryAfter: retryAfter) else {
+        guard
+            let delay = configuration.retryPolicy.delay(
+                afterAttempts: d.attempts, retryAfter: retryAfter, reason: reason)
+        else {
             return result(d, .failed, reason: DeliveryReason.gaveUp(after: d.attempts, reason))
         }
         metrics.retries.inc(1, [d.provider.rawValue])

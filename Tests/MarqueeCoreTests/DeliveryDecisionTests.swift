@@ -92,6 +92,9 @@ struct RetryPolicyTests {
         #expect(policy.delay(afterAttempts: 4, retryAfter: nil, random: { 1 }) == .seconds(64))
         #expect(policy.delay(afterAttempts: 9, retryAfter: nil, random: { 1 }) == .seconds(1200))
         #expect(policy.delay(afterAttempts: 10, retryAfter: nil) == nil)
+        // The worker's own shutdown never spends the last attempt; a provider's answer does.
+        #expect(policy.delay(afterAttempts: 10, retryAfter: nil, reason: "shutdown", random: { 1 }) == .seconds(1200))
+        #expect(policy.delay(afterAttempts: 10, retryAfter: nil, reason: "ServiceUnavailable") == nil)
         var total = 0.0
         for attempt in 1..<10 {
             let d = policy.delay(afterAttempts: attempt, retryAfter: nil, random: { 1 })!
