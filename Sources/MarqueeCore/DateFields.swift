@@ -85,9 +85,13 @@ public enum DateFields {
         }
     }
 
-    /// Whole milliseconds since 1970 (rounded down), for readers such as Customer.io's Android SDK.
+    /// Whole milliseconds since 1970 (rounded down), for readers such as Customer.io's Android SDK. A value outside
+    /// `acceptedRange` (which no validated date is, but a number in the attributes may be) is clamped to it: the
+    /// conversion to an integer must not trap.
     public static func epochMilliseconds(_ epochSeconds: Double) -> Int64 {
-        Int64((epochSeconds * 1000).rounded(.down))
+        let seconds =
+            epochSeconds.isNaN ? 0 : min(max(epochSeconds, acceptedRange.lowerBound), acceptedRange.upperBound)
+        return Int64((seconds * 1000).rounded(.down))
     }
 
     /// Encodes a `Date` for the app's decoder.

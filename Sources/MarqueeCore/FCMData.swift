@@ -84,12 +84,13 @@ public enum FCMData {
         return data
     }
 
-    /// `object` with every date field present re-encoded as whole epoch milliseconds (a JSON integer).
+    /// `object` with every date field present re-encoded as whole epoch milliseconds (a JSON integer). A value that
+    /// is not a date in range (an attribute of the same name, never validated as a date) is left as it is.
     static func inMilliseconds(_ object: JSONValue, dateFields: [String: DateEncoding]) -> JSONValue {
         var result = object
         for (text, encoding) in dateFields {
             guard let pointer = JSONPointer(text), let value = result[pointer: pointer],
-                let seconds = DateFields.decode(value, as: encoding)
+                let seconds = DateFields.decode(value, as: encoding), DateFields.acceptedRange.contains(seconds)
             else { continue }
             result.replace(at: pointer, with: .int(DateFields.epochMilliseconds(seconds)))
         }

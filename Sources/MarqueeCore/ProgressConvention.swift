@@ -55,12 +55,19 @@ public struct ProgressConvention: Sendable, Equatable {
             }
             for (index, item) in items.enumerated() {
                 let here = base + "/segments/\(index)"
-                guard let length = item["length"]?.intValue, length >= 1 else {
-                    throw ValidationError(field: here + "/length", reason: "must be an integer of at least 1")
+                guard let length = item["length"]?.intValue, (1...max).contains(length) else {
+                    throw ValidationError(field: here + "/length", reason: "must be an integer from 1 to max")
                 }
                 segments.append(Segment(length: length, color: try color(item, here)))
             }
-            guard segments.isEmpty || segments.reduce(0, { $0 + $1.length }) == max else {
+            // Client numbers: a sum that overflows is no match (never a trap).
+            let total = segments.reduce(Optional(Int64(0))) { total, segment in
+                total.flatMap { total in
+                    let (sum, overflow) = total.addingReportingOverflow(segment.length)
+                    return overflow ? nil : sum
+                }
+            }
+            guard segments.isEmpty || total == max else {
                 throw ValidationError(field: base + "/segments", reason: "lengths must add up to max (\(max))")
             }
         }

@@ -136,5 +136,29 @@ struct ProgressConventionTests {
             field(#"{"progress":{"current":1,"max":3,"points":[{"position":4}]}}"#)
                 == "content_state/progress/points/0/position")
         #expect(field(#"{"progress":{"current":1,"max":3,"extra":1}}"#) == "content_state/progress/extra")
+        // Lengths a client chose to overflow the sum: refused, never a trap.
+        #expect(
+            field(#"{"progress":{"current":0,"max":1,"segments":[{"length":9223372036854775807},{"length":1}]}}"#)
+                == "content_state/progress/segments/0/length")
+        let most = Int64.max
+        #expect(
+            field(#"{"progress":{"current":0,"max":\#(most),"segments":[{"length":\#(most)},{"length":\#(most)}]}}"#)
+                == "content_state/progress/segments")
+    }
+
+    @Test("a customerio payload's date fields: an attribute of that name out of any date's range is left as it is")
+    func customerioDateFieldsOutOfRange() throws {
+        let content = ActivityContent(
+            event: .update, instanceID: "i", activityType: "com.example.t", attributesType: "A",
+            profile: .customerio, attributes: .object(["eta": .double(1e16), "due": .int(Int64.min)]),
+            contentState: .object(["status": .string("cooking")]), timestamp: 1,
+            dateFields: ["/eta": .epochSeconds, "/due": .appleReference])
+        let payload = try JSONValue.parse(
+            Array(try #require(FCMData.compose(content, attribution: .worstCase)["payload"]).utf8))
+        #expect(payload["eta"] == .double(1e16))
+        #expect(payload["due"] == .int(Int64.min))
+        #expect(DateFields.epochMilliseconds(1e300) == 253_402_300_799_000)
+        #expect(DateFields.epochMilliseconds(-.infinity) == -62_135_596_800_000)
+        #expect(DateFields.epochMilliseconds(.nan) == 0)
     }
 }
