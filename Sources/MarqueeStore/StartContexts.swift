@@ -55,7 +55,8 @@ final class StartContexts: Sendable {
     /// What one tenant's requests ask for, each value once.
     private struct Wanted {
         var types: [String] = []
-        /// People by ID (`kind` "id") or email (`kind` "email"), each identifier once.
+        /// People by ID (`kind` "id") or email (`kind` "email"), each identifier once, compared as bytes
+        /// (`Identifiers.personKey`: canonically equivalent IDs are two people).
         var kinds: [String] = []
         var identifiers: [String] = []
         var instanceIDs: [String] = []
@@ -64,10 +65,13 @@ final class StartContexts: Sendable {
 
         mutating func add(_ request: Request) {
             Self.insert(request.activityType, into: &types)
-            if let id = request.personID, !zip(kinds, identifiers).contains(where: { $0 == ("id", id) }) {
+            func asked(_ kind: String, _ value: String) -> Bool {
+                zip(kinds, identifiers).contains { $0.0 == kind && $0.1.utf8.elementsEqual(value.utf8) }
+            }
+            if let id = request.personID, !asked("id", id) {
                 kinds.append("id")
                 identifiers.append(id)
-            } else if let email = request.email, !zip(kinds, identifiers).contains(where: { $0 == ("email", email) }) {
+            } else if let email = request.email, !asked("email", email) {
                 kinds.append("email")
                 identifiers.append(email)
             }
@@ -146,8 +150,8 @@ final class StartContexts: Sendable {
         }
 
         var types: [String: ActivityType] = [:]
-        /// By "kind:identifier": the person and their devices in order.
-        var people: [String: (id: String?, devices: [Device])] = [:]
+        /// By "kind:identifier" as bytes (`Identifiers.personKey`): the person and their devices in order.
+        var people: [[UInt8]: (id: String?, devices: [Device])] = [:]
         /// Instances with a requested ID, and their stored start answer.
         var instances: [String: JSONValue?] = [:]
         var stored: [String: StoredResponse] = [:]
@@ -159,7 +163,8 @@ final class StartContexts: Sendable {
                 types[type.identifier] = type
             }
             for row in rows[1] {
-                let key = try row.decode(String.self, "kind") + ":" + row.decode(String.self, "identifier")
+                let key = Identifiers.personKey(
+                    try row.decode(String.self, "kind") + ":" + row.decode(String.self, "identifier"))
                 var person = try people[key] ?? (row.decode(String?.self, "person_id"), [])
                 if let token = try row.decode(String?.self, "device_token") {
                     if person.devices.last?.token != token {
@@ -193,7 +198,7 @@ final class StartContexts: Sendable {
 
         func context(for request: Request) -> StartContext {
             let key = request.personID.map { "id:" + $0 } ?? request.email.map { "email:" + $0 } ?? ""
-            let person = people[key]
+            let person = people[Identifiers.personKey(key)]
             let candidates = (person?.devices ?? []).map {
                 StartCandidate(
                     deviceToken: $0.token, platform: $0.platform, pushToStartToken: $0.pushToStart[request.activityType]

@@ -10,6 +10,30 @@ import Testing
 /// tenants, each answered as if read alone.
 @Suite("Start contexts read in batches")
 struct StartContextTests {
+    @Test("two people whose IDs are canonically equivalent (é and e+U+0301) are two people in one batch")
+    func canonicallyEquivalentPeople() async throws {
+        let w = try await LifecycleTests.world()
+        let stem = Fake.id("caf")
+        let (composed, decomposed) = (stem + "\u{e9}", stem + "e\u{301}")
+        var phones: [String] = []
+        for person in [composed, decomposed] {
+            let phone = Fake.hex()
+            let r = try await w.api.call(
+                "PUT", "/v1/people/\(person)/devices/\(phone)", key: w.tenant.sdk, json: ["platform": "ios"])
+            #expect(r.status == 200 || r.status == 201, "\(r.text)")
+            phones.append(phone)
+        }
+        let requests = [composed, decomposed].map {
+            StartContexts.Request(
+                tenant: w.tenant.uuid, activityType: w.type, personID: $0, email: nil, instanceID: Fake.id("n"),
+                idempotencyKey: nil, channelID: nil)
+        }
+        let database = TenantDatabase(pool: w.fixture.pool)
+        let contexts = try await StartContexts.read(database, requests)
+        #expect(contexts.map { $0.personID.map { Array($0.utf8) } } == [Array(composed.utf8), Array(decomposed.utf8)])
+        #expect(contexts.map { $0.candidates.map(\.deviceToken) } == [[phones[0]], [phones[1]]])
+    }
+
     @Test("a batch answers each start with its own tenant's type, person, devices, tokens, instance, key and channel")
     func batchEqualsAlone() async throws {
         let a = try await LifecycleTests.world()
