@@ -92,9 +92,14 @@ struct PeopleImportRoutes: Sendable {
                 if let email = person.email?.lowercased(), let first = emails[email] {
                     throw ValidationError(field: "email", reason: "repeats line \(first)")
                 }
+                var own: [String: Int] = [:]
                 for (index, device) in person.devices.enumerated() {
                     if let first = tokens[device.token] {
                         throw ValidationError(field: "devices[\(index)].token", reason: "repeats line \(first)")
+                    }
+                    // Within the line too (tokens are compared as stored: an APNs token in another case is the same).
+                    if let earlier = own.updateValue(index, forKey: device.token) {
+                        throw ValidationError(field: "devices[\(index)].token", reason: "repeats devices[\(earlier)]")
                     }
                 }
                 ids[id] = number

@@ -154,6 +154,29 @@ struct PeopleImportTests {
         #expect(rejected.first?["reason"] as? String == "repeats line 1")
     }
 
+    @Test("a line naming one device token twice (in another case) is refused; the other lines import")
+    func tokenTwiceInALine() async throws {
+        let fixture = try await RegistryFixture.get()
+        let api = fixture.api
+        let tenant = try await api.createTenant("import-" + Fake.hex(6))
+        let token = Fake.hex()
+        let lines = [
+            try Self.json([
+                "id": Fake.id("p"),
+                "devices": [["token": token, "platform": "ios"], ["token": token.uppercased(), "platform": "ios"]],
+            ]),
+            try Self.json(["id": Fake.id("p"), "devices": [["token": Fake.hex(), "platform": "ios"]]]),
+        ]
+        let response = try await Self.post(api, tenant.app, Self.ndjson(lines))
+        #expect(response.status == 200, "\(response.text)")
+        let body = try response.json()
+        #expect(body["imported"] as? Int == 1, "\(response.text)")
+        let rejected = (body["rejected"] as? [[String: Any]]) ?? []
+        #expect(rejected.first?["line"] as? Int == 1, "\(rejected)")
+        #expect(rejected.first?["field"] as? String == "devices[1].token", "\(rejected)")
+        #expect(rejected.first?["reason"] as? String == "repeats devices[0]", "\(rejected)")
+    }
+
     @Test("IDs are compared byte by byte, as the database does: two spellings of one accented letter are two people")
     func idsComparedAsBytes() async throws {
         let fixture = try await RegistryFixture.get()
