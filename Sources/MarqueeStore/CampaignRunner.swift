@@ -205,9 +205,7 @@ public struct CampaignRunner: Sendable {
                                 AND i.state IN ('pending', 'active') AND i.expires_at > now())
         ), over AS (
             SELECT q.tenant_id, q.id FROM quiet q
-            WHERE NOT EXISTS (SELECT 1 FROM instances i JOIN delivery_queue d
-                                ON d.tenant_id = i.tenant_id AND d.instance_id = i.id AND d.status = 'queued'
-                              WHERE i.tenant_id = q.tenant_id AND i.campaign_id = q.id)
+            WHERE NOT \(unsafeRaw: CampaignStore.pushesLeft(tenant: "q.tenant_id", campaign: "q.id"))
         )
         UPDATE campaigns c SET state = 'ended', ended_at = COALESCE(c.ended_at, now())
         FROM over o

@@ -343,8 +343,20 @@ public struct CampaignStore: Sendable {
 
     // MARK: Reads
 
+    /// Whether the campaign `tenant`.`campaign` (SQL expressions) still has pushes to go: queued, or parked (waiting
+    /// for a broken credential to be replaced) while their instance has not expired. The one home of the rule
+    /// between `ending` and `ended`, for the campaign's state as read and as stored (`CampaignRunner.finalize`).
+    static func pushesLeft(tenant: String, campaign: String) -> String {
+        """
+        EXISTS (SELECT 1 FROM instances i JOIN delivery_queue d
+                  ON d.tenant_id = i.tenant_id AND d.instance_id = i.id
+                 AND (d.status = 'queued' OR (d.status = 'parked' AND i.expires_at > now()))
+                WHERE i.tenant_id = \(tenant) AND i.campaign_id = \(campaign))
+        """
+    }
+
     /// `scheduled` / `active` as stored, refined: a due start is `starting`; a started campaign with no open instance
-    /// is `ending` while deliveries are queued, then `ended`.
+    /// is `ending` while pushes are left (`pushesLeft`), then `ended`.
     static let stateExpression = """
         CASE c.state
             WHEN 'scheduled' THEN CASE WHEN c.start_at > now() THEN 'scheduled' ELSE 'starting' END
@@ -352,9 +364,7 @@ public struct CampaignStore: Sendable {
                 WHEN EXISTS (SELECT 1 FROM instances i
                              WHERE i.tenant_id = c.tenant_id AND i.campaign_id = c.id
                                AND i.state IN ('pending', 'active') AND i.expires_at > now()) THEN 'active'
-                WHEN EXISTS (SELECT 1 FROM instances i JOIN delivery_queue d
-                               ON d.tenant_id = i.tenant_id AND d.instance_id = i.id AND d.status = 'queued'
-                             WHERE i.tenant_id = c.tenant_id AND i.campaign_id = c.id) THEN 'ending'
+                WHEN \(pushesLeft(tenant: "c.tenant_id", campaign: "c.id")) THEN 'ending'
                 ELSE 'ended' END
             ELSE c.state END
         """

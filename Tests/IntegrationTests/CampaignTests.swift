@@ -606,6 +606,53 @@ struct CampaignTests {
         #expect(states == ["ended", "ended"], "\(states)")
     }
 
+    @Test("a campaign whose pushes wait parked on a broken credential is ending, not ended, until its instances expire")
+    func parkedPushesKeepCampaignEnding() async throws {
+        let t = try await Self.tenant()
+        let (line, _) = Self.iosPerson(Fake.id("k"), type: t.type, attributes: ["team": "K"])
+        try await t.importPeople([line])
+        let person = try #require(line.string("id"))
+        let id = Fake.id("parked")
+        #expect(try await t.create(["campaign_id": id, "audience": ["people": [person]]]).status == 202)
+        let runner = CampaignRunner(database: TenantDatabase(pool: t.fixture.pool))
+        let clock = ContinuousClock()
+        func run(until done: () async throws -> Bool) async throws {
+            let deadline = clock.now + .seconds(30)
+            while try await !done() && clock.now < deadline {
+                if try await runner.runDue() == nil { try await Task.sleep(for: .milliseconds(20)) }
+            }
+        }
+        try await run { try await t.campaign(id).string("state") == "active" }
+        #expect(try await t.api.call("POST", "/v1/campaigns/\(id)/end", key: t.tenant.app, json: [:]).status == 202)
+        try await run { try await t.campaign(id).string("state") == "ended" }
+        // The end's push to the device, parked (the tenant's credential broke before it went).
+        let instance = "\(id).\(person)"
+        try await t.fixture.pool.execute(
+            """
+            INSERT INTO delivery_queue (tenant_id, id, instance_id, device_token, provider, token_kind, token,
+                                        operation, instance_version, status)
+            SELECT tenant_id, gen_random_uuid(), \(instance), token, 'apns', 'activity', \(Fake.hex()), 'end', 2,
+                   'parked'
+            FROM devices WHERE tenant_id = \(t.tenant.uuid) AND person_id = \(person)
+            """)
+        #expect(try await t.campaign(id).string("state") == "ending")
+        try await runner.finalize()
+        let stored = try await t.fixture.pool.query(
+            "SELECT state FROM campaigns WHERE tenant_id = \(t.tenant.uuid) AND id = \(id)")
+        #expect(try stored[0].decode(String.self, "state") == "active", "not stored as ended")
+        // Expired, the instance's parked push can no longer go: the campaign is over.
+        try await t.fixture.pool.execute(
+            """
+            UPDATE instances SET expires_at = now() - interval '1 second'
+            WHERE tenant_id = \(t.tenant.uuid) AND id = \(instance)
+            """)
+        #expect(try await t.campaign(id).string("state") == "ended")
+        try await runner.finalize()
+        let over = try await t.fixture.pool.query(
+            "SELECT state FROM campaigns WHERE tenant_id = \(t.tenant.uuid) AND id = \(id)")
+        #expect(try over[0].decode(String.self, "state") == "ended")
+    }
+
     @Test("a person whose ID is another person's MD5 gets an instance of their own")
     func hashedInstanceIDsApart() async throws {
         let t = try await Self.tenant()
