@@ -128,7 +128,9 @@ public indirect enum ContentSchema: Sendable, Equatable {
             }
         }
         if let s = value.stringValue {
-            let length = s.count
+            // Code points, as JSON Schema counts them (and the API's own string limits): Swift's `count` counts
+            // grapheme clusters, and a string of combining marks would pass any `maxLength`.
+            let length = s.unicodeScalars.count
             if let min = node.minLength, length < min {
                 return Violation(pointer: pointer, reason: "must be at least \(min) characters")
             }

@@ -38,6 +38,11 @@ struct ContentSchemaTests {
             (#"{"status":"preparing","eta":"soon"}"#, "/eta", "expected integer, found string"),
             (#"{"status":"preparing","eta":1,"driver":""}"#, "/driver", "at least 1 characters"),
             (#"{"status":"preparing","eta":1,"driver":"012345678901234567890"}"#, "/driver", "at most 20"),
+            // One grapheme cluster of 21 code points is 21 characters to JSON Schema.
+            (
+                #"{"status":"preparing","eta":1,"driver":"e\#(String(repeating: "\u{301}", count: 20))"}"#, "/driver",
+                "at most 20"
+            ),
             (#"{"status":"preparing","eta":1,"stops":[{"n":1},{"n":"x"}]}"#, "/stops/1/n", "expected number"),
             (#"{"status":"preparing","eta":1,"extra":true}"#, "/extra", "not an allowed property"),
             (#"[1]"#, "", "expected object"),
