@@ -260,7 +260,7 @@ public struct CampaignRunner: Sendable {
                 "SELECT count(*)::int AS n FROM instances WHERE tenant_id = \(tenant) AND campaign_id = \(campaignID)"
             )[0].decode(Int.self, "n")
             if started > 0 {
-                try markStarted(c, tenant, campaignID, audienceSize: nil, failureReason: reason)
+                try markStarted(c, tenant, campaignID, failureReason: reason, stoppedEarly: true)
                 result["instances"] = .int(Int64(started))
             } else {
                 try c.execute(
@@ -486,20 +486,31 @@ public struct CampaignRunner: Sendable {
             if let members { next["members"] = .int(Int64(members)) }
             return (.object(next), false)
         }
-        try markStarted(c, tenant, campaignID, audienceSize: Int(counts["audience"]?.intValue ?? 0))
+        // Stopped by the expiration (limit 0) with members left: those are marked not started.
+        try markStarted(c, tenant, campaignID, stoppedEarly: limit == 0)
         return (counts, true)
     }
 
     /// A start that wrote instances: its campaign is active from now, with the size of its audience (the members
-    /// resolved, counted here when nil) and, for a start that stopped partway, why.
+    /// resolved) and, for a start that stopped partway, why. A start that stopped early (its expiration passed, a
+    /// later step failed) marks the members it did not reach `not_started`: NULL means an instance was started.
     static func markStarted(
-        _ c: PostgresConnection, _ tenant: UUID, _ campaignID: String, audienceSize: Int?, failureReason: String? = nil
+        _ c: PostgresConnection, _ tenant: UUID, _ campaignID: String, failureReason: String? = nil,
+        stoppedEarly: Bool = false
     ) throws {
+        if stoppedEarly {
+            try c.execute(
+                """
+                UPDATE campaign_members m SET skipped_reason = 'not_started'
+                WHERE m.tenant_id = \(tenant) AND m.campaign_id = \(campaignID) AND m.skipped_reason IS NULL
+                  AND NOT EXISTS (SELECT 1 FROM instances i WHERE i.tenant_id = m.tenant_id AND i.id = m.instance_id)
+                """)
+        }
         try c.execute(
             """
             UPDATE campaigns c SET state = 'active', started_at = now(), failure_reason = \(failureReason),
-                audience_size = COALESCE(\(audienceSize)::int, (
-                    SELECT count(*) FROM campaign_members m WHERE m.tenant_id = c.tenant_id AND m.campaign_id = c.id))
+                audience_size = (
+                    SELECT count(*) FROM campaign_members m WHERE m.tenant_id = c.tenant_id AND m.campaign_id = c.id)
             WHERE c.tenant_id = \(tenant) AND c.id = \(campaignID) AND c.state = 'scheduled'
             """)
     }

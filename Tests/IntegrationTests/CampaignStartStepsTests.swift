@@ -186,6 +186,11 @@ extension CampaignTests {
         let result = campaign.array("schedules").first?["result"] as? [String: Any]
         #expect(campaign.array("schedules").first?.string("state") == "failed")
         #expect(result?["reason"] as? String == "database_error" && result?["instances"] as? Int == 3, "\(campaign)")
+        // Its members: three started (no reason), the two it never reached `not_started` (not listed as started).
+        let members = try await t.api.call("GET", "/v1/campaigns/\(id)/people?limit=10", key: t.tenant.app)
+        #expect(members.status == 200, "\(members.text)")
+        let reasons = try members.json().array("data").map { $0["skipped_reason"] as? String ?? "started" }
+        #expect(reasons.sorted() == ["not_started", "not_started", "started", "started", "started"], "\(reasons)")
 
         // What it started can be ended campaign-wide (due now: a change is due at the campaign's start_at at the
         // earliest).
