@@ -158,14 +158,12 @@ public final class PostgresConnection {
         PQclear(result)
     }
 
-    /// The name of `query`'s prepared statement on this connection, preparing it the first time.
-    private func preparedStatement(_ query: PostgresQuery) throws -> String {
+    /// The name of `query`'s prepared statement on this connection, preparing it the first time. A full cache is
+    /// emptied first (`DEALLOCATE ALL`), unless `mayReset` is false (`prepare(_:)` makes room beforehand).
+    private func preparedStatement(_ query: PostgresQuery, mayReset: Bool = true) throws -> String {
         let key = StatementKey(sql: query.sql, types: query.binds.map(\.oid))
         if let name = statements[key] { return name }
-        if statements.count >= Self.statementCacheLimit {
-            if let result = PQexec(handle, "DEALLOCATE ALL") { PQclear(result) }
-            statements.removeAll()
-        }
+        if mayReset, statements.count >= Self.statementCacheLimit { resetStatements() }
         statementCounter += 1
         let name = "marquee_\(statementCounter)"
         let result = key.types.withUnsafeBufferPointer { types in
@@ -425,11 +423,23 @@ public final class PostgresConnection {
         return read(queries.count, syncEach: syncEach, syncAtEnd: true)
     }
 
+    /// Forgets every prepared statement of this connection, on the server too.
+    private func resetStatements() {
+        if let result = PQexec(handle, "DEALLOCATE ALL") { PQclear(result) }
+        statements.removeAll()
+    }
+
     /// Each query's prepared statement, nil for one without binds. Statements are prepared before a pipeline starts
-    /// (one round trip each, the first time only).
+    /// (one round trip each, the first time only). Room for the new ones is made before any name is handed out: a
+    /// reset between two of them (`DEALLOCATE ALL`) would drop a statement named earlier for the same pipeline, which
+    /// then failed with 26000 (prepared statement does not exist).
     private func prepare(_ queries: [PostgresQuery]) throws -> [String?] {
         for query in queries { try Self.refuseNUL(query.binds) }
-        return try queries.map { $0.binds.isEmpty ? nil : try preparedStatement($0) }
+        let new = Set(
+            queries.lazy.filter { !$0.binds.isEmpty }.map { StatementKey(sql: $0.sql, types: $0.binds.map(\.oid)) }
+        ).filter { statements[$0] == nil }
+        if !new.isEmpty, statements.count + new.count > Self.statementCacheLimit { resetStatements() }
+        return try queries.map { $0.binds.isEmpty ? nil : try preparedStatement($0, mayReset: false) }
     }
 
     /// Queues `queries` in pipeline mode and sends them: a sync point after each (`syncEach`) or after the last

@@ -26,4 +26,28 @@ struct PreparedStatementTests {
         let rows2 = try await pool.query("SELECT * FROM \(unsafeRaw: table) WHERE id = \(1)")
         #expect(rows2.columns == ["id", "v", "w"], "re-prepared after the schema change (first try: \(first != nil))")
     }
+
+    @Test("a pipeline whose new statements fill the cache keeps the statements it names (no reset between them)")
+    func cacheResetBeforeAPipeline() async throws {
+        let pool = PostgresPool(try TestDatabase.configuration(), options: .init(maxConnections: 1))
+        defer { pool.close() }
+        let tag = UUID().uuidString.prefix(8).lowercased()
+        try await pool.withConnection { connection in
+            // A statement cached first, then the cache filled to one short of its limit.
+            let cached: PostgresQuery = "SELECT \(1)::int AS n -- cached \(unsafeRaw: tag)"
+            _ = try connection.query(cached)
+            for i in 0..<(PostgresConnection.statementCacheLimit - 2) {
+                _ = try connection.query("SELECT \(1)::int AS n -- \(unsafeRaw: tag) \(unsafeRaw: String(i))")
+            }
+            // One pipeline: the cached statement, then two new ones (the second does not fit).
+            let rows = try connection.pipelined([
+                cached,
+                "SELECT \(1)::int + 1 AS n -- \(unsafeRaw: tag) a",
+                "SELECT \(1)::int + 2 AS n -- \(unsafeRaw: tag) b",
+            ])
+            #expect(try rows.map { try $0[0].decode(Int.self, "n") } == [1, 2, 3])
+            // And the cache works on afterwards.
+            #expect(try connection.query(cached)[0].decode(Int.self, "n") == 1)
+        }
+    }
 }
