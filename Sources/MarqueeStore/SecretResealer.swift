@@ -56,8 +56,18 @@ public struct SecretResealer: Sendable {
                 guard keyRing.needsReseal(sealed) else { continue }
                 let context = CredentialStore.context(tenant, "fcm")
                 let again = try keyRing.seal(try keyRing.open(sealed, associatedData: context), associatedData: context)
+                // The same account sealed again: a proof that FCM accepted it (migration 0095, keyed by the row's
+                // updated_at, which the touch trigger moves) follows it, or a mismatched token would be blamed on it.
                 try connection.execute(
-                    "UPDATE fcm_credentials SET sealed_service_account = \(again) WHERE tenant_id = \(tenant)")
+                    """
+                    WITH old AS (SELECT updated_at FROM fcm_credentials WHERE tenant_id = \(tenant)),
+                    new AS (
+                        UPDATE fcm_credentials SET sealed_service_account = \(again) WHERE tenant_id = \(tenant)
+                        RETURNING updated_at
+                    )
+                    UPDATE fcm_credential_checks k SET credential_updated_at = (SELECT updated_at FROM new)
+                    WHERE k.tenant_id = \(tenant) AND k.credential_updated_at = (SELECT updated_at FROM old)
+                    """)
                 counts.fcmAccounts += 1
             }
             for row in try connection.query(

@@ -36,6 +36,14 @@ struct ResealTests {
             APNsCredentialInput(
                 teamID: "TEAM123456", keyID: "KEY1234567", privateKeyPEM: pem, bundleID: "com.example.app",
                 environment: "sandbox", endpoint: nil))
+        // An FCM service account that FCM has accepted a push with (migration 0095's proof).
+        let account = Array(#"{"type":"service_account","project_id":"p","private_key":"k"}"#.utf8)
+        let fcm = try await CredentialStore(database: database, keyRing: oldRing).putFCM(
+            tenant: tenant,
+            FCMCredentialInput(
+                serviceAccountJSON: account, projectID: "p", clientEmail: "a@p.iam.gserviceaccount.com",
+                privateKeyID: nil, tokenURI: "https://oauth2.googleapis.com/token", endpoint: nil))
+        try await DeliveryQueue(pool: pool).markFCMCredentialProven(tenant: tenant, credentialUpdatedAt: fcm.updatedAt)
         let secretBefore = try await TenantStore(database: database, keyRing: oldRing).deliverySecret(tenant: tenant)
         // An identity secret rotated once: both the current and the previous one are sealed.
         let oldSettings = TenantSettingsStore(database: database, keyRing: oldRing)
@@ -51,7 +59,7 @@ struct ResealTests {
         rotated["MARQUEE_MASTER_KEYS_PREVIOUS"] = "k1:" + oldKey
         let reseal = try await runCommand(TestEnvironment.marqueeBinary, ["reseal"], environment: rotated)
         #expect(reseal.status == 0, "\(reseal.output)")
-        #expect(reseal.output.contains("re-sealed 4 secret(s) under key k2"), "\(reseal.output)")
+        #expect(reseal.output.contains("re-sealed 5 secret(s) under key k2"), "\(reseal.output)")
         #expect(!reseal.output.contains(newKey) && !reseal.output.contains(oldKey), "keys are never printed")
 
         #expect(try await CredentialStore(database: database, keyRing: newRing).apnsPrivateKey(tenant: tenant) == pem)
@@ -59,6 +67,10 @@ struct ResealTests {
             try await TenantStore(database: database, keyRing: newRing).deliverySecret(tenant: tenant) == secretBefore)
         let identity = try await TenantSettingsStore(database: database, keyRing: newRing).identityKeys(tenant: tenant)
         #expect(identity.current == secondIdentity && identity.previous == firstIdentity)
+        // The same account sealed again keeps its proof (a foreign token still blames the token, not the account).
+        let proven = try await DeliveryQueue(pool: pool).fcmCredential(tenant: tenant)
+        #expect(proven?.proven == true)
+        #expect(proven?.0.updatedAt != fcm.updatedAt, "the row was written again")
         await #expect(throws: (any Error).self) {
             _ = try await CredentialStore(database: database, keyRing: oldRing).apnsPrivateKey(tenant: tenant)
         }
