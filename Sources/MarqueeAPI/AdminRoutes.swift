@@ -58,7 +58,8 @@ struct AdminRoutes: Sendable {
         try authenticator.requireAdmin(request)
         let body = try JSONBody.parse(request, allowEmpty: true)
         try body.rejectUnknown(["grace_seconds"])
-        let grace = try body.integer("grace_seconds", range: 0...(30 * 86400)) ?? 0
+        let allowed = TenantStore.rotationGraceSeconds
+        let grace = try body.integer("grace_seconds", range: Int64(allowed.lowerBound)...Int64(allowed.upperBound)) ?? 0
         let tenant = try tenantID(request)
         let issued = try await tenants.rotateKey(tenant: tenant, key: try keyID(request), grace: .seconds(grace))
         // This process's cache learns at once (others within MARQUEE_KEY_CACHE_SECONDS).

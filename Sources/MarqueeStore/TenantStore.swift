@@ -136,6 +136,9 @@ public struct TenantStore: Sendable {
         }
     }
 
+    /// The grace a rotated key may keep, in seconds: up to 30 days (the admin API and `marquee key rotate`).
+    public static let rotationGraceSeconds: ClosedRange<Int> = 0...(30 * 86_400)
+
     /// Rotates a key: issues a new one of the same kind and revokes the old one after `grace`.
     public func rotateKey(tenant: UUID, key: UUID, grace: Duration = .zero) async throws -> IssuedKey {
         try await database.systemTransaction { connection in

@@ -55,9 +55,14 @@ struct TenantCommand {
         case ("key", "revoke"):
             action = .keyRevoke(tenant: try uuid("--tenant"), key: try uuid("--key"))
         case ("key", "rotate"):
-            action = .keyRotate(
-                tenant: try uuid("--tenant"), key: try uuid("--key"), grace: Int(options["--grace-seconds"] ?? "0") ?? 0
-            )
+            // Whole seconds, in range: a value not understood must not become an instant revocation.
+            let text = options["--grace-seconds"] ?? "0"
+            guard let grace = Int(text), TenantStore.rotationGraceSeconds.contains(grace) else {
+                throw UsageError(
+                    "key rotate: --grace-seconds must be whole seconds from 0 to "
+                        + "\(TenantStore.rotationGraceSeconds.upperBound), not '\(text)'")
+            }
+            action = .keyRotate(tenant: try uuid("--tenant"), key: try uuid("--key"), grace: grace)
         case ("key", "list"):
             action = .keyList(tenant: try uuid("--tenant"))
         default:

@@ -79,6 +79,22 @@ struct ResealTests {
     }
 }
 
+@Suite("Key rotation from the command line")
+struct KeyRotateCommandTests {
+    @Test("marquee key rotate refuses a grace it does not understand instead of revoking the key at once")
+    func graceParsedStrictly() async throws {
+        let env = ["DATABASE_URL": TestEnvironment.databaseURL, "MARQUEE_MASTER_KEY": ResealTests.key()]
+        let (tenant, key) = (UUID().uuidString, UUID().uuidString)
+        for grace in ["1h", "3600s", "-60", "2592001", ""] {
+            let run = try await runCommand(
+                TestEnvironment.marqueeBinary,
+                ["key", "rotate", "--tenant", tenant, "--key", key, "--grace-seconds", grace], environment: env)
+            #expect(run.status != 0, "\(grace): \(run.output)")
+            #expect(run.output.contains("--grace-seconds must be whole seconds from 0 to 2592000"), "\(run.output)")
+        }
+    }
+}
+
 @Suite("Housekeeping")
 struct HousekeepingTests {
     @Test("idempotency records older than 24 hours are removed, newer ones kept")
