@@ -864,7 +864,7 @@ public final class DeliveryWorker: Sendable {
                     failing = false
                 }
             }
-            if ticks % 300 == 0 {
+            if ticks % 60 == 0 {
                 do {
                     let removed = try await queue.expireIdempotencyKeys()
                     if removed > 0 {
@@ -872,7 +872,7 @@ public final class DeliveryWorker: Sendable {
                     }
                 } catch {
                     logger.warning(
-                        "expiring idempotency records failed; tried again in 5 minutes",
+                        "expiring idempotency records failed; tried again in a minute",
                         metadata: ["error": .string(String(describing: error))])
                 }
             }
