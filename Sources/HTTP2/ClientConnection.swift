@@ -349,6 +349,9 @@ final class ClientConnection: TLSConnection, LoopHandler {
             provider.read_callback = clientReadBody
             return nghttp2_submit_request(session, nil, nva, count, &provider, nil)
         }
+        if streamID == NGHTTP2_ERR_STREAM_ID_NOT_AVAILABLE.rawValue {
+            return machine.streamIDsExhausted(entry, now: .now)
+        }
         guard streamID > 0 else {
             let error = HTTP2Error(
                 .protocolError, "nghttp2 refused the request", details: String(cString: nghttp2_strerror(streamID)))

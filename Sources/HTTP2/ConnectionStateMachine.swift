@@ -229,6 +229,21 @@ struct ConnectionStateMachine<Payload> {
         return actions
     }
 
+    /// The connection has used up its stream IDs (2^31 - 1 of them: nghttp2 refuses the request with
+    /// STREAM_ID_NOT_AVAILABLE): like a GOAWAY of our own, the request and the queued ones go to another connection
+    /// (nothing of them was sent), the streams in flight finish, and then it closes. Left open, every request routed
+    /// here failed at once, and, never busy, it drew most of the pool's traffic.
+    mutating func streamIDsExhausted(_ entry: Entry, now: ContinuousClock.Instant) -> [ConnectionAction<Payload>] {
+        starting -= 1
+        var actions: [ConnectionAction<Payload>] = []
+        detach(into: &actions)
+        if state != .closed { state = .draining }
+        actions.append(.retry(entry))
+        for queued in drainQueue() { actions.append(.retry(queued)) }
+        closeIfDrained(now: now, into: &actions)
+        return actions
+    }
+
     /// A stream closed: `noError` completes it, REFUSED_STREAM retries it, anything else fails it. Unknown streams
     /// (already timed out or retried) are ignored.
     mutating func streamClosed(

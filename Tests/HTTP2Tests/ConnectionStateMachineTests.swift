@@ -150,6 +150,26 @@ struct ConnectionStateMachineTests {
         #expect(harness.machine.streamClosed(streamID: 5, errorCode: .refusedStream, now: at(1)).isEmpty)
     }
 
+    @Test("stream IDs used up: the request and the queued ones go elsewhere, the streams in flight finish, then close")
+    func streamIDsExhausted() {
+        var harness = Harness(limit: 2)
+        for id in 1...4 { harness.send(id) }  // 1 and 2 in flight, 3 and 4 queued
+        // Stream 1 ends; the machine starts queued 3, and nghttp2 has no stream ID left for it.
+        let ended = harness.machine.streamClosed(streamID: 1, errorCode: .noError, now: at(1))
+        let next = ended.compactMap { if case .startStream(let entry) = $0 { entry } else { nil } }
+        #expect(next.map(\.payload) == [3])
+        let actions = harness.machine.streamIDsExhausted(next[0], now: at(1))
+        #expect(actions.contains { if case .detach = $0 { true } else { false } })
+        #expect(Set(retried(actions)) == [3, 4])
+        #expect(failed(actions).isEmpty)
+        #expect(harness.machine.state == .draining)
+        #expect(retried(harness.machine.enqueue(entry(5), now: at(1))) == [5], "no new streams here")
+        // Stream 3 (payload 2) finishes normally, then the connection closes.
+        let last = harness.machine.streamClosed(streamID: 3, errorCode: .noError, now: at(2))
+        #expect(last.contains { if case .succeed(let entry, _) = $0 { entry.payload == 2 } else { false } })
+        #expect(closeReason(last) == .drained)
+    }
+
     @Test("GOAWAY retries are bounded")
     func goAwayRetryBound() {
         var harness = Harness(limit: 10)
