@@ -392,8 +392,12 @@ public final class PostgresConnection {
         let transaction = id.flatMap(UInt64.init).map { InDoubtTransaction(id: $0, backendPID: pid) }
         do {
             try send(["COMMIT"], names: [nil], syncEach: false, syncAtEnd: true)
-        } catch let error as PostgresError {
-            // Some of COMMIT may have been sent.
+        } catch var error as PostgresError {
+            // Some of COMMIT may have been sent, and the connection cannot serve again (its pipeline is unfinished:
+            // the pool discards it). Whatever stopped the send (the connection lost, or a flush that timed out while
+            // the server waited on a lock, the connection still up), the outcome is in doubt: as a plain error, the
+            // caller would have written again what may have committed.
+            error.code = .connectionLost
             results += lost(error)
             return (results, transaction)
         }
