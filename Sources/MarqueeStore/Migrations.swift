@@ -140,15 +140,24 @@ public struct Migrator: Sendable {
 
     private let pool: PostgresPool
     private let migrations: [Migration]
+    /// How long a migration's statement waits for a table lock before its transaction is rolled back and tried again
+    /// (`lockAttempts` times in all). Migrations run while the previous release serves: an `ALTER TABLE` queued behind
+    /// a long transaction (an import, a campaign step) would queue every other statement on that table behind it.
+    let lockTimeout: Duration
+    let lockAttempts: Int
 
-    public init(pool: PostgresPool, migrations: [Migration]) {
+    public init(
+        pool: PostgresPool, migrations: [Migration], lockTimeout: Duration = .seconds(5), lockAttempts: Int = 24
+    ) {
         self.pool = pool
         self.migrations = migrations
+        self.lockTimeout = lockTimeout
+        self.lockAttempts = max(1, lockAttempts)
     }
 
     /// The same migrations, checked and applied through `pool`.
     public func using(_ pool: PostgresPool) -> Migrator {
-        Migrator(pool: pool, migrations: migrations)
+        Migrator(pool: pool, migrations: migrations, lockTimeout: lockTimeout, lockAttempts: lockAttempts)
     }
 
     /// Compares the files with `schema_migrations` without changing anything.
@@ -167,6 +176,9 @@ public struct Migrator: Sendable {
         -> [Migration]
     {
         let migrations = self.migrations
+        let (lockTimeout, lockAttempts) = (self.lockTimeout, self.lockAttempts)
+        let timeoutText =
+            "\(max(1, lockTimeout.components.seconds * 1000 + lockTimeout.components.attoseconds / 1_000_000_000_000_000))ms"
         return try await pool.withConnection { connection in
             try connection.execute("SELECT pg_advisory_lock(\(Self.lockKey))")
             defer { _ = try? connection.execute("SELECT pg_advisory_unlock(\(Self.lockKey))") }
@@ -188,10 +200,25 @@ public struct Migrator: Sendable {
             var applied: [Migration] = []
             let clock = ContinuousClock()
             for migration in status.pending {
-                let start = clock.now
+                var attempt = 1
+                var start = clock.now
                 try connection.execute("BEGIN")
                 do {
-                    try connection.execute(PostgresQuery(unsafeSQL: migration.sql))
+                    while true {
+                        do {
+                            try connection.execute(
+                                PostgresQuery(unsafeSQL: "SET LOCAL lock_timeout = '\(timeoutText)'"))
+                            try connection.execute(PostgresQuery(unsafeSQL: migration.sql))
+                            break
+                        } catch let error as PostgresError where error.sqlState == "55P03" && attempt < lockAttempts {
+                            // A lock not granted in time: let the statements queued behind it through, then again.
+                            _ = try? connection.execute("ROLLBACK")
+                            Thread.sleep(forTimeInterval: min(Double(attempt), 5) * 0.2)
+                            attempt += 1
+                            start = clock.now
+                            try connection.execute("BEGIN")
+                        }
+                    }
                     let elapsed = clock.now - start
                     let millis = Int(
                         elapsed.components.seconds * 1000 + elapsed.components.attoseconds / 1_000_000_000_000_000)

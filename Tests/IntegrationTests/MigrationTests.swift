@@ -99,6 +99,41 @@ struct MigrationTests {
         #expect(try rows.first!.decode(Int.self, "n") == 0)
     }
 
+    @Test("a migration waiting for a table lock gives way to the statements queued behind it, then applies")
+    func migrationGivesWayOnLocks() async throws {
+        let url = try await TestEnvironment.makeDatabase()
+        let pool = PostgresPool(try PostgresConfiguration(url: url), options: .init(maxConnections: 2))
+        defer { pool.close() }
+        let table = Migration(
+            version: 1, name: "table", sql: "CREATE TABLE busy (id int); INSERT INTO busy VALUES (1);")
+        try await Migrator(pool: pool, migrations: [table]).migrate()
+        // A long transaction reads the table (an import, a campaign step): an ALTER must wait for it.
+        let reader = try await HeldTransaction.open(url) { c in _ = try c.query("SELECT count(*) FROM busy") }
+        let alter = Migration(version: 2, name: "alter", sql: "ALTER TABLE busy ADD COLUMN c int;")
+        let migrating = Task {
+            try await Migrator(
+                pool: pool, migrations: [table, alter], lockTimeout: .milliseconds(100), lockAttempts: 1000
+            )
+            .migrate()
+        }
+        try await reader.waitedOn(via: pool, "the migration waits for the reader")
+        // Reads of the table are not stuck behind the waiting ALTER for longer than its lock timeout.
+        let reads = PostgresPool(try PostgresConfiguration(url: url), options: .init(maxConnections: 1))
+        defer { reads.close() }
+        for _ in 0..<5 {
+            let n = try await reads.transaction { c in
+                try c.execute("SET LOCAL statement_timeout = '3s'")
+                return try c.query("SELECT count(*)::int AS n FROM busy")[0].decode(Int.self, "n")
+            }
+            #expect(n == 1)
+        }
+        try await reader.commit()
+        #expect(try await migrating.value.map(\.version) == [2])
+        let column = try await pool.query(
+            "SELECT count(*)::int AS n FROM information_schema.columns WHERE table_name = 'busy' AND column_name = 'c'")
+        #expect(try column[0].decode(Int.self, "n") == 1)
+    }
+
     @Test("file names are checked")
     func fileNames() throws {
         let bad = try directory(["1_short.sql": "SELECT 1;"])
