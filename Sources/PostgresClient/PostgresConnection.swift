@@ -117,6 +117,17 @@ public final class PostgresConnection {
         return Self.rows(from: result)
     }
 
+    /// `password` as the server stores it for `user` (a SCRAM-SHA-256 verifier, or whatever `password_encryption`
+    /// asks for), computed here by libpq: `ALTER ROLE … PASSWORD` can then be sent without the password itself, which
+    /// the server would otherwise receive, and may log (`log_statement`, auditing, `pg_stat_statements`), in clear.
+    public func encryptedPassword(_ password: String, user: String) throws -> String {
+        guard let encrypted = PQencryptPasswordConn(handle, password, user, nil) else {
+            throw record(connectionError(context: "could not encrypt the password"))
+        }
+        defer { PQfreemem(encrypted) }
+        return String(cString: encrypted)
+    }
+
     /// Runs a statement and returns the number of affected rows.
     @discardableResult
     public func execute(_ query: PostgresQuery) throws -> Int {

@@ -52,9 +52,11 @@ struct MigrateCommand {
                 ])
         }
         if let password = configuration.appPassword {
-            // ALTER ROLE takes no parameters: the server quotes the literal.
+            // The verifier, not the password: this runs at every start of every pod, and the statement's text may be
+            // logged. ALTER ROLE takes no parameters: the server quotes the literal.
+            let verifier = try await pool.withConnection { try $0.encryptedPassword(password, user: "marquee_app") }
             let rows = try await pool.query(
-                "SELECT format('ALTER ROLE marquee_app PASSWORD %L', \(password)::text) AS statement")
+                "SELECT format('ALTER ROLE marquee_app PASSWORD %L', \(verifier)::text) AS statement")
             try await pool.execute(PostgresQuery(unsafeSQL: try rows[0].decode(String.self, "statement")))
             logger.info("marquee_app password set from MARQUEE_APP_PASSWORD")
         }

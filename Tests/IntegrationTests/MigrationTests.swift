@@ -134,6 +134,24 @@ struct MigrationTests {
         #expect(try column[0].decode(Int.self, "n") == 1)
     }
 
+    @Test("marquee migrate sets marquee_app's password from MARQUEE_APP_PASSWORD as a verifier it computed")
+    func appPasswordAsVerifier() async throws {
+        let url = try await TestEnvironment.makeDatabase()
+        let password = "pw-" + UUID().uuidString
+        let env = [
+            "DATABASE_URL": url, "MARQUEE_MIGRATIONS_DIR": TestEnvironment.migrationsDirectory,
+            "MARQUEE_APP_PASSWORD": password,
+        ]
+        let run = try await runCommand(TestEnvironment.marqueeBinary, ["migrate"], environment: env)
+        #expect(run.status == 0, "\(run.output)")
+        #expect(!run.output.contains(password))
+        let pool = PostgresPool(try PostgresConfiguration(url: url), options: .init(maxConnections: 1))
+        defer { pool.close() }
+        let stored = try await pool.query("SELECT rolpassword FROM pg_authid WHERE rolname = 'marquee_app'")
+        let verifier = try stored[0].decode(String?.self, "rolpassword") ?? ""
+        #expect(verifier.hasPrefix("SCRAM-SHA-256$"), "\(verifier)")
+    }
+
     @Test("file names are checked")
     func fileNames() throws {
         let bad = try directory(["1_short.sql": "SELECT 1;"])

@@ -50,4 +50,17 @@ struct PreparedStatementTests {
             #expect(try connection.query(cached)[0].decode(Int.self, "n") == 1)
         }
     }
+
+    @Test("a password is encrypted here, as the server would store it, without the password in the result")
+    func encryptedPassword() async throws {
+        let pool = PostgresPool(try TestDatabase.configuration(), options: .init(maxConnections: 1))
+        defer { pool.close() }
+        let password = "correct horse " + UUID().uuidString
+        let verifier = try await pool.withConnection { try $0.encryptedPassword(password, user: "marquee_app") }
+        #expect(verifier.hasPrefix("SCRAM-SHA-256$4096:"), "\(verifier)")
+        #expect(!verifier.contains(password) && !verifier.contains("horse"))
+        // A fresh salt each time: two verifiers of one password differ.
+        let again = try await pool.withConnection { try $0.encryptedPassword(password, user: "marquee_app") }
+        #expect(again != verifier)
+    }
 }
