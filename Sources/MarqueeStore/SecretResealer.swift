@@ -25,7 +25,23 @@ public struct SecretResealer: Sendable {
         public var total: Int { deliverySecrets + apnsKeys + fcmAccounts + identitySecrets }
     }
 
-    public func reseal() async throws -> Counts {
+    /// A dry run's counts, thrown to roll its transaction back.
+    private struct DryRun: Error {
+        var counts: Counts
+    }
+
+    /// Re-seals what is not under the current key. With `dryRun`, changes nothing: counts what would be re-sealed
+    /// (each secret is still opened, so a secret no key of the ring opens fails the run), for `marquee reseal --check`
+    /// before a previous key is dropped.
+    public func reseal(dryRun: Bool = false) async throws -> Counts {
+        do {
+            return try await run(dryRun: dryRun)
+        } catch let dry as DryRun {
+            return dry.counts
+        }
+    }
+
+    private func run(dryRun: Bool) async throws -> Counts {
         let keyRing = self.keyRing
         return try await database.systemTransaction { connection in
             var counts = Counts()
@@ -97,6 +113,7 @@ public struct SecretResealer: Sendable {
                     """)
                 counts.identitySecrets += changed
             }
+            if dryRun { throw DryRun(counts: counts) }
             return counts
         }
     }

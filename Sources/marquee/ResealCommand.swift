@@ -5,11 +5,17 @@ import Observability
 import PostgresClient
 
 /// `marquee reseal`: after a master-key rotation (new `MARQUEE_MASTER_KEY` + `MARQUEE_MASTER_KEY_ID`, the old key in
-/// `MARQUEE_MASTER_KEYS_PREVIOUS`), re-seals every stored secret under the new key in one transaction. Afterwards
-/// the previous key can be dropped from the configuration.
+/// `MARQUEE_MASTER_KEYS_PREVIOUS`), re-seals every stored secret under the new key in one transaction. Then, once
+/// every process runs with the new key (a process still on the old one seals what it stores with it), `marquee reseal
+/// --check` exits 0 only when nothing is left under another key: only then can the previous key be dropped.
 struct ResealCommand {
+    var check = false
+
     init(arguments: [String]) throws {
-        if let first = arguments.first { throw UsageError("reseal: unknown option '\(first)'") }
+        for argument in arguments {
+            guard argument == "--check" else { throw UsageError("reseal: unknown option '\(argument)'") }
+            check = true
+        }
     }
 
     func run() async throws {
@@ -20,7 +26,17 @@ struct ResealCommand {
         pgConfiguration.applicationName = "marquee-reseal"
         let pool = PostgresPool(pgConfiguration, options: .init(maxConnections: 1))
         defer { pool.close() }
-        let counts = try await SecretResealer(database: TenantDatabase(pool: pool), keyRing: keyRing).reseal()
+        let resealer = SecretResealer(database: TenantDatabase(pool: pool), keyRing: keyRing)
+        if check {
+            let left = try await resealer.reseal(dryRun: true).total
+            if left > 0 {
+                print("\(left) secret(s) are not under key \(configuration.masterKeyID): run marquee reseal")
+                exit(1)
+            }
+            print("every secret is under key \(configuration.masterKeyID)")
+            return
+        }
+        let counts = try await resealer.reseal()
         logger.info(
             "secrets re-sealed under the current master key",
             metadata: [

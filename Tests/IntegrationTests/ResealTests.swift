@@ -57,6 +57,8 @@ struct ResealTests {
         rotated["MARQUEE_MASTER_KEY"] = newKey
         rotated["MARQUEE_MASTER_KEY_ID"] = "k2"
         rotated["MARQUEE_MASTER_KEYS_PREVIOUS"] = "k1:" + oldKey
+        let before = try await runCommand(TestEnvironment.marqueeBinary, ["reseal", "--check"], environment: rotated)
+        #expect(before.status != 0 && before.output.contains("5 secret(s) are not under key k2"), "\(before.output)")
         let reseal = try await runCommand(TestEnvironment.marqueeBinary, ["reseal"], environment: rotated)
         #expect(reseal.status == 0, "\(reseal.output)")
         #expect(reseal.output.contains("re-sealed 5 secret(s) under key k2"), "\(reseal.output)")
@@ -74,6 +76,8 @@ struct ResealTests {
         await #expect(throws: (any Error).self) {
             _ = try await CredentialStore(database: database, keyRing: oldRing).apnsPrivateKey(tenant: tenant)
         }
+        let checked = try await runCommand(TestEnvironment.marqueeBinary, ["reseal", "--check"], environment: rotated)
+        #expect(checked.status == 0 && checked.output.contains("every secret is under key k2"), "\(checked.output)")
         let again = try await runCommand(TestEnvironment.marqueeBinary, ["reseal"], environment: rotated)
         #expect(again.output.contains("re-sealed 0 secret(s)"), "\(again.output)")
     }
