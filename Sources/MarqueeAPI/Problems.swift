@@ -93,6 +93,9 @@ func problem(for error: any Error) -> HTTPProblem? {
         return Problems.databaseUnavailable()
     case let p as PostgresError where p.code == .queryCanceled:
         return Problems.databaseTimeout()
+    case let p as PostgresError where p.sqlState == "23503" && p.constraint?.hasSuffix("_channel_id_fkey") == true:
+        // The channel a start or a campaign names was deleted between the request's read and its write.
+        return Problems.notFound("channel")
     default: return nil
     }
 }

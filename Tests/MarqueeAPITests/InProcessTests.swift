@@ -2,6 +2,7 @@ import Foundation
 import HTTPServer
 import MarqueeCore
 import MarqueeStore
+import PostgresClient
 import Synchronization
 import Testing
 
@@ -35,6 +36,18 @@ struct InProcessTests {
             return
         }
         #expect(ids.map { Array($0.utf8) } == [Array("caf\u{e9}".utf8), Array("cafe\u{301}".utf8), Array("x".utf8)])
+    }
+
+    @Test("a channel deleted between a start's read and its write is a 404, not a 500")
+    func channelGoneMidWrite() {
+        var error = PostgresError(code: .server, context: "write")
+        error.sqlState = "23503"
+        error.constraint = "instances_tenant_id_channel_id_fkey"
+        #expect(problem(for: error)?.status == 404)
+        error.constraint = "campaigns_tenant_id_channel_id_fkey"
+        #expect(problem(for: error)?.status == 404)
+        error.constraint = "instance_devices_tenant_id_device_token_fkey"
+        #expect(problem(for: error) == nil, "other references stay what they are")
     }
 
     @Test("update and end bodies parse into the planner's change requests")
