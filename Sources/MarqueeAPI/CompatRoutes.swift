@@ -448,6 +448,14 @@ struct CompatRoutes: Sendable {
             // The event is about its userId and about the device's owner, if the device is registered.
             let device = try registry.registeredDevice(token: change.deviceToken)
             try identity.check([change.person, device?.personID])
+            // The token's format was checked for the event's platform: it must be the registered device's (an
+            // iPhone's activity token checked as an FCM token replaced its real one with one APNs refuses).
+            if let device, device.platform != change.platform {
+                throw ValidationError(
+                    field: "properties.platform",
+                    reason:
+                        "is \(change.platform.rawValue), but the device is registered as \(device.platform.rawValue)")
+            }
             // A token can arrive before the device event; register the device then, if we know its owner.
             if device == nil, let person = change.person {
                 _ = try registry.upsertDevice(

@@ -184,6 +184,33 @@ struct CompatBatchAtomicityTests {
         #expect(try await Self.footprint(fixture.pool, tenant: tenant.uuid) == seeded, "nothing of the batch is kept")
     }
 
+    @Test("an activity token checked for another platform than its registered device's is refused, naming platform")
+    func tokenPlatformIsTheDevices() async throws {
+        let fixture = try await RegistryFixture.get()
+        let api = fixture.api
+        let tenant = try await api.createTenant()
+        let user = Fake.id("plat")
+        let iphone = Fake.hex()
+        let instance = Fake.id("plat-inst")
+        try await fixture.seedInstance(tenant: tenant.uuid, id: instance, person: user)
+        let device = CompatIngestTests.event(
+            "track", "Device Created or Updated", userId: user, properties: ["device_os": "17.4"], deviceToken: iphone)
+        #expect(try await Self.post(api, tenant, [device]).status == 200)
+        // The iPhone named with platform android: its token would pass as an FCM token, and replace the real one.
+        let wrong = CompatIngestTests.event(
+            "track", "Live Notification Token", userId: user,
+            properties: [
+                "registrationType": "instance", "cioInstanceId": instance, "instanceToken": "not:hex",
+                "deviceId": iphone, "platform": "android",
+            ])
+        expectProblem(
+            try await Self.post(api, tenant, [wrong]), 422, "invalid-field", field: "batch[0].properties.platform")
+        let tokens = try await fixture.pool.count(
+            "SELECT count(*)::int AS n FROM activity_tokens WHERE tenant_id = \(tenant.uuid) AND instance_id = \(instance)"
+        )
+        #expect(tokens == 0)
+    }
+
     @Test("a batch whose database connection dies mid-way (a crash) leaves nothing half-applied")
     func connectionLostMidBatch() async throws {
         let fixture = try await RegistryFixture.get()
