@@ -563,6 +563,15 @@ struct CampaignTests {
         #expect(left == 0)
     }
 
+    /// Runs `runner`'s due schedules here (no worker) until `done`, for at most 30 s.
+    static func runDue(_ runner: CampaignRunner, until done: () async throws -> Bool) async throws {
+        let clock = ContinuousClock()
+        let deadline = clock.now + .seconds(30)
+        while try await !done() && clock.now < deadline {
+            if try await runner.runDue() == nil { try await Task.sleep(for: .milliseconds(20)) }
+        }
+    }
+
     @Test("a campaign-wide end ends every instance, even one whose final content its type now refuses")
     func endEndsRefusedContent() async throws {
         let t = try await Self.tenant()
@@ -574,13 +583,7 @@ struct CampaignTests {
             try await t.create(["campaign_id": id, "audience": ["people": lines.compactMap { $0.string("id") }]])
                 .status == 202)
         let runner = CampaignRunner(database: TenantDatabase(pool: t.fixture.pool))
-        let clock = ContinuousClock()
-        func run(until done: () async throws -> Bool) async throws {
-            let deadline = clock.now + .seconds(30)
-            while try await !done() && clock.now < deadline {
-                if try await runner.runDue() == nil { try await Task.sleep(for: .milliseconds(20)) }
-            }
-        }
+        func run(until done: () async throws -> Bool) async throws { try await Self.runDue(runner, until: done) }
         try await run { try await t.campaign(id).string("state") == "active" }
         // The end is scheduled; before it runs, the type's rules change: its patched content is refused everywhere.
         let at = Date().timeIntervalSince1970 + 1
@@ -615,13 +618,7 @@ struct CampaignTests {
         let id = Fake.id("parked")
         #expect(try await t.create(["campaign_id": id, "audience": ["people": [person]]]).status == 202)
         let runner = CampaignRunner(database: TenantDatabase(pool: t.fixture.pool))
-        let clock = ContinuousClock()
-        func run(until done: () async throws -> Bool) async throws {
-            let deadline = clock.now + .seconds(30)
-            while try await !done() && clock.now < deadline {
-                if try await runner.runDue() == nil { try await Task.sleep(for: .milliseconds(20)) }
-            }
-        }
+        func run(until done: () async throws -> Bool) async throws { try await Self.runDue(runner, until: done) }
         try await run { try await t.campaign(id).string("state") == "active" }
         #expect(try await t.api.call("POST", "/v1/campaigns/\(id)/end", key: t.tenant.app, json: [:]).status == 202)
         try await run { try await t.campaign(id).string("state") == "ended" }
