@@ -311,16 +311,21 @@ public struct RegistryTransaction {
             INSERT INTO activity_events (tenant_id, id, instance_id, device_token, event, at, content_state)
             VALUES (\(tenant), \(SecureRandom.uuid()), \(instanceID), \(deviceToken), \(event.rawValue), \(at), \(contentState))
             """)
+        let final = LifecycleEvent.allCases.filter(\.stopsSends).map(\.rawValue)
         do {
             try connection.execute(
                 """
+                -- The device's clock orders its reports, but no later than the server's: a clock that jumped ahead
+                -- (an event dated 2999) would otherwise pin the state, every later report being older. An end or a
+                -- dismissal is final whatever its date (the device reports the activity gone).
                 INSERT INTO instance_devices (tenant_id, instance_id, device_token, state, state_at, content_state)
-                VALUES (\(tenant), \(instanceID), \(deviceToken), \(event.rawValue), \(at), \(contentState))
+                VALUES (\(tenant), \(instanceID), \(deviceToken), \(event.rawValue), LEAST(\(at), now()),
+                        \(contentState))
                 ON CONFLICT (tenant_id, instance_id, device_token) DO UPDATE SET
                     state = EXCLUDED.state, state_at = EXCLUDED.state_at,
                     content_state = COALESCE(EXCLUDED.content_state, instance_devices.content_state)
-                WHERE instance_devices.state NOT IN ('ended', 'dismissed')
-                  AND instance_devices.state_at <= EXCLUDED.state_at
+                WHERE instance_devices.state <> ALL(\(final)::text[])
+                  AND (instance_devices.state_at <= EXCLUDED.state_at OR EXCLUDED.state = ANY(\(final)::text[]))
                 """)
         } catch let error as PostgresError where error.code == .foreignKeyViolation {
             // The device is held above, so this is not expected; should it happen, the device is gone (the

@@ -638,6 +638,27 @@ struct RegistryTests {
             SELECT count(*)::int AS n FROM activity_events WHERE tenant_id = \(tenant.uuid) AND instance_id = \(instance)
             """)
         #expect(events == 6, "every event is kept as reported")
+
+        // A device whose clock jumped ahead (an update dated in the year 2999) does not pin its state: its real
+        // dismissal, dated now, still stops its sends.
+        let later = Fake.id("order")
+        try await fixture.seedInstance(tenant: tenant.uuid, id: later, person: person)
+        func report(_ event: String, _ at: Double) async throws {
+            let response = try await api.call(
+                "POST", "/v1/live_notifications/\(later)/events", key: tenant.sdk,
+                json: ["event": event, "device_token": pixel, "at": at])
+            #expect(response.status == 202, "\(response.text)")
+        }
+        try await report("started", t0)
+        try await report("updated", 32_472_144_000)
+        let pixelTargeted = {
+            try await fixture.registry.activityTargets(tenant: tenant.uuid, instanceID: later).contains {
+                $0.deviceToken == pixel
+            }
+        }
+        #expect(try await pixelTargeted())
+        try await report("dismissed", Date().timeIntervalSince1970)
+        #expect(try await !pixelTargeted(), "the dismissal applies")
         expectProblem(
             try await api.call(
                 "POST", "/v1/live_notifications/\(instance)/events", key: tenant.sdk,
