@@ -91,7 +91,8 @@ extension RequestHead {
         if bytes.first == UInt8(ascii: "[") {
             guard let close = bytes.firstIndex(of: UInt8(ascii: "]")) else { return false }
             let literal = bytes[bytes.index(after: bytes.startIndex)..<close]
-            guard !literal.isEmpty, literal.allSatisfy({ isHex($0) || $0 == UInt8(ascii: ":") || isName($0) })
+            // Hex digits and `:` (IPv6), or IPvFuture's unreserved and sub-delims: all of them name bytes or `:`.
+            guard !literal.isEmpty, literal.allSatisfy({ $0 == UInt8(ascii: ":") || isName($0) })
             else { return false }
             bytes = bytes[bytes.index(after: close)...]
         } else {
@@ -111,15 +112,6 @@ extension RequestHead {
             return true
         default:
             return "-._~%!$&'()*+,;=".utf8.contains(byte)
-        }
-    }
-
-    private static func isHex(_ byte: UInt8) -> Bool {
-        switch byte {
-        case UInt8(ascii: "a")...UInt8(ascii: "f"), UInt8(ascii: "A")...UInt8(ascii: "F"),
-            UInt8(ascii: "0")...UInt8(ascii: "9"):
-            return true
-        default: return false
         }
     }
 }

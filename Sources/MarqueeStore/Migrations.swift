@@ -177,8 +177,7 @@ public struct Migrator: Sendable {
     {
         let migrations = self.migrations
         let (lockTimeout, lockAttempts) = (self.lockTimeout, self.lockAttempts)
-        let timeoutText =
-            "\(max(1, lockTimeout.components.seconds * 1000 + lockTimeout.components.attoseconds / 1_000_000_000_000_000))ms"
+        let timeoutText = "\(max(1, RetentionStore.milliseconds(lockTimeout)))ms"
         return try await pool.withConnection { connection in
             try connection.execute("SELECT pg_advisory_lock(\(Self.lockKey))")
             defer { _ = try? connection.execute("SELECT pg_advisory_unlock(\(Self.lockKey))") }
