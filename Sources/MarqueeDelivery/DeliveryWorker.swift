@@ -840,6 +840,9 @@ public final class DeliveryWorker: Sendable {
     /// their 24 hours (any worker may do it; the DELETE is idempotent).
     func sampleQueue() async {
         var ticks = 0
+        // Idempotency records: a pass every five minutes (each reads the table: it has no index on their age), every
+        // minute while a pass still found a backlog (a full slice or more).
+        var nextExpiry = 0
         var failing = false
         while !Task.isCancelled {
             // Every second: the queue's statistics, fresh after a burst of enqueued deliveries, and those of the
@@ -864,15 +867,17 @@ public final class DeliveryWorker: Sendable {
                     failing = false
                 }
             }
-            if ticks % 60 == 0 {
+            if ticks >= nextExpiry {
+                nextExpiry = ticks + 300
                 do {
                     let removed = try await queue.expireIdempotencyKeys()
                     if removed > 0 {
                         logger.info("expired idempotency records removed", metadata: ["removed": .int(removed)])
                     }
+                    if removed >= DeliveryQueue.idempotencySlice { nextExpiry = ticks + 60 }
                 } catch {
                     logger.warning(
-                        "expiring idempotency records failed; tried again in a minute",
+                        "expiring idempotency records failed; tried again in 5 minutes",
                         metadata: ["error": .string(String(describing: error))])
                 }
             }

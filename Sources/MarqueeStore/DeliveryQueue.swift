@@ -875,13 +875,18 @@ public struct DeliveryQueue: Sendable {
         return (try row.decode(Bool.self, "queue"), try row.decode(Int.self, "analysed"))
     }
 
+    /// Expired idempotency records deleted per statement by `expireIdempotencyKeys`.
+    public static let idempotencySlice = 10_000
+
     /// Deletes idempotency records past their 24 hours, `limit` at a time (each slice its own short transaction)
     /// until none is left or `budget` has passed; returns how many went. One slice per pass kept up with at most
     /// `limit` records per pass (33 a second at one pass in five minutes): a client sending a key with each of
     /// 1,000 writes a second left the table growing without end. The budget is short: the pass runs in the workers'
     /// once-a-second tick (statistics, queue gauges), which waits for it.
     @discardableResult
-    public func expireIdempotencyKeys(limit: Int = 10_000, budget: Duration = .seconds(5)) async throws -> Int {
+    public func expireIdempotencyKeys(limit: Int = idempotencySlice, budget: Duration = .seconds(5)) async throws
+        -> Int
+    {
         let clock = ContinuousClock()
         let deadline = clock.now + budget
         var removed = 0
