@@ -71,7 +71,14 @@ extension DeliveryTests {
         let otherInstance = Fake.id("bystander")
         let began = clock.now
         #expect(try await other.start(otherInstance).status == 200)
-        let settled = try await other.settled(otherInstance, count: 1, timeout: .seconds(20))
+        let settled: [[String: Any]]
+        do {
+            settled = try await other.settled(otherInstance, count: 1, timeout: .seconds(20))
+        } catch {
+            // What the worker met on the way (its failures' details are logged, never stored).
+            let failures = worker.log.split(separator: "\n").filter { $0.contains("provider request failed") }
+            throw TestFailure("\(error); the worker's last failures: \(failures.suffix(4).joined(separator: "\n"))")
+        }
         #expect(settled[0].string("status") == "sent")
         #expect(clock.now - began < .seconds(10), "sent on time: \(clock.now - began)")
         #expect(simulator.pushes(token: token).count == 1)
