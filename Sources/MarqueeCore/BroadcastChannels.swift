@@ -157,14 +157,17 @@ public struct ChannelBinding: Sendable, Equatable {
     public var bundleID: String
     /// False once Apple no longer knows the channel: nothing more is broadcast on it.
     public var active: Bool
+    /// The APNs environment the channel was created in (`sandbox` or `production`): Apple knows its ID there only.
+    public var environment: String
     /// What a broadcast delivery on the channel records as its device (`channel:<channel ID>`), as the store names it.
     public var deliveryDevice: String
 
     public init(
         id: UUID, apnsChannelID: String, storagePolicy: ChannelStoragePolicy, bundleID: String, active: Bool,
-        deliveryDevice: String
+        environment: String, deliveryDevice: String
     ) {
         self.deliveryDevice = deliveryDevice
+        self.environment = environment
         self.id = id
         self.apnsChannelID = apnsChannelID
         self.storagePolicy = storagePolicy

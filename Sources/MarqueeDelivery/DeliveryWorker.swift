@@ -694,12 +694,6 @@ public final class DeliveryWorker: Sendable {
             event: d.operation, instanceID: d.instanceID, activityType: d.activityType,
             attributesType: d.profile.attributesType, profile: d.profile.payloadProfile,
             dateFields: d.profile.dateFields, now: Date())
-        // A start of a channel-backed instance subscribes the new activity to the channel, on iPhones that can.
-        if d.tokenKind == .pushToStart, let channel = d.channel, channel.active,
-            BroadcastSupport.supportsChannels(osVersion: d.deviceOSVersion)
-        {
-            content.inputPushChannel = channel.apnsChannelID
-        }
         let attribution = DeliveryAttribution(
             deliveryID: deliveryID, deliveryToken: DeliveryTokens.make(deliveryID: deliveryID, secret: secret))
 
@@ -720,6 +714,18 @@ public final class DeliveryWorker: Sendable {
                 log.warning("credential load failed", metadata: ["error": .string("\(error)")])
                 return (retry(d, reason: "credential_load", retryAfter: nil), nil, nil)
             }
+            // A start of a channel-backed instance subscribes the new activity to the channel, on iPhones that can.
+            // The channel is known at Apple in the environment it was created in only: a start sent in the other
+            // one (the credential has moved since) could never be subscribed, and would leave an activity no
+            // update reaches.
+            if d.tokenKind == .pushToStart, let channel = d.channel, channel.active,
+                BroadcastSupport.supportsChannels(osVersion: d.deviceOSVersion)
+            {
+                guard channel.environment == target.environment else {
+                    return (result(d, .failed, reason: "channel_other_environment"), nil, nil)
+                }
+                content.inputPushChannel = channel.apnsChannelID
+            }
             var push = APNsPush(
                 token: d.token, topic: target.bundleID + ".push-type.liveactivity", priority: priority,
                 expiration: Int64(d.expiresAt.timeIntervalSince1970), apnsID: d.id,
@@ -734,7 +740,10 @@ public final class DeliveryWorker: Sendable {
                 if channel.storagePolicy == .none { push.expiration = 0 }
             }
             credentialUpdatedAt = target.updatedAt
-            outcome = await apns.send(push, to: target.target, by: sendBy)
+            // A broadcast goes to its channel's environment, whatever the credential's is now.
+            outcome = await apns.send(
+                push, to: target.target(environment: d.tokenKind == .channel ? d.channel?.environment : nil),
+                by: sendBy)
         case .fcm:
             let tokens: FCMAccessTokens
             do {
@@ -1002,8 +1011,25 @@ final class CredentialCache: Sendable {
     struct APNs: Sendable {
         var target: APNsTarget
         var bundleID: String
+        /// The credential's APNs environment, and its endpoint override (an operator's, for a simulator).
+        var environment: String
+        var endpoint: String?
         var updatedAt: Date
         var loadedAt: Date
+
+        /// Where a push for something of `environment` goes (nil: the credential's). A broadcast channel lives in
+        /// the environment it was created in, and Apple knows its ID there only; one key signs for both.
+        func target(environment: String?) -> APNsTarget {
+            guard let environment, environment != self.environment else { return target }
+            return Self.target(environment: environment, endpoint: endpoint, tokens: target.tokens)
+        }
+
+        /// An unusable override (written around the API) gets no host: the provider refuses it as
+        /// endpoint_not_allowed.
+        static func target(environment: String, endpoint: String?, tokens: ProviderTokenCache) -> APNsTarget {
+            let (host, port) = APNsTarget.endpoint(environment: environment, override: endpoint) ?? ("", 0)
+            return APNsTarget(host: host, port: port, tokens: tokens)
+        }
     }
 
     private let queue: DeliveryQueue
@@ -1067,14 +1093,10 @@ final class CredentialCache: Sendable {
         let pem = try keyRing.open(sealed, associatedData: CredentialStore.context(tenant, "apns"))
         // Tenants with the same key share its token: one token per key, as Apple asks.
         let tokens = try apnsProvider.tokenCaches.cache(teamID: info.teamID, keyID: info.keyID, pem: pem)
-        // An unusable override (written around the API) gets no host: the provider refuses it as endpoint_not_allowed.
-        let endpoint =
-            APNsTarget.endpoint(environment: info.environment, override: info.endpoint) ?? (host: "", port: 0)
         let entry = APNs(
-            target: APNsTarget(
-                host: endpoint.host, port: endpoint.port,
-                tokens: tokens),
-            bundleID: info.bundleID, updatedAt: info.updatedAt, loadedAt: now)
+            target: APNs.target(environment: info.environment, endpoint: info.endpoint, tokens: tokens),
+            bundleID: info.bundleID, environment: info.environment, endpoint: info.endpoint,
+            updatedAt: info.updatedAt, loadedAt: now)
         apnsEntries.withLock { $0[tenant] = entry }
         return entry
     }

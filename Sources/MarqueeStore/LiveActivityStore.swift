@@ -5,7 +5,7 @@ import PostgresClient
 
 extension ChannelBinding {
     /// The channel joined to an instance row (`channel_id`, `channel_status`, `apns_channel_id`,
-    /// `channel_storage_policy`, `channel_bundle_id`); nil for an instance without one.
+    /// `channel_storage_policy`, `channel_bundle_id`, `channel_environment`); nil for an instance without one.
     static func decode(_ row: PostgresRow) throws -> ChannelBinding? {
         guard let id = try row.decode(UUID?.self, "channel_id"),
             let apnsID = try row.decode(String?.self, "apns_channel_id")
@@ -14,7 +14,8 @@ extension ChannelBinding {
             id: id, apnsChannelID: apnsID,
             storagePolicy: try row.decodeRaw(ChannelStoragePolicy.self, "channel_storage_policy"),
             bundleID: try row.decode(String.self, "channel_bundle_id"),
-            active: try row.decode(String.self, "channel_status") == "active", deliveryDevice: deliveryDevice(id))
+            active: try row.decode(String.self, "channel_status") == "active",
+            environment: try row.decode(String.self, "channel_environment"), deliveryDevice: deliveryDevice(id))
     }
 
     /// The `device_token` of a broadcast delivery on channel `id`: one row stands for every subscribed device.
@@ -186,7 +187,7 @@ public struct LiveActivityStore: Sendable {
     /// The channel columns `ChannelBinding.decode` reads, for a join with `channels ch`.
     static let channelColumnsJoined = """
         ch.status AS channel_status, ch.apns_channel_id, ch.storage_policy AS channel_storage_policy, \
-        ch.bundle_id AS channel_bundle_id
+        ch.bundle_id AS channel_bundle_id, ch.environment AS channel_environment
         """
 
     /// Activity-type columns for a join with `instances i` (`t.identifier` keeps its name; `i.id` is `id`).

@@ -171,6 +171,46 @@ struct BroadcastInstanceTests {
             "invalid-field", field: "channel_id")
     }
 
+    @Test(
+        "a channel stays in its APNs environment: after the credential moves to production, a start naming a sandbox channel fails, its broadcasts still go"
+    )
+    func channelEnvironment() async throws {
+        let t = try await ChannelTests.tenant()
+        let created = try await t.create("none")
+        let channel = try #require(try created.json().string("channel_id"))
+        let apnsChannel = try #require(try created.json().string("apns_channel_id"))
+        let person = Fake.id("fan")
+        let (_, pushToStart) = try await Self.iphone(t, person: person, osVersion: "18.1")
+        let live = Fake.id("live")
+        #expect(try await Self.start(t, person: Fake.id("nobody"), instance: live, channel: channel).status == 200)
+        // The app goes to production: the credential says so; the channel was made in sandbox.
+        let moved = try await t.api.call(
+            "PUT", "/v1/credentials/apns", key: t.tenant.app,
+            json: [
+                "team_id": t.fixture.teamID, "key_id": t.fixture.keyID, "private_key": t.fixture.key.pkcs8PEM,
+                "bundle_id": t.bundleID, "environment": "production",
+                "management_endpoint": t.fixture.managementEndpoint, "endpoint": t.fixture.managementEndpoint,
+            ])
+        #expect(moved.status == 200, "\(moved.text)")
+        let worker = try t.fixture.worker()
+        defer { worker.signal(SIGKILL) }
+
+        let instance = Fake.id("match")
+        #expect(try await Self.start(t, person: person, instance: instance, channel: channel).status == 200)
+        let starts = try await Self.settled(t, instance, count: 1)
+        #expect(starts[0].string("status") == "failed", "\(starts)")
+        #expect(starts[0].string("reason") == "channel_other_environment")
+        #expect(t.fixture.simulator.pushes(token: pushToStart).isEmpty, "no activity that no update could reach")
+        // The broadcast on the sandbox channel still goes out, and the channel stays active.
+        #expect(try await Self.change(t, "update", live, home: 1).status == 200)
+        let broadcast = try await Self.settled(t, live, count: 1)
+        #expect(broadcast[0].string("status") == "sent", "\(broadcast)")
+        #expect(t.fixture.simulator.pushes(token: apnsChannel).count == 1)
+        #expect(
+            try await t.api.call("GET", "/v1/channels/\(channel)", key: t.tenant.app).json().string("status")
+                == "active")
+    }
+
     @Test("an update planned while its channel backed the instance writes nothing if the channel went before its write")
     func channelGoneBeforeWrite() async throws {
         let t = try await ChannelTests.tenant()

@@ -237,7 +237,7 @@ struct LifecyclePlannerTests {
         #expect(failed.failureReason == "no_activity_token")
         let gone = ChannelBinding(
             id: UUID(), apnsChannelID: "Y2g=", storagePolicy: .none, bundleID: "b", active: false,
-            deliveryDevice: "channel:x")
+            environment: "sandbox", deliveryDevice: "channel:x")
         guard case .write(let lost) = try Self.change(Self.patch, targets: [], channel: gone) else {
             Issue.record("expected a write")
             return
@@ -262,7 +262,7 @@ struct LifecyclePlannerTests {
         #expect(plan.state == .pending)
         let channel = ChannelBinding(
             id: UUID(), apnsChannelID: "Y2g=", storagePolicy: .none, bundleID: "b", active: true,
-            deliveryDevice: "channel:01ABC")
+            environment: "sandbox", deliveryDevice: "channel:01ABC")
         guard case .write(let broadcast) = try Self.change(Self.patch, targets: [], channel: channel) else {
             Issue.record("expected a write")
             return
