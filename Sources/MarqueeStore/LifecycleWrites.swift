@@ -105,6 +105,9 @@ extension ChangeWrite: SetWrite {
                 FROM req r
                 WHERE instances.tenant_id = \(tenant) AND instances.id = r.instance_id
                   AND instances.version = r.expected_version
+                  -- Marked expired since it was planned (markExpired leaves the version alone): planned again, the
+                  -- change finds the instance closed, instead of setting an expired row's state back.
+                  AND instances.state <> 'expired'
                   AND r.instance_id NOT IN (SELECT instance_id FROM stale)
                   AND (r.idem_key IS NULL OR r.idem_key IN (SELECT key FROM idem))
                 RETURNING r.i, instances.version

@@ -306,6 +306,33 @@ struct LifecycleWriteTests {
         #expect(try await w.instance(instance)["state"] as? String == "active")
     }
 
+    @Test("a change planned before its instance was marked expired writes nothing: planned again, it is closed")
+    func changeAfterExpiry() async throws {
+        let w = try await LifecycleTests.world()
+        let (pool, _, store) = try Self.oneConnection(w.fixture.databaseURL)
+        defer { pool.close() }
+        let instance = Fake.id("expiry-race")
+        #expect(try await w.start(["instance_id": instance]).status == 200)
+        let update = try await Self.plan(store, w.tenant.uuid, instance, .update, eta: 5)
+        // The instance expires, and is marked so (markExpired leaves the version alone), before the write.
+        #expect(
+            try await w.fixture.pool.execute(
+                """
+                UPDATE instances SET expires_at = now() - interval '1 second'
+                WHERE tenant_id = \(w.tenant.uuid) AND id = \(instance)
+                """) == 1)
+        try await store.markExpired(tenant: w.tenant.uuid, instanceID: instance)
+        #expect(try await store.change(tenant: w.tenant.uuid, update) == .versionConflict)
+        #expect(try await w.instance(instance)["state"] as? String == "expired")
+        let stored = try await w.fixture.pool.query(
+            "SELECT state, version FROM instances WHERE tenant_id = \(w.tenant.uuid) AND id = \(instance)")
+        #expect(try stored[0].decode(String.self, "state") == "expired", "the row keeps its state")
+        #expect(try stored[0].decode(Int.self, "version") == 1)
+        // Over the API the update is answered as closed.
+        let answer = try await w.update(["instance_id": instance, "content_state_patch": ["eta": 6]])
+        #expect(answer.status == 409, "\(answer.text)")
+    }
+
     @Test("recording a suppressed no-op's key tells whether it was taken meanwhile (the route then replays it)")
     func noopKeyTaken() async throws {
         let w = try await LifecycleTests.world()
