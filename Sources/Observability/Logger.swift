@@ -1,6 +1,12 @@
 import Foundation
 import Synchronization
 
+#if canImport(Glibc)
+    import Glibc
+#elseif canImport(Musl)
+    import Musl
+#endif
+
 /// Severity of a log record, ordered from most to least verbose.
 public enum LogLevel: Int, Comparable, Sendable, CaseIterable, CustomStringConvertible {
     case trace = 0
@@ -77,22 +83,51 @@ public final class LogSink: Sendable {
     }
 
     /// Lines to standard error.
-    public static let standardError = LogSink.fileHandle(FileHandle.standardError)
+    public static let standardError = LogSink.descriptor(STDERR_FILENO)
     /// Lines to standard output.
-    public static let standardOutput = LogSink.fileHandle(FileHandle.standardOutput)
+    public static let standardOutput = LogSink.descriptor(STDOUT_FILENO)
     /// Discards everything.
     public static let discard = LogSink(write: { _ in })
 
-    private static func fileHandle(_ handle: FileHandle) -> LogSink {
+    /// Lines that could not be written whole (the reader of the descriptor went away, a full disk, a full
+    /// non-blocking pipe), in this process. Exported as `marquee_log_lines_dropped_total`.
+    public static var droppedLines: Int { dropped.load(ordering: .relaxed) }
+    private static let dropped = Atomic<Int>(0)
+
+    /// Lines written to file descriptor `fd`. A line that cannot be written is dropped and counted, never fatal:
+    /// Foundation's `FileHandle.write(_:)` traps on any error, and with SIGPIPE ignored (as the process does) a log
+    /// shipper that restarts would make the next line crash the process.
+    public static func descriptor(_ fd: Int32) -> LogSink {
         let lock = Mutex(())
         return LogSink { line in
-            var data = Data(line.utf8)
-            data.append(0x0A)
-            lock.withLock { _ in handle.write(data) }
+            var bytes = Array(line.utf8)
+            bytes.append(0x0A)
+            let written = lock.withLock { _ in
+                bytes.withUnsafeBytes { buffer -> Bool in
+                    var offset = 0
+                    while offset < buffer.count {
+                        let n = systemWrite(fd, buffer.baseAddress! + offset, buffer.count - offset)
+                        if n > 0 {
+                            offset += n
+                        } else if n < 0 && errno == EINTR {
+                            continue
+                        } else {
+                            return false
+                        }
+                    }
+                    return true
+                }
+            }
+            if !written { dropped.wrappingAdd(1, ordering: .relaxed) }
         }
     }
 
     func write(_ line: String) { writeLine(line) }
+}
+
+/// write(2), named apart from `LogSink.write`.
+private func systemWrite(_ fd: Int32, _ bytes: UnsafeRawPointer, _ count: Int) -> Int {
+    write(fd, bytes, count)
 }
 
 /// A structured logger that writes one JSON object per line.

@@ -104,6 +104,13 @@ public final class Counter: MetricFamily {
         series.withLock { $0[labels, default: 0] += amount }
     }
 
+    /// Raises the series to `total` if it is below (a total sampled from elsewhere, such as the kernel's CPU time):
+    /// one step under the lock, so two collections at once cannot both add the same difference.
+    public func raise(to total: Double, _ labels: LabelValues = []) {
+        precondition(labels.count == labelNames.count, "\(name): expected labels \(labelNames)")
+        series.withLock { $0[labels] = max($0[labels] ?? 0, total) }
+    }
+
     /// Convenience for labelled counters: `requests.inc(labels: "GET", "200")`.
     public func inc(labels: String..., by amount: Double = 1) { inc(amount, labels) }
 

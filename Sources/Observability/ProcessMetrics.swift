@@ -19,7 +19,8 @@ public enum ProcessMetrics {
         public var startTimeSeconds: Double
     }
 
-    /// Registers the families in `registry` and refreshes them before every exposition.
+    /// Registers the families in `registry` (and `marquee_log_lines_dropped_total`, `LogSink.droppedLines`) and
+    /// refreshes them before every exposition.
     public static func register(in registry: MetricsRegistry) {
         let cpu = registry.counter(
             "process_cpu_seconds_total", help: "Total user and system CPU time spent in seconds.")
@@ -29,10 +30,14 @@ public enum ProcessMetrics {
         let maxFDs = registry.gauge("process_max_fds", help: "Maximum number of open file descriptors.")
         let start = registry.gauge(
             "process_start_time_seconds", help: "Start time of the process since unix epoch in seconds.")
+        let droppedLines = registry.counter(
+            "marquee_log_lines_dropped_total",
+            help: "Log lines that could not be written (the log's reader went away, a full disk or pipe).")
         registry.onCollect {
+            droppedLines.raise(to: Double(LogSink.droppedLines))
             if let sample = read() {
                 // The counter only goes up; the kernel's total never goes down.
-                cpu.inc(max(0, sample.cpuSeconds - cpu.value()))
+                cpu.raise(to: sample.cpuSeconds)
                 resident.set(sample.residentBytes)
                 virtual.set(sample.virtualBytes)
                 start.set(sample.startTimeSeconds)

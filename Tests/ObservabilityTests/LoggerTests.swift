@@ -13,6 +13,37 @@ final class CapturedLines: Sendable {
 
 @Suite("JSON-lines logger")
 struct LoggerTests {
+    @Test("a line that cannot be written (its reader went away) is dropped and counted, never fatal")
+    func unwritableLog() throws {
+        // As the marquee process does: a closed pipe then answers EPIPE instead of killing the process.
+        signal(SIGPIPE, SIG_IGN)
+        var fds: [Int32] = [0, 0]
+        try #require(pipe(&fds) == 0)
+        defer { close(fds[1]) }
+        close(fds[0])
+        let before = LogSink.droppedLines
+        let logger = Logger(label: "marquee.test", sink: .descriptor(fds[1]))
+        logger.info("nobody reads this")
+        logger.warning("nor this")
+        #expect(LogSink.droppedLines - before >= 2)
+        let registry = MetricsRegistry()
+        ProcessMetrics.register(in: registry)
+        #expect(registry.exposition().contains("marquee_log_lines_dropped_total "))
+    }
+
+    @Test("a line goes whole to its descriptor")
+    func descriptorLine() throws {
+        var fds: [Int32] = [0, 0]
+        try #require(pipe(&fds) == 0)
+        defer { close(fds[0]) }
+        Logger(label: "marquee.test", sink: .descriptor(fds[1])).info("hello")
+        close(fds[1])
+        var buffer = [UInt8](repeating: 0, count: 4096)
+        let n = read(fds[0], &buffer, buffer.count)
+        let text = String(decoding: buffer.prefix(max(0, n)), as: UTF8.self)
+        #expect(text.hasSuffix("\n") && text.contains(#""msg":"hello""#), "\(text)")
+    }
+
     @Test("each record is one JSON object with ts, level, logger, msg and dotted metadata")
     func jsonLine() throws {
         let captured = CapturedLines()

@@ -5,6 +5,20 @@ import Testing
 
 @Suite("Prometheus exposition")
 struct MetricsTests {
+    @Test("a counter raised to sampled totals from many threads at once ends at the highest, never above")
+    func raiseConcurrently() async {
+        let registry = MetricsRegistry()
+        let counter = registry.counter("sampled_total", help: "h")
+        await withTaskGroup(of: Void.self) { group in
+            for _ in 0..<8 {
+                group.addTask { for total in 1...500 { counter.raise(to: Double(total)) } }
+            }
+        }
+        #expect(counter.value() == 500)
+        counter.raise(to: 10)
+        #expect(counter.value() == 500, "a counter never goes down")
+    }
+
     @Test("counters render HELP, TYPE and labelled samples")
     func counterExposition() {
         let registry = MetricsRegistry()
