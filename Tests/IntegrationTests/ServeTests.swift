@@ -65,7 +65,12 @@ struct ServeTests {
         #expect(ready.status == 200, "\(ready.text)")
         #expect(ready.header("X-Request-Id")?.isEmpty == false)
 
-        let metrics = try await HTTP.get(serve.baseURL + "/metrics")
+        // A request is counted once its answer has gone (libmicrohttpd's completion): the scrape may come first.
+        var metrics = try await HTTP.get(serve.baseURL + "/metrics")
+        try await eventually("the readyz request counted", timeout: .seconds(10)) {
+            metrics = try await HTTP.get(serve.baseURL + "/metrics")
+            return metrics.text.contains(#"marquee_http_request_duration_seconds_bucket{method="GET",route="/readyz""#)
+        }
         #expect(metrics.status == 200)
         #expect(metrics.header("Content-Type")?.hasPrefix("text/plain") == true)
         #expect(metrics.text.contains("# TYPE marquee_http_requests_total counter"))
@@ -116,7 +121,10 @@ struct ServeTests {
             TestEnvironment.marqueeBinary, ["migrate"],
             environment: ["DATABASE_URL": url, "MARQUEE_MIGRATIONS_DIR": TestEnvironment.migrationsDirectory])
         #expect(result.status == 0)
-        #expect(try await HTTP.get(serve.baseURL + "/readyz").status == 200)
+        // The answer is shared for a second (SharedCheck): ready within it.
+        try await eventually("ready after migrating", timeout: .seconds(10)) {
+            try await HTTP.get(serve.baseURL + "/readyz").status == 200
+        }
     }
 
     @Test("client mistakes are problem+json with the right status")
@@ -258,8 +266,12 @@ struct DatabaseRestartTests {
 
         let stop = try await runCommand("/bin/bash", [script, "crash", dir])
         try #require(stop.status == 0, "\(stop.output)")
-        let down = try await HTTP.get(serve.baseURL + "/readyz")
-        #expect(down.status == 503)
+        // The answer is shared for a second (SharedCheck): unready within it.
+        var down = try await HTTP.get(serve.baseURL + "/readyz")
+        try await eventually("unready once PostgreSQL is down", timeout: .seconds(10)) {
+            down = try await HTTP.get(serve.baseURL + "/readyz")
+            return down.status == 503
+        }
         #expect(down.header("Content-Type") == "application/problem+json")
         #expect(try down.json()["type"] as? String == "https://marquee.dev/problems/database-unavailable")
 
