@@ -931,6 +931,7 @@ final class QueueGauges: Sendable {
         for (provider, stats) in byProvider {
             metrics.queueDue.set(Double(stats.due), [provider.rawValue])
             metrics.oldestDue.set(stats.oldestDueAge, [provider.rawValue])
+            metrics.queueRateLimited.set(Double(stats.rateLimited), [provider.rawValue])
         }
         let sampled = now()
         lastSample.withLock { $0 = sampled }
@@ -946,6 +947,7 @@ struct WorkerMetrics: Sendable {
     let connections: Gauge
     let queueDue: Gauge
     let oldestDue: Gauge
+    let queueRateLimited: Gauge
     let queueSampleAge: Gauge
     let inFlight: Gauge
     let acceptToSent: Histogram
@@ -971,11 +973,16 @@ struct WorkerMetrics: Sendable {
         connections = registry.gauge(
             "marquee_open_connections", help: "Open HTTP/2 connections to providers.", labels: ["provider"])
         queueDue = registry.gauge(
-            "marquee_queue_due", help: "Deliveries due (those being sent included), by provider.",
-            labels: ["provider"])
+            "marquee_queue_due",
+            help: "Deliveries due (those being sent included), by provider; those of tenants sending at their own "
+                + "send rate limit are in marquee_queue_rate_limited.", labels: ["provider"])
         oldestDue = registry.gauge(
-            "marquee_queue_oldest_due_seconds", help: "Age of the oldest due delivery, by provider.",
+            "marquee_queue_oldest_due_seconds", help: "Age of the oldest of marquee_queue_due, by provider.",
             labels: ["provider"])
+        queueRateLimited = registry.gauge(
+            "marquee_queue_rate_limited",
+            help: "Deliveries due of tenants sending at their own send rate limit (more workers would not send them "
+                + "sooner), by provider.", labels: ["provider"])
         queueSampleAge = registry.gauge(
             "marquee_queue_sample_age_seconds",
             help: "Seconds since this worker last read the queue's depth (marquee_queue_due, "

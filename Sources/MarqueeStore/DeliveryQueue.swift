@@ -115,12 +115,17 @@ public struct TokenRetirement: Sendable {
 /// Queue depth for metrics, for one provider: deliveries due (those being sent right now included, whose claims
 /// hold them) and the age of the oldest.
 public struct QueueStatistics: Sendable, Equatable {
+    /// Due deliveries, of tenants not sending at their own send rate limit.
     public var due: Int
+    /// The age of the oldest of `due`.
     public var oldestDueAge: Double
+    /// Due deliveries of tenants sending at their own send rate limit now: more workers would not send them sooner.
+    public var rateLimited: Int
 
-    public init(due: Int = 0, oldestDueAge: Double = 0) {
+    public init(due: Int = 0, oldestDueAge: Double = 0, rateLimited: Int = 0) {
         self.due = due
         self.oldestDueAge = oldestDueAge
+        self.rateLimited = rateLimited
     }
 }
 
@@ -521,10 +526,7 @@ public struct DeliveryQueue: Sendable {
                 WHERE l.tenant_id = ANY(\(tenants)::uuid[])
                 ORDER BY l.tenant_id FOR UPDATE
             ), refilled AS (
-                SELECT k.tenant_id, w.share, k.refilled_at,
-                       LEAST(k.rate_per_second::float8,
-                             k.tokens + k.rate_per_second
-                                 * GREATEST(0, EXTRACT(epoch FROM clock_timestamp() - k.refilled_at))::float8) AS tokens
+                SELECT k.tenant_id, w.share, k.refilled_at, \(unsafeRaw: Self.refilledTokens("k")) AS tokens
                 FROM locked k JOIN want w USING (tenant_id)
             )
             UPDATE send_limits l
@@ -903,15 +905,34 @@ public struct DeliveryQueue: Sendable {
         }
     }
 
-    /// Per provider: due deliveries and the age of the oldest. Every provider is present
-    /// (zeros when it has nothing queued), so gauges keep their series.
+    /// The send tokens of the `send_limits` row `alias`, refilled to now: its rate a second, up to one second's worth
+    /// (what a claim may spend, and what tells a tenant sending at its limit).
+    static func refilledTokens(_ alias: String) -> String {
+        """
+        LEAST(\(alias).rate_per_second::float8, \(alias).tokens + \(alias).rate_per_second \
+        * GREATEST(0, EXTRACT(epoch FROM clock_timestamp() - \(alias).refilled_at))::float8)
+        """
+    }
+
+    /// Per provider: due deliveries and the age of the oldest, and apart from them the due deliveries of tenants
+    /// sending at their own send rate limit (their bucket, refilled to now, short of a second's worth: claims are
+    /// spending it). Those grow old by the tenant's choice; counted with the rest they paged the operator and scaled
+    /// the workers out for nothing. A limited tenant whose bucket fills up is not being sent for, and counts again.
+    /// Every provider is present (zeros when it has nothing queued), so gauges keep their series.
     public func statistics() async throws -> [PlannedDelivery.Provider: QueueStatistics] {
         let rows = try await pool.query(
             """
-            SELECT provider, count(*)::int AS due,
-                   COALESCE(extract(epoch FROM now() - min(next_attempt_at)), 0)::float8 AS oldest
-            FROM delivery_queue WHERE status = 'queued' AND next_attempt_at <= now() AND next_attempt_at > '-infinity'
-            GROUP BY provider
+            WITH held AS (
+                SELECT l.tenant_id FROM send_limits l
+                WHERE \(unsafeRaw: Self.refilledTokens("l")) < l.rate_per_second
+            )
+            SELECT q.provider, count(*) FILTER (WHERE h.tenant_id IS NULL)::int AS due,
+                   COALESCE(extract(epoch FROM now() - min(q.next_attempt_at) FILTER (WHERE h.tenant_id IS NULL)),
+                            0)::float8 AS oldest,
+                   count(*) FILTER (WHERE h.tenant_id IS NOT NULL)::int AS limited
+            FROM delivery_queue q LEFT JOIN held h ON h.tenant_id = q.tenant_id
+            WHERE q.status = 'queued' AND q.next_attempt_at <= now() AND q.next_attempt_at > '-infinity'
+            GROUP BY q.provider
             """)
         var byProvider = Dictionary(
             uniqueKeysWithValues: PlannedDelivery.Provider.allCases.map { ($0, QueueStatistics()) })
@@ -920,7 +941,8 @@ public struct DeliveryQueue: Sendable {
                 continue
             }
             byProvider[provider] = QueueStatistics(
-                due: try row.decode(Int.self, "due"), oldestDueAge: try row.decode(Double.self, "oldest"))
+                due: try row.decode(Int.self, "due"), oldestDueAge: try row.decode(Double.self, "oldest"),
+                rateLimited: try row.decode(Int.self, "limited"))
         }
         return byProvider
     }

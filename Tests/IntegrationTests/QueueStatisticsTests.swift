@@ -82,6 +82,48 @@ struct QueueStatisticsTests {
         return (url, owner, tenant)
     }
 
+    @Test(
+        "the queue gauges leave out a tenant sending at its own send rate limit, and count it once it is not sent for")
+    func rateLimitedApart() async throws {
+        let (url, owner) = try await Self.migratedDatabase()
+        defer { owner.close() }
+        let limited = UUID()
+        let other = UUID()
+        try await owner.withConnection { connection in
+            try Self.seedInstance(connection, tenant: limited, name: "limited")
+            try Self.seedInstance(connection, tenant: other, name: "other")
+            for (tenant, count, age) in [(limited, 200, 600), (other, 3, 2)] {
+                try connection.execute(
+                    """
+                    INSERT INTO delivery_queue (tenant_id, id, instance_id, device_token, provider, token_kind, token,
+                                                operation, instance_version, next_attempt_at)
+                    SELECT \(tenant), gen_random_uuid(), 'i', 'd' || i, 'apns', 'activity', md5(i::text), 'update', 1,
+                           now() - make_interval(secs => \(age))
+                    FROM generate_series(1, \(count)) i
+                    """)
+            }
+            // One push a second, and the claims have just spent it.
+            try connection.execute(
+                """
+                INSERT INTO send_limits (tenant_id, rate_per_second, tokens, refilled_at)
+                VALUES (\(limited), 1, 0, clock_timestamp() + interval '1 hour')
+                """)
+        }
+        let workerPool = try Self.workerPool(url)
+        defer { workerPool.close() }
+        let queue = DeliveryQueue(pool: workerPool)
+        let held = try #require(try await queue.statistics()[.apns])
+        #expect(held.due == 3 && held.rateLimited == 200, "\(held)")
+        #expect(held.oldestDueAge < 60, "the limited tenant's ten-minute-old rows are not the queue's age: \(held)")
+
+        // Nobody spends its bucket any more (the workers are gone, or busy elsewhere): it is behind like any other.
+        try await owner.execute(
+            "UPDATE send_limits SET tokens = 1, refilled_at = now() - interval '1 hour' WHERE tenant_id = \(limited)")
+        let behind = try #require(try await queue.statistics()[.apns])
+        #expect(behind.due == 203 && behind.rateLimited == 0, "\(behind)")
+        #expect(behind.oldestDueAge >= 600, "\(behind)")
+    }
+
     @Test("a burst of 5,000 queued deliveries is analysed once, as the worker's role; a quiet table is left alone")
     func refreshAfterBurst() async throws {
         let (url, owner) = try await Self.migratedDatabase()
