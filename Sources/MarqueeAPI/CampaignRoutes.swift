@@ -145,6 +145,11 @@ struct CampaignRoutes: Sendable {
         let opened = newChannel
         let outcome: CampaignStore.CreateOutcome
         do {
+            if let opened {
+                // A new channel's ID is known only now: its starts carry it, so it counts too.
+                content.inputPushChannel = opened.apnsChannelID
+                try LifecyclePlanner.checkSize(content, platforms: platforms)
+            }
             outcome = try await store.create(
                 tenant: tenant,
                 CampaignCreate(

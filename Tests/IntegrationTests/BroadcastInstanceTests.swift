@@ -374,6 +374,46 @@ struct BroadcastInstanceTests {
         #expect(try both.json().string("field") == "channel")
     }
 
+    @Test(
+        "a campaign asking for a new channel is size-checked with its channel's ID: one that no longer fits is 413, the channel deleted again"
+    )
+    func newChannelCampaignSize() async throws {
+        let t = try await ChannelTests.tenant()
+        func body(_ padding: Int) -> [String: Any] {
+            [
+                "campaign_id": Fake.id("size"), "name": "Size", "notification_type": t.type, "platform": "ios",
+                "audience": ["people": [Fake.id("fan")]],
+                "attributes": ["match": String(repeating: "m", count: padding)],
+                "content_state": ["home": 0, "away": 0], "push_payload": ["alert": ["title": "Kick-off", "body": "x"]],
+                "start_at": Date().timeIntervalSince1970 + 3600,
+            ]
+        }
+        func create(_ body: [String: Any]) async throws -> HTTP.Response {
+            try await t.api.call("POST", "/v1/campaigns", key: t.tenant.app, json: body)
+        }
+        // The largest attributes that fit without a channel.
+        var fits = 0
+        var refused = 5000
+        #expect(try await create(body(refused)).status == 413)
+        while refused - fits > 1 {
+            let middle = (fits + refused) / 2
+            let status = try await create(body(middle)).status
+            #expect(status == 202 || status == 413)
+            if status == 202 { fits = middle } else { refused = middle }
+        }
+        var onChannel = body(fits)
+        onChannel["channel"] = ["storage_policy": "none"]
+        let tooLarge = try await create(onChannel)
+        #expect(tooLarge.status == 413, "input-push-channel counts: \(tooLarge.text)")
+        #expect(try tooLarge.json().string("type") == "https://marquee.dev/problems/push-too-large")
+        #expect(try await t.fixture.channelsAtApple(t.bundleID) == 0, "the channel made for it is deleted again")
+        // With room for the channel's ID it is created.
+        var roomy = body(fits - 200)
+        roomy["channel"] = ["storage_policy": "none"]
+        #expect(try await create(roomy).status == 202)
+        #expect(try await t.fixture.channelsAtApple(t.bundleID) == 1)
+    }
+
     /// `POST /v1/campaigns`: the match tracker on `channel` for `fans`, starting at once or at `startAt`.
     static func matchCampaign(
         _ t: Tenant, _ campaign: String, channel: String, fans: [String], startAt: Date? = nil
