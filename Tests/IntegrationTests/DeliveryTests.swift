@@ -177,6 +177,48 @@ struct DeliveryTests {
         return Tenant(fixture: fixture, tenant: tenant, type: type, person: Fake.id("ann"))
     }
 
+    @Test("a type a registration created: each push-to-start token gets the attributes type registered with it")
+    func attributesTypePerToken() async throws {
+        var t = try await Self.tenant()
+        t.type = "com.example.Match" + Fake.hex(6)
+        let worker = try t.fixture.worker()
+        defer { worker.signal(SIGKILL) }
+        // The first registration creates the type; the sdk key is public, and it names a type the app does not have.
+        var tokens: [String?: String] = [:]
+        for name in ["Spoiled", "MatchAttributes", nil] as [String?] {
+            let device = Fake.hex()
+            let token = Fake.hex()
+            _ = try await t.api.call(
+                "PUT", "/v1/people/\(t.person)/devices/\(device)", key: t.tenant.sdk, json: ["platform": "ios"])
+            var body: [String: Any] = ["token": token]
+            if let name { body["attributes_type"] = name }
+            let r = try await t.api.call(
+                "PUT", "/v1/people/\(t.person)/devices/\(device)/push_to_start/\(t.type)", key: t.tenant.sdk, json: body
+            )
+            #expect(r.status == 200, "\(r.text)")
+            tokens[name] = token
+        }
+        let type = try await t.api.call("GET", "/v1/activity_types/\(t.type)", key: t.tenant.app).json()
+        #expect(type["auto_created"] as? Bool == true && type.string("attributes_type") == "Spoiled")
+        func attributesTypes(_ instance: String) async throws -> [String?: String?] {
+            #expect(try await t.start(instance).status == 200)
+            _ = try await t.settled(instance, count: 3)
+            return tokens.mapValues {
+                t.fixture.simulator.pushes(token: $0).last?["payload"]?["aps"]?["attributes-type"]?.stringValue
+            }
+        }
+        let first = try await attributesTypes(Fake.id("match"))
+        #expect(first["MatchAttributes"] == "MatchAttributes", "\(first)")
+        #expect(first["Spoiled"] == "Spoiled")
+        #expect(first[nil] == "Spoiled", "a token registered without one takes the type's")
+        // Once the tenant defines the type, its attributes type is every start's.
+        let defined = try await t.api.call(
+            "PUT", "/v1/activity_types/\(t.type)", key: t.tenant.app, json: ["attributes_type": "Configured"])
+        #expect(defined.status == 200 || defined.status == 201, "\(defined.text)")
+        let second = try await attributesTypes(Fake.id("match"))
+        #expect(second.values.allSatisfy { $0 == "Configured" }, "\(second)")
+    }
+
     @Test("start → activity token → update → end reach the simulator with Apple's headers, and are all sent")
     func endToEnd() async throws {
         let t = try await Self.tenant()
