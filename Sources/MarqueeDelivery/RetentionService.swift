@@ -71,6 +71,11 @@ public struct RetentionService: Sendable {
             }
             return report
         } catch {
+            if Task.isCancelled {
+                // Cut short by a shutdown: not a failure, and the next pass (any worker's) finishes it.
+                logger.info("retention pass cut short by shutdown")
+                return nil
+            }
             runs.inc(labels: "failed")
             logger.error("retention pass failed", metadata: ["error": .string(String(describing: error))])
             return nil

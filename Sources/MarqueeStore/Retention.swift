@@ -52,7 +52,9 @@ public struct RetentionStore: Sendable {
     public func apply(now: Date = Date(), keepDays: Int) async throws -> RetentionReport? {
         let lockTimeout = Self.milliseconds(options.lockTimeout)
         let attempts = options.attempts
-        let rows = try await pool.withConnection { connection in
+        // A shutdown cancels the pass (its statement, through libpq): the steps it committed stay, the rest waits
+        // for the next pass, and the worker exits in its drain time.
+        let rows = try await pool.withCancellableConnection { connection in
             // The pass commits step by step, so it is called outside any transaction, where a per-transaction role
             // switch (`enterSystem`) cannot reach: the session switches to marquee_system for the call and back
             // after it (the worker's sessions start as marquee_system, so for them this changes nothing). The pass

@@ -32,6 +32,27 @@ public enum IsolationLevel: Sendable, Hashable {
     }
 }
 
+/// Cancels what one connection is running, from any thread (libpq's `PQcancel`, which opens a connection of its own
+/// to ask the server). A cancel arriving between statements cancels nothing, or the next statement.
+public final class StatementCanceller: @unchecked Sendable {
+    // PGcancel is documented safe to use from another thread than its connection's; it is freed once, in deinit.
+    private let cancel: OpaquePointer
+
+    init?(_ connection: OpaquePointer) {
+        guard let cancel = PQgetCancel(connection) else { return nil }
+        self.cancel = cancel
+    }
+
+    deinit { PQfreeCancel(cancel) }
+
+    /// Asks the server to cancel the statement running now; false when the request could not be sent.
+    @discardableResult
+    public func cancelStatement() -> Bool {
+        var message = [CChar](repeating: 0, count: 256)
+        return PQcancel(cancel, &message, Int32(message.count)) == 1
+    }
+}
+
 /// One libpq connection. Every call blocks the calling thread until the server answers.
 ///
 /// Not thread-safe and not `Sendable`: use it from one thread at a time, normally inside a
@@ -39,6 +60,9 @@ public enum IsolationLevel: Sendable, Hashable {
 public final class PostgresConnection {
     let handle: OpaquePointer
     private let noticeSink: Unmanaged<NoticeSink>
+
+    /// A canceller for this connection's statements, usable from any thread (nil if libpq cannot make one).
+    public func canceller() -> StatementCanceller? { StatementCanceller(handle) }
     /// The last error a statement on this connection raised.
     private(set) var lastError: PostgresError?
 

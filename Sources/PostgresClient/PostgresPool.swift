@@ -247,6 +247,32 @@ public final class PostgresPool: Sendable {
         }
     }
 
+    /// `withConnection`, except that cancelling the calling task cancels the statement `body` is running (libpq's
+    /// `PQcancel`): for long statements a shutdown must not wait for, such as the retention pass. `body` then throws
+    /// the server's error (57014, query canceled), and its transaction rolls back.
+    public func withCancellableConnection<T: Sendable>(_ body: @escaping @Sendable (PostgresConnection) throws -> T)
+        async throws -> T
+    {
+        let current = Mutex<(canceller: StatementCanceller?, cancelled: Bool)>((nil, false))
+        return try await withTaskCancellationHandler {
+            try await withConnection { connection in
+                let cancelled = current.withLock { state in
+                    state.canceller = connection.canceller()
+                    return state.cancelled
+                }
+                defer { current.withLock { $0.canceller = nil } }
+                if cancelled { throw CancellationError() }
+                return try body(connection)
+            }
+        } onCancel: {
+            let canceller = current.withLock { state in
+                state.cancelled = true
+                return state.canceller
+            }
+            canceller?.cancelStatement()
+        }
+    }
+
     /// Holds one connection for `body`, across suspension points: what `body` runs through the session goes to the
     /// same connection, on its own thread, one step at a time. For a transaction that spans async work — a worker's
     /// claim, whose row locks are held while it sends. A transaction left open is rolled back when `body` returns

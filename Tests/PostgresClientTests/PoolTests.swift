@@ -87,6 +87,43 @@ struct PoolTests {
         _ = try? await holder.value
     }
 
+    @Test("a cancellable connection's statement is cancelled with its task, and the connection serves on")
+    func cancellableStatement() async throws {
+        let application = TestDatabase.uniqueName("cancel")
+        let pool = try TestDatabase.pool(
+            application: application, options: .init(maxConnections: 2, acquireTimeout: .seconds(30)))
+        defer { pool.close() }
+        let admin = try TestDatabase.pool()
+        defer { admin.close() }
+        func sleeping() async throws -> Int {
+            try await admin.query(
+                """
+                SELECT count(*)::int AS n FROM pg_stat_activity
+                WHERE application_name = \(application) AND query LIKE 'SELECT pg_sleep(600)%'
+                """)[0].decode(Int.self, "n")
+        }
+        let clock = ContinuousClock()
+        let long = Task { try await pool.withCancellableConnection { try $0.execute("SELECT pg_sleep(600)") } }
+        #expect(await eventually(timeout: .seconds(20)) { (try? await sleeping()) == 1 })
+        let cancelledAt = clock.now
+        long.cancel()
+        do {
+            _ = try await long.value
+            Issue.record("the statement ran to its end")
+        } catch let error as PostgresError {
+            #expect(error.sqlState == "57014", "\(error)")
+        }
+        #expect(clock.now - cancelledAt < .seconds(20), "cancelled, not waited for")
+        // The connection is usable afterwards.
+        #expect(try await pool.query("SELECT 1 AS one")[0].decode(Int.self, "one") == 1)
+        // A task cancelled before the statement starts runs none.
+        let early = Task {
+            withUnsafeCurrentTask { $0?.cancel() }
+            return try await pool.withCancellableConnection { try $0.execute("SELECT pg_sleep(600)") }
+        }
+        await #expect(throws: (any Error).self) { try await early.value }
+    }
+
     @Test("the pool recovers by itself after all its backends are terminated")
     func recoversAfterTerminate() async throws {
         let application = TestDatabase.uniqueName("recover")
