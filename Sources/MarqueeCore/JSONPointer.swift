@@ -6,30 +6,36 @@ public struct JSONPointer: Sendable, Hashable, CustomStringConvertible {
     public init(tokens: [String] = []) { self.tokens = tokens }
 
     /// Parses `""` (the whole document) or `/a/b`, with `~1` for `/` and `~0` for `~`.
+    ///
+    /// Read scalar by scalar, as RFC 6901 defines it: as `Character`s, a `/` or `~` followed by a combining mark
+    /// would be one character, neither `/` nor `~` (`/a/\u{301}b` one token, `/~\u{301}` taken, `/~0\u{301}`
+    /// refused).
     public init?(_ text: String) {
-        if text.isEmpty {
+        var scalars = text.unicodeScalars[...]
+        guard let first = scalars.popFirst() else {
             tokens = []
             return
         }
-        guard text.hasPrefix("/") else { return nil }
+        guard first == "/" else { return nil }
         var parsed: [String] = []
-        for raw in text.dropFirst().split(separator: "/", omittingEmptySubsequences: false) {
-            // Reject a `~` not followed by 0 or 1.
-            var token = ""
-            var iterator = raw.makeIterator()
-            while let c = iterator.next() {
-                if c == "~" {
-                    switch iterator.next() {
-                    case "0": token.append("~")
-                    case "1": token.append("/")
-                    default: return nil
-                    }
-                } else {
-                    token.append(c)
+        var token = String.UnicodeScalarView()
+        while let scalar = scalars.popFirst() {
+            switch scalar {
+            case "/":
+                parsed.append(String(token))
+                token = String.UnicodeScalarView()
+            case "~":
+                // Reject a `~` not followed by 0 or 1.
+                switch scalars.popFirst() {
+                case "0": token.append("~")
+                case "1": token.append("/")
+                default: return nil
                 }
+            default:
+                token.append(scalar)
             }
-            parsed.append(token)
         }
+        parsed.append(String(token))
         tokens = parsed
     }
 
@@ -49,24 +55,21 @@ public struct JSONPointer: Sendable, Hashable, CustomStringConvertible {
     public func appending(_ token: String) -> JSONPointer { JSONPointer(tokens: tokens + [token]) }
     public func appending(_ index: Int) -> JSONPointer { appending(String(index)) }
 
+    /// The pointer's text: each token after a `/`, with `~` written `~0` and `/` written `~1`, scalar by scalar
+    /// (see `init(_:)`).
     public var description: String {
-        tokens.map { "/" + $0.replacingOccurrences(of: "~", with: "~0").replacingOccurrences(of: "/", with: "~1") }
-            .joined()
-    }
-}
-
-extension String {
-    fileprivate func replacingOccurrences(of target: String, with replacement: String) -> String {
-        guard !target.isEmpty, self.contains(target) else { return self }
-        var out = ""
-        var rest = Substring(self)
-        while let range = rest.firstRange(of: target) {
-            out += rest[..<range.lowerBound]
-            out += replacement
-            rest = rest[range.upperBound...]
+        var text = String.UnicodeScalarView()
+        for token in tokens {
+            text.append("/")
+            for scalar in token.unicodeScalars {
+                switch scalar {
+                case "~": text.append(contentsOf: "~0".unicodeScalars)
+                case "/": text.append(contentsOf: "~1".unicodeScalars)
+                default: text.append(scalar)
+                }
+            }
         }
-        out += rest
-        return out
+        return String(text)
     }
 }
 

@@ -116,6 +116,22 @@ struct JSONValueTests {
         #expect(!missing)
     }
 
+    @Test("a JSON pointer is read scalar by scalar: a combining mark after `/` or `~` does not hide it")
+    func pointerScalars() throws {
+        // As Characters, `/` + U+0301 is one character, not a `/`: the pointer read as the single token `a/\u{301}b`.
+        #expect(JSONPointer("/a/\u{301}b")?.tokens == ["a", "\u{301}b"])
+        // RFC 6901: `~` must be followed by 0 or 1; `~` + U+0301 is not, and `~0` + U+0301 is `~` then U+0301.
+        #expect(JSONPointer("/~\u{301}") == nil)
+        #expect(JSONPointer("/~0\u{301}")?.tokens == ["~\u{301}"])
+        #expect(JSONPointer("/~1\u{301}")?.tokens == ["/\u{301}"])
+        // And written back the same way: every `~` and `/` escaped, whatever follows it.
+        for tokens in [["~\u{301}"], ["/\u{301}", "a"], ["\u{301}b"]] {
+            let pointer = JSONPointer(tokens: tokens)
+            #expect(JSONPointer(pointer.description)?.tokens == tokens, "\(pointer)")
+        }
+        #expect(JSONPointer(tokens: ["~\u{301}", "/\u{301}"]).description == "/~0\u{301}/~1\u{301}")
+    }
+
     @Test("an array element is named only by 0 or digits without a leading zero (RFC 6901); other tokens name members")
     func arrayIndexes() throws {
         for (token, index) in [("0", 0), ("1", 1), ("10", 10)] { #expect(JSONPointer.arrayIndex(token) == index) }
