@@ -202,16 +202,34 @@ public struct JSONParseError: Error, Sendable, Equatable, CustomStringConvertibl
 extension JSONValue {
     /// Parses a complete JSON text (RFC 8259). Nesting is limited to 64 levels, a document to 100,000 values, and an
     /// object's keys must be unique (parsers that keep the first of two disagree with those that keep the last).
-    public static func parse(_ bytes: some Collection<UInt8>) throws(JSONParseError) -> JSONValue {
-        var parser = JSONParser(Array(bytes))
+    ///
+    /// An integer (a number without fraction or exponent) must fit in 64 bits (`Int64`): a larger one is refused
+    /// ("number out of range") rather than rounded to a `Double`, which would change it (18446744073709551615 would
+    /// be stored and sent as 1.8446744073709552e+19, and two such IDs would compare equal). Fractions and exponents
+    /// are `Double`s. A document the service only reads, and never keeps or passes on (a provider's answer), may take
+    /// such an integer as the nearest `Double` instead (`wideIntegers: .nearestDouble`), so that one number its reader
+    /// ignores does not make the rest unreadable.
+    public static func parse(
+        _ bytes: some Collection<UInt8>, wideIntegers: WideIntegers = .refuse
+    ) throws(JSONParseError) -> JSONValue {
+        var parser = JSONParser(Array(bytes), wideIntegers: wideIntegers)
         return try parser.parseDocument()
+    }
+
+    /// What the parser does with an integer literal beyond `Int64` (see `parse`).
+    public enum WideIntegers: Sendable {
+        /// Refuse the document: "number out of range". For what the service keeps or passes on.
+        case refuse
+        /// Take the nearest `Double`. For documents only read: stored rows, providers' answers.
+        case nearestDouble
     }
 
     /// Parses a document the service stored itself (PostgreSQL's `jsonb` output): no limit on its number of values,
     /// which were checked when it came in, under the limits of the day (a row written before a limit existed must
-    /// still read). Depth is still limited.
+    /// still read). Depth is still limited. An integer beyond 64 bits (written before `parse` refused them, or by SQL)
+    /// reads as the nearest `Double`, as it did then, rather than failing the read of its row.
     public static func parseStored(_ bytes: some Collection<UInt8>) throws(JSONParseError) -> JSONValue {
-        var parser = JSONParser(Array(bytes), maxValues: .max)
+        var parser = JSONParser(Array(bytes), maxValues: .max, wideIntegers: .nearestDouble)
         return try parser.parseDocument()
     }
 
@@ -233,10 +251,12 @@ struct JSONParser {
     static let maxValues = 100_000
 
     let maxValues: Int
+    let wideIntegers: JSONValue.WideIntegers
 
-    init(_ bytes: [UInt8], maxValues: Int = Self.maxValues) {
+    init(_ bytes: [UInt8], maxValues: Int = Self.maxValues, wideIntegers: JSONValue.WideIntegers = .refuse) {
         self.bytes = bytes
         self.maxValues = maxValues
+        self.wideIntegers = wideIntegers
     }
 
     mutating func parseDocument() throws(JSONParseError) -> JSONValue {
@@ -490,7 +510,10 @@ struct JSONParser {
             if index == digitsStart { throw fail("invalid number") }
         }
         let text = String(decoding: bytes[start..<index], as: UTF8.self)
-        if isInteger, let i = Int64(text) { return .int(i) }
+        if isInteger {
+            if let i = Int64(text) { return .int(i) }
+            if wideIntegers == .refuse { throw JSONParseError(offset: start, reason: "number out of range") }
+        }
         guard let d = Double(text), d.isFinite else {
             throw JSONParseError(offset: start, reason: "number out of range")
         }

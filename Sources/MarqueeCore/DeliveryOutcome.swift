@@ -138,7 +138,7 @@ public enum APNsReason: Sendable, Equatable, CustomStringConvertible {
     ) -> DeliveryDecision {
         var reason: APNsReason?
         var unregisteredAt: Date?
-        if status != 200, body.count <= 65_536, let json = try? JSONValue.parse(body) {
+        if status != 200, body.count <= 65_536, let json = try? JSONValue.parse(body, wideIntegers: .nearestDouble) {
             reason = json["reason"]?.stringValue.map {
                 ProviderNumbers.reasonText($0).map(APNsReason.init) ?? .unknown("unreadable")
             }

@@ -52,7 +52,7 @@ public enum FCMErrorCode: Sendable, Equatable, CustomStringConvertible {
         status: Int, body: [UInt8], retryAfter header: String?, credentialProven: Bool = false, now: Date = Date()
     ) -> DeliveryDecision {
         decide(
-            status: status, body: body.count <= 65_536 ? try? JSONValue.parse(body) : nil,
+            status: status, body: body.count <= 65_536 ? try? JSONValue.parse(body, wideIntegers: .nearestDouble) : nil,
             retryAfter: ProviderNumbers.retryAfter(header, now: now), credentialProven: credentialProven)
     }
 
@@ -152,7 +152,7 @@ public enum OAuthTokenAnswer: Sendable, Equatable {
     public static func decide(status: Int, body: [UInt8], retryAfter header: String?, now: Date = Date())
         -> OAuthTokenAnswer
     {
-        let json = body.count <= 65_536 ? try? JSONValue.parse(body) : nil
+        let json = body.count <= 65_536 ? try? JSONValue.parse(body, wideIntegers: .nearestDouble) : nil
         if status == 200, let token = json?["access_token"]?.stringValue, isBearerToken(token) {
             return .token(token, lifetime: ProviderNumbers.tokenLifetime(json?["expires_in"]))
         }

@@ -201,7 +201,8 @@ public final class APNsChannelClient: Sendable {
     /// Apple's reason of an error answer, sanitized; `unreadable` when the body has a reason that is not safe text.
     static func reason(_ response: HTTP2Response) -> String? {
         guard !(200..<300).contains(response.status), response.body.count <= 65_536,
-            let json = try? JSONValue.parse(response.body), let text = json["reason"]?.stringValue
+            let json = try? JSONValue.parse(response.body, wideIntegers: .nearestDouble),
+            let text = json["reason"]?.stringValue
         else { return nil }
         return ProviderNumbers.reasonText(text) ?? "unreadable"
     }
@@ -237,7 +238,7 @@ public final class APNsChannelClient: Sendable {
     {
         guard response.status == 200 else { throw failure(response) }
         var policy: ChannelStoragePolicy?
-        if response.body.count <= 65_536, let json = try? JSONValue.parse(response.body),
+        if response.body.count <= 65_536, let json = try? JSONValue.parse(response.body, wideIntegers: .nearestDouble),
             case .int(let value)? = json["message-storage-policy"], let small = Int(exactly: value)
         {
             policy = ChannelStoragePolicy(appleValue: small)
@@ -255,7 +256,9 @@ public final class APNsChannelClient: Sendable {
     /// A list answer: `{"channels": ["<id>", …]}`, bounded, unreadable entries left out.
     static func listed(_ response: HTTP2Response) throws(ChannelManagementError) -> [String] {
         guard response.status == 200 else { throw failure(response) }
-        guard let json = try? JSONValue.parse(response.body), let entries = json["channels"]?.arrayValue else {
+        guard let json = try? JSONValue.parse(response.body, wideIntegers: .nearestDouble),
+            let entries = json["channels"]?.arrayValue
+        else {
             throw ChannelManagementError(.refused(status: response.status, reason: "invalid_channel_list"))
         }
         return Array(entries.lazy.compactMap { ChannelLimits.channelID($0.stringValue) }.prefix(maxListedChannels))

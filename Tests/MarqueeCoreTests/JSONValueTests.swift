@@ -88,10 +88,36 @@ struct JSONValueTests {
         #expect(JSONValue.int(1) == .double(1.0))
         #expect(JSONValue.int(1).hashValue == JSONValue.double(1.0).hashValue)
         #expect(try JSONValue.parse("9223372036854775807") == .int(Int64.max))
-        #expect(try JSONValue.parse("92233720368547758070") == .double(92_233_720_368_547_758_080))
+        #expect(try JSONValue.parse("-9223372036854775808") == .int(Int64.min))
+        // Fractions and exponents are Doubles, at any magnitude a Double holds.
+        #expect(try JSONValue.parse("18446744073709551615.0") == .double(18_446_744_073_709_551_615.0))
+        #expect(try JSONValue.parse("1e19") == .double(1e19))
         #expect(JSONValue.double(2.0).serialized() == "2")
         #expect(JSONValue.int(3).typeName == "integer")
         #expect(JSONValue.double(3.5).typeName == "number")
+    }
+
+    @Test("an integer beyond 64 bits is refused, not rounded; a stored one still reads, as a Double")
+    func wideIntegers() throws {
+        // Rounded to a Double, 18446744073709551615 would be stored and pushed as 1.8446744073709552e+19 (an app
+        // decoding a UInt64 fails on it), and it and 18446744073709551614 would be one value.
+        #expect(throws: JSONParseError(offset: 9, reason: "number out of range")) {
+            try JSONValue.parse(#"{"order":18446744073709551615}"#)
+        }
+        for text in [
+            "9223372036854775808", "-9223372036854775809", "92233720368547758070",
+            "[1,\(String(repeating: "9", count: 400))]",
+        ] {
+            #expect(throws: JSONParseError.self, "\(text.prefix(30))") { try JSONValue.parse(text) }
+        }
+        // PostgreSQL's jsonb may hold one (written before the rule, or by SQL): reading its row does not fail.
+        let stored = try JSONValue.parseStored(Array(#"{"order":18446744073709551615}"#.utf8))
+        #expect(stored["order"] == .double(18_446_744_073_709_551_615))
+        // So may a provider's answer, read and never kept: a number its reader ignores leaves the rest readable.
+        let answer = try JSONValue.parse(
+            Array(#"{"reason":"Unregistered","timestamp":99999999999999999999999}"#.utf8), wideIntegers: .nearestDouble)
+        #expect(answer["reason"] == .string("Unregistered"))
+        #expect(answer["timestamp"] == .double(1e23))
     }
 
     @Test("JSON pointers parse, escape and address values")
