@@ -201,8 +201,8 @@ final class RequestContext: Sendable {
         /// The request's share of the server's body budget (`ServerCore.bodyBudget`); given back when the body is
         /// dropped or the request is over.
         var reservedBody = 0
-        /// The body's `Content-Length`, if it announced one.
-        var announcedLength: Int?
+        /// How the body is delimited, from the headers (`BodyFraming`).
+        var framing = BodyFraming.none
         /// Set when the body was refused: nothing more of it is kept, and it is answered 413 or 503.
         var bodyRejection: BodyRejection?
         /// What routing found, from the headers (`nil` until then).
@@ -641,11 +641,12 @@ final class ServerCore: Sendable {
         let request = HTTPRequest(
             method: httpMethod, target: context.target, headers: headers, requestID: requestID,
             remoteAddress: client(context, headers), peerAddress: context.remoteAddress)
+        let framing = BodyFraming(headers, http10: http10)
         let problem =
             Self.headProblem(
                 context, connection: connection, headers: headers, rawPath: request.rawPath,
                 configuration: configuration)
-            ?? RequestHead.hostProblem(http10: http10, hosts: headers.values("Host"))
+            ?? RequestHead.hostProblem(http10: http10, hosts: headers.values("Host")) ?? framing.problem
         let routed = problem == nil ? router.route(request) : nil
         context.state.withLock { s in
             s.stage = .receiving
@@ -653,14 +654,13 @@ final class ServerCore: Sendable {
             s.requestID = requestID
             s.request = request
             s.routed = routed
+            s.framing = framing
             if case .matched(let match) = routed { s.route = match.pattern }
         }
         guard let routed, problem == nil else {
-            // Not routed: the head is over a limit, or its Host is missing or ambiguous.
+            // Not routed: the head is over a limit, its Host is missing or ambiguous, or its body's framing is refused.
             return answerBeforeBody(.problem(problem!), context: context, connection: connection)
         }
-        let length = headers["Content-Length"].flatMap { Int(HTTPHeaders.trimmed($0)) }
-        let chunked = length == nil && headers["Transfer-Encoding"] != nil
         // Answers given here come before the body is read: MHD then skips it and closes the connection (with
         // `Expect: 100-continue` the client never sends it).
         let match: RouteMatch
@@ -670,12 +670,12 @@ final class ServerCore: Sendable {
         case .problem(let problem):
             // No route (404, 405, or a target that is not text): a body announced is not read. Without one, the answer
             // waits for the request's end like any other, which keeps the connection alive.
-            if (length ?? 0) > 0 || chunked {
+            if framing.hasBody {
                 return answerBeforeBody(.problem(problem), context: context, connection: connection)
             }
             return startBody(context, connection: connection, upload: upload, uploadSize: uploadSize)
         }
-        if let length, length > bodyLimit(context, admitted: true) {
+        if framing.exceeds(bodyLimit(context, admitted: true)) {
             context.state.withLock { $0.bodyRejection = .tooLarge }
             return answerBeforeBody(
                 .problem(.payloadTooLarge(limit: bodyLimit(context, admitted: true))), context: context,
@@ -683,7 +683,8 @@ final class ServerCore: Sendable {
         }
         // A body that may exceed the server's limit, to a route that admits its callers first: nothing of it is read
         // (or reserved) before they are admitted.
-        if length.map({ $0 > configuration.maxBodySize }) ?? chunked, let admission = match.bodyPolicy.admission {
+        if framing.exceeds(configuration.maxBodySize) || framing == .chunked, let admission = match.bodyPolicy.admission
+        {
             return admit(admission, context: context, connection: connection)
         }
         return startBody(context, connection: connection, upload: upload, uploadSize: uploadSize)
@@ -698,10 +699,7 @@ final class ServerCore: Sendable {
         _ context: RequestContext, connection: OpaquePointer, upload: UnsafePointer<CChar>?,
         uploadSize: UnsafeMutablePointer<Int>
     ) -> Bool {
-        let length = context.state.withLock { s in
-            s.announcedLength = s.request?.headers["Content-Length"].flatMap { Int(HTTPHeaders.trimmed($0)) }
-            return s.announcedLength
-        }
+        let length = context.state.withLock { $0.framing.length }
         if let length, length > 0, !bodyBudget.wouldFit(length) {
             context.state.withLock { $0.bodyRejection = .overBudget }
             return answerBeforeBody(Self.overBudget, context: context, connection: connection)
@@ -789,7 +787,7 @@ final class ServerCore: Sendable {
             } else if needed > s.reservedBody {
                 // Reserve ahead as the array grows (doubling, up to the announced length), so that what is reserved
                 // is what is allocated, and only for bytes that came.
-                let target = min(limit, s.announcedLength ?? limit, max(needed, 2 * s.reservedBody))
+                let target = min(limit, s.framing.length ?? limit, max(needed, 2 * s.reservedBody))
                 if bodyBudget.reserve(target - s.reservedBody) {
                     s.reservedBody = target
                 } else {

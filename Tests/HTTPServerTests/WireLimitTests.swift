@@ -242,6 +242,141 @@ struct WireLimitTests {
         }
     }
 
+    @Test("a body framed two ways, or by a coding the server does not take, is refused 400 before any of it is read")
+    func ambiguousFramingIsRefused() async throws {
+        let budget: (inout HTTPServer.Configuration) -> Void = {
+            $0.maxBodySize = 64 << 10
+            $0.maxBufferedBodySize = 256 << 10
+        }
+        try await withServer(ServerTests.router(), configure: budget) { server in
+            let port = server.boundPort
+            let cases: [(name: String, head: String, field: String)] = [
+                // libmicrohttpd reads the chunks and ignores the length: with `Content-Length: 0` the body was read
+                // up to the route's limit with nothing of it reserved (the gauge read 0), and a proxy that goes by
+                // the length would take the chunks for a second request.
+                (
+                    "Content-Length 0 and chunked", "Content-Length: 0\r\nTransfer-Encoding: chunked",
+                    "Transfer-Encoding"
+                ),
+                (
+                    "chunked and Content-Length 5", "Transfer-Encoding: chunked\r\nContent-Length: 5",
+                    "Transfer-Encoding"
+                ),
+                ("a coding not chunked", "Transfer-Encoding: gzip", "Transfer-Encoding"),
+                ("a coding list", "Transfer-Encoding: gzip, chunked", "Transfer-Encoding"),
+                ("two codings", "Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked", "Transfer-Encoding"),
+                ("chunked and a space", "Transfer-Encoding: chunked ", "Transfer-Encoding"),
+                ("lengths that disagree", "Content-Length: 5\r\nContent-Length: 6", "Content-Length"),
+                ("a second length not a number", "Content-Length: 5\r\nContent-Length: 5x", "Content-Length"),
+            ]
+            for (name, fields, field) in cases {
+                for path in ["/echo", "/nope"] {
+                    let outcome = try await onThread {
+                        let connection = try RawConnection(port: port, timeoutSeconds: 5)
+                        try connection.send("POST \(path) HTTP/1.1\r\nHost: x\r\n\(fields)\r\n\r\n")
+                        // Chunks keep coming (never the last): the answer must not wait for them. A server that reads
+                        // them holds them, and its gauge must say so.
+                        let chunk = Array("1000\r\n".utf8) + [UInt8](repeating: 0x61, count: 4_096) + Array("\r\n".utf8)
+                        var sent = 0
+                        var answered = false
+                        var heldWhileUnanswered = 0
+                        for _ in 0..<16 {
+                            var probe = pollfd(fd: connection.fd, events: Int16(POLLIN), revents: 0)
+                            if poll(&probe, 1, 50) > 0 {
+                                answered = true
+                                break
+                            }
+                            guard (try? connection.send(chunk)) != nil else { break }
+                            sent += 4_096
+                        }
+                        if !answered {
+                            heldWhileUnanswered = server.bufferedBodyBytes
+                            try? connection.send("0\r\n\r\n")
+                        }
+                        let response = try connection.readResponse()
+                        return (response, answered, sent, heldWhileUnanswered, connection.isClosedByPeer())
+                    }
+                    let (response, answered, sent, held, closed) = outcome
+                    let label = "\(name), \(path)"
+                    #expect(answered, "\(label): unanswered after \(sent) bytes of chunks, the gauge at \(held)")
+                    #expect(response.status == 400, "\(label): \(response.text.prefix(200))")
+                    #expect(response.headers["Content-Type"] == "application/problem+json", "\(label)")
+                    #expect(try response.problem().type == HTTPProblem.typeBase + "bad-request", "\(label)")
+                    #expect(try response.problem().field == field, "\(label)")
+                    #expect(closed, "\(label)")
+                }
+            }
+            let released = try await onThread { waitUntil { server.bufferedBodyBytes == 0 } }
+            #expect(released, "left: \(server.bufferedBodyBytes) bytes")
+            // HTTP/1.0 has no chunked coding (RFC 9112 §6.1).
+            let (old, oldClosed) = try await Self.exchange(
+                port, "POST /echo HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n")
+            #expect(old.status == 400)
+            #expect(try old.problem().field == "Transfer-Encoding")
+            #expect(oldClosed)
+            // One framing, sent plainly, is taken (any case of `chunked`, equal repeated lengths).
+            for fields in [
+                "Transfer-Encoding: Chunked", "Content-Length: 3\r\nContent-Length: 3", "Content-Length: 003",
+            ] {
+                let body = fields.hasPrefix("Transfer") ? "3\r\nabc\r\n0\r\n\r\n" : "abc"
+                let (taken, _) = try await Self.exchange(
+                    port, "POST /echo HTTP/1.1\r\nHost: x\r\n\(fields)\r\n\r\n\(body)", awaitClose: false)
+                #expect(taken.status == 200, "\(fields): \(taken.text)")
+                #expect(taken.text == "abc", "\(fields)")
+            }
+        }
+    }
+
+    @Test("a Content-Length too large for Int is answered 413 before any of the body, on every route")
+    func hugeContentLengthIs413() async throws {
+        var router = ServerTests.router()
+        router.add(.POST, "/bulk", body: ServerTests.bulkRoute(Counter())) { request in .text("\(request.body.count)") }
+        try await withServer(router) { server in
+            let port = server.boundPort
+            // 2^63 and 2^64 − 1: libmicrohttpd takes both (it answers 413 itself only beyond 64 bits); `Int` neither.
+            for length in ["9223372036854775808", "18446744073709551615", "00000000000000000000009223372036854775808"] {
+                for (path, fields) in [
+                    ("/echo", ""), ("/bulk", "Content-Type: application/x-ndjson\r\nAuthorization: Bearer ok\r\n"),
+                ] {
+                    let (response, closed) = try await onThread {
+                        let connection = try RawConnection(port: port, timeoutSeconds: 5)
+                        try connection.send(
+                            "POST \(path) HTTP/1.1\r\nHost: x\r\n\(fields)Content-Length: \(length)\r\n\r\n")
+                        return (try connection.readResponse(), connection.isClosedByPeer())
+                    }
+                    #expect(response.status == 413, "\(path), \(length)")
+                    #expect(try response.problem().type == HTTPProblem.typeBase + "payload-too-large", "\(path)")
+                    #expect(closed, "\(path), \(length)")
+                }
+            }
+            #expect(server.bufferedBodyBytes == 0)
+        }
+    }
+
+    @Test("body framing follows libmicrohttpd: Transfer-Encoding when present, else Content-Length")
+    func framingRule() {
+        func framing(_ fields: [(String, String)], http10: Bool = false) -> BodyFraming {
+            BodyFraming(HTTPHeaders(fields), http10: http10)
+        }
+        #expect(framing([]) == .none)
+        #expect(framing([("Content-Length", "0")]) == .length(0))
+        #expect(framing([("content-length", "12"), ("Content-Length", "012")]) == .length(12))
+        #expect(framing([("Content-Length", "9223372036854775807")]) == .length(Int.max))
+        #expect(framing([("Content-Length", "9223372036854775808")]) == .tooLong)
+        #expect(framing([("Transfer-Encoding", "CHUNKED")]) == .chunked)
+        for refused in [
+            [("Content-Length", "")], [("Content-Length", "+1")], [("Content-Length", "1 ")],
+            [("Content-Length", "1"), ("Content-Length", "2")],
+            [("Transfer-Encoding", "chunked"), ("Content-Length", "0")],
+            [("Transfer-Encoding", "")], [("Transfer-Encoding", "identity")], [("Transfer-Encoding", "chunked, gzip")],
+        ] {
+            #expect(framing(refused).problem?.status == 400, "\(refused)")
+        }
+        #expect(framing([("Transfer-Encoding", "chunked")], http10: true).problem?.field == "Transfer-Encoding")
+        #expect(BodyFraming.tooLong.exceeds(Int.max) && BodyFraming.tooLong.hasBody)
+        #expect(!BodyFraming.length(0).hasBody && BodyFraming.length(2).exceeds(1) && !BodyFraming.chunked.exceeds(0))
+    }
+
     @Test("a body trickled byte by byte is cut off at the read deadline, unanswered; a prompt body is not")
     func trickledBodyIsCutOff() async throws {
         let oneSecond: (inout HTTPServer.Configuration) -> Void = {
