@@ -193,7 +193,9 @@ struct RequestTarget {
     var queryItems: [(name: String, value: String)]
     /// 400 `bad-request` when a path segment, query name or query value decodes to bytes that are not UTF-8 or
     /// hold U+0000: decoded lossily they would name another resource (`%FF` reads as U+FFFD), and PostgreSQL cuts a
-    /// text parameter short at NUL (`person=alice%00zz` would read as `alice`). The router answers it.
+    /// text parameter short at NUL (`person=alice%00zz` would read as `alice`). The router answers it. The same bytes
+    /// sent raw are refused the same way: the server writes them percent-encoded first (`text(received:)`,
+    /// `cutAtNUL(_:)`).
     var problem: HTTPProblem?
 
     init(_ target: String) {
@@ -247,6 +249,35 @@ struct RequestTarget {
             }
             queryItems.append((name: name.text, value: value.text))
         }
+    }
+
+    /// The request target as libmicrohttpd hands it over (its bytes up to the first NUL), as text for `init(_:)`.
+    ///
+    /// UTF-8, as nearly every target is, is taken as it came. Otherwise each byte above 0x7F is written
+    /// percent-encoded, so that percent-decoding gives the bytes that were sent and `init(_:)` refuses the target where
+    /// they are not text, as it refuses their percent-encoded spelling (raw `caf\xE9` as `caf%E9`; a lossy decoding
+    /// would have read both `caf\xE9` and `caf\xE8` as `caf\u{FFFD}`). Bytes below 0x80 keep their meaning, so the
+    /// target's `/`, `?`, `&` and `=` still take it apart where they did.
+    static func text(received bytes: UnsafeBufferPointer<UInt8>) -> String {
+        if let text = String(validating: bytes, as: UTF8.self) { return text }
+        let hex = Array("0123456789ABCDEF".utf8)
+        var escaped: [UInt8] = []
+        escaped.reserveCapacity(bytes.count * 3)
+        for byte in bytes {
+            if byte < 0x80 {
+                escaped.append(byte)
+            } else {
+                escaped += [UInt8(ascii: "%"), hex[Int(byte >> 4)], hex[Int(byte & 0x0F)]]
+            }
+        }
+        return String(decoding: escaped, as: UTF8.self)
+    }
+
+    /// The text (`text(received:)`) of a target that went on past a NUL, which libmicrohttpd's C string cuts off:
+    /// `%00` where the NUL was, refused by `init(_:)` as a sent `%00` is (`/v1/people/alice\0zz` does not name
+    /// `alice`). What came after the NUL is not needed for that.
+    static func cutAtNUL(_ text: String) -> String {
+        text + "%00"
     }
 
     /// The raw path's non-empty segments, each percent-decoded.

@@ -217,13 +217,20 @@ final class RequestContext: Sendable {
         var answeredMidBody = false
     }
 
+    /// The request target as text (`RequestTarget.text(received:)`), up to a NUL it may hold.
     let target: String
+    /// Where libmicrohttpd holds the target (`targetBytes` bytes up to the first NUL, or its end), in place in the
+    /// request line, where it stays for the whole request (see `ServerCore.sentTargetLength`).
+    let targetAddress: Int
+    let targetBytes: Int
     let remoteAddress: String?
     let startedAt = ContinuousClock.now
     let state = Mutex(State())
 
-    init(target: String, remoteAddress: String?) {
-        self.target = target
+    init(target: UnsafeBufferPointer<UInt8>, remoteAddress: String?) {
+        self.target = RequestTarget.text(received: target)
+        self.targetAddress = Int(bitPattern: target.baseAddress)
+        self.targetBytes = target.count
         self.remoteAddress = remoteAddress
     }
 }
@@ -571,9 +578,22 @@ final class ServerCore: Sendable {
         return proxies.client(peer: context.remoteAddress, forwardedFor: headers.values("X-Forwarded-For"))
     }
 
-    func requestStarted(target: String, connection: OpaquePointer?) -> RequestContext {
+    func requestStarted(target: UnsafeBufferPointer<UInt8>, connection: OpaquePointer?) -> RequestContext {
         liveRequests.add(1, ordering: .relaxed)
         return RequestContext(target: target, remoteAddress: connection.flatMap(Self.clientAddress))
+    }
+
+    /// Bytes of the request target as sent, a NUL and what follows it included.
+    ///
+    /// libmicrohttpd hands the target over as a C string (`URI_LOG_CALLBACK`), cut at the first NUL, and reports no
+    /// length; but it parses the request line in place (`parse_initial_message_line`, 0.9.75): the target, one space,
+    /// then the version, which every request that reaches the server has (8 bytes, `HTTP/d.d`) and whose position it
+    /// passes to the access handler. So the target runs up to the byte before the version. A position that does not
+    /// fit that reading (never seen) gives the C string's length.
+    static func sentTargetLength(_ context: RequestContext, version: UnsafePointer<CChar>?, bound: Int) -> Int {
+        guard let version, context.targetAddress != 0 else { return context.targetBytes }
+        let length = Int(bitPattern: version) - 1 - context.targetAddress
+        return (context.targetBytes...bound).contains(length) ? length : context.targetBytes
     }
 
     func requestCompleted(
@@ -608,9 +628,13 @@ final class ServerCore: Sendable {
         switch stage {
         case .new:
             let http10 = version.map { String(cString: $0) == "HTTP/1.0" } ?? false
+            // The request line is within the connection's pool (`RequestHead.connectionMemory`).
+            let targetLength = Self.sentTargetLength(
+                context, version: version,
+                bound: RequestHead.connectionMemory(maxSize: configuration.maxRequestHeadSize))
             return headersArrived(
-                context, connection: connection, method: method, http10: http10, upload: upload,
-                uploadSize: uploadSize)
+                context, connection: connection, method: method, http10: http10, targetLength: targetLength,
+                upload: upload, uploadSize: uploadSize)
         case .admitted:
             // MHD repeats its first call (no body yet) after the resume; the body follows.
             context.state.withLock { s in
@@ -632,19 +656,20 @@ final class ServerCore: Sendable {
     /// MHD's first call, with the request's headers: routes the request and decides, before any of the body is read,
     /// whether the body is taken.
     private func headersArrived(
-        _ context: RequestContext, connection: OpaquePointer, method: String, http10: Bool,
+        _ context: RequestContext, connection: OpaquePointer, method: String, http10: Bool, targetLength: Int,
         upload: UnsafePointer<CChar>?, uploadSize: UnsafeMutablePointer<Int>
     ) -> Bool {
         let headers = Self.requestHeaders(connection)
         let httpMethod = HTTPMethod(rawValue: method)
         let requestID = RequestID.accept(headers["X-Request-Id"]) ?? RequestID.generate()
+        let target = targetLength > context.targetBytes ? RequestTarget.cutAtNUL(context.target) : context.target
         let request = HTTPRequest(
-            method: httpMethod, target: context.target, headers: headers, requestID: requestID,
+            method: httpMethod, target: target, headers: headers, requestID: requestID,
             remoteAddress: client(context, headers), peerAddress: context.remoteAddress)
         let framing = BodyFraming(headers, http10: http10)
         let problem =
             Self.headProblem(
-                context, connection: connection, headers: headers, rawPath: request.rawPath,
+                connection: connection, targetLength: targetLength, headers: headers, rawPath: request.rawPath,
                 configuration: configuration)
             ?? RequestHead.hostProblem(http10: http10, hosts: headers.values("Host")) ?? framing.problem
         let routed = problem == nil ? router.route(request) : nil
@@ -1042,14 +1067,14 @@ final class ServerCore: Sendable {
     /// to count them only when the head could be over the limit with the most of them its text allows (a usual
     /// request's head is far under it).
     private static func headProblem(
-        _ context: RequestContext, connection: OpaquePointer, headers: HTTPHeaders, rawPath: String,
+        connection: OpaquePointer, targetLength: Int, headers: HTTPHeaders, rawPath: String,
         configuration: HTTPServer.Configuration
     ) -> HTTPProblem? {
         let text = cmhd_get_connection_info(connection, .CONNECTION_INFO_REQUEST_HEADER_SIZE).map {
             Int($0.pointee.header_size)
         }
         var head = RequestHead(
-            targetLength: context.target.utf8.count, textLength: text ?? context.target.utf8.count,
+            targetLength: targetLength, textLength: text ?? targetLength,
             fieldCount: headers.count, queryParameterCount: nil, cookieCount: nil,
             cookieHeaderLength: headers.first("Cookie")?.utf8.count ?? 0)
         if head.targetLength <= configuration.maxTargetLength && head.size <= configuration.maxRequestHeadSize {
@@ -1090,7 +1115,12 @@ private func mhdURILog(
 ) -> UnsafeMutableRawPointer? {
     guard let cls else { return nil }
     let core = Unmanaged<ServerCore>.fromOpaque(cls).takeUnretainedValue()
-    let context = core.requestStarted(target: uri.map { String(cString: $0) } ?? "/", connection: connection)
+    // Its bytes as sent, not `String(cString:)`, which would repair bytes that are not UTF-8 (see `RequestTarget`).
+    let target = uri.map {
+        UnsafeBufferPointer(start: UnsafeRawPointer($0).assumingMemoryBound(to: UInt8.self), count: strlen($0))
+    }
+    let context = core.requestStarted(
+        target: target ?? UnsafeBufferPointer(start: nil, count: 0), connection: connection)
     return Unmanaged.passRetained(context).toOpaque()  // released in mhdRequestCompleted
 }
 

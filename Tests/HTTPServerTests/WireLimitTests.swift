@@ -377,6 +377,72 @@ struct WireLimitTests {
         #expect(!BodyFraming.length(0).hasBody && BodyFraming.length(2).exceeds(1) && !BodyFraming.chunked.exceeds(0))
     }
 
+    @Test("a target's raw bytes that are not text (not UTF-8, or NUL) are refused 400 as their %-encoding is")
+    func rawTargetBytes() async throws {
+        try await withServer(ServerTests.router()) { server in
+            let port = server.boundPort
+            func get(_ target: [UInt8]) async throws -> RawResponse {
+                try await onThread {
+                    let connection = try RawConnection(port: port, timeoutSeconds: 5)
+                    try connection.send(Array("GET ".utf8) + target + Array(" HTTP/1.1\r\nHost: x\r\n\r\n".utf8))
+                    return try connection.readResponse()
+                }
+            }
+            let people = Array("/v1/people/".utf8)
+            let devices = Array("/devices/d".utf8)
+            let cases: [(name: String, raw: [UInt8], encoded: String, field: String)] = [
+                ("0xFF", people + [0xFF] + devices, "/v1/people/%FF/devices/d", "path"),
+                // Read lossily, caf\xE9 and caf\xE8 were both caf\u{FFFD}: one person for two names.
+                ("caf\\xE9", people + Array("caf".utf8) + [0xE9] + devices, "/v1/people/caf%E9/devices/d", "path"),
+                // Read as a C string, alice\0zz was alice.
+                (
+                    "a NUL", people + Array("alice".utf8) + [0] + Array("zz".utf8) + devices,
+                    "/v1/people/alice%00zz/devices/d", "path"
+                ),
+                (
+                    "a NUL, then a query", people + [0x61, 0] + devices + Array("?q=1".utf8),
+                    "/v1/people/a%00/devices/d?q=1", "path"
+                ),
+                (
+                    "0xFF in a query value", people + Array("a".utf8) + devices + Array("?q=".utf8) + [0xFF],
+                    "/v1/people/a/devices/d?q=%FF", "q"
+                ),
+                (
+                    "a NUL in a query value", people + Array("a".utf8) + devices + Array("?q=a".utf8) + [0, 0x62],
+                    "/v1/people/a/devices/d?q=a%00b", "q"
+                ),
+            ]
+            for (name, raw, encoded, field) in cases {
+                let sent = try await get(raw)
+                let escaped = try await get(Array(encoded.utf8))
+                for (response, spelling) in [(sent, "raw"), (escaped, "encoded")] {
+                    #expect(response.status == 400, "\(name), \(spelling): \(response.text)")
+                    #expect(response.headers["Content-Type"] == "application/problem+json", "\(name), \(spelling)")
+                    #expect(try response.problem().type == HTTPProblem.typeBase + "bad-request", "\(name), \(spelling)")
+                    #expect(try response.problem().field == field, "\(name), \(spelling)")
+                }
+            }
+            // UTF-8 sent raw is text: served as its percent-encoding is.
+            let raw = try await get(people + Array("café".utf8) + devices + Array("?q=é".utf8))
+            #expect(raw.status == 200, "\(raw.text)")
+            #expect(try raw.json([String: String].self)["id"] == "café")
+            #expect(try raw.json([String: String].self)["q"] == "é")
+        }
+    }
+
+    @Test("a raw target that is not UTF-8 is written percent-encoded, and decodes to the bytes sent")
+    func receivedTargetText() {
+        func text(_ bytes: [UInt8]) -> String { bytes.withUnsafeBufferPointer { RequestTarget.text(received: $0) } }
+        #expect(text(Array("/v1/people/café?q=1".utf8)) == "/v1/people/café?q=1")
+        #expect(text(Array("/a/caf".utf8) + [0xE9]) == "/a/caf%E9")
+        // Valid sequences around an invalid one decode back to themselves; a `%` before a raw byte stays a literal.
+        #expect(text([0x2F, 0xC3, 0xA9, 0xFF, 0x25, 0xFF]) == "/%C3%A9%FF%%FF")
+        #expect(PercentDecoding.decodeChecked("%C3%A9").text == "é")
+        #expect(HTTPRequest(method: .GET, target: text([0x2F, 0xE9])).targetProblem?.field == "path")
+        #expect(HTTPRequest(method: .GET, target: RequestTarget.cutAtNUL("/v1/people/alice")).targetProblem != nil)
+        #expect(HTTPRequest(method: .GET, target: RequestTarget.cutAtNUL("/s?q=a")).targetProblem?.field == "q")
+    }
+
     @Test("a body trickled byte by byte is cut off at the read deadline, unanswered; a prompt body is not")
     func trickledBodyIsCutOff() async throws {
         let oneSecond: (inout HTTPServer.Configuration) -> Void = {
