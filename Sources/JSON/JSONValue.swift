@@ -209,6 +209,11 @@ extension JSONValue {
     /// are `Double`s. A document the service only reads, and never keeps or passes on (a provider's answer), may take
     /// such an integer as the nearest `Double` instead (`wideIntegers: .nearestDouble`), so that one number its reader
     /// ignores does not make the rest unreadable.
+    ///
+    /// Keys are unique by their UTF-8 bytes, as PostgreSQL's `jsonb` tells them apart. Two keys that are the same
+    /// text in different Unicode forms (canonically equivalent, e.g. U+00C5 and U+212B) are two keys there but one to
+    /// a Swift dictionary (`[String: JSONValue]`), which cannot hold both: an object with both is refused, with its own
+    /// reason ("key canonically equivalent to an earlier key"), rather than keep one and drop the other.
     public static func parse(
         _ bytes: some Collection<UInt8>, wideIntegers: WideIntegers = .refuse
     ) throws(JSONParseError) -> JSONValue {
@@ -327,8 +332,16 @@ struct JSONParser {
             index += 1
             skipWhitespace()
             if object.updateValue(try parseValue(), forKey: key) != nil {
+                // Swift's `==` on strings is canonical equivalence, PostgreSQL's jsonb compares keys by their bytes: a
+                // key the dictionary already holds (its first spelling: `updateValue` keeps the key) is named twice
+                // only if its bytes are the same. Another spelling is another key, which the dictionary cannot hold
+                // beside the first: keeping one would drop the other, so it is refused too, saying why.
+                let held = object[object.index(forKey: key)!].key
                 index = keyAt
-                throw fail("duplicate key")
+                throw fail(
+                    held.utf8.elementsEqual(key.utf8)
+                        ? "duplicate key"
+                        : "key canonically equivalent to an earlier key (the same text in another Unicode form)")
             }
             skipWhitespace()
             guard index < bytes.count else { throw fail("unterminated object") }

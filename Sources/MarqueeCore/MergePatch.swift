@@ -8,6 +8,10 @@ public enum MergePatch {
     /// When the patch is an object and the target is not, the target is treated as an empty object first. Members of
     /// the patch whose value is `null` are removed from the result (and never appear in it, even when they were absent
     /// from the target).
+    ///
+    /// Members are matched as Swift matches `String` keys, by canonical equivalence: a patch member whose key is the
+    /// same text as a target's member in another Unicode form (U+212B and U+00C5) replaces that member's value, where
+    /// PostgreSQL, comparing bytes, would see two members. (`JSONValue.parse` refuses such twins within one document.)
     public static func apply(_ patch: JSONValue, to target: JSONValue) -> JSONValue {
         guard case .object(let patchMembers) = patch else { return patch }
         var result = target.objectValue ?? [:]
