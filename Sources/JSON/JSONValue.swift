@@ -200,8 +200,13 @@ public struct JSONParseError: Error, Sendable, Equatable, CustomStringConvertibl
 }
 
 extension JSONValue {
-    /// Parses a complete JSON text (RFC 8259). Nesting is limited to 64 levels, a document to 100,000 values, and an
-    /// object's keys must be unique (parsers that keep the first of two disagree with those that keep the last).
+    /// The deepest nesting of arrays and objects any document may have, received or stored (`parse`,
+    /// `parseStored`): `[[1]]` nests 2 deep. What the service composes from stored parts (a campaign's template filled
+    /// with a person's attributes) must stay within it too, or it could not be read back.
+    public static let maxDepth = 64
+
+    /// Parses a complete JSON text (RFC 8259). Nesting is limited to `maxDepth` levels, a document to 100,000 values,
+    /// and an object's keys must be unique (parsers that keep the first of two disagree with those that keep the last).
     ///
     /// An integer (a number without fraction or exponent) must fit in 64 bits (`Int64`): a larger one is refused
     /// ("number out of range") rather than rounded to a `Double`, which would change it (18446744073709551615 would
@@ -248,7 +253,7 @@ struct JSONParser {
     var index = 0
     var depth = 0
     var values = 0
-    static let maxDepth = 64
+    static let maxDepth = JSONValue.maxDepth
     /// Values (of any kind, at any depth) in a document at most. What a document costs in memory is bounded by its
     /// number of values, not its size: a value takes 24 to ~400 bytes parsed (an object's dictionary), from as
     /// little as two bytes of text. The largest documents the API expects (a batch of 1,000 events, a campaign's

@@ -324,7 +324,8 @@ public final class DeliveryWorker: Sendable {
             claimed = try await queue.claim(
                 limit: limit, hold: configuration.hold,
                 excludingTenants: loop == nil ? backlogUnion().union(slow) : slow,
-                skipping: held, topUp: loop != nil, sparing: spare
+                skipping: held, topUp: loop != nil, sparing: spare,
+                unreadable: unreadable
             ) { batch in
                 if let loop {
                     let found = Self.backlogged(batch.map(\.tenantID), limit: limit)
@@ -376,6 +377,24 @@ public final class DeliveryWorker: Sendable {
             }
         }
         return claimed
+    }
+
+    /// Claimed rows that could not be read, recorded failed by their claim: logged and counted as failed deliveries.
+    func unreadable(_ rows: [UnreadableDelivery]) {
+        for d in rows {
+            metrics.deliveries.inc(
+                1,
+                [
+                    d.provider?.rawValue ?? "unknown", d.operation?.rawValue ?? "unknown", "failed",
+                    DeliveryReason.metricLabel(UnreadableDelivery.reason),
+                ])
+            logger.error(
+                "delivery unreadable: recorded failed",
+                metadata: [
+                    "tenant.id": .string(d.tenantID.uuidString.lowercased()),
+                    "delivery.id": .string(d.id.uuidString.lowercased()), "error": .string(d.error),
+                ])
+        }
     }
 
     /// Waits for a claim's late sends and records them; then their room and their tenants are free again.

@@ -171,6 +171,29 @@ public struct ClaimResults: Sendable {
     }
 }
 
+/// A claimed row that could not be read: a stored document the service does not parse (nested deeper than
+/// `JSONValue` reads, a value no version of it wrote). It is never sent: its claim records it failed (`unreadable`)
+/// with the others' results, so that one such row does not fail every claim that takes it, and with those claims the
+/// other tenants' deliveries in them.
+public struct UnreadableDelivery: Sendable {
+    public var tenantID: UUID
+    public var id: UUID
+    public var instanceID: String
+    /// Nil when these too could not be read.
+    public var provider: PlannedDelivery.Provider?
+    public var operation: LiveActivityEvent?
+    /// Why it could not be read (the decoding error).
+    public var error: String
+
+    /// Its record: failed, for good.
+    var result: DeliveryResult {
+        DeliveryResult(tenantID: tenantID, id: id, instanceID: instanceID, status: .failed, reason: Self.reason)
+    }
+
+    /// The reason it is recorded with (one of `DeliveryReason.workerReasons`).
+    public static let reason = "unreadable"
+}
+
 /// Rows queued moments ago that a claim leaves to another one (the worker's express lane, which claims them on the
 /// notification of their commit): those of tenants outside `except` that became due within the last `window`. Older
 /// ones are claimed as usual, so nothing depends on the other claim coming.
@@ -228,11 +251,15 @@ public struct DeliveryQueue: Sendable {
     /// (those other claims are busy with). Without `topUp`, a tenant's share left unused is not handed to the others
     /// (a small claim meant for the tenants that just queued something). `sparing` leaves rows queued moments ago to
     /// another claim.
+    ///
+    /// A claimed row that cannot be read is not sent: it is recorded failed with the claim's results and handed to
+    /// `unreadable` once the claim committed (it counts in the number returned), the others are sent as usual.
     @discardableResult
     public func claim(
         limit: Int, hold: Duration, providers: [PlannedDelivery.Provider] = [.apns, .fcm], tenants only: [UUID]? = nil,
         excludingTenants excluded: Set<UUID> = [], skipping held: [UUID] = [], topUp: Bool = true,
-        sparing fresh: FreshRows? = nil, _ send: ([ClaimedDelivery]) async -> ClaimResults
+        sparing fresh: FreshRows? = nil, unreadable report: ([UnreadableDelivery]) -> Void = { _ in },
+        _ send: ([ClaimedDelivery]) async -> ClaimResults
     ) async throws -> Int {
         let providerNames = providers.map(\.rawValue)
         // A worker stuck past `hold` with its claim open is ended by PostgreSQL, which releases its rows.
@@ -241,8 +268,10 @@ public struct DeliveryQueue: Sendable {
         // Round trips are what a small claim costs (at a steady 1,000 updates/s most claims take a few rows): the
         // skip scan, the claim's BEGIN, settings and lock are one hop to the connection's thread and, in the common
         // case, two round trips; the record and its COMMIT one more; the settle one.
-        let (count, unsettled) = try await pool.withSession { session -> (Int, [PostgresQuery]) in
-            let locked = try await session.run { connection -> (claimed: [ClaimedDelivery], allowance: [UUID: Int])? in
+        let (count, unsettled, unreadable) = try await pool.withSession {
+            session -> (Int, [PostgresQuery], [UnreadableDelivery]) in
+            let locked = try await session.run {
+                connection -> (claimed: [ClaimedDelivery], unreadable: [UnreadableDelivery], allowance: [UUID: Int])? in
                 let (tenants, shares, allowance) = try Self.dueTenants(
                     connection, limit: limit, providers: providerNames, only: only, excluding: excluded)
                 guard !tenants.isEmpty else { return nil }
@@ -269,34 +298,40 @@ public struct DeliveryQueue: Sendable {
                         graceMilliseconds: fresh?.milliseconds(tenants)),
                 ])
                 let lease = SendingLease(microseconds: try first[1][0].decode(Int64.self, "lease"))
-                var claimed = try Self.claimedDeliveries(first[3], lease: lease)
+                var (claimed, unreadable) = try Self.claimedDeliveries(first[3], lease: lease)
                 // A second pass when the batch came back short because some tenants had fewer due than their share:
                 // what is left goes to those that filled theirs.
-                if topUp, claimed.count < limit {
+                if topUp, claimed.count + unreadable.count < limit {
                     var taken: [UUID: Int] = [:]
                     for d in claimed { taken[d.tenantID, default: 0] += 1 }
+                    for d in unreadable { taken[d.tenantID, default: 0] += 1 }
                     let full = zip(tenants, shares).filter { taken[$0.0, default: 0] >= $0.1 }.map(\.0)
                     if !full.isEmpty {
-                        let room = limit - claimed.count
+                        let room = limit - claimed.count - unreadable.count
                         let more = Self.shares(count: full.count, limit: room).enumerated().map { index, share in
                             min(share, allowance[full[index]].map { $0 - (taken[full[index]] ?? 0) } ?? share)
                         }
                         let pairs = zip(full, more).filter { $0.1 > 0 }
                         if !pairs.isEmpty {
-                            claimed += try Self.claimedDeliveries(
+                            // This transaction's own locks do not make SKIP LOCKED skip a row: the first pass's rows
+                            // are left out by ID.
+                            let more = try Self.claimedDeliveries(
                                 connection.query(
                                     Self.lockQuery(
                                         tenants: pairs.map(\.0), shares: pairs.map(\.1),
-                                        excluding: held + claimed.map(\.id), providers: providerNames,
+                                        excluding: held + claimed.map(\.id) + unreadable.map(\.id),
+                                        providers: providerNames,
                                         graceMilliseconds: fresh?.milliseconds(pairs.map(\.0)))),
                                 lease: lease)
+                            claimed += more.deliveries
+                            unreadable += more.unreadable
                         }
                     }
                 }
-                if claimed.isEmpty { try connection.execute("COMMIT") }
-                return (Self.roundRobin(claimed, tenants: tenants), allowance)
+                if claimed.isEmpty && unreadable.isEmpty { try connection.execute("COMMIT") }
+                return (Self.roundRobin(claimed, tenants: tenants), unreadable, allowance)
             }
-            guard let (claimed, allowance) = locked else { return (0, []) }
+            guard let (claimed, unreadable, allowance) = locked else { return (0, [], []) }
             // What a limited tenant was allowed and did not use goes back to its bucket (not under this claim's
             // transaction: the bucket row is not held while the claim sends).
             if !allowance.isEmpty {
@@ -317,8 +352,11 @@ public struct DeliveryQueue: Sendable {
                     }
                 }
             }
-            guard !claimed.isEmpty else { return (0, []) }
-            let outcome = await send(claimed)
+            guard !claimed.isEmpty || !unreadable.isEmpty else { return (0, [], []) }
+            var sent = ClaimResults(results: [])
+            if !claimed.isEmpty { sent = await send(claimed) }
+            sent.results += unreadable.map(\.result)
+            let outcome = sent
             let unsettled = try await session.run { connection -> [PostgresQuery] in
                 // The record runs without a statement timeout (cancelling it would roll back the record of pushes
                 // already sent, to be sent again; a worker stuck here is restarted by its liveness probe); then the
@@ -356,8 +394,9 @@ public struct DeliveryQueue: Sendable {
                     return settle  // tried again below, on a connection of its own
                 }
             }
-            return (claimed.count, unsettled)
+            return (claimed.count + unreadable.count, unsettled, unreadable)
         }
+        if !unreadable.isEmpty { report(unreadable) }
         guard !unsettled.isEmpty else { return count }
         // The claim committed: its deliveries are recorded and not due again, whatever happens to the settle (the
         // instances marked active, the dead tokens retired). So a settle that failed (a lock wait past the statement
@@ -625,44 +664,78 @@ public struct DeliveryQueue: Sendable {
             """
     }
 
-    /// The deliveries of a `lockQuery`'s rows. A batch's rows mostly repeat their content state, options and type
-    /// (a campaign's start or update: one content state and one set of options for every row; its attributes too,
-    /// unless they are filled in per person), so each distinct text of those columns is parsed once per batch.
-    static func claimedDeliveries(_ rows: PostgresRows, lease: SendingLease) throws -> [ClaimedDelivery] {
+    /// The deliveries of a `lockQuery`'s rows, each read on its own: a row that cannot be read (its key aside) is
+    /// `unreadable`, to be recorded failed, and the others are sent. A batch's rows mostly repeat their content state,
+    /// options and type (a campaign's start or update: one content state and one set of options for every row; its
+    /// attributes too, unless they are filled in per person), so each distinct text of those columns is parsed once
+    /// per batch.
+    static func claimedDeliveries(_ rows: PostgresRows, lease: SendingLease) throws -> (
+        deliveries: [ClaimedDelivery], unreadable: [UnreadableDelivery]
+    ) {
         var attributes = RepeatedTexts<JSONValue>()
         var contentStates = RepeatedTexts<JSONValue>()
         var options = RepeatedTexts<StoredOptions>()
         var dateFields = RepeatedTexts<[String: DateEncoding]>()
-        return try rows.map { row in
-            ClaimedDelivery(
-                tenantID: try row.decode(UUID.self, "tenant_id"), id: try row.decode(UUID.self, "delivery_id"),
-                instanceID: try row.decode(String.self, "instance_id"),
-                deviceToken: try row.decode(String.self, "device_token"),
-                provider: try row.decodeRaw(PlannedDelivery.Provider.self, "provider"),
-                tokenKind: try row.decodeRaw(PlannedDelivery.TokenKind.self, "token_kind"),
-                token: try row.decode(String.self, "token"),
-                operation: try row.decodeRaw(LiveActivityEvent.self, "operation"),
-                attempts: try row.decode(Int.self, "attempt"),
-                createdAt: try row.decode(Date.self, "delivery_created_at"),
-                instanceState: try row.decodeRaw(InstanceState.self, "state"),
-                expiresAt: try row.decode(Date.self, "expires_at"),
-                activityType: try row.decode(String.self, "activity_type"),
-                profile: ClaimedDelivery.TypeProfile(
-                    attributesType: try row.decode(String.self, "attributes_type"),
-                    payloadProfile: try row.decodeRaw(PayloadProfile.self, "payload_profile"),
-                    dateFields: try dateFields.value(of: row["date_fields"]) {
-                        try RegistryStore.dateFields($0.decode(JSONValue.self))
-                    },
-                    frequentUpdates: try row.decode(Bool.self, "frequent_updates")),
-                attributes: try attributes.value(of: row["snap_attributes"]) { try $0.decode(JSONValue.self) },
-                contentState: try contentStates.value(of: row["snap_content_state"]) { try $0.decode(JSONValue.self) },
-                options: try options.value(of: row["snap_options"]) {
-                    StoredOptions(json: try $0.decode(JSONValue.self))
-                },
-                contentTimestamp: try row.decode(Int64.self, "snap_content_timestamp"),
-                channel: try ChannelBinding.decode(row),
-                deviceOSVersion: try row.decode(String?.self, "device_os_version"), lease: lease)
+        var deliveries: [ClaimedDelivery] = []
+        var unreadable: [UnreadableDelivery] = []
+        deliveries.reserveCapacity(rows.count)
+        for row in rows {
+            // The key, without which nothing can be recorded (its columns are never NULL: a failure here is the
+            // connection's, and fails the claim).
+            let tenantID = try row.decode(UUID.self, "tenant_id")
+            let id = try row.decode(UUID.self, "delivery_id")
+            let instanceID = try row.decode(String.self, "instance_id")
+            do {
+                deliveries.append(
+                    try Self.claimedDelivery(
+                        row, tenantID: tenantID, id: id, instanceID: instanceID, lease: lease,
+                        attributes: &attributes, contentStates: &contentStates, options: &options,
+                        dateFields: &dateFields))
+            } catch {
+                unreadable.append(
+                    UnreadableDelivery(
+                        tenantID: tenantID, id: id, instanceID: instanceID,
+                        provider: try? row.decodeRaw(PlannedDelivery.Provider.self, "provider"),
+                        operation: try? row.decodeRaw(LiveActivityEvent.self, "operation"),
+                        error: String(describing: error)))
+            }
         }
+        return (deliveries, unreadable)
+    }
+
+    /// One row of `claimedDeliveries`.
+    private static func claimedDelivery(
+        _ row: PostgresRow, tenantID: UUID, id: UUID, instanceID: String, lease: SendingLease,
+        attributes: inout RepeatedTexts<JSONValue>, contentStates: inout RepeatedTexts<JSONValue>,
+        options: inout RepeatedTexts<StoredOptions>, dateFields: inout RepeatedTexts<[String: DateEncoding]>
+    ) throws -> ClaimedDelivery {
+        ClaimedDelivery(
+            tenantID: tenantID, id: id, instanceID: instanceID,
+            deviceToken: try row.decode(String.self, "device_token"),
+            provider: try row.decodeRaw(PlannedDelivery.Provider.self, "provider"),
+            tokenKind: try row.decodeRaw(PlannedDelivery.TokenKind.self, "token_kind"),
+            token: try row.decode(String.self, "token"),
+            operation: try row.decodeRaw(LiveActivityEvent.self, "operation"),
+            attempts: try row.decode(Int.self, "attempt"),
+            createdAt: try row.decode(Date.self, "delivery_created_at"),
+            instanceState: try row.decodeRaw(InstanceState.self, "state"),
+            expiresAt: try row.decode(Date.self, "expires_at"),
+            activityType: try row.decode(String.self, "activity_type"),
+            profile: ClaimedDelivery.TypeProfile(
+                attributesType: try row.decode(String.self, "attributes_type"),
+                payloadProfile: try row.decodeRaw(PayloadProfile.self, "payload_profile"),
+                dateFields: try dateFields.value(of: row["date_fields"]) {
+                    try RegistryStore.dateFields($0.decode(JSONValue.self))
+                },
+                frequentUpdates: try row.decode(Bool.self, "frequent_updates")),
+            attributes: try attributes.value(of: row["snap_attributes"]) { try $0.decode(JSONValue.self) },
+            contentState: try contentStates.value(of: row["snap_content_state"]) { try $0.decode(JSONValue.self) },
+            options: try options.value(of: row["snap_options"]) {
+                StoredOptions(json: try $0.decode(JSONValue.self))
+            },
+            contentTimestamp: try row.decode(Int64.self, "snap_content_timestamp"),
+            channel: try ChannelBinding.decode(row),
+            deviceOSVersion: try row.decode(String?.self, "device_os_version"), lease: lease)
     }
 
     /// Round robin over the tenants, in their claim order: each tenant's first delivery (oldest due), then each

@@ -240,7 +240,7 @@ struct ClaimTests {
                 DeliveryQueue.lockQuery(
                     tenants: [w.tenant.uuid], shares: [share], excluding: [], providers: ["apns", "fcm"],
                     startingLane: lane))
-            return try DeliveryQueue.claimedDeliveries(rows, lease: SendingLease(microseconds: 0)).map {
+            return try DeliveryQueue.claimedDeliveries(rows, lease: SendingLease(microseconds: 0)).deliveries.map {
                 Int($0.instanceID.split(separator: "-").last!)!
             }
         }
@@ -460,6 +460,50 @@ struct ClaimTests {
         #expect(
             try await w.instance(instance)["state"] as? String == "failed",
             "the older update reaching a device does not hide that the newer change reached none")
+    }
+
+    @Test("a row that cannot be read is recorded failed (unreadable), and another tenant's rows of its claim are sent")
+    func unreadableRow() async throws {
+        let bad = try await LifecycleTests.world(fixture: .holding)
+        let good = try await LifecycleTests.world(fixture: .holding)
+        let deepInstance = Fake.id("deep")
+        let fineInstance = Fake.id("fine")
+        #expect(try await bad.start(["instance_id": deepInstance]).status == 200)
+        #expect(try await good.start(["instance_id": fineInstance]).status == 200)
+        // One tenant's start carries attributes nested one level deeper than any document may be (as a campaign's
+        // `$person` fill could write them), which no claim can parse.
+        let depth = JSONValue.maxDepth + 1
+        let deep = String(repeating: "[", count: depth) + String(repeating: "]", count: depth)
+        #expect(
+            try await bad.fixture.pool.execute(
+                """
+                UPDATE delivery_queue SET attributes = \(deep)::jsonb
+                WHERE tenant_id = \(bad.tenant.uuid) AND instance_id = \(deepInstance)
+                """) == 3)
+        var sentIDs: [UUID] = []
+        var reported: [UnreadableDelivery] = []
+        func report(_ rows: [UnreadableDelivery]) { reported += rows }
+        let claimed = try await DeliveryQueue(pool: good.fixture.pool).claim(
+            limit: 100, hold: .seconds(60), tenants: [bad.tenant.uuid, good.tenant.uuid], unreadable: report
+        ) { batch in
+            sentIDs = batch.map(\.id)
+            return ClaimResults(
+                results: batch.map {
+                    DeliveryResult(tenantID: $0.tenantID, id: $0.id, instanceID: $0.instanceID, status: .sent)
+                })
+        }
+        #expect(claimed == 6, "both tenants' rows were claimed")
+        #expect(sentIDs.count == 3, "only the readable ones were handed over to be sent")
+        #expect(try await Self.statuses(good, fineInstance) == ["sent": 3])
+        #expect(try await Self.statuses(bad, deepInstance) == ["failed": 3])
+        let reasons = try await bad.fixture.pool.query(
+            """
+            SELECT DISTINCT reason FROM deliveries
+            WHERE tenant_id = \(bad.tenant.uuid) AND instance_id = \(deepInstance)
+            """
+        ).map { try $0.decode(String?.self, "reason") }
+        #expect(reasons == ["unreadable"])
+        #expect(reported.count == 3 && reported.allSatisfy { $0.tenantID == bad.tenant.uuid && $0.provider != nil })
     }
 }
 
