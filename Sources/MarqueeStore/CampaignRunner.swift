@@ -387,6 +387,9 @@ public struct CampaignRunner: Sendable {
             ), ok AS (
                 SELECT * FROM m
                 WHERE attrs IS NOT NULL
+                  -- What is stored must read back (a person's attributes put deep into the template can nest deeper
+                  -- than any document may).
+                  AND NOT jsonb_path_exists(attrs, \(Self.nestedTooDeep)::jsonpath)
                   -- The sample's length once (an InitPlan): in a generic plan the parameter would be written out
                   -- as text again for every row.
                   AND octet_length(attrs::text) - (SELECT octet_length(\(sample)::jsonb::text)) <= \(headroom)
@@ -452,8 +455,10 @@ public struct CampaignRunner: Sendable {
             ), skip AS (
                 UPDATE campaign_members cm
                 SET skipped_reason = CASE WHEN m.attrs IS NULL THEN 'missing_attribute'
-                                          WHEN o.person_id IS NULL THEN 'payload_too_large'
-                                          ELSE 'instance_id_taken' END
+                                          WHEN o.person_id IS NOT NULL THEN 'instance_id_taken'
+                                          WHEN jsonb_path_exists(m.attrs, \(Self.nestedTooDeep)::jsonpath)
+                                              THEN 'attributes_too_deep'
+                                          ELSE 'payload_too_large' END
                 FROM m LEFT JOIN ok o ON o.person_id = m.person_id LEFT JOIN ins ON ins.id = m.instance_id
                 WHERE cm.tenant_id = \(tenant) AND cm.campaign_id = \(campaignID) AND cm.person_id = m.person_id
                   AND ins.id IS NULL
@@ -490,6 +495,10 @@ public struct CampaignRunner: Sendable {
         try markStarted(c, tenant, campaignID, stoppedEarly: limit == 0)
         return (counts, true)
     }
+
+    /// A jsonpath that finds an array or object nested deeper than any document may be (`JSONValue.maxDepth`, the
+    /// bound's one home): level 0 is the document itself, so a container at level `maxDepth` is nested one deeper.
+    static let nestedTooDeep = "strict $.**{\(JSONValue.maxDepth)} ? (@.type() == \"object\" || @.type() == \"array\")"
 
     /// A start that wrote instances: its campaign is active from now, with the size of its audience (the members
     /// resolved) and, for a start that stopped partway, why. A start that stopped early (its expiration passed, a

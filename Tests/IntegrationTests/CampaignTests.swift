@@ -327,6 +327,42 @@ struct CampaignTests {
         #expect(t.fixture.apns.pushes(token: pd).isEmpty)
     }
 
+    @Test(
+        "a person whose attributes would nest the filled template deeper than a document may is skipped; others start")
+    func deepPersonFill() async throws {
+        let t = try await Self.tenant()
+        let worker = try t.fixture.worker()
+        defer { worker.signal(SIGKILL) }
+        let deep = Fake.id("deep")
+        let fine = Fake.id("fine")
+        let (ld, pd) = Self.iosPerson(deep, type: t.type, attributes: [:])
+        let (lf, pf) = Self.iosPerson(fine, type: t.type, attributes: ["team": "X"])
+        try await t.importPeople([ld, lf])
+        // The app, with its public sdk key, sets the person's team as deep as a request may nest it (the body's object
+        // and `attributes` take two levels).
+        var team: Any = "X"
+        for _ in 0..<(JSONValue.maxDepth - 2) { team = [team] }
+        let put = try await t.api.call(
+            "PUT", "/v1/people/\(deep)", key: t.tenant.sdk, json: ["attributes": ["team": team]])
+        #expect(put.status == 200, "\(put.text)")
+        // Filled three levels down in the template, it would nest one level deeper than any document may: that
+        // person is skipped, and the other gets their start (in the same claims, had the first been written).
+        let id = Fake.id("deep")
+        let created = try await t.create([
+            "campaign_id": id, "audience": ["people": [deep, fine]],
+            "attributes": ["match": ["teams": [["$person": "/team"]]]],
+        ])
+        #expect(created.status == 202, "\(created.text)")
+        let campaign = try await t.settled(id, schedules: 1)
+        #expect(campaign["audience_size"] as? Int == 2, "\(campaign)")
+        #expect((campaign["skipped"] as? [String: Any])?["attributes_too_deep"] as? Int == 1, "\(campaign)")
+        #expect(t.fixture.apns.pushes(token: pd).isEmpty)
+        #expect(t.fixture.apns.pushes(token: pf).count == 1)
+        let people = try await t.api.call("GET", "/v1/campaigns/\(id)/people", key: t.tenant.app)
+        let skipped = try people.json().array("data").filter { $0.string("person_id") == deep }
+        #expect(skipped.first?.string("skipped_reason") == "attributes_too_deep", "\(people.text)")
+    }
+
     @Test("a campaign-wide end keeps the ends still waiting for an activity token, and sends each when it registers")
     func campaignEndWaitsForTokens() async throws {
         let t = try await Self.tenant()
