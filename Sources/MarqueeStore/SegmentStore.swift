@@ -182,11 +182,16 @@ public enum SegmentSQL {
         case .exists(let present):
             q.append("(\(a) IS \(present ? "NOT NULL" : "NULL"))")
         case .contains(let needle):
+            // An element equal to the needle (jsonb's `=`: numbers by value). For a scalar needle that is exactly
+            // containment of `[needle]`, tested in C without a subquery per person; an object or array needle is
+            // compared element by element, as containment would also match an element that merely contains it.
             let n = q.parameter(needle)
             q.append(
                 """
                 COALESCE(CASE jsonb_typeof(\(a)) \
-                WHEN 'array' THEN EXISTS (SELECT 1 FROM jsonb_array_elements(\(a)) AS e(v) WHERE e.v = \(n)::jsonb) \
+                WHEN 'array' THEN CASE WHEN jsonb_typeof(\(n)::jsonb) IN ('object', 'array') \
+                THEN EXISTS (SELECT 1 FROM jsonb_array_elements(\(a)) AS e(v) WHERE e.v = \(n)::jsonb) \
+                ELSE \(a) @> jsonb_build_array(\(n)::jsonb) END \
                 WHEN 'string' THEN jsonb_typeof(\(n)::jsonb) = 'string' \
                 AND strpos(\(a) #>> '{}', \(n)::jsonb #>> '{}') > 0 \
                 ELSE false END, false)

@@ -135,6 +135,33 @@ struct SegmentTests {
         }
     }
 
+    @Test("contains: an element equal to the value (numbers by value, objects and arrays whole, nothing nested)")
+    func containsElements() async throws {
+        let fixture = try await RegistryFixture.get()
+        let api = fixture.api
+        let tenant = try await api.createTenant("segments-contains-" + Fake.hex(6))
+        let mixed = Fake.id("mixed")
+        let other = Fake.id("other")
+        for (id, tags) in [
+            (mixed, [1.5, "a", ["k": 1, "j": 2], [1, 2], NSNull(), true] as [Any]),
+            (other, [[3], ["k": 1], "ab"] as [Any]),
+        ] {
+            let put = try await api.call(
+                "PUT", "/v1/people/\(id)", key: tenant.app, json: ["attributes": ["tags": tags]])
+            #expect(put.status == 200 || put.status == 201, "\(put.text)")
+        }
+        let cases: [(Any, [String])] = [
+            (1.50, [mixed]), ("a", [mixed]), ("b", []), (NSNull(), [mixed]), (true, [mixed]), (false, []),
+            (["j": 2, "k": 1], [mixed]), (["k": 1], [other]), ([1, 2], [mixed]), ([1], []), (2, []), (3, []),
+            ([3], [other]),
+        ]
+        for (value, expected) in cases {
+            let (count, sample) = try await Self.matches(
+                api, tenant, ["attribute": "/tags", "op": "contains", "value": value])
+            #expect(count == expected.count && sample == expected.sorted(), "contains \(value)")
+        }
+    }
+
     @Test("array indexes in an attribute pointer as RFC 6901 reads them: /tags/-1, /tags/01, /tags/+1 name no element")
     func arrayIndexes() async throws {
         let fixture = try await RegistryFixture.get()
