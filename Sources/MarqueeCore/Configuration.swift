@@ -150,7 +150,8 @@ public struct MarqueeConfiguration: Sendable, Equatable {
     public var workerPollMilliseconds: Int
     /// `MARQUEE_WORKER_LIVENESS_SECONDS`: a worker's `/healthz` answers 503 once one of its loops (claim loops, express
     /// lanes, campaign schedules) has not finished an iteration for this long. An iteration takes at most about the
-    /// hold plus the poll interval, so it must exceed those; default three holds plus the poll interval (181).
+    /// hold plus the poll interval, so it must exceed those; default three holds plus the poll interval (181). The
+    /// campaign runner is allowed its longest statement more (a start's audience: the bulk statement timeout).
     public var workerLivenessSeconds: Int
     /// `MARQUEE_APNS_CONNECTIONS`: HTTP/2 connections per APNs host per worker. Default 2.
     public var apnsConnections: Int

@@ -91,8 +91,14 @@ public final class DeliveryWorker: Sendable {
     let stopping = Atomic<Bool>(false)
     /// Set by `beginShutdown()`: when the sends still in flight are given up.
     let cutoff = SendCutoff()
-    /// When each claim loop, express lane and the campaign runner last finished an iteration (`stalledLoops`).
-    let heartbeats = Heartbeats()
+    /// When each claim loop, express lane and the campaign runner last finished an iteration (`stalledLoops`). The
+    /// campaign runner's iteration may take as long as its audience statement on top
+    /// (`CampaignRunner.longestStatement`, 15 minutes): a start's first step resolves the whole audience in one
+    /// statement, and a worker restarted while it runs would leave the start to the next worker, to be restarted in
+    /// turn.
+    let heartbeats = Heartbeats(allowances: [DeliveryWorker.campaignsLoop: CampaignRunner.longestStatement])
+    /// The campaign runner's name among the loops.
+    static let campaignsLoop = "campaigns"
     let credentials: CredentialCache
     /// Campaign starts and campaign-wide changes, run when due (woken by the same notifications).
     let campaigns: CampaignRunner
@@ -139,9 +145,10 @@ public final class DeliveryWorker: Sendable {
     var running: Bool { !stopping.load(ordering: .acquiring) && !Task.isCancelled }
 
     /// The loops (claim loops, express lanes, campaign schedules) that have not finished an iteration for longer than
-    /// `bound`, longest first, with how long it has been: empty while the worker is live, and once it is stopping. A
-    /// loop iteration takes at most about the claim's hold plus the poll interval; one stuck far longer (a claim
-    /// waiting forever on a dead connection) delivers nothing until the process is restarted.
+    /// `bound` (the campaign runner: `bound` plus its longest statement), longest first, with how long it has been:
+    /// empty while the worker is live, and once it is stopping. A claim loop's iteration takes at most about the
+    /// claim's hold plus the poll interval; one stuck far longer (a claim waiting forever on a dead connection)
+    /// delivers nothing until the process is restarted.
     public func stalledLoops(after bound: Duration) -> [(loop: String, since: Duration)] {
         guard !stopping.load(ordering: .acquiring) else { return [] }
         return heartbeats.stalled(after: bound)
@@ -455,10 +462,10 @@ public final class DeliveryWorker: Sendable {
         // the next notification (that run's commit sends one) or the poll interval, so this worker runs other
         // schedules meanwhile — the next change's broadcast first of all — instead of waiting for the write.
         var busy: [UUID] = []
-        heartbeats.beat("campaigns")
-        defer { heartbeats.end("campaigns") }
+        heartbeats.beat(Self.campaignsLoop)
+        defer { heartbeats.end(Self.campaignsLoop) }
         while running {
-            defer { heartbeats.beat("campaigns") }
+            defer { heartbeats.beat(Self.campaignsLoop) }
             // Every 30 s: campaigns that are over are stored as ended (cheap reads of them from then on).
             if ContinuousClock.now - lastFinalize > .seconds(30) {
                 lastFinalize = ContinuousClock.now
@@ -1244,13 +1251,21 @@ final class SendCutoff: Sendable {
     }
 }
 
-/// When each of a worker's long-running loops last finished an iteration: one that has not for longer than a bound is
-/// stuck.
+/// When each of a worker's long-running loops last finished an iteration: one that has not for longer than a bound
+/// (plus its allowance) is stuck.
 final class Heartbeats: Sendable {
     private let now: @Sendable () -> ContinuousClock.Instant
     private let last = Mutex<[String: ContinuousClock.Instant]>([:])
+    /// How much longer than the bound a loop's iteration may legitimately take (none when not named): the longest
+    /// statement of its own that the bound does not cover.
+    private let allowances: [String: Duration]
 
-    init(now: @escaping @Sendable () -> ContinuousClock.Instant = { .now }) { self.now = now }
+    init(
+        allowances: [String: Duration] = [:], now: @escaping @Sendable () -> ContinuousClock.Instant = { .now }
+    ) {
+        self.allowances = allowances
+        self.now = now
+    }
 
     /// `loop` started, or finished an iteration.
     func beat(_ loop: String) {
@@ -1263,11 +1278,12 @@ final class Heartbeats: Sendable {
         _ = last.withLock { $0.removeValue(forKey: loop) }
     }
 
-    /// The loops whose last beat is older than `bound`, longest first.
+    /// The loops whose last beat is older than `bound` plus their allowance, longest first.
     func stalled(after bound: Duration) -> [(loop: String, since: Duration)] {
         let instant = now()
         return last.withLock { last in
-            last.map { ($0.key, instant - $0.value) }.filter { $0.1 > bound }.sorted { $0.1 > $1.1 }
+            last.map { ($0.key, instant - $0.value) }.filter { $0.1 > bound + (allowances[$0.0] ?? .zero) }
+                .sorted { $0.1 > $1.1 }
         }
     }
 }

@@ -31,6 +31,10 @@ public struct CampaignRunner: Sendable {
         self.chunk = max(1, chunk)
     }
 
+    /// The longest one statement of a run may legitimately take: a start's first step resolves its whole audience
+    /// in one statement, under the bulk statement timeout. A run's other statements are under the usual one.
+    public static var longestStatement: Duration { BulkStatements.statementTimeout }
+
     /// The phases a schedule records while partway (it stays pending): a start writing its audience, a channel
     /// change's first half done, a change writing its instances. One that has begun runs to the end: it is not
     /// cancelled (`CampaignStore.cancel`).

@@ -874,6 +874,61 @@ struct CampaignTests {
         #expect(t.fixture.apns.pushes(token: token).count == 1)
     }
 
+    /// Holds one member row of the campaign in a transaction of its own (inserted, and deleted again before it
+    /// commits): the start's audience statement, which writes that row too, waits for it until it commits.
+    static func holdAudience(_ t: Tenant, _ campaignID: String, person: String) async throws -> HeldTransaction {
+        let tenant = t.tenant.uuid
+        return try await HeldTransaction.open(t.fixture.databaseURL) { c in
+            try c.execute(
+                """
+                INSERT INTO campaign_members (tenant_id, campaign_id, person_id, instance_id)
+                VALUES (\(tenant), \(campaignID), \(person), 'held')
+                """)
+        } end: { c in
+            try c.execute(
+                """
+                DELETE FROM campaign_members
+                WHERE tenant_id = \(tenant) AND campaign_id = \(campaignID) AND person_id = \(person)
+                """)
+        }
+    }
+
+    @Test("a start's audience statement running past MARQUEE_WORKER_LIVENESS_SECONDS leaves the worker live")
+    func longAudienceKeepsWorkerLive() async throws {
+        let t = try await Self.tenant()
+        let person = Fake.id("p")
+        let (line, _) = Self.iosPerson(person, type: t.type, attributes: ["team": "X"])
+        try await t.importPeople([line])
+        let id = Fake.id("big")
+        #expect(try await t.create(["campaign_id": id, "audience": ["all": true]]).status == 202)
+        let held = try await Self.holdAudience(t, id, person: person)
+        defer { Task { try? await held.commit() } }
+        let liveness = 4
+        let worker = try t.fixture.worker([
+            "MARQUEE_WORKER_HOLD_SECONDS": "2", "MARQUEE_WORKER_LIVENESS_SECONDS": "\(liveness)",
+        ])
+        defer { worker.signal(SIGKILL) }
+        try await worker.waitUntilServing()
+        try await held.waitedOn(via: t.fixture.pool, "the start's audience statement waiting")
+        // The audience statement may run for the bulk statement timeout: past the liveness bound, the worker's
+        // campaign runner is not called stalled (a probe would restart the worker, and the next one the same).
+        let clock = ContinuousClock()
+        let until = clock.now + .seconds(liveness + 3)
+        var answers = 0
+        var stalled: [String] = []
+        while clock.now < until {
+            let health = try await HTTP.get(worker.baseURL + "/healthz")
+            if health.text.contains("campaigns") { stalled.append("\(health.status) \(health.text)") }
+            answers += 1
+            try await Task.sleep(for: .milliseconds(250))
+        }
+        #expect(answers > 0)
+        #expect(stalled.isEmpty, "the campaign runner called stalled: \(stalled.first ?? "")")
+        try await held.waitedOn(via: t.fixture.pool, "the audience statement still waiting")
+        let campaign = try await t.campaign(id)
+        #expect(campaign.array("schedules").first?.string("state") == "pending", "\(campaign)")
+    }
+
     @Test("a retry of an accepted create or change gets its answer, though its time has passed and its segment is gone")
     func retryAfterTheTime() async throws {
         let t = try await Self.tenant()

@@ -29,4 +29,19 @@ struct HeartbeatsTests {
         heartbeats.end("loop 0")
         #expect(heartbeats.stalled(after: .seconds(120)).map(\.loop) == ["campaigns"])
     }
+
+    @Test("the campaign runner may take its longest statement (a start's audience) beyond the bound, and no more")
+    func campaignAllowance() {
+        let clock = Mutex(ContinuousClock.now)
+        let worker = DeliveryWorker.self
+        let heartbeats = Heartbeats(
+            allowances: [worker.campaignsLoop: .seconds(900)], now: { clock.withLock { $0 } })
+        heartbeats.beat(worker.campaignsLoop)
+        heartbeats.beat("loop 0")
+        clock.withLock { $0 += .seconds(1000) }
+        heartbeats.beat("loop 0")
+        #expect(heartbeats.stalled(after: .seconds(181)).isEmpty, "1,000 s into an audience of up to 900 + 181 s")
+        clock.withLock { $0 += .seconds(82) }
+        #expect(heartbeats.stalled(after: .seconds(181)).map(\.loop) == [worker.campaignsLoop])
+    }
 }
