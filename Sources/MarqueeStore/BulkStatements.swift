@@ -10,4 +10,7 @@ enum BulkStatements {
     /// Sets the transaction's statement timeout to `statementTimeout`.
     static let timeout: PostgresQuery =
         "SELECT set_config('statement_timeout', \(String(statementTimeout.components.seconds * 1000)), true)"
+
+    /// `statementTimeout` in words, for the reasons it gives.
+    static var timeoutDescription: String { "\(statementTimeout.components.seconds / 60) minutes" }
 }

@@ -348,7 +348,16 @@ public struct CampaignRunner: Sendable {
         if progress == nil {
             // Every person of the audience in one statement: more than the worker's usual statement timeout allows.
             try c.query(BulkStatements.timeout)
-            members = try resolveAudience(c, tenant, campaignID, audience)
+            do {
+                members = try resolveAudience(c, tenant, campaignID, audience)
+            } catch let error as PostgresError where error.code == .queryCanceled {
+                // Past the bulk statement timeout (or cancelled by an operator): another try would take as long and
+                // hold a worker's campaign runs, a PostgreSQL core and the tenant's erasures all that time again.
+                throw Refusal(
+                    reason: "audience_timeout",
+                    detail: "resolving the audience took longer than \(BulkStatements.timeoutDescription) "
+                        + "(or was cancelled); a simpler segment, or a list of people, starts")
+            }
             try c.query("SET LOCAL statement_timeout TO DEFAULT")
         } else {
             members = progress?["members"]?.intValue.map(Int.init)

@@ -893,6 +893,35 @@ struct CampaignTests {
         }
     }
 
+    @Test("a start whose audience statement times out fails, visibly, instead of being tried again forever")
+    func audienceTimeout() async throws {
+        let t = try await Self.tenant()
+        let person = Fake.id("p")
+        let (line, token) = Self.iosPerson(person, type: t.type, attributes: ["team": "X"])
+        try await t.importPeople([line])
+        let id = Fake.id("slow")
+        #expect(try await t.create(["campaign_id": id, "audience": ["all": true]]).status == 202)
+        let held = try await Self.holdAudience(t, id, person: person)
+        defer { Task { try? await held.commit() } }
+        let worker = try t.fixture.worker()
+        defer { worker.signal(SIGKILL) }
+        try await held.waitedOn(via: t.fixture.pool, "the start's audience statement waiting")
+        // Its statement ends as its timeout (15 minutes) would end it: cancelled.
+        #expect(
+            try await t.fixture.pool.count(
+                """
+                WITH waiting AS MATERIALIZED (
+                    SELECT pid FROM pg_stat_activity WHERE \(held.pid) = ANY(pg_blocking_pids(pid)))
+                SELECT count(*)::int AS n FROM waiting WHERE pg_cancel_backend(pid)
+                """) == 1)
+        let failed = try await t.settled(id, schedules: 1)
+        #expect(failed.string("state") == "failed", "\(failed)")
+        #expect(failed.string("failure_reason") == "audience_timeout", "\(failed)")
+        let result = failed.array("schedules").first?["result"] as? [String: Any]
+        #expect(result?["reason"] as? String == "audience_timeout", "\(failed)")
+        #expect(t.fixture.apns.pushes(token: token).isEmpty)
+    }
+
     @Test("a start's audience statement running past MARQUEE_WORKER_LIVENESS_SECONDS leaves the worker live")
     func longAudienceKeepsWorkerLive() async throws {
         let t = try await Self.tenant()

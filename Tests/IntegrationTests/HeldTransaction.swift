@@ -52,6 +52,9 @@ final class HeldTransaction: Sendable {
 
     private var ended: Bool { shared.finished.withLock { $0 } }
 
+    /// Its session's backend (`pg_backend_pid()`).
+    var pid: Int { shared.pid.withLock { $0 } ?? 0 }
+
     /// Waits until another session waits for this transaction (a lock it holds).
     func waitedOn(via pool: PostgresPool, _ what: String) async throws {
         try await waitedOn(by: 1, via: pool, what)
