@@ -62,7 +62,7 @@ struct WorkerHealthTests {
                 """
                 SELECT pid, query_start::text AS started FROM pg_stat_activity
                 WHERE application_name = 'marquee-worker' AND state = 'active' AND wait_event_type = 'Lock'
-                  AND query LIKE '%SELECT provider, count(*)%'
+                  AND query LIKE '%SELECT q.provider, count(*)%'
                 """
             ).map { "\(try $0.decode(Int.self, "pid")) \(try $0.decode(String.self, "started"))" }
         }
