@@ -62,8 +62,10 @@ struct PeopleImportRoutes: Sendable {
         }
     }
 
-    /// The people of an NDJSON body, and the lines refused. Blank lines are skipped; an ID, email or device token
-    /// that repeats an earlier line's is refused (the earlier line wins). IDs repeat when their bytes do
+    /// The people of an NDJSON body, and the lines refused. Lines are found in place, one after the other (a body of
+    /// newlines alone is no array of millions of empty lines), and each counts against `maxLines`, blank or not: the
+    /// body is refused at the first line past it. Blank lines are skipped; an ID, email or device token that repeats
+    /// an earlier line's is refused (the earlier line wins). IDs repeat when their bytes do
     /// (``Identifiers/personKey(_:)``).
     static func parse(_ body: [UInt8]) throws(ValidationError) -> ([ImportPerson], [ImportRejection]) {
         var people: [ImportPerson] = []
@@ -72,19 +74,23 @@ struct PeopleImportRoutes: Sendable {
         var emails: [String: Int] = [:]
         var tokens: [String: Int] = [:]
         var number = 0
-        var records = 0
-        for raw in body.split(separator: 0x0A, omittingEmptySubsequences: false) {
+        var next = body.startIndex
+        // A final newline ends the last line; it starts none.
+        while next < body.endIndex {
+            let end = body[next...].firstIndex(of: 0x0A) ?? body.endIndex
+            var line = body[next..<end]
+            next = end + 1
             number += 1
-            var line = raw[...]
+            guard number <= maxLines else {
+                throw ValidationError(
+                    field: "body",
+                    reason: "has more than \(maxLines) lines (blank ones count): split the import into several requests"
+                )
+            }
             while let last = line.last, last == 0x0D || last == 0x20 || last == 0x09 { line = line.dropLast() }
             if line.allSatisfy({ $0 == 0x20 || $0 == 0x09 }) { continue }
-            records += 1
-            guard records <= maxLines else {
-                throw ValidationError(
-                    field: "body", reason: "has more than \(maxLines) people: split the import into several requests")
-            }
             do throws(ValidationError) {
-                let person = try Self.person(Array(line), line: number)
+                let person = try Self.person(line, line: number)
                 let id = Identifiers.personKey(person.id)
                 if let first = ids[id] {
                     throw ValidationError(field: "id", reason: "repeats line \(first)")
@@ -113,7 +119,7 @@ struct PeopleImportRoutes: Sendable {
         return (people, rejected)
     }
 
-    static func person(_ bytes: [UInt8], line: Int) throws(ValidationError) -> ImportPerson {
+    static func person(_ bytes: ArraySlice<UInt8>, line: Int) throws(ValidationError) -> ImportPerson {
         guard bytes.count <= maxLineBytes else {
             throw ValidationError(field: "line", reason: "is longer than \(maxLineBytes) bytes")
         }
@@ -144,10 +150,10 @@ struct PeopleImportRoutes: Sendable {
             email = try RegistryRoutes.email(text)
         default: throw ValidationError(field: "email", reason: "must be a string")
         }
-        var attributes: JSONValue?
+        var attributes: [UInt8]?
         switch object["attributes"] {
         case nil, .null?: break
-        case .object?: attributes = try RegistryRoutes.attributes(object["attributes"], field: "attributes")
+        case .object?: attributes = try RegistryRoutes.serializedAttributes(object["attributes"], field: "attributes")
         default: throw ValidationError(field: "attributes", reason: "must be an object")
         }
         var devices: [ImportPerson.Device] = []

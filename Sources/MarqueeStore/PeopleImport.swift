@@ -22,11 +22,12 @@ public struct ImportPerson: Sendable, Equatable {
     public var id: String
     /// nil keeps the stored email.
     public var email: String?
-    /// nil keeps the stored attributes; an object replaces them.
-    public var attributes: JSONValue?
+    /// nil keeps the stored attributes; an object (serialized JSON, checked by the API) replaces them. Text, not a
+    /// parsed tree: that takes 24 bytes and more a value, from as little as two bytes of text.
+    public var attributes: [UInt8]?
     public var devices: [Device]
 
-    public init(line: Int, id: String, email: String?, attributes: JSONValue?, devices: [Device]) {
+    public init(line: Int, id: String, email: String?, attributes: [UInt8]?, devices: [Device]) {
         self.line = line
         self.id = id
         self.email = email
@@ -205,7 +206,7 @@ public struct PeopleImportStore: Sendable {
             rows: people.lazy.map { p in
                 [
                     p.line.encodePostgres(), p.id.encodePostgres(), p.email.encodePostgres(),
-                    p.attributes.encodePostgres(),
+                    p.attributes.map(PostgresJSON.init(bytes:)).encodePostgres(),
                 ]
             })
         _ = try connection.copyFrom(
