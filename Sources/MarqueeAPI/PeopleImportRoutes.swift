@@ -15,7 +15,9 @@ struct PeopleImportRoutes: Sendable {
 
     static let maxLines = 100_000
     static let maxLineBytes = 64 * 1024
-    static let maxDevicesPerPerson = 20
+    /// A sanity bound on one line: the most devices a tenant's `max_devices_per_person` may keep. The tenant's own cap
+    /// is applied as a registration applies it, by its one home (`marquee_keep_recent_devices`, migration 0081).
+    static let maxDevicesPerLine = Int(SettingsRoutes.devicesPerPerson.upperBound)
     /// 100,000 lines of about 600 bytes.
     static let maxBodyBytes = 64 << 20
 
@@ -160,8 +162,8 @@ struct PeopleImportRoutes: Sendable {
         switch object["devices"] {
         case nil, .null?: break
         case .array(let items)?:
-            guard items.count <= maxDevicesPerPerson else {
-                throw ValidationError(field: "devices", reason: "must hold at most \(maxDevicesPerPerson) devices")
+            guard items.count <= maxDevicesPerLine else {
+                throw ValidationError(field: "devices", reason: "must hold at most \(maxDevicesPerLine) devices")
             }
             for (index, item) in items.enumerated() {
                 devices.append(try device(item, field: "devices[\(index)]"))

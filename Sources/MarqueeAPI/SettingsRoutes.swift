@@ -13,6 +13,9 @@ struct SettingsRoutes: Sendable {
     /// The operator's request rate defaults, shown where the tenant set none.
     let limits: RequestLimits
 
+    /// The values `max_devices_per_person` may take (the column's check, migration 0081).
+    static let devicesPerPerson: ClosedRange<Int64> = 1...1000
+
     func register(in router: inout Router) {
         router.add(.GET, "/v1/settings", authenticator.app(getSettings))
         router.add(.PATCH, "/v1/settings", authenticator.app(patchSettings))
@@ -41,7 +44,7 @@ struct SettingsRoutes: Sendable {
         if body.object["max_devices_per_person"] != nil {
             // null restores the default.
             change.maxDevicesPerPerson = .some(
-                try body.integer("max_devices_per_person", range: 1...1000).map { Int($0) })
+                try body.integer("max_devices_per_person", range: Self.devicesPerPerson).map { Int($0) })
         }
         if body.object["max_auto_created_activity_types"] != nil {
             // null restores the default; 0 lets registrations create none (every type made with the app key).

@@ -177,6 +177,37 @@ struct PeopleImportTests {
         #expect(rejected.first?["reason"] as? String == "repeats devices[0]", "\(rejected)")
     }
 
+    @Test("a line's devices are capped by the tenant's max_devices_per_person, as a registration's, not by 20")
+    func devicesUpToTheTenantsCap() async throws {
+        let fixture = try await RegistryFixture.get()
+        let api = fixture.api
+        let tenant = try await api.createTenant("import-" + Fake.hex(6))
+        #expect(
+            try await api.call("PATCH", "/v1/settings", key: tenant.app, json: ["max_devices_per_person": 50]).status
+                == 200)
+        let (thirty, sixty) = (Fake.id("p"), Fake.id("p"))
+        let lines = [
+            try Self.json([
+                "id": thirty, "devices": (0..<30).map { _ in ["token": Fake.hex(), "platform": "ios"] },
+            ]),
+            try Self.json([
+                "id": sixty, "devices": (0..<60).map { _ in ["token": Fake.hex(), "platform": "ios"] },
+            ]),
+        ]
+        let response = try await Self.post(api, tenant.app, Self.ndjson(lines))
+        #expect(response.status == 200, "\(response.text)")
+        #expect(try response.json()["imported"] as? Int == 2, "\(response.text)")
+        let counts = try await fixture.pool.query(
+            """
+            SELECT person_id, count(*)::int AS n FROM devices WHERE tenant_id = \(tenant.uuid) GROUP BY person_id
+            """)
+        let byPerson = Dictionary(
+            uniqueKeysWithValues: try counts.map {
+                (try $0.decode(String.self, "person_id"), try $0.decode(Int.self, "n"))
+            })
+        #expect(byPerson == [thirty: 30, sixty: 50], "a person over the cap keeps 50, as a registration would")
+    }
+
     @Test("IDs are compared byte by byte, as the database does: two spellings of one accented letter are two people")
     func idsComparedAsBytes() async throws {
         let fixture = try await RegistryFixture.get()
