@@ -66,14 +66,14 @@ struct PeopleImportRoutes: Sendable {
 
     /// The people of an NDJSON body, and the lines refused. Lines are found in place, one after the other (a body of
     /// newlines alone is no array of millions of empty lines), and each counts against `maxLines`, blank or not: the
-    /// body is refused at the first line past it. Blank lines are skipped; an ID, email or device token that repeats
-    /// an earlier line's is refused (the earlier line wins). IDs repeat when their bytes do
-    /// (``Identifiers/personKey(_:)``).
+    /// body is refused at the first line past it. Blank lines are skipped; an ID or device token that repeats an
+    /// earlier line's is refused (the earlier line wins). IDs repeat when their bytes do
+    /// (``Identifiers/personKey(_:)``). Emails are compared by the database, as its unique index compares them
+    /// (``PeopleImportStore``): Swift's comparison of strings is another one.
     static func parse(_ body: [UInt8]) throws(ValidationError) -> ([ImportPerson], [ImportRejection]) {
         var people: [ImportPerson] = []
         var rejected: [ImportRejection] = []
         var ids: [[UInt8]: Int] = [:]
-        var emails: [String: Int] = [:]
         var tokens: [String: Int] = [:]
         var number = 0
         var next = body.startIndex
@@ -97,9 +97,6 @@ struct PeopleImportRoutes: Sendable {
                 if let first = ids[id] {
                     throw ValidationError(field: "id", reason: "repeats line \(first)")
                 }
-                if let email = person.email?.lowercased(), let first = emails[email] {
-                    throw ValidationError(field: "email", reason: "repeats line \(first)")
-                }
                 var own: [String: Int] = [:]
                 for (index, device) in person.devices.enumerated() {
                     if let first = tokens[device.token] {
@@ -111,7 +108,6 @@ struct PeopleImportRoutes: Sendable {
                     }
                 }
                 ids[id] = number
-                if let email = person.email?.lowercased() { emails[email] = number }
                 for device in person.devices { tokens[device.token] = number }
                 people.append(person)
             } catch {

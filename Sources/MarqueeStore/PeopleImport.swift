@@ -75,8 +75,9 @@ public struct PeopleImportStore: Sendable {
         self.database = database
     }
 
-    /// Imports `people` (distinct IDs, emails and device tokens: the API rejects repeats). With an idempotency
-    /// key, the rendered answer (`render`) is stored in the same transaction, and a repeat returns it instead.
+    /// Imports `people` (distinct IDs and device tokens: the API rejects repeats; a repeated email is refused here).
+    /// With an idempotency key, the rendered answer (`render`) is stored in the same transaction, and a repeat returns
+    /// it instead.
     public func importPeople(
         tenant: UUID, _ people: [ImportPerson], idempotencyKey: String?, requestHash: [UInt8],
         render: @escaping @Sendable (ImportOutcome) -> JSONValue
@@ -236,9 +237,9 @@ public struct PeopleImportStore: Sendable {
         // Temporary tables are never analysed by autovacuum: without statistics the planner guesses their sizes,
         // and the joins below are planned for a handful of rows instead of up to 100,000.
         try connection.execute("ANALYZE import_people, import_devices, import_push_to_start")
-        // An email that belongs to someone else already, or that an earlier line has as the database compares emails
-        // (`lower()`, the people_email index's: the API's check of repeats folds case as Swift does, which differs for
-        // some letters, e.g. U+0130): the line is refused, the others go on.
+        // An email that belongs to someone else already, or that an earlier line has: the one check of both, comparing
+        // emails as the people_email index does (`lower()`, then bytes; Swift folds some letters otherwise, e.g.
+        // U+0130, and takes canonically equivalent spellings for one). The line is refused, the others go on.
         let conflicts = try connection.query(
             """
             WITH firsts AS MATERIALIZED (

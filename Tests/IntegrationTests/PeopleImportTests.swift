@@ -154,6 +154,33 @@ struct PeopleImportTests {
         #expect(rejected.first?["reason"] as? String == "repeats line 1")
     }
 
+    @Test("emails the database tells apart are two emails: NFC and NFD spellings of one address both import")
+    func emailsToldApartAsTheDatabaseDoes() async throws {
+        let fixture = try await RegistryFixture.get()
+        let api = fixture.api
+        let tenant = try await api.createTenant("import-" + Fake.hex(6))
+        let local = Fake.hex(6)
+        // Equal to Swift's == (canonically equivalent), different to lower() and the people_email index, as to
+        // `PUT /v1/people/{id}`.
+        let (composed, decomposed) = ("jos\u{e9}\(local)@example.com", "jose\u{301}\(local)@example.com")
+        let (first, second) = (Fake.id("p"), Fake.id("p"))
+        let response = try await Self.post(
+            api, tenant.app,
+            Self.ndjson([
+                try Self.json(["id": first, "email": composed]), try Self.json(["id": second, "email": decomposed]),
+            ]))
+        #expect(response.status == 200, "\(response.text)")
+        let body = try response.json()
+        #expect(body["imported"] as? Int == 2, "\(response.text)")
+        #expect((body["rejected"] as? [Any])?.isEmpty == true, "\(response.text)")
+        let stored = try await fixture.pool.query(
+            "SELECT email FROM people WHERE tenant_id = \(tenant.uuid) ORDER BY convert_to(email, 'UTF8')")
+        #expect(
+            try stored.map { Array(try $0.decode(String.self, "email").utf8) } == [
+                Array(decomposed.utf8), Array(composed.utf8),
+            ])
+    }
+
     @Test("a line naming one device token twice (in another case) is refused; the other lines import")
     func tokenTwiceInALine() async throws {
         let fixture = try await RegistryFixture.get()
