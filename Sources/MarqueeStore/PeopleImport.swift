@@ -94,6 +94,10 @@ public struct PeopleImportStore: Sendable {
                     return .replay(stored)
                 }
             }
+            // No erasure in the tenant while the import writes its people: one it finds (and leaves unlocked until it
+            // updates them or gives them devices) is not deleted meanwhile (a foreign-key violation), and an erasure
+            // that comes now waits and then takes what the import wrote. As a campaign's start step does.
+            try connection.query(ErasureLock.shared(tenant))
             let outcome = try Self.merge(connection, tenant: tenant, people)
             let response = render(outcome)
             if let key = idempotencyKey {
@@ -181,9 +185,34 @@ public struct PeopleImportStore: Sendable {
         }
     }
 
+    /// How many times the merge runs again when an email it found free was given to someone else before it wrote it.
+    static let emailRaces = 3
+
+    /// Stages the people, then writes them (``write(_:tenant:_:)``). The write's check of emails reads them with its
+    /// statement's snapshot: a person write that gives one of them to someone else before the import writes it (a
+    /// `PUT /v1/people/{id}`, an identify, another import) makes the people_email index refuse the import's. The
+    /// write then runs again from a savepoint, and its check finds the email taken (the other write has committed, or
+    /// the index would be waiting for it): the line is refused as one whose email belongs to another person.
     static func merge(_ connection: PostgresConnection, tenant: UUID, _ people: [ImportPerson]) throws
         -> ImportOutcome
     {
+        try stage(connection, people)
+        try connection.execute("SAVEPOINT import_write")
+        var races = 0
+        while true {
+            do {
+                return try write(connection, tenant: tenant, people)
+            } catch let error as PostgresError
+                where error.code == .uniqueViolation && error.constraint == "people_email" && races < emailRaces
+            {
+                races += 1
+                try connection.execute("ROLLBACK TO SAVEPOINT import_write")
+            }
+        }
+    }
+
+    /// The staging tables, filled by COPY.
+    static func stage(_ connection: PostgresConnection, _ people: [ImportPerson]) throws {
         for table in [
             """
             CREATE TEMP TABLE import_people (line integer NOT NULL, id text NOT NULL, email text, attributes jsonb,
@@ -237,6 +266,13 @@ public struct PeopleImportStore: Sendable {
         // Temporary tables are never analysed by autovacuum: without statistics the planner guesses their sizes,
         // and the joins below are planned for a handful of rows instead of up to 100,000.
         try connection.execute("ANALYZE import_people, import_devices, import_push_to_start")
+    }
+
+    /// The staged people checked and written: one merge per table. Lines it refuses are removed from the staging
+    /// tables (undone with the rest when ``merge(_:tenant:_:)`` runs it again).
+    static func write(_ connection: PostgresConnection, tenant: UUID, _ people: [ImportPerson]) throws
+        -> ImportOutcome
+    {
         // An email that belongs to someone else already, or that an earlier line has: the one check of both, comparing
         // emails as the people_email index does (`lower()`, then bytes; Swift folds some letters otherwise, e.g.
         // U+0130, and takes canonically equivalent spellings for one). The line is refused, the others go on.

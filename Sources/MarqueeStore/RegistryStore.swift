@@ -226,10 +226,10 @@ public struct RegistryStore: Sendable {
     public func deletePerson(tenant: UUID, id: String) async throws {
         let deleted = try await database.tenantTransaction(tenant) { connection in
             // The writes that make something of a person from what they read of them wait for this erasure, or it
-            // for them: a campaign's start step holds the tenant's erasure lock (shared), an API start the person's
-            // row (FOR KEY SHARE). Both are taken here first, each in a statement of its own, so the collection
-            // below, with a snapshot taken after them, sees what such a write committed; a later write finds the
-            // person gone.
+            // for them: a campaign's start step and a people import hold the tenant's erasure lock (shared), an API
+            // start the person's row (FOR KEY SHARE). Both are taken here first, each in a statement of its own, so
+            // the collection below, with a snapshot taken after them, sees what such a write committed; a later write
+            // finds the person gone.
             try connection.query(ErasureLock.exclusive(tenant))
             let held = try connection.query(
                 "SELECT 1 FROM people WHERE tenant_id = \(tenant) AND id = \(id) FOR UPDATE")
@@ -502,9 +502,11 @@ func retryingRace<T: Sendable>(_ body: () async throws -> T) async throws -> T {
 }
 
 /// A tenant's person erasures against its campaigns' start steps, which read people by the thousand and write their
-/// instances: a transaction-scoped advisory lock, taken exclusive by an erasure and shared by a step. One lock per
-/// step, where a row lock on each person read cost 7 µs and 200 bytes of WAL a person (fsync and full-page writes
-/// on); an erasure waits for a running step (1–2 s at most) and the tenant's next steps wait for the erasure.
+/// instances, and its people imports, which write up to 100,000 people: a transaction-scoped advisory lock, taken
+/// exclusive by an erasure and shared by a step or an import. One lock per step, where a row lock on each person read
+/// cost 7 µs and 200 bytes of WAL a person (fsync and full-page writes on); an erasure waits for a running step (1–2 s
+/// at most) or import (up to a minute for 100,000 people), and the tenant's next steps and imports wait for the
+/// erasure.
 enum ErasureLock {
     static func shared(_ tenant: UUID) -> PostgresQuery {
         "SELECT pg_advisory_xact_lock_shared(hashtextextended('marquee/erasure/' || \(tenant)::text, 0))"

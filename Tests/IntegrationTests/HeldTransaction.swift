@@ -63,16 +63,19 @@ final class HeldTransaction: Sendable {
     /// Waits until `sessions` sessions wait for this transaction, directly (a lock it holds) or one removed (a lock held
     /// by a session waiting for it).
     func waitedOn(by sessions: Int, via pool: PostgresPool, _ what: String) async throws {
+        try await eventually(what) { try await waiting(via: pool) >= sessions }
+    }
+
+    /// The sessions waiting for this transaction now, directly or one removed.
+    func waiting(via pool: PostgresPool) async throws -> Int {
         let pid = shared.pid.withLock { $0 } ?? 0
-        try await eventually(what) {
-            try await pool.count(
-                """
-                SELECT count(*)::int AS n FROM pg_stat_activity a
-                WHERE \(pid) = ANY(pg_blocking_pids(a.pid))
-                   OR EXISTS (SELECT 1 FROM unnest(pg_blocking_pids(a.pid)) b(pid)
-                              WHERE \(pid) = ANY(pg_blocking_pids(b.pid)))
-                """) >= sessions
-        }
+        return try await pool.count(
+            """
+            SELECT count(*)::int AS n FROM pg_stat_activity a
+            WHERE \(pid) = ANY(pg_blocking_pids(a.pid))
+               OR EXISTS (SELECT 1 FROM unnest(pg_blocking_pids(a.pid)) b(pid)
+                          WHERE \(pid) = ANY(pg_blocking_pids(b.pid)))
+            """)
     }
 
     /// Lets it run `end` and commit; throws what it threw.

@@ -204,6 +204,96 @@ struct PeopleImportTests {
         #expect(rejected.first?["reason"] as? String == "repeats devices[0]", "\(rejected)")
     }
 
+    /// A person being created by a transaction held open (not committed): an import whose insert of people reaches
+    /// them waits there, after the lines whose IDs sort before, until the test commits it.
+    static func creating(_ fixture: RegistryFixture.Running, tenant: UUID, _ id: String) async throws -> HeldTransaction
+    {
+        try await HeldTransaction.open(fixture.databaseURL) { c in
+            try c.execute("INSERT INTO people (tenant_id, id) VALUES (\(tenant), \(id))")
+        }
+    }
+
+    @Test("a person erased while an import writes them: the import answers 200, and the erasure comes after it")
+    func erasureDuringImport() async throws {
+        let fixture = try await RegistryFixture.get()
+        let api = fixture.api
+        let tenant = try await api.createTenant("import-" + Fake.hex(6))
+        let (person, later, phone) = ("a-" + Fake.hex(8), "z-" + Fake.hex(8), Fake.hex())
+        #expect(
+            try await api.call("PUT", "/v1/people/\(person)", key: tenant.app, json: ["attributes": ["a": 1]]).status
+                == 200)
+        // The import's insert of people passes `person`, who exists (and is left as they are, unlocked), and waits at
+        // `later`: before it updates `person` and gives them the phone.
+        let held = try await Self.creating(fixture, tenant: tenant.uuid, later)
+        let lines = [
+            try Self.json(["id": person, "attributes": ["a": 2], "devices": [["token": phone, "platform": "ios"]]]),
+            try Self.json(["id": later]),
+        ]
+        let importing = Task { try await Self.post(api, tenant.app, Self.ndjson(lines)) }
+        try await held.waitedOn(via: fixture.pool, "the import waits at its insert of \(later)")
+        let erasing = Task { try await api.call("DELETE", "/v1/people/\(person)", key: tenant.app) }
+        // The erasure waits for the import (so for the held transaction, one removed), or it is done.
+        try await eventually("the erasure waits for the import, or is done") {
+            let left = try await fixture.pool.count(
+                "SELECT count(*)::int AS n FROM people WHERE tenant_id = \(tenant.uuid) AND id = \(person)")
+            return try await held.waiting(via: fixture.pool) >= 2 || left == 0
+        }
+        try await held.commit()
+        let response = try await importing.value
+        #expect(response.status == 200, "\(response.text)")
+        #expect(try response.json()["updated"] as? Int == 2, "\(response.text)")
+        let erased = try await erasing.value
+        #expect(erased.status == 204, "\(erased.text)")
+        // The erasure came second: nothing of the person is left, the imported phone neither.
+        let left = try await fixture.pool.count(
+            """
+            SELECT (SELECT count(*) FROM people WHERE tenant_id = \(tenant.uuid) AND id = \(person))
+                 + (SELECT count(*) FROM devices WHERE tenant_id = \(tenant.uuid) AND token = \(phone)) AS n
+            """)
+        #expect(left == 0)
+    }
+
+    @Test("an email given to someone else while an import runs: its lines are refused, the others import, not a 500")
+    func emailTakenDuringImport() async throws {
+        let fixture = try await RegistryFixture.get()
+        let api = fixture.api
+        let tenant = try await api.createTenant("import-" + Fake.hex(6))
+        let (first, fresh, existing) = ("a-" + Fake.hex(8), "b-" + Fake.hex(8), "c-" + Fake.hex(8))
+        let (created, updated) = ("b-\(Fake.hex(6))@example.com", "c-\(Fake.hex(6))@example.com")
+        #expect(try await api.call("PUT", "/v1/people/\(existing)", key: tenant.app, json: [:]).status == 200)
+        // The import found both emails free, and waits at its insert of `first`: before it creates `fresh` with one
+        // and updates `existing` with the other.
+        let held = try await Self.creating(fixture, tenant: tenant.uuid, first)
+        let lines = [
+            try Self.json(["id": first]), try Self.json(["id": fresh, "email": created]),
+            try Self.json(["id": existing, "email": updated]),
+        ]
+        let importing = Task { try await Self.post(api, tenant.app, Self.ndjson(lines)) }
+        try await held.waitedOn(via: fixture.pool, "the import waits at its insert of \(first)")
+        let takers = [(Fake.id("t"), created), (Fake.id("t"), updated)]
+        for (taker, email) in takers {
+            let put = try await api.call("PUT", "/v1/people/\(taker)", key: tenant.app, json: ["email": email])
+            #expect(put.status == 200, "\(put.text)")
+        }
+        try await held.commit()
+        let response = try await importing.value
+        #expect(response.status == 200, "\(response.text)")
+        let body = try response.json()
+        // `first` was created meanwhile: the import updates them.
+        #expect(body["imported"] as? Int == 0, "\(response.text)")
+        #expect(body["updated"] as? Int == 1, "\(response.text)")
+        let rejected = ((body["rejected"] as? [[String: Any]]) ?? []).map {
+            "\($0["line"] ?? "")/\($0["field"] ?? "")/\($0["reason"] ?? "")"
+        }
+        #expect(rejected == ["2/email/belongs to another person", "3/email/belongs to another person"])
+        let emails = try await fixture.pool.query(
+            "SELECT id, COALESCE(email, '') AS email FROM people WHERE tenant_id = \(tenant.uuid)"
+        ).map { "\(try $0.decode(String.self, "id"))=\(try $0.decode(String.self, "email"))" }
+        #expect(
+            Set(emails)
+                == Set(["\(first)=", "\(existing)=", "\(takers[0].0)=\(created)", "\(takers[1].0)=\(updated)"]))
+    }
+
     @Test("a line's devices are capped by the tenant's max_devices_per_person, as a registration's, not by 20")
     func devicesUpToTheTenantsCap() async throws {
         let fixture = try await RegistryFixture.get()
