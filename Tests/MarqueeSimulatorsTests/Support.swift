@@ -112,7 +112,7 @@ func withAPNs<R>(
     let client = try HTTP2Client(
         .init(
             host: "127.0.0.1", port: simulator.port, tls: TLSClientConfiguration(caFile: directory + "/ca.pem"),
-            connectTimeout: .seconds(5), requestTimeout: .seconds(20), backoff: .init(initial: .milliseconds(10))))
+            connectTimeout: .seconds(20), requestTimeout: .seconds(20), backoff: .init(initial: .milliseconds(10))))
     let harness = APNsHarness(simulator: simulator, client: client, directory: directory)
     do {
         let result = try await body(harness)
