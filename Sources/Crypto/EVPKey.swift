@@ -74,6 +74,33 @@ final class EVPKey: @unchecked Sendable {
         return String(decoding: buffer[..<length].map { UInt8(bitPattern: $0) }, as: UTF8.self)
     }
 
+    /// Whether the public key this private key carries is its own. OpenSSL takes the public half of a private key PEM
+    /// as written (an EC point is only checked to be on the curve), so a PEM can pair one key's private half with
+    /// another key's public key, and everything named after the public key would then name the other key.
+    ///
+    /// EC: the point must be the private scalar times the generator (`EVP_PKEY_pairwise_check`, one multiplication).
+    /// RSA: a signature made with the private half must verify with the public half. (OpenSSL's pairwise check of an
+    /// RSA key also tests both primes for primality: about a quarter of a second for a 4096-bit key.)
+    var carriesItsOwnPublicKey: Bool {
+        if isA("EC") {
+            guard let ctx = EVP_PKEY_CTX_new_from_pkey(nil, pointer, nil) else {
+                _ = drainOpenSSLErrors()
+                return false
+            }
+            defer { EVP_PKEY_CTX_free(ctx) }
+            let ok = EVP_PKEY_pairwise_check(ctx) == 1
+            // A failed check leaves its reason on the thread's error queue; don't leak it to later calls.
+            _ = drainOpenSSLErrors()
+            return ok
+        }
+        let probe = Array("marquee: does the public key belong to the private key".utf8)
+        guard let signature = signSHA256(probe) else {
+            _ = drainOpenSSLErrors()
+            return false
+        }
+        return verifySHA256(signature: signature, message: probe)
+    }
+
     // MARK: Export
 
     var publicKeyPEM: String? {

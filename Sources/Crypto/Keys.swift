@@ -40,6 +40,16 @@ private func requireP256(_ key: EVPKey, expectation: String) throws {
     }
 }
 
+/// Checks that the public key `key` carries belongs to its private key (`EVPKey.carriesItsOwnPublicKey`). A provider
+/// token cache and its connections are named after the public key (`ProviderTokenCache.connectionIdentity`): a PEM
+/// pairing one private key with another key's public key would be taken for that other key.
+private func requireOwnPublicKey(_ key: EVPKey, expectation: String) throws {
+    guard key.carriesItsOwnPublicKey else {
+        throw CryptoError(
+            .invalidKey, "the PEM's public key does not belong to its private key; " + expectation)
+    }
+}
+
 /// Checks that `key` is an RSA key (not RSA-PSS-restricted) of 2048 to 4096 bits (`rsaKeyBits`).
 private func requireRSA(_ key: EVPKey, expectation: String) throws {
     guard key.isA("RSA") else {
@@ -65,13 +75,14 @@ public struct ES256PrivateKey: JWTSigner {
     public var algorithm: String { "ES256" }
 
     /// Loads a P-256 private key from PKCS#8 PEM (`BEGIN PRIVATE KEY`, Apple's .p8) or SEC1 PEM
-    /// (`BEGIN EC PRIVATE KEY`). Throws `.invalidKey` for unreadable PEM and `.unsupportedKeyType` for any other
-    /// key type or curve.
+    /// (`BEGIN EC PRIVATE KEY`). Throws `.invalidKey` for unreadable PEM or a public point that is not the private
+    /// key's own, and `.unsupportedKeyType` for any other key type or curve.
     public init(pem: String) throws {
         guard let key = EVPKey.privateKey(pem: pem) else {
             throw CryptoError.openSSL(.invalidKey, ecPrivateExpectation)
         }
         try requireP256(key, expectation: ecPrivateExpectation)
+        try requireOwnPublicKey(key, expectation: ecPrivateExpectation)
         try self.init(key: key)
     }
 
@@ -203,13 +214,14 @@ public struct RS256PrivateKey: JWTSigner {
     public var algorithm: String { "RS256" }
 
     /// Loads an RSA private key from PKCS#8 PEM (`BEGIN PRIVATE KEY`, as in a Google service-account JSON) or
-    /// PKCS#1 PEM (`BEGIN RSA PRIVATE KEY`). Throws `.invalidKey`, `.unsupportedKeyType`, `.keyTooSmall` or
-    /// `.keyTooLarge`.
+    /// PKCS#1 PEM (`BEGIN RSA PRIVATE KEY`). Throws `.invalidKey` (also for a public key that is not the private
+    /// key's own), `.unsupportedKeyType`, `.keyTooSmall` or `.keyTooLarge`.
     public init(pem: String) throws {
         guard let key = EVPKey.privateKey(pem: pem) else {
             throw CryptoError.openSSL(.invalidKey, rsaPrivateExpectation)
         }
         try requireRSA(key, expectation: rsaPrivateExpectation)
+        try requireOwnPublicKey(key, expectation: rsaPrivateExpectation)
         try self.init(key: key)
     }
 

@@ -365,6 +365,68 @@ struct KeyErrorTests {
         #expect(largest.publicKey.pem.trimmingCharacters(in: .whitespacesAndNewlines) == LargeRSAKeys.public4096)
     }
 
+    /// `donor`'s PKCS#8 PEM with its public point replaced by `owner`'s: `donor`'s private scalar filed under `owner`'s
+    /// public key. OpenSSL writes a P-256 PKCS#8 key with its uncompressed point (65 bytes) last.
+    static func mismatched(privateOf donor: ES256PrivateKey, publicOf owner: ES256PrivateKey) throws -> String {
+        func der(_ pem: String) throws -> [UInt8] {
+            let body = pem.split(separator: "\n").filter { !$0.hasPrefix("-----") }.joined()
+            return Array(try #require(Data(base64Encoded: body)))
+        }
+        let donorDER = try der(donor.pkcs8PEM)
+        let ownerPoint = try der(owner.pkcs8PEM).suffix(65)
+        try #require(ownerPoint.first == 0x04 && donorDER.suffix(65).first == 0x04)
+        try #require(try der(owner.publicKey.pem).suffix(65) == ownerPoint, "the point is the owner's public key")
+        let spliced = Data(donorDER.dropLast(65) + ownerPoint).base64EncodedString(options: .lineLength64Characters)
+        return "-----BEGIN PRIVATE KEY-----\n\(spliced)\n-----END PRIVATE KEY-----\n"
+    }
+
+    @Test("A P-256 key whose public point is not its private scalar's (another key's) is refused, PKCS#8 and SEC1")
+    func mismatchedECKey() throws {
+        let owner = ES256PrivateKey.generate()
+        let donor = ES256PrivateKey.generate()
+        let directory = try TemporaryDirectory()
+        let pkcs8 = try directory.write("mixed.pem", try Self.mismatched(privateOf: donor, publicOf: owner))
+        // OpenSSL itself reads the owner's public key from it, and converts it to SEC1 as it is.
+        let sec1 = try openssl("ec", "-in", pkcs8, "-out", directory.path("sec1.pem"))
+        try #require(sec1.status == 0, "\(sec1.stderr)")
+        for file in ["mixed.pem", "sec1.pem"] {
+            let pub = try openssl("pkey", "-in", directory.path(file), "-pubout")
+            try #require(pub.status == 0 && pub.stdout == owner.publicKey.pem, "\(file): \(pub.stderr)")
+            let pem = try directory.read(file)
+            let error = #expect(throws: CryptoError.self, "\(file)") { try ES256PrivateKey(pem: pem) }
+            #expect(error?.code == .invalidKey)
+            #expect(error?.description.contains("public key does not belong to its private key") == true)
+        }
+        // A SEC1 key without its public point is completed from the scalar, and loads as the donor's.
+        let bare = try openssl(
+            "ec", "-in", directory.path("sec1.pem"), "-no_public", "-out", directory.path("bare.pem"))
+        try #require(bare.status == 0, "\(bare.stderr)")
+        let completed = try ES256PrivateKey(pem: try directory.read("bare.pem"))
+        #expect(completed.publicKey.fingerprint == donor.publicKey.fingerprint)
+    }
+
+    @Test("An RSA key whose public exponent is not the one its private exponent pairs with is refused")
+    func mismatchedRSAKey() throws {
+        let directory = try TemporaryDirectory()
+        let source = try directory.write("key.pem", try RS256PrivateKey.generate().pkcs8PEM)
+        let converted = try openssl(
+            "rsa", "-in", source, "-traditional", "-outform", "DER", "-out", directory.path("key.der"))
+        try #require(converted.status == 0, "\(converted.stderr)")
+        var der = Array(try Data(contentsOf: URL(fileURLWithPath: directory.path("key.der"))))
+        // RSAPrivateKey { version, n, e, d, … }: e = 65537 (INTEGER 01 00 01) right after n; make it 65539.
+        let exponent: [UInt8] = [0x02, 0x03, 0x01, 0x00, 0x01]
+        let at = try #require((0..<(der.count - 5)).first { Array(der[$0..<$0 + 5]) == exponent })
+        der[at + 4] = 0x03
+        try directory.write("mixed.der", der)
+        let mixed = try openssl(
+            "rsa", "-inform", "DER", "-in", directory.path("mixed.der"), "-traditional", "-out",
+            directory.path("mixed.pem"))
+        try #require(mixed.status == 0, "\(mixed.stderr)")
+        let error = #expect(throws: CryptoError.self) { try RS256PrivateKey(pem: try directory.read("mixed.pem")) }
+        #expect(error?.code == .invalidKey)
+        #expect(error?.description.contains("public key does not belong to its private key") == true)
+    }
+
     @Test("An encrypted PKCS#8 key fails to load instead of prompting for a passphrase")
     func encryptedKey() throws {
         let directory = try TemporaryDirectory()

@@ -1,5 +1,6 @@
 import Crypto
 import Foundation
+import MarqueeDelivery
 import PostgresClient
 import Testing
 
@@ -143,5 +144,57 @@ struct SecretsTests {
             WHERE tenant_id = \(tenant.uuid) AND length(a.sealed_private_key) > 100 AND length(f.sealed_service_account) > 100
             """)
         #expect(sealed == 1, "both keys are stored, sealed")
+    }
+}
+
+/// An APNs key is named after its public key (its provider-token cache and connections): a PEM must not carry another
+/// key's public key beside its own private key.
+@Suite("APNs key ownership")
+struct APNsKeyOwnershipTests {
+    /// `donor`'s PKCS#8 PEM with its public point replaced by `owner`'s: `donor`'s private key filed under `owner`'s
+    /// public key. OpenSSL writes a P-256 PKCS#8 key with its uncompressed point (65 bytes) last.
+    static func mismatched(privateOf donor: ES256PrivateKey, publicOf owner: ES256PrivateKey) throws -> String {
+        func der(_ pem: String) throws -> [UInt8] {
+            let body = pem.split(separator: "\n").filter { !$0.hasPrefix("-----") }.joined()
+            return Array(try #require(Data(base64Encoded: body)))
+        }
+        let donorDER = try der(donor.pkcs8PEM)
+        let ownerPoint = try der(owner.pkcs8PEM).suffix(65)
+        try #require(ownerPoint.first == 0x04 && donorDER.suffix(65).first == 0x04)
+        try #require(try der(owner.publicKey.pem).suffix(65) == ownerPoint, "the point is the owner's public key")
+        let spliced = Data(donorDER.dropLast(65) + ownerPoint).base64EncodedString(options: .lineLength64Characters)
+        return "-----BEGIN PRIVATE KEY-----\n\(spliced)\n-----END PRIVATE KEY-----\n"
+    }
+
+    @Test(
+        "another tenant's public key with one's own private key, team and key ID: 422 invalid-key, and no token cache")
+    func foreignPublicKeyRefused() async throws {
+        let fixture = try await RegistryFixture.get()
+        let api = fixture.api
+        let (victim, attacker) = (try await api.createTenant(), try await api.createTenant())
+        let victimKey = ES256PrivateKey.generate()
+        var apns: [String: Any] = [
+            "team_id": "VICTIM1234", "key_id": "VKEY123456", "private_key": victimKey.pkcs8PEM,
+            "bundle_id": "com.example.app", "environment": "sandbox",
+        ]
+        let own = try await api.call("PUT", "/v1/credentials/apns", key: victim.app, json: apns)
+        #expect(own.status == 200, "\(own.text)")
+
+        let forged = try Self.mismatched(privateOf: ES256PrivateKey.generate(), publicOf: victimKey)
+        apns["private_key"] = forged
+        let refused = try await api.call("PUT", "/v1/credentials/apns", key: attacker.app, json: apns)
+        expectProblem(refused, 422, "invalid-key", field: "private_key")
+        #expect(refused.text.contains("does not belong to its private key"), "\(refused.text)")
+        #expect(
+            try await api.call("GET", "/v1/credentials/apns", key: attacker.app).status == 404, "nothing was stored")
+
+        // The worker's registry of provider-token caches refuses it too: it is never handed the victim's cache.
+        let caches = ProviderTokenCaches()
+        let victimCache = try caches.cache(
+            teamID: "VICTIM1234", keyID: "VKEY123456", pem: Array(victimKey.pkcs8PEM.utf8))
+        #expect(throws: CryptoError.self) {
+            let handed = try caches.cache(teamID: "VICTIM1234", keyID: "VKEY123456", pem: Array(forged.utf8))
+            #expect(handed !== victimCache, "handed the victim's cache, which signs with the victim's key")
+        }
     }
 }
