@@ -7,7 +7,9 @@ import PostgresClient
 /// `marquee reseal`: after a master-key rotation (new `MARQUEE_MASTER_KEY` + `MARQUEE_MASTER_KEY_ID`, the old key in
 /// `MARQUEE_MASTER_KEYS_PREVIOUS`), re-seals every stored secret under the new key in one transaction. Then, once
 /// every process runs with the new key (a process still on the old one seals what it stores with it), `marquee reseal
-/// --check` exits 0 only when nothing is left under another key: only then can the previous key be dropped.
+/// --check` exits 0 only when nothing is left under another key: only then can the previous key be dropped. Both open
+/// every secret, and fail (status 1, `SecretResealer.UnopenableSecrets`, nothing changed) when one does not open: a key
+/// ID says which key sealed a secret only while nobody changed the key under that ID.
 struct ResealCommand {
     var check = false
 

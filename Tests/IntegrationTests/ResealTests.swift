@@ -83,6 +83,57 @@ struct ResealTests {
     }
 }
 
+extension ResealTests {
+    @Test(
+        "a new master key under the old key ID opens nothing: reseal and reseal --check fail, naming how many of what")
+    func wrongKeyUnderSameID() async throws {
+        let url = try await TestEnvironment.makeDatabase()
+        let base = ["DATABASE_URL": url, "MARQUEE_MIGRATIONS_DIR": TestEnvironment.migrationsDirectory]
+        #expect(try await runCommand(TestEnvironment.marqueeBinary, ["migrate"], environment: base).status == 0)
+        let (oldKey, newKey) = (Self.key(), Self.key())
+        var old = base
+        old["MARQUEE_MASTER_KEY"] = oldKey
+        let created = try await runCommand(
+            TestEnvironment.marqueeBinary, ["tenant", "create", "--name", "mistyped", "--json"], environment: old)
+        try #require(created.status == 0, "\(created.output)")
+        let json = try #require(try JSONSerialization.jsonObject(with: Data(created.output.utf8)) as? [String: Any])
+        let idText = try #require(json["id"] as? String)
+        let tenant = try #require(UUID(uuidString: idText))
+        let pool = PostgresPool(try PostgresConfiguration(url: url), options: .init(maxConnections: 2))
+        defer { pool.close() }
+        let database = TenantDatabase(pool: pool)
+        let oldRing = try SealingKeyRing.fromBase64(oldKey)
+        let pem = ES256PrivateKey.generate().pkcs8PEM
+        _ = try await CredentialStore(database: database, keyRing: oldRing).putAPNs(
+            tenant: tenant,
+            APNsCredentialInput(
+                teamID: "TEAM123456", keyID: "KEY1234567", privateKeyPEM: pem, bundleID: "com.example.app",
+                environment: "sandbox", endpoint: nil))
+        _ = try await TenantSettingsStore(database: database, keyRing: oldRing).rotateIdentitySecret(tenant: tenant)
+
+        // The operator sets a new MARQUEE_MASTER_KEY (or mistypes it) and keeps the default key ID, k1: every blob
+        // names k1, and none opens.
+        var wrong = base
+        wrong["MARQUEE_MASTER_KEY"] = newKey
+        for arguments in [["reseal", "--check"], ["reseal"]] {
+            let run = try await runCommand(TestEnvironment.marqueeBinary, arguments, environment: wrong)
+            #expect(run.status != 0, "\(arguments): \(run.output)")
+            #expect(!run.output.contains("every secret is under key"), "\(arguments): \(run.output)")
+            #expect(
+                run.output.contains("3 secret(s) cannot be opened with any key of the ring")
+                    && run.output.contains("1 delivery secret(s)") && run.output.contains("1 APNs key(s)")
+                    && run.output.contains("1 identity secret(s)") && run.output.contains("under key ID(s) k1"),
+                "\(arguments): \(run.output)")
+            #expect(!run.output.contains(newKey) && !run.output.contains(oldKey), "keys are never printed")
+        }
+        // Nothing was written: the old key still opens everything.
+        #expect(try await CredentialStore(database: database, keyRing: oldRing).apnsPrivateKey(tenant: tenant) == pem)
+        _ = try await TenantStore(database: database, keyRing: oldRing).deliverySecret(tenant: tenant)
+        let checked = try await runCommand(TestEnvironment.marqueeBinary, ["reseal", "--check"], environment: old)
+        #expect(checked.status == 0 && checked.output.contains("every secret is under key k1"), "\(checked.output)")
+    }
+}
+
 @Suite("Key rotation from the command line")
 struct KeyRotateCommandTests {
     @Test("marquee key rotate refuses a grace it does not understand instead of revoking the key at once")
