@@ -85,6 +85,7 @@ func problem(for error: any Error) -> HTTPProblem? {
     case let v as ValidationError: return Problems.validation(v)
     case let n as NotFound: return Problems.notFound(n.resource)
     case let c as Conflict: return Problems.conflict(field: c.field, reason: c.reason)
+    case let g as TenantSettingsStore.IdentitySecretInGrace: return Problems.identitySecretInGrace(g)
     case let c as ChannelManagementError: return Problems.channel(c)
     case let s as PayloadSizeError: return Problems.payloadTooLarge(s)
     case let u as UnansweredCommit: return Problems.unansweredCommit(u)
@@ -127,6 +128,17 @@ extension Problems {
         HTTPProblem(
             status: 409, type: typeBase + "instance-closed", title: "Live activity is over",
             detail: "The live activity is \(state.rawValue); it takes no more updates or ends.", field: "instance_id")
+    }
+
+    /// 409: a rotation of the identity secret while the previous one is still in its grace (it would be dropped at
+    /// once, and the user tokens the tenant's servers still mint with it refused).
+    static func identitySecretInGrace(_ error: TenantSettingsStore.IdentitySecretInGrace) -> HTTPProblem {
+        let until = Timestamps.format(error.previousValidUntil)
+        return HTTPProblem(
+            status: 409, type: typeBase + "identity-secret-in-grace", title: "Previous identity secret still valid",
+            detail:
+                "The previous identity secret is accepted until \(until), so that user tokens already handed out keep working; rotating again now would refuse it at once. Rotate after that time, or with force=true to drop it now.",
+            field: "force", extensions: ["previous_secret_valid_until": until])
     }
 
     /// 413: the composed push would not fit the provider's limit.

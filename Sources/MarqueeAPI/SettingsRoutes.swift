@@ -79,9 +79,17 @@ struct SettingsRoutes: Sendable {
         return .json(Self.render(updated, limits: limits))
     }
 
-    /// Creates or rotates the identity secret; the only place it is ever shown.
+    /// Creates or rotates the identity secret; the only place it is ever shown. While the previous secret is in its
+    /// grace, a rotation is refused (409 `identity-secret-in-grace`) unless `?force=true`.
     func postIdentitySecret(_ request: HTTPRequest, _ principal: Principal) async throws -> HTTPResponse {
-        let (secret, rotated) = try await settings.rotateIdentitySecret(tenant: principal.tenantID)
+        var force = false
+        if let text = request.query["force"] {
+            guard text == "true" || text == "false" else {
+                throw ValidationError(field: "force", reason: "must be true or false")
+            }
+            force = text == "true"
+        }
+        let (secret, rotated) = try await settings.rotateIdentitySecret(tenant: principal.tenantID, force: force)
         identity.invalidate(principal.tenantID)
         return .json(.object(["secret": .string(Base64URL.encode(secret))]), status: rotated ? 200 : 201)
     }

@@ -200,13 +200,26 @@ public struct TenantSettingsStore: Sendable {
         }
     }
 
+    /// A rotation refused because the previous identity secret is still in its grace (`rotationGrace`): rotating again
+    /// would drop it at once, while the tenant's servers may still mint user tokens with it (e.g. a retried rotation
+    /// whose answer was lost).
+    public struct IdentitySecretInGrace: Error, Sendable, Equatable {
+        /// When the previous secret's grace ends (a rotation is accepted from then on).
+        public var previousValidUntil: Date
+    }
+
     /// Makes a new identity secret (32 random bytes). An existing one becomes the previous secret, accepted for
-    /// `rotationGrace` more. Returns the new secret and whether one existed before.
-    public func rotateIdentitySecret(tenant: UUID) async throws -> (secret: [UInt8], rotated: Bool) {
+    /// `rotationGrace` more. While an earlier previous secret is still in its grace, throws `IdentitySecretInGrace`
+    /// unless `force` (which drops that secret at once). Returns the new secret and whether one existed before.
+    public func rotateIdentitySecret(tenant: UUID, force: Bool = false) async throws -> (
+        secret: [UInt8], rotated: Bool
+    ) {
         let secret = SecureRandom.bytes(32)
         let sealed = try keyRing.seal(secret, associatedData: Self.identitySecretContext(tenant))
         let grace = Self.rotationGrace
         let rotated = try await database.tenantTransaction(tenant) { connection in
+            // The upsert locks the tenant's row whether or not its WHERE holds, so the grace it judges is the one
+            // read back below, and concurrent rotations are judged one after the other.
             let rows = try connection.query(
                 """
                 INSERT INTO tenant_settings (tenant_id, sealed_identity_secret) VALUES (\(tenant), \(sealed))
@@ -215,9 +228,18 @@ public struct TenantSettingsStore: Sendable {
                     previous_secret_valid_until = CASE WHEN tenant_settings.sealed_identity_secret IS NULL THEN NULL
                         ELSE now() + make_interval(secs => \(grace)) END,
                     sealed_identity_secret = EXCLUDED.sealed_identity_secret, updated_at = now()
+                WHERE \(force) OR tenant_settings.sealed_previous_identity_secret IS NULL
+                    OR tenant_settings.previous_secret_valid_until IS NULL
+                    OR tenant_settings.previous_secret_valid_until <= now()
                 RETURNING sealed_previous_identity_secret IS NOT NULL AS rotated
                 """)
-            return try rows[0].decode(Bool.self, "rotated")
+            guard let row = rows.first else {
+                let held = try connection.query(
+                    "SELECT previous_secret_valid_until FROM tenant_settings WHERE tenant_id = \(tenant)")
+                throw IdentitySecretInGrace(
+                    previousValidUntil: try held[0].decode(Date.self, "previous_secret_valid_until"))
+            }
+            return try row.decode(Bool.self, "rotated")
         }
         return (secret, rotated)
     }

@@ -313,6 +313,43 @@ struct IdentityVerificationTests {
         #expect(try await put(Self.token(victim, newSecret)).status == 200, "current secret still works")
     }
 
+    @Test("rotation: a second rotation within the grace is refused (409) and keeps the first secret; force drops it")
+    func secondRotationWithinGrace() async throws {
+        let api = try await RegistryFixture.get().api
+        let (tenant, first) = try await Self.requiredTenant(api)
+        let rotated = try await api.call("POST", "/v1/settings/identity_secret", key: tenant.app)
+        #expect(rotated.status == 200, "\(rotated.text)")
+        let second = try #require(try rotated.json().string("secret"))
+        let until = try #require(
+            try await api.call("GET", "/v1/settings", key: tenant.app).json().string("previous_secret_valid_until"))
+        let person = Fake.id("user")
+        let put: @Sendable (String) async throws -> HTTP.Response = { token in
+            try await api.call(
+                "PUT", "/v1/people/\(person)", key: tenant.sdk, json: [String: Any](), headers: [Self.header: token])
+        }
+
+        // A retry of the rotation whose answer was lost, say: the tenant's servers still mint with the first secret.
+        let again = try await api.call("POST", "/v1/settings/identity_secret", key: tenant.app)
+        expectProblem(again, 409, "identity-secret-in-grace", field: "force")
+        let problem = try again.json()
+        #expect(problem.string("previous_secret_valid_until") == until, "\(again.text)")
+        #expect(problem.string("detail")?.contains(until) == true, "\(again.text)")
+        #expect(problem["secret"] == nil && !again.text.contains(first) && !again.text.contains(second))
+        #expect(try await put(Self.token(person, first)).status == 200, "the first secret is still in its grace")
+        #expect(try await put(Self.token(person, second)).status == 200, "the current secret")
+        expectProblem(
+            try await api.call("POST", "/v1/settings/identity_secret?force=yes", key: tenant.app), 422,
+            "invalid-field", field: "force")
+
+        // Deliberately: the first secret goes at once, the second becomes the previous one.
+        let forced = try await api.call("POST", "/v1/settings/identity_secret?force=true", key: tenant.app)
+        #expect(forced.status == 200, "\(forced.text)")
+        let third = try #require(try forced.json().string("secret"))
+        expectProblem(try await put(Self.token(person, first)), 401, "user-token-invalid", field: Self.header)
+        #expect(try await put(Self.token(person, second)).status == 200, "the previous secret, in its own grace")
+        #expect(try await put(Self.token(person, third)).status == 200, "the current secret")
+    }
+
     @Test("off: the Customer.io SDK flow works without tokens; a PATCH takes effect on the next request")
     func offUnchangedAndPatchImmediate() async throws {
         let api = try await RegistryFixture.get().api
