@@ -28,7 +28,8 @@ public struct TenantSettings: Sendable, Equatable {
     public var maxAutoCreatedActivityTypes: Int
 }
 
-/// What the identity check needs: the mode and the opened secrets (current first; the previous one with its end).
+/// What the identity check needs: the mode and, when verification is required, the opened secrets (current first; the
+/// previous one with its end).
 public struct IdentityKeys: Sendable {
     public var verification: IdentityVerification
     public var current: [UInt8]?
@@ -244,7 +245,9 @@ public struct TenantSettingsStore: Sendable {
         return (secret, rotated)
     }
 
-    /// The mode and opened secrets, for checking user tokens.
+    /// The mode and, when it requires verification, the opened secrets, for checking user tokens. With verification
+    /// off nothing is opened: a secret sealed under a master key this process does not hold yet (another process
+    /// rolled out with a new key and rotated the secret) must not fail requests that need no secret.
     public func identityKeys(tenant: UUID) async throws -> IdentityKeys {
         let rows = try await database.tenantStatement(
             tenant,
@@ -254,9 +257,11 @@ public struct TenantSettingsStore: Sendable {
             FROM tenant_settings WHERE tenant_id = \(tenant)
             """)
         guard let row = rows.first else { return IdentityKeys(verification: .off) }
+        let verification = try row.decodeRaw(IdentityVerification.self, "identity_verification")
+        guard verification == .required else { return IdentityKeys(verification: verification) }
         let context = Self.identitySecretContext(tenant)
         return IdentityKeys(
-            verification: try row.decodeRaw(IdentityVerification.self, "identity_verification"),
+            verification: verification,
             current: try row.decode([UInt8]?.self, "sealed_identity_secret").map {
                 try keyRing.open($0, associatedData: context)
             },

@@ -350,6 +350,37 @@ struct IdentityVerificationTests {
         #expect(try await put(Self.token(person, third)).status == 200, "the current secret")
     }
 
+    @Test("off: identity secrets sealed under a master key this process lacks (a rollout) do not fail sdk writes")
+    func offNeedsNoSecrets() async throws {
+        let fixture = try await RegistryFixture.get()
+        let api = fixture.api
+        let tenant = try await api.createTenant()
+        #expect(try await api.call("POST", "/v1/settings/identity_secret", key: tenant.app).status == 201)
+        #expect(try await api.call("POST", "/v1/settings/identity_secret", key: tenant.app).status == 200)
+        // As if another process, already on a new master key, had sealed them: this one's ring has no such key ID.
+        let newer = try SealingKeyRing(current: (id: "k-newer", key: SecureRandom.bytes(32)))
+        let context = TenantSettingsStore.identitySecretContext(tenant.uuid)
+        let (current, previous) = (
+            try newer.seal(SecureRandom.bytes(32), associatedData: context),
+            try newer.seal(SecureRandom.bytes(32), associatedData: context)
+        )
+        try await fixture.pool.transaction { connection in
+            try connection.execute("SET LOCAL ROLE marquee_system")
+            try connection.execute(
+                """
+                UPDATE tenant_settings SET sealed_identity_secret = \(current),
+                    sealed_previous_identity_secret = \(previous)
+                WHERE tenant_id = \(tenant.uuid)
+                """)
+        }
+        let person = Fake.id("user")
+        let put = try await api.call("PUT", "/v1/people/\(person)", key: tenant.sdk, json: ["email": "u@example.com"])
+        #expect(put.status == 200, "verification is off: \(put.text)")
+        let device = try await api.call(
+            "PUT", "/v1/people/\(person)/devices/\(Fake.hex())", key: tenant.sdk, json: ["platform": "ios"])
+        #expect(device.status == 200, "\(device.text)")
+    }
+
     @Test("off: the Customer.io SDK flow works without tokens; a PATCH takes effect on the next request")
     func offUnchangedAndPatchImmediate() async throws {
         let api = try await RegistryFixture.get().api

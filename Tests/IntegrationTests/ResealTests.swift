@@ -49,6 +49,8 @@ struct ResealTests {
         let oldSettings = TenantSettingsStore(database: database, keyRing: oldRing)
         let firstIdentity = try await oldSettings.rotateIdentitySecret(tenant: tenant).secret
         let secondIdentity = try await oldSettings.rotateIdentitySecret(tenant: tenant).secret
+        // Required, so that `identityKeys` opens both below (it opens none while verification is off).
+        _ = try await oldSettings.update(tenant: tenant, .init(identityVerification: .required))
         await #expect(throws: (any Error).self) {
             _ = try await CredentialStore(database: database, keyRing: newRing).apnsPrivateKey(tenant: tenant)
         }
