@@ -48,7 +48,7 @@ let package = Package(
         .target(name: "ProcessLifecycle", dependencies: ["Observability"], swiftSettings: swiftSettings),
 
         // MARK: Marquee
-        .target(name: "MarqueeCore", dependencies: ["JSON"], swiftSettings: swiftSettings),
+        .target(name: "MarqueeCore", dependencies: ["JSON", "Crypto"], swiftSettings: swiftSettings),
         .target(
             name: "MarqueeStore",
             dependencies: ["MarqueeCore", "PostgresClient", "Crypto"],

@@ -49,16 +49,24 @@ public struct SealingKeyRing: Sendable {
         self.keys = keys
     }
 
-    /// Builds a single-key ring from a base64 (standard or base64url) 32-byte master key, e.g. `MARQUEE_MASTER_KEY`.
+    /// Builds a single-key ring from a base64 (standard or base64url) 32-byte master key (`masterKey(base64:)`).
     public static func fromBase64(_ masterKey: String, id: String = "k1") throws -> SealingKeyRing {
-        let trimmed = masterKey.trimmingCharacters(in: .whitespacesAndNewlines)
-        let decoded =
-            Data(base64Encoded: trimmed).map { [UInt8]($0) }
-            ?? Base64URL.decode(trimmed.hasSuffix("=") ? String(trimmed.prefix { $0 != "=" }) : trimmed)
-        guard let key = decoded else {
+        guard let key = Self.masterKey(base64: masterKey) else {
             throw CryptoError(.invalidKey, "expected a base64-encoded 32-byte master key")
         }
         return try SealingKeyRing(current: (id: id, key: key))
+    }
+
+    /// The 32 bytes of a master key written in base64, standard or base64url (padded or not), with whitespace and
+    /// newlines around it ignored (a key read from a file, such as a Kubernetes Secret made from one, ends in a
+    /// newline); nil for anything else. The one reader of `MARQUEE_MASTER_KEY` and `MARQUEE_MASTER_KEYS_PREVIOUS`.
+    public static func masterKey(base64 text: some StringProtocol) -> [UInt8]? {
+        let trimmed = String(text).trimmingCharacters(in: .whitespacesAndNewlines)
+        let decoded =
+            Data(base64Encoded: trimmed).map { [UInt8]($0) }
+            ?? Base64URL.decode(trimmed.hasSuffix("=") ? String(trimmed.prefix { $0 != "=" }) : trimmed)
+        guard let decoded, decoded.count == keyByteCount else { return nil }
+        return decoded
     }
 
     private static func validated(_ entry: (id: String, key: [UInt8])) throws -> Key {

@@ -1,3 +1,4 @@
+import Crypto
 import Foundation
 
 /// Marquee's process configuration, read from environment variables and validated at start.
@@ -227,8 +228,8 @@ public struct MarqueeConfiguration: Sendable, Equatable {
 
         masterKey = nil
         if let text = value("MARQUEE_MASTER_KEY") {
-            if let data = Data(base64Encoded: text), data.count == 32 {
-                masterKey = Array(data)
+            if let key = SealingKeyRing.masterKey(base64: text) {
+                masterKey = key
             } else {
                 problems.append(
                     Problem(variable: "MARQUEE_MASTER_KEY", reason: "must be the base64 encoding of exactly 32 bytes"))
@@ -250,10 +251,8 @@ public struct MarqueeConfiguration: Sendable, Equatable {
         if let text = value("MARQUEE_MASTER_KEYS_PREVIOUS") {
             for entry in text.split(separator: ",") {
                 let parts = entry.split(separator: ":", maxSplits: 1)
-                guard parts.count == 2, validKeyID(parts[0]),
-                    let data = Data(base64Encoded: String(parts[1]).trimmingCharacters(in: .whitespaces)),
-                    data.count == 32,
-                    String(parts[0]) != masterKeyID
+                guard parts.count == 2, case let id = parts[0].trimmingCharacters(in: .whitespacesAndNewlines),
+                    validKeyID(Substring(id)), let key = SealingKeyRing.masterKey(base64: parts[1]), id != masterKeyID
                 else {
                     problems.append(
                         Problem(
@@ -263,7 +262,7 @@ public struct MarqueeConfiguration: Sendable, Equatable {
                     )
                     break
                 }
-                previousMasterKeys.append(NamedKey(id: String(parts[0]), key: Array(data)))
+                previousMasterKeys.append(NamedKey(id: id, key: key))
             }
         }
 

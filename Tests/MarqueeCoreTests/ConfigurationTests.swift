@@ -1,3 +1,4 @@
+import Foundation
 import Testing
 
 @testable import MarqueeCore
@@ -154,9 +155,34 @@ struct MasterKeyConfigurationTests {
         #expect(try MarqueeConfiguration(environment: [:]).masterKeyID == "k1")
     }
 
+    @Test(
+        "master keys read as the key ring reads them: around whitespace (a key from a file ends in a newline), base64url"
+    )
+    func sameParserAsTheKeyRing() throws {
+        // Bytes whose base64 holds `+` and `/`, which base64url writes `-` and `_`.
+        let bytes = Array([UInt8]([0xFB, 0xFF, 0xBF]).repeated(11).prefix(32))
+        let standard = Data(bytes).base64EncodedString()
+        try #require(standard.contains("+") && standard.contains("/") && standard.hasSuffix("="))
+        let url = String(
+            standard.map { $0 == "+" ? "-" : $0 == "/" ? "_" : $0 }.filter { $0 != "=" })
+        for text in [standard + "\n", " " + standard + "\r\n", url, url + "\n"] {
+            let c = try MarqueeConfiguration(environment: [
+                "MARQUEE_MASTER_KEY": text, "MARQUEE_MASTER_KEY_ID": "k2", "MARQUEE_MASTER_KEYS_PREVIOUS": "k1:" + text,
+            ])
+            #expect(c.masterKey == bytes, "\(text.debugDescription)")
+            #expect(c.previousMasterKeys.map(\.key) == [bytes], "\(text.debugDescription)")
+        }
+        for wrong in ["\n", standard + "AAAA", String(standard.dropLast(4)), standard + "*"] {
+            let error = #expect(throws: ConfigurationError.self, "\(wrong.debugDescription)") {
+                try MarqueeConfiguration(environment: ["MARQUEE_MASTER_KEY": wrong])
+            }
+            #expect(error.map { !$0.description.contains(standard) } ?? true)
+        }
+    }
+
     @Test("malformed previous keys, a reused ID, or a bad ID are refused without echoing the key")
     func refused() {
-        for previous in ["k1", "k1:short", "k2:\(b)", "bad id:\(b)"] {
+        for previous in ["k1", "k1:short", "k2:\(b)", "bad id:\(b)", ":", "k1:\(b),:"] {
             do {
                 _ = try MarqueeConfiguration(environment: [
                     "MARQUEE_MASTER_KEY": a, "MARQUEE_MASTER_KEY_ID": "k2", "MARQUEE_MASTER_KEYS_PREVIOUS": previous,
@@ -168,4 +194,8 @@ struct MasterKeyConfigurationTests {
             }
         }
     }
+}
+
+extension Array {
+    fileprivate func repeated(_ times: Int) -> [Element] { (0..<times).flatMap { _ in self } }
 }
