@@ -76,7 +76,10 @@ final class RawConnection {
             let sent = bytes[offset...].withUnsafeBytes {
                 Glibc.send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL))
             }
-            if sent <= 0 { throw ClientError(description: "send() failed", errno: errno) }
+            if sent <= 0 {
+                let code = errno
+                throw ClientError(description: "send() failed: \(String(cString: strerror(code)))", errno: code)
+            }
             offset += sent
         }
     }
