@@ -15,7 +15,10 @@ struct Authenticator: Sendable {
     /// working within `cacheTTL`. Keys found invalid are remembered as long, so that a fleet of apps still shipping a
     /// revoked sdk key (or anyone repeating a bad key) costs one lookup per key and period, not one per request.
     let cache: KeyCache
-    /// The request rate limits, checked right after a key is authenticated; nil: none.
+    /// The lookups under way of keys not in the cache, one per key.
+    let lookups = KeyLookups()
+    /// The request rate limits, checked right after a key is authenticated, and the client addresses' budgets of
+    /// lookups of keys not in the cache, checked before the database is asked; nil: none.
     let rateGuard: RequestRateGuard?
 
     init(
@@ -45,7 +48,7 @@ struct Authenticator: Sendable {
         guard let presented = Self.presentedKey(request, scheme: scheme) ?? fallbackKey else {
             throw Problems.unauthorized()
         }
-        guard let principal = try await principal(presented) else {
+        guard let principal = try await principal(presented, request) else {
             throw Problems.unauthorized("The API key is not valid.")
         }
         try rateGuard?.check(principal, request, spend: spend)
@@ -58,21 +61,30 @@ struct Authenticator: Sendable {
     }
 
     /// The principal of a presented key, from the cache or the database (which the cache then remembers, valid or
-    /// not); nil when the key is not valid. The rate is not checked: callers go through `require` or `limit`.
-    func principal(_ presented: String) async throws -> Principal? {
-        switch cache.lookup(presented) {
+    /// not); nil when the key is not valid. A key not in the cache costs a database transaction, so it spends one of
+    /// the client address's lookups first (429 `rate-limited` when none is left: `RequestRateGuard.admitLookup`;
+    /// given back when the key is valid), and requests presenting the same key meanwhile wait for that one lookup.
+    /// The request rate is not checked: callers go through `require` or `limit`.
+    func principal(_ presented: String, _ request: HTTPRequest) async throws -> Principal? {
+        let hash = SHA256.hash(Array(presented.utf8))
+        switch cache.lookup(hash) {
         case .valid(let cached)?:
             return cached
         case .invalid?:
             return nil
         case nil:
-            // A lookup that fails (the database unreachable) caches nothing.
-            guard let checked = try await tenants.authenticate(presented) else {
-                cache.store(presented, .invalid)
-                return nil
-            }
-            cache.store(presented, .valid(checked))
-            return checked
+            return try await lookups.run(
+                hash, admit: { try rateGuard?.admitLookup(request) },
+                lookup: {
+                    // A lookup that fails (the database unreachable) caches nothing.
+                    guard let checked = try await tenants.authenticate(presented) else {
+                        cache.store(hash, .invalid)
+                        return nil
+                    }
+                    rateGuard?.keyFound(request)
+                    cache.store(hash, .valid(checked))
+                    return checked
+                })
         }
     }
 
@@ -130,7 +142,8 @@ struct Authenticator: Sendable {
 }
 
 /// A small time-bounded, size-bounded cache kept in memory only (verified keys, tenants' identity settings). A TTL of
-/// zero turns it off.
+/// zero turns it off. At `capacity`, the expired entries go, then the oldest tenth: a flood of new keys pushes out
+/// the oldest entries, never the newer ones with them.
 final class ExpiringCache<Key: Hashable & Sendable, Value: Sendable>: Sendable {
     private struct Entry {
         var value: Value
@@ -139,9 +152,15 @@ final class ExpiringCache<Key: Hashable & Sendable, Value: Sendable>: Sendable {
 
     private let entries = Mutex<[Key: Entry]>([:])
     private let ttl: Duration
-    private let capacity = 10_000
+    let capacity: Int
 
-    init(ttl: Duration) { self.ttl = ttl }
+    init(ttl: Duration, capacity: Int = 10_000) {
+        self.ttl = ttl
+        self.capacity = max(1, capacity)
+    }
+
+    /// Entries held now (expired ones included until they are looked up or make room).
+    var count: Int { entries.withLock { $0.count } }
 
     func lookup(_ key: Key) -> Value? {
         guard ttl > .zero else { return nil }
@@ -160,9 +179,20 @@ final class ExpiringCache<Key: Hashable & Sendable, Value: Sendable>: Sendable {
         guard ttl > .zero else { return }
         let expires = ContinuousClock.now + ttl
         entries.withLock { entries in
-            if entries.count >= capacity { entries.removeAll(keepingCapacity: true) }
+            if entries[key] == nil, entries.count >= capacity { Self.makeRoom(&entries, capacity: capacity) }
             entries[key] = Entry(value: value, expires: expires)
         }
+    }
+
+    /// Forgets the expired entries; if that is not room enough, the tenth stored longest ago (at least one) at once,
+    /// so that a stream of new keys pays for one pass and one sort per tenth of the capacity
+    /// (`RequestLimiter.makeRoom` does the same for its buckets). Every entry lives `ttl`, so the oldest expire first.
+    private static func makeRoom(_ entries: inout [Key: Entry], capacity: Int) {
+        let now = ContinuousClock.now
+        entries = entries.filter { $0.value.expires > now }
+        guard entries.count >= capacity else { return }
+        let oldest = entries.sorted { $0.value.expires < $1.value.expires }
+        for (key, _) in oldest.prefix(max(1, capacity / 10)) { entries[key] = nil }
     }
 
     func remove(_ key: Key) {
@@ -176,7 +206,7 @@ final class ExpiringCache<Key: Hashable & Sendable, Value: Sendable>: Sendable {
 }
 
 /// Checked keys, keyed by the SHA-256 of the key (the key text itself is not kept). Valid and invalid keys are kept
-/// apart, so that a flood of made-up keys (each one a miss) clears only the invalid ones when it fills its cache.
+/// apart, so that a flood of made-up keys (each one a miss) pushes out only invalid ones when it fills its cache.
 final class KeyCache: Sendable {
     enum Verdict: Sendable, Equatable {
         case valid(Principal)
@@ -191,14 +221,13 @@ final class KeyCache: Sendable {
         invalid = ExpiringCache(ttl: ttl)
     }
 
-    func lookup(_ key: String) -> Verdict? {
-        let hash = SHA256.hash(Array(key.utf8))
+    /// The verdict on the key whose SHA-256 is `hash`, if checked lately.
+    func lookup(_ hash: [UInt8]) -> Verdict? {
         if let principal = valid.lookup(hash) { return .valid(principal) }
         return invalid.lookup(hash) != nil ? .invalid : nil
     }
 
-    func store(_ key: String, _ verdict: Verdict) {
-        let hash = SHA256.hash(Array(key.utf8))
+    func store(_ hash: [UInt8], _ verdict: Verdict) {
         switch verdict {
         case .valid(let principal): valid.store(hash, principal)
         case .invalid: invalid.store(hash, true)
@@ -207,4 +236,61 @@ final class KeyCache: Sendable {
 
     /// Forgets the valid keys of `tenant` (at most the cache's capacity to look through; rare: a settings change).
     func forget(tenant: UUID) { valid.removeAll { $0.tenantID == tenant } }
+}
+
+/// The database lookups under way of keys not in the key cache, by the key's SHA-256: requests presenting a key whose
+/// lookup is under way wait for its answer instead of starting another (a fleet of apps starting at once with a key
+/// the cache just dropped, or one key repeated in a flood, costs one lookup).
+final class KeyLookups: Sendable {
+    private enum Turn: Sendable {
+        /// No lookup of the key was under way: this request does it.
+        case lead
+        /// The answer of the lookup this request waited for.
+        case answer(Principal?)
+        /// The lookup waited for was cancelled with its request: try again.
+        case again
+    }
+
+    private let waiting = Mutex<[[UInt8]: [CheckedContinuation<Turn, any Error>]]>([:])
+
+    /// The requests waiting for the lookup under way of the key `hash` (0 also when there is none).
+    func waiting(for hash: [UInt8]) -> Int { waiting.withLock { $0[hash]?.count ?? 0 } }
+
+    /// The answer of `lookup` for the key `hash`: that of the lookup under way, if there is one (its error too);
+    /// otherwise `admit` is asked (it refuses by throwing) and `lookup` runs, answering every request that came
+    /// meanwhile too. `lookup` remembers its answer (the key cache) before the waiting requests get it.
+    func run(
+        _ hash: [UInt8], admit: () throws -> Void, lookup: () async throws -> Principal?
+    ) async throws -> Principal? {
+        while true {
+            let turn: Turn = try await withCheckedThrowingContinuation { continuation in
+                let decided: Result<Turn, any Error>? = waiting.withLock { waiting in
+                    if waiting[hash] != nil {
+                        waiting[hash]?.append(continuation)
+                        return nil
+                    }
+                    do { try admit() } catch { return .failure(error) }
+                    waiting[hash] = []
+                    return .success(.lead)
+                }
+                if let decided { continuation.resume(with: decided) }
+            }
+            switch turn {
+            case .answer(let principal): return principal
+            case .again: continue
+            case .lead: break
+            }
+            let result: Result<Principal?, any Error>
+            do { result = .success(try await lookup()) } catch { result = .failure(error) }
+            let waiters = waiting.withLock { $0.removeValue(forKey: hash) ?? [] }
+            for waiter in waiters {
+                switch result {
+                case .success(let principal): waiter.resume(returning: .answer(principal))
+                case .failure(let error) where error is CancellationError: waiter.resume(returning: .again)
+                case .failure(let error): waiter.resume(throwing: error)
+                }
+            }
+            return try result.get()
+        }
+    }
 }

@@ -126,7 +126,7 @@ struct CompatRoutes: Sendable {
     func settings(_ request: HTTPRequest) async throws -> HTTPResponse {
         let key = request.pathParameters["write_key"] ?? ""
         // Through the key cache, as every key: an app starting (or a flood of made-up keys) costs no lookup each.
-        guard let principal = try await authenticator.principal(key), principal.kind == .sdk else {
+        guard let principal = try await authenticator.principal(key, request), principal.kind == .sdk else {
             throw Problems.notFound("project")
         }
         try authenticator.limit(principal, request)

@@ -30,12 +30,22 @@ public struct RequestLimits: Sendable, Equatable {
     /// subscriber's network). Behind a proxy, only as good as `MARQUEE_TRUSTED_PROXIES`: untrusted, the proxy is the
     /// only address.
     public var sdkPerAddressPerSecond: Int
+    /// Lookups a second per process and client address of keys the key cache does not hold
+    /// (`MARQUEE_KEY_LOOKUPS_PER_ADDRESS`), in bursts of twice that; 0: none. Each such key costs a database
+    /// transaction, and anyone can make up well-formed keys (the sdk key, so the tenant part, is public): this keeps a
+    /// flood of them off the database. A lookup that finds a valid key gives its token back, so only keys that turn
+    /// out unknown or revoked count (a valid key is looked up at most once per key cache period anyway).
+    public var keyLookupsPerAddressPerSecond: Int
 
-    public init(appPerSecond: Int, sdkPerSecond: Int, burstSeconds: Int, sdkPerAddressPerSecond: Int = 0) {
+    public init(
+        appPerSecond: Int, sdkPerSecond: Int, burstSeconds: Int, sdkPerAddressPerSecond: Int = 0,
+        keyLookupsPerAddressPerSecond: Int = 0
+    ) {
         self.appPerSecond = appPerSecond
         self.sdkPerSecond = sdkPerSecond
         self.burstSeconds = max(1, burstSeconds)
         self.sdkPerAddressPerSecond = sdkPerAddressPerSecond
+        self.keyLookupsPerAddressPerSecond = keyLookupsPerAddressPerSecond
     }
 
     /// No limits at all.
@@ -44,10 +54,23 @@ public struct RequestLimits: Sendable, Equatable {
     /// The bucket of one client address's requests with a key of `kind` (nil: not limited by address), and the
     /// address's group: an IPv4 address, or an IPv6 address's /64. Nil for an address that is not numeric.
     func addressLimit(_ kind: APIKeyKind, address: String?) -> (limit: TokenBucket.Limit, group: String)? {
-        guard kind == .sdk, sdkPerAddressPerSecond > 0, let address, let parsed = IPAddress(address) else { return nil }
-        let group = parsed.isIPv6 ? "\(parsed.prefix(64))/64" : parsed.description
+        guard kind == .sdk, sdkPerAddressPerSecond > 0, let group = Self.addressGroup(address) else { return nil }
         let rate = Double(sdkPerAddressPerSecond)
         return (TokenBucket.Limit(perSecond: rate, burst: rate * Double(burstSeconds)), group)
+    }
+
+    /// The bucket of one client address's lookups of keys not in the key cache (nil: not limited), and the address's
+    /// group, as `addressLimit`.
+    func lookupLimit(address: String?) -> (limit: TokenBucket.Limit, group: String)? {
+        guard keyLookupsPerAddressPerSecond > 0, let group = Self.addressGroup(address) else { return nil }
+        let rate = Double(keyLookupsPerAddressPerSecond)
+        return (TokenBucket.Limit(perSecond: rate, burst: rate * 2), group)
+    }
+
+    /// An IPv4 address, or an IPv6 address's /64 (one subscriber's network); nil for an address that is not numeric.
+    private static func addressGroup(_ address: String?) -> String? {
+        guard let address, let parsed = IPAddress(address) else { return nil }
+        return parsed.isIPv6 ? "\(parsed.prefix(64))/64" : parsed.description
     }
 
     /// The operator's limit for keys of `kind` (nil: none). It is also the ceiling of a tenant's own setting: the
@@ -127,6 +150,12 @@ struct TokenBucket: Sendable, Equatable {
         return Self.retryAfter(missing: needed - tokens, perSecond: limit.perSecond)
     }
 
+    /// Gives back `count` tokens taken before (at most up to the burst): what they were taken for did not happen.
+    mutating func giveBack(_ count: Int, at now: ContinuousClock.Instant) {
+        advance(to: now, limit: limit)
+        tokens = min(limit.burst, tokens + Double(count))
+    }
+
     /// Whole seconds (rounded up, at least 1, at most a day) until `missing` tokens have come back at `perSecond`.
     static func retryAfter(missing: Double, perSecond: Double) -> Int {
         let seconds = perSecond > 0 ? missing / perSecond : .infinity
@@ -134,15 +163,15 @@ struct TokenBucket: Sendable, Equatable {
     }
 }
 
-/// The buckets of one process, per tenant and kind of key, at most `capacity` of them.
+/// The buckets of one process, per tenant and kind of key (or per client address: `Key`), at most `capacity` of them.
 ///
-/// Buckets exist only for keys that authenticated (made-up keys are refused before, from the key cache), yet their
-/// number is bounded all the same: to make room, buckets that have filled up again are forgotten first (a full
+/// Their number is bounded (client addresses are many): to make room, buckets that have filled up again are forgotten first (a full
 /// bucket is what a new one would be, so nothing changes), then the one used longest ago.
 final class RequestLimiter: Sendable {
     struct Key: Hashable, Sendable {
-        var tenant: UUID
-        var kind: APIKeyKind
+        /// Nil (with `kind`): a client address's key lookups (`RequestLimits.lookupLimit`), of no tenant.
+        var tenant: UUID?
+        var kind: APIKeyKind?
         /// A client address's own bucket within the tenant's (`RequestLimits.addressLimit`); nil for the tenant's.
         var address: String? = nil
     }
@@ -198,6 +227,11 @@ final class RequestLimiter: Sendable {
         }
     }
 
+    /// Gives `count` tokens back to `key`'s bucket (`TokenBucket.giveBack`), if it is still held.
+    func giveBack(_ key: Key, count: Int = 1, at now: ContinuousClock.Instant) {
+        entries.withLock { entries in entries[key]?.bucket.giveBack(count, at: now) }
+    }
+
     /// Forgets the buckets that filled up again; if that is not room enough, the tenth used longest ago (at least
     /// one) at once: a stream of new keys (client addresses, one after another) then pays for one pass and one sort
     /// per tenth of the capacity, not for a pass over every bucket at each new key.
@@ -216,21 +250,27 @@ struct RequestRateGuard: Sendable {
     /// The client addresses' buckets, apart from the tenants': a flood from many addresses cannot push a tenant's
     /// spent bucket out (which would refill it).
     let addressLimiter: RequestLimiter
+    /// The client addresses' buckets of key lookups (`RequestLimits.lookupLimit`), apart again.
+    let lookupLimiter: RequestLimiter
     /// `marquee_http_rate_limited_total{kind}`.
     let refused: Counter
     /// `marquee_http_rate_limited_addresses_total`.
     let refusedAddresses: Counter
+    /// `marquee_http_key_lookups_limited_total`.
+    let refusedLookups: Counter
     let logger: Logger
     let now: @Sendable () -> ContinuousClock.Instant
 
     init(
         limits: RequestLimits, limiter: RequestLimiter = RequestLimiter(),
-        addressLimiter: RequestLimiter = RequestLimiter(capacity: 50_000), metrics: MetricsRegistry, logger: Logger,
+        addressLimiter: RequestLimiter = RequestLimiter(capacity: 50_000),
+        lookupLimiter: RequestLimiter = RequestLimiter(capacity: 50_000), metrics: MetricsRegistry, logger: Logger,
         now: @escaping @Sendable () -> ContinuousClock.Instant = { .now }
     ) {
         self.limits = limits
         self.limiter = limiter
         self.addressLimiter = addressLimiter
+        self.lookupLimiter = lookupLimiter
         self.refused = metrics.counter(
             "marquee_http_rate_limited_total",
             help: "Requests answered 429 rate-limited: the tenant's requests with keys of this kind went over its "
@@ -241,6 +281,11 @@ struct RequestRateGuard: Sendable {
             help: "Requests answered 429 rate-limited: one client address's requests with a tenant's sdk keys went "
                 + "over MARQUEE_RATE_LIMIT_SDK_PER_ADDRESS on this process.")
         refusedAddresses.inc(0)
+        self.refusedLookups = metrics.counter(
+            "marquee_http_key_lookups_limited_total",
+            help: "Requests answered 429 rate-limited: one client address presented more keys the key cache did not "
+                + "hold than MARQUEE_KEY_LOOKUPS_PER_ADDRESS lets this process look up.")
+        refusedLookups.inc(0)
         self.logger = logger
         self.now = now
     }
@@ -271,6 +316,35 @@ struct RequestRateGuard: Sendable {
         refused.inc(1, [principal.kind.rawValue])
         if let report { log(principal, request, limit: limit, refused: report, address: nil) }
         throw Problems.rateLimited(kind: principal.kind, limit: limit, retryAfter: retryAfter, perAddress: false)
+    }
+
+    /// Throws 429 `rate-limited` (`scope: key_lookup`) when the client address of `request` has no token left for a
+    /// lookup of a key not in the key cache; otherwise takes one. Checked before the database is asked
+    /// (`Authenticator.principal`), which gives the token back when the key turns out valid (`keyFound`).
+    func admitLookup(_ request: HTTPRequest) throws {
+        guard let (limit, group) = limits.lookupLimit(address: request.remoteAddress) else { return }
+        guard
+            case .limited(let retryAfter, let report) = lookupLimiter.check(
+                RequestLimiter.Key(tenant: nil, kind: nil, address: group), limit: limit, at: now())
+        else { return }
+        refusedLookups.inc(1)
+        if let report {
+            logger.warning(
+                "key lookups rate limited for a client address",
+                metadata: [
+                    "rate_limit.client_address": .string(group), "rate_limit.per_second": .int(Int(limit.perSecond)),
+                    "rate_limit.burst": .int(Int(limit.burst)), "rate_limit.refused": .int(report),
+                    "request.id": .string(request.requestID), "http.route": .string(request.route ?? "unmatched"),
+                ])
+        }
+        throw Problems.keyLookupsLimited(limit: limit, retryAfter: retryAfter)
+    }
+
+    /// The lookup `admitLookup` let through found a valid key: its token goes back, so that only keys that turn out
+    /// unknown or revoked spend the address's lookups.
+    func keyFound(_ request: HTTPRequest) {
+        guard let (_, group) = limits.lookupLimit(address: request.remoteAddress) else { return }
+        lookupLimiter.giveBack(RequestLimiter.Key(tenant: nil, kind: nil, address: group), at: now())
     }
 
     /// A bucket's refusals since its previous line (never the key itself: its ID names it).
@@ -309,6 +383,22 @@ extension Problems {
             extensions: [
                 "key_kind": kind.rawValue, "limit_per_second": String(perSecond), "burst": String(burst),
                 "retry_after": String(retryAfter), "scope": perAddress ? "client_address" : "workspace",
+            ],
+            headers: ["Retry-After": String(retryAfter)])
+    }
+
+    /// 429: this client address presented more keys that this process had not checked lately (each a database
+    /// lookup) than `MARQUEE_KEY_LOOKUPS_PER_ADDRESS` lets through.
+    static func keyLookupsLimited(limit: TokenBucket.Limit, retryAfter: Int) -> HTTPProblem {
+        let perSecond = Int(limit.perSecond)
+        let burst = Int(limit.burst)
+        return HTTPProblem(
+            status: 429, type: typeBase + "rate-limited", title: "Too Many Requests",
+            detail: "This client address presented too many API keys that are not valid or not checked lately on "
+                + "this server (\(perSecond) a second, bursts of \(burst)). Retry after \(retryAfter) s.",
+            extensions: [
+                "limit_per_second": String(perSecond), "burst": String(burst), "retry_after": String(retryAfter),
+                "scope": "key_lookup",
             ],
             headers: ["Retry-After": String(retryAfter)])
     }

@@ -125,6 +125,10 @@ public struct MarqueeConfiguration: Sendable, Equatable {
     /// `MARQUEE_RATE_LIMIT_SDK_PER_ADDRESS`: requests a second each `marquee serve` process takes from one client
     /// address with one tenant's sdk keys (an IPv6 address counts by its /64); 0: no such limit. Default 0.
     public var rateLimitSDKPerAddress: Int
+    /// `MARQUEE_KEY_LOOKUPS_PER_ADDRESS`: lookups a second each `marquee serve` process makes for one client address
+    /// of API keys its key cache does not hold (bursts of twice that; a lookup that finds a valid key does not
+    /// count); over it, 429. 0: no such limit. Default 20.
+    public var keyLookupsPerAddress: Int
     /// `MARQUEE_TRUSTED_PROXIES`: the proxies in front of `serve` (addresses and CIDR blocks separated by commas)
     /// whose `X-Forwarded-For` names the client. Default none. Parsed by `serve` (HTTPServer's `TrustedProxies`).
     public var trustedProxies: String?
@@ -296,6 +300,7 @@ public struct MarqueeConfiguration: Sendable, Equatable {
         rateLimitSDK = integer("MARQUEE_RATE_LIMIT_SDK", default: 1000, range: 0...1_000_000)
         rateLimitBurstSeconds = integer("MARQUEE_RATE_LIMIT_BURST", default: 10, range: 1...3600)
         rateLimitSDKPerAddress = integer("MARQUEE_RATE_LIMIT_SDK_PER_ADDRESS", default: 0, range: 0...1_000_000)
+        keyLookupsPerAddress = integer("MARQUEE_KEY_LOOKUPS_PER_ADDRESS", default: 20, range: 0...1_000_000)
         trustedProxies = value("MARQUEE_TRUSTED_PROXIES")
         if let text = value("MARQUEE_METRICS_LISTEN") {
             if let address = ListenAddress(text) {

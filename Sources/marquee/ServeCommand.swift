@@ -93,7 +93,8 @@ struct ServeCommand {
             requestLimits: RequestLimits(
                 appPerSecond: configuration.rateLimitApp, sdkPerSecond: configuration.rateLimitSDK,
                 burstSeconds: configuration.rateLimitBurstSeconds,
-                sdkPerAddressPerSecond: configuration.rateLimitSDKPerAddress),
+                sdkPerAddressPerSecond: configuration.rateLimitSDKPerAddress,
+                keyLookupsPerAddressPerSecond: configuration.keyLookupsPerAddress),
             groupCommit: .init(writers: configuration.databaseWriteBatches),
             readBatches: configuration.databaseReadBatches, providerHosts: configuration.providerHosts,
             channelManager: channelManager, metrics: metrics,

@@ -214,6 +214,9 @@ final class MarqueeProcess: Sendable {
             "MARQUEE_MASTER_KEY": Self.masterKey, "MARQUEE_ADMIN_TOKEN": Self.adminToken,
             // Revocation must be visible at once in tests; the cache itself is exercised separately.
             "MARQUEE_KEY_CACHE_SECONDS": "0",
+            // Without the cache every request looks its key up: the lookups a client address may make are not under
+            // test here (KeyCacheTests.lookupsPerAddress), and every test talks from 127.0.0.1.
+            "MARQUEE_KEY_LOOKUPS_PER_ADDRESS": "0",
             // A shared server on a loaded 2-core CI machine was seen to stall for 8 s as a whole (no request read,
             // none answered; the other servers kept going) and then fail every request that had waited for a pooled
             // connection meanwhile with the pool's 5-second timeout. Waits beyond 5 s are not under test here.

@@ -47,7 +47,13 @@ struct ConfigurationTests {
         let set = try MarqueeConfiguration(environment: [
             "MARQUEE_RATE_LIMIT_APP": "0", "MARQUEE_RATE_LIMIT_SDK": "250", "MARQUEE_RATE_LIMIT_BURST": "2",
         ])
+        #expect(c.keyLookupsPerAddress == 20)
         #expect(set.rateLimitApp == 0 && set.rateLimitSDK == 250 && set.rateLimitBurstSeconds == 2)
+        #expect(
+            try MarqueeConfiguration(environment: ["MARQUEE_KEY_LOOKUPS_PER_ADDRESS": "0"]).keyLookupsPerAddress == 0)
+        #expect(throws: ConfigurationError.self) {
+            try MarqueeConfiguration(environment: ["MARQUEE_KEY_LOOKUPS_PER_ADDRESS": "-1"])
+        }
         let bad = #expect(throws: ConfigurationError.self) {
             try MarqueeConfiguration(environment: [
                 "MARQUEE_RATE_LIMIT_APP": "-1", "MARQUEE_RATE_LIMIT_SDK": "many", "MARQUEE_RATE_LIMIT_BURST": "0",
