@@ -26,6 +26,8 @@ struct Marquee {
           key list --tenant T
           key revoke --tenant T --key K
           key rotate --tenant T --key K [--grace-seconds S]
+                             key commands print JSON (--json is accepted); an option a
+                             command does not take, or one given twice, is refused (exit 2)
           simulate apns|fcm  run the local APNs or FCM simulator (MARQUEE_SIM_*)
           reseal             re-seal every stored secret under the current master key (after a rotation)
           version            print the version

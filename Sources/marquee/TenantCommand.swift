@@ -20,20 +20,40 @@ struct TenantCommand {
     var action: Action
     var json = false
 
+    /// The options each subcommand takes, the one table of them: any other option, or one given twice, is a usage
+    /// error before anything is done. An option a subcommand ignored would do something other than asked
+    /// (`key revoke --grace-seconds 3600` revoking at once). Key commands print JSON with or without `--json`.
+    static let options: [String: Set<String>] = [
+        "tenant create": ["--name", "--json"],
+        "tenant list": ["--json"],
+        "key create": ["--tenant", "--kind", "--json"],
+        "key list": ["--tenant", "--json"],
+        "key revoke": ["--tenant", "--key", "--json"],
+        "key rotate": ["--tenant", "--key", "--grace-seconds", "--json"],
+    ]
+
     /// `group` is `tenant` or `key`.
     init(group: String, arguments: [String]) throws {
         var args = arguments
         guard !args.isEmpty else { throw UsageError("\(group): missing subcommand") }
         let sub = args.removeFirst()
+        guard let allowed = Self.options["\(group) \(sub)"] else {
+            throw UsageError("unknown command '\(group) \(sub)'")
+        }
         var options: [String: String] = [:]
         while !args.isEmpty {
             let flag = args.removeFirst()
-            switch flag {
-            case "--json": json = true
-            case "--name", "--tenant", "--kind", "--key", "--grace-seconds":
+            guard allowed.contains(flag) else {
+                throw UsageError(
+                    "\(group) \(sub): unknown option '\(flag)' (it takes \(allowed.sorted().joined(separator: ", ")))")
+            }
+            guard options[flag] == nil else { throw UsageError("\(group) \(sub): \(flag) is given twice") }
+            if flag == "--json" {
+                options[flag] = ""
+                json = true
+            } else {
                 guard !args.isEmpty else { throw UsageError("\(flag) needs a value") }
                 options[flag] = args.removeFirst()
-            default: throw UsageError("\(group) \(sub): unknown option '\(flag)'")
             }
         }
         func uuid(_ flag: String) throws -> UUID {
