@@ -184,8 +184,12 @@ public struct MarqueeConfiguration: Sendable, Equatable {
     /// Reads and validates the configuration; collects every problem rather than stopping at the first.
     public init(environment: [String: String]) throws(ConfigurationError) {
         var problems: [Problem] = []
+        // Spaces and line breaks around a value are not part of it: a value written to a file (a Kubernetes Secret
+        // from a file, `echo` into an env file) ends with a newline that nothing should compare or parse.
         func value(_ name: String) -> String? {
-            guard let v = environment[name]?.trimmingCharacters(in: .whitespaces), !v.isEmpty else { return nil }
+            guard let v = environment[name]?.trimmingCharacters(in: .whitespacesAndNewlines), !v.isEmpty else {
+                return nil
+            }
             return v
         }
         func integer(_ name: String, default def: Int, range: ClosedRange<Int>) -> Int {
@@ -273,6 +277,11 @@ public struct MarqueeConfiguration: Sendable, Equatable {
         adminToken = value("MARQUEE_ADMIN_TOKEN")
         if let token = adminToken, token.utf8.count < 16 {
             problems.append(Problem(variable: "MARQUEE_ADMIN_TOKEN", reason: "must be at least 16 characters"))
+        } else if let token = adminToken,
+            token.unicodeScalars.contains(where: { $0.properties.generalCategory == .control })
+        {
+            // No header can carry it: the admin API would refuse every request.
+            problems.append(Problem(variable: "MARQUEE_ADMIN_TOKEN", reason: "must not contain control characters"))
         }
 
         databasePoolSize = integer("MARQUEE_DB_POOL_SIZE", default: 16, range: 1...500)

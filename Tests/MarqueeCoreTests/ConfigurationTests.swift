@@ -109,6 +109,22 @@ struct ConfigurationTests {
         #expect(try c.requireDatabaseURL() == "postgresql://u@h/db")
     }
 
+    @Test("a value from a file keeps no line break: an admin token with a trailing newline is the token")
+    func lineBreaksAround() throws {
+        let c = try MarqueeConfiguration(environment: [
+            "MARQUEE_ADMIN_TOKEN": "0123456789abcdef\n", "DATABASE_URL": "postgresql://u@h/db\r\n",
+            "MARQUEE_LOG_LEVEL": " debug\n",
+        ])
+        #expect(c.adminToken == "0123456789abcdef")
+        #expect(c.databaseURL == "postgresql://u@h/db")
+        #expect(c.logLevel == "debug")
+        // One no header can carry is refused, naming the variable.
+        let inside = #expect(throws: ConfigurationError.self) {
+            try MarqueeConfiguration(environment: ["MARQUEE_ADMIN_TOKEN": "01234567\n89abcdef"])
+        }
+        #expect(inside?.problems.map(\.variable) == ["MARQUEE_ADMIN_TOKEN"])
+    }
+
     @Test("every problem is reported, naming the variable and never echoing a secret")
     func problems() {
         let secret = "c2hvcnQ="  // "short"
