@@ -310,6 +310,42 @@ struct RetentionTests {
         }
         #expect(try await db.count("delivery_metrics") == 4)
     }
+
+    @Test("history is never updated, by a partition's name either: its default and day partitions take no UPDATE")
+    func historyPartitionsNotUpdated() async throws {
+        let db = try await Database.make()
+        defer { db.close() }
+        // Made by the migrations, and one made now as the worker's retention pass does (0104).
+        let made = try await db.system.query(
+            "SELECT marquee_ensure_day_partition('delivery_history', current_date + 30) AS made")
+        #expect(try made[0].decode(Bool.self, "made"))
+        let rows = try await db.owner.query(
+            """
+            SELECT c.relname::text AS name, r.role,
+                   has_table_privilege(r.role, c.oid, 'UPDATE') AS may_update,
+                   has_table_privilege(r.role, c.oid, 'INSERT') AND has_table_privilege(r.role, c.oid, 'SELECT')
+                       AND has_table_privilege(r.role, c.oid, 'DELETE') AS may_rest
+            FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+            CROSS JOIN (VALUES ('marquee_api'), ('marquee_system')) AS r (role)
+            WHERE i.inhparent IN ('delivery_history'::regclass, 'delivery_metrics'::regclass)
+            """)
+        var partitions: Set<String> = []
+        for row in rows {
+            let name = try row.decode(String.self, "name")
+            let role = try row.decode(String.self, "role")
+            partitions.insert(name)
+            // Delivery metrics' partitions are updated (their parent grants it); history's are not.
+            #expect(try row.decode(Bool.self, "may_update") == name.hasPrefix("delivery_metrics"), "\(name) \(role)")
+            #expect(try row.decode(Bool.self, "may_rest"), "\(name) \(role)")
+        }
+        #expect(partitions.contains("delivery_history_default"))
+        #expect(partitions.contains("delivery_history_\(Self.day(Date() + 30 * 86_400))"))
+        #expect(partitions.filter { $0.hasPrefix("delivery_history_") }.count >= 10)
+        // As the worker's role, an update by the partition's name is refused.
+        await #expect(throws: PostgresError.self) {
+            try await db.system.execute("UPDATE delivery_history_default SET status = status WHERE false")
+        }
+    }
 }
 
 /// Set once, read from anywhere: whether something concurrent has happened yet.
