@@ -128,7 +128,7 @@ struct CampaignRoutes: Sendable {
             attributes: template.sample, contentState: contentState, options: options,
             timestamp: Int64(start.timeIntervalSince1970)
         ).content(
-            event: .start, instanceID: id + "." + String(repeating: "x", count: 127 - id.utf8.count),
+            event: .start, instanceID: CampaignSizing.longestInstanceID(id),
             activityType: activityType, attributesType: type.attributesType, profile: type.payloadProfile,
             dateFields: type.dateFields, now: start)
         content.inputPushChannel = channelRecord?.apnsChannelID
@@ -284,12 +284,18 @@ struct CampaignRoutes: Sendable {
             options[key] = .null
         }
         if case .replace = content {
-            // A whole new state is checked now against the activity type (a patch is checked per instance at run
-            // time, against each one's own state).
-            let rows = try await store.activityType(tenant: tenant, campaignID: campaignID)
-            guard let type = rows else { throw NotFound("campaign") }
-            _ = try content.apply(
+            // A whole new state is checked now against the activity type, and its pushes for size as the campaign's
+            // start was (a patch is checked per instance at run time, against each one's own state, and so is the
+            // size of every new state).
+            guard let facts = try await store.changeFacts(tenant: tenant, campaignID: campaignID) else {
+                throw NotFound("campaign")
+            }
+            let type = facts.type
+            let state = try content.apply(
                 to: .null, schema: type.contentStateSchema, dateFields: type.dateFields, profile: type.payloadProfile)
+            try facts.sizing.check(
+                state, options: CampaignSizing.options(facts.options, changed: options), operation: operation,
+                type: type, now: at ?? now)
         }
         let outcome: CampaignStore.ScheduleOutcome
         do {

@@ -1,3 +1,5 @@
+import Foundation
+
 /// A campaign's attributes with `{"$person": "/pointer"}` nodes, each filled in from one person's attributes at start.
 ///
 /// A node may give `"default"`, used when the person has no value there (or `null`); without one such a person gets no
@@ -189,5 +191,63 @@ extension PayloadLimits {
             }
         }
         return room
+    }
+}
+
+/// How a campaign's pushes are measured against the size limits: composed with its template's ``PersonTemplate/sample``
+/// grown by the headroom its creation left (what a person's filled attributes may add, no more), under the longest
+/// instance ID the campaign can make, for the platforms it targets. The one home of that measure, for the campaign's
+/// start (the API), a campaign-wide change the API sees whole, and each new state a change computes at run time (the
+/// worker's scheduler): a change accepted by it cannot fail for size at APNs or FCM on any of the campaign's instances.
+public struct CampaignSizing: Sendable, Equatable {
+    public var campaignID: String
+    /// The template's sample, with the headroom added as one padding member.
+    public var attributes: JSONValue
+    public var platforms: [Platform]
+
+    /// `template` is the campaign's attributes with their `$person` nodes; `headroom` as creation stored it.
+    public init(campaignID: String, template: JSONValue, headroom: Int, platform: Platform?) {
+        self.campaignID = campaignID
+        var sample = (try? PersonTemplate(template))?.sample.objectValue ?? template.objectValue ?? [:]
+        if headroom > 0 {
+            // Only where the attributes travel (APNs starts, FCM data of the marquee and customerio profiles) does
+            // the padding count, as a person's larger values would.
+            var key = "~"
+            while sample[key] != nil { key += "~" }
+            sample[key] = .string(String(repeating: "~", count: headroom))
+        }
+        attributes = .object(sample)
+        platforms = platform.map { [$0] } ?? [.ios, .android]
+    }
+
+    /// The longest instance ID of a campaign: `<campaign_id>.<person_id>` is at most 128 bytes.
+    public static func longestInstanceID(_ campaignID: String) -> String {
+        campaignID + "." + String(repeating: "x", count: max(0, 127 - campaignID.utf8.count))
+    }
+
+    /// The options an instance of the campaign has after a change: the campaign's sticky ones (`base`, stored form)
+    /// without the per-push alert and dismissal, then the change's (a null clears one), as the change's write sets
+    /// them.
+    public static func options(_ base: JSONValue, changed: [String: JSONValue]) -> StoredOptions {
+        var o = base.objectValue ?? [:]
+        o["alert"] = nil
+        o["dismissal_date"] = nil
+        o.merge(changed) { _, new in new }
+        return StoredOptions(json: .object(o))
+    }
+
+    /// Throws when the push of `operation` with `contentState` and `options` would not fit.
+    public func check(
+        _ contentState: JSONValue, options: StoredOptions, operation: LifecyclePlanner.Operation, type: ActivityType,
+        now: Date
+    ) throws(PayloadSizeError) {
+        let content = DeliverySnapshot(
+            attributes: attributes, contentState: contentState, options: options,
+            timestamp: Int64(now.timeIntervalSince1970)
+        ).content(
+            event: operation == .end ? .end : .update, instanceID: Self.longestInstanceID(campaignID),
+            activityType: type.identifier, attributesType: type.attributesType, profile: type.payloadProfile,
+            dateFields: type.dateFields, now: now)
+        try LifecyclePlanner.checkSize(content, platforms: platforms)
     }
 }

@@ -691,7 +691,7 @@ public struct CampaignRunner: Sendable {
         let rows = try c.query(
             """
             SELECT c.state, c.rate_limit_per_second, ch.id AS channel_id, ch.apns_channel_id,
-                   \(unsafeRaw: Self.typeColumns)
+                   \(unsafeRaw: Self.typeColumns), \(unsafeRaw: Self.sizingColumns)
             FROM campaigns c JOIN activity_types a ON a.tenant_id = c.tenant_id AND a.identifier = c.activity_type
             LEFT JOIN channels ch ON ch.tenant_id = c.tenant_id AND ch.id = c.channel_id AND ch.status = 'active'
             WHERE c.tenant_id = \(tenant) AND c.id = \(campaignID)
@@ -705,6 +705,9 @@ public struct CampaignRunner: Sendable {
             )
         }
         let type = try RegistryStore.activityType(row)
+        let sizing = try Self.sizing(row, campaignID: campaignID)
+        let options = CampaignSizing.options(
+            try row.decode(JSONValue.self, "campaign_options"), changed: change.options)
         let rate = try row.decode(Int?.self, "rate_limit_per_second")
         // A channel-backed campaign: the change is also ONE broadcast on its channel, for every subscribed device.
         let channelID = try row.decode(UUID?.self, "channel_id")
@@ -843,6 +846,12 @@ public struct CampaignRunner: Sendable {
         var rejected: [String: Int] = [:]
         var suppressed = 0
         let hasAlert = change.options["alert"].map { $0 != .null } ?? false
+        let now = Date()
+        // Whether the push with `state` fits, measured as the campaign's pushes are (the API's rule for a whole new
+        // state, and the campaign start's).
+        func fits(_ state: JSONValue, _ options: StoredOptions) -> Bool {
+            (try? sizing.check(state, options: options, operation: change.operation, type: type, now: now)) != nil
+        }
         for state in states {
             let current = try state.decode(JSONValue.self, "content_state")
             do {
@@ -856,13 +865,20 @@ public struct CampaignRunner: Sendable {
                     suppressed += 1
                     continue
                 }
+                try sizing.check(next, options: options, operation: change.operation, type: type, now: now)
                 mapping.append(.object(["old": current, "new": next]))
             } catch {
-                rejected[error.field, default: 0] += 1
+                // Counted by the field the schema or profile refused, or as `push-too-large`.
+                rejected[(error as? ValidationError)?.field ?? "push-too-large", default: 0] += 1
                 // An end still ends: an instance whose final content would break its type's rules (a patch meeting a
-                // state single updates changed, a schema changed since the end was scheduled) ends showing what it
-                // shows now, rather than staying on the lock screen until it expires.
-                if change.operation == .end { mapping.append(.object(["old": current, "new": current])) }
+                // state single updates changed, a schema changed since the end was scheduled) or make its push too
+                // large ends showing what it shows now, rather than staying on the lock screen until it expires;
+                // without its alert when even that push would not fit.
+                if change.operation == .end {
+                    var end: [String: JSONValue] = ["old": current, "new": current]
+                    if !fits(current, options) { end["drop"] = .string("alert") }
+                    mapping.append(.object(end))
+                }
             }
         }
         let timestamp = Int64(Date().timeIntervalSince1970.rounded(.down))
@@ -871,11 +887,13 @@ public struct CampaignRunner: Sendable {
         let written = try c.query(
             """
             WITH map AS (
-                SELECT e -> 'old' AS old, e -> 'new' AS new FROM jsonb_array_elements(\(JSONValue.array(mapping))) e
+                SELECT e -> 'old' AS old, e -> 'new' AS new, COALESCE(e ->> 'drop', '') AS drop
+                FROM jsonb_array_elements(\(JSONValue.array(mapping))) e
             ), upd AS (
                 UPDATE instances i SET
                     content_state = map.new,
-                    options = jsonb_strip_nulls((i.options - 'alert' - 'dismissal_date') || \(JSONValue.object(change.options))),
+                    options = jsonb_strip_nulls(
+                        (i.options - 'alert' - 'dismissal_date') || (\(JSONValue.object(change.options)) - map.drop)),
                     version = i.version + 1,
                     content_timestamp = GREATEST(\(timestamp)::bigint, i.content_timestamp + 1),
                     state = CASE WHEN \(isEnd) THEN 'ended' ELSE i.state END,
@@ -989,4 +1007,20 @@ extension CampaignRunner {
     /// The activity type's columns from `activity_types a`, beside the campaign's.
     static let typeColumns = RegistryStore.typeColumns.split(separator: ",")
         .map { "a." + $0.trimmingCharacters(in: .whitespaces) }.joined(separator: ", ")
+
+    /// The columns of `campaigns c` its pushes are measured with (``sizing(_:campaignID:)``) and its options: the
+    /// headroom is the one its start schedule stored (0 for a campaign created before there was one).
+    static let sizingColumns = """
+        c.attributes AS campaign_attributes, c.options AS campaign_options, c.platform AS campaign_platform,
+        COALESCE((SELECT (s.change ->> 'headroom')::int FROM campaign_schedules s
+                  WHERE s.tenant_id = c.tenant_id AND s.campaign_id = c.id AND s.operation = 'start'
+                  LIMIT 1), 0) AS campaign_headroom
+        """
+
+    static func sizing(_ row: PostgresRow, campaignID: String) throws -> CampaignSizing {
+        CampaignSizing(
+            campaignID: campaignID, template: try row.decode(JSONValue.self, "campaign_attributes"),
+            headroom: try row.decode(Int.self, "campaign_headroom"),
+            platform: try row.decodeRaw(Platform?.self, "campaign_platform"))
+    }
 }

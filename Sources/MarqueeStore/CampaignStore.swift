@@ -467,18 +467,27 @@ public struct CampaignStore: Sendable {
         return try rows[0].map(Self.campaign)
     }
 
-    /// The activity type of a campaign; nil when there is no such campaign.
-    public func activityType(tenant: UUID, campaignID: String) async throws -> ActivityType? {
+    /// What a campaign-wide change is checked against: the campaign's activity type, how its pushes are measured,
+    /// and its own options (stored form). Nil when there is no such campaign.
+    public func changeFacts(tenant: UUID, campaignID: String) async throws
+        -> (type: ActivityType, sizing: CampaignSizing, options: JSONValue)?
+    {
         let rows = try await database.tenantRead(
             tenant,
             [
                 """
-                SELECT \(unsafeRaw: CampaignRunner.typeColumns) FROM campaigns c
+                SELECT \(unsafeRaw: CampaignRunner.typeColumns), \(unsafeRaw: CampaignRunner.sizingColumns)
+                FROM campaigns c
                 JOIN activity_types a ON a.tenant_id = c.tenant_id AND a.identifier = c.activity_type
                 WHERE c.tenant_id = \(tenant) AND c.id = \(campaignID)
                 """
             ])
-        return try rows[0].first.map(RegistryStore.activityType)
+        return try rows[0].first.map { row in
+            (
+                try RegistryStore.activityType(row), try CampaignRunner.sizing(row, campaignID: campaignID),
+                try row.decode(JSONValue.self, "campaign_options")
+            )
+        }
     }
 
     /// The people a started campaign addressed, by person ID, with their instance or why they got none.

@@ -645,6 +645,86 @@ struct CampaignTests {
         #expect(states == ["ended", "ended"], "\(states)")
     }
 
+    @Test(
+        "a campaign-wide change whose pushes would be too large: 413 for a whole state, rejected at run time for a patch, an end still ends without its alert"
+    )
+    func oversizedChanges() async throws {
+        let t = try await Self.tenant()
+        let (line, _) = Self.iosPerson(Fake.id("big"), type: t.type, attributes: ["team": "B"])
+        try await t.importPeople([line])
+        let person = try #require(line.string("id"))
+        let id = Fake.id("oversized")
+        #expect(try await t.create(["campaign_id": id, "audience": ["people": [person]]]).status == 202)
+        let runner = CampaignRunner(database: TenantDatabase(pool: t.fixture.pool))
+        func run(until done: () async throws -> Bool) async throws { try await Self.runDue(runner, until: done) }
+        try await run { try await t.campaign(id).string("state") == "active" }
+        func ran(_ count: Int) async throws -> Bool {
+            let schedules = try await t.campaign(id).array("schedules")
+            return schedules.count == count && schedules.allSatisfy { $0.string("state") != "pending" }
+        }
+        func rejected(_ operation: String) async throws -> Int? {
+            let schedule = try await t.campaign(id).array("schedules").first { $0.string("operation") == operation }
+            let result = schedule?["result"] as? [String: Any]
+            return (result?["rejected_states"] as? [String: Any])?["push-too-large"] as? Int
+        }
+        func instance() async throws -> (state: String, version: Int, contentState: JSONValue, options: JSONValue) {
+            let row = try await t.fixture.pool.query(
+                """
+                SELECT state, version, content_state, options FROM instances
+                WHERE tenant_id = \(t.tenant.uuid) AND campaign_id = \(id)
+                """)[0]
+            return (
+                try row.decode(String.self, "state"), try row.decode(Int.self, "version"),
+                try row.decode(JSONValue.self, "content_state"), try row.decode(JSONValue.self, "options")
+            )
+        }
+        func queued(_ operation: String) async throws -> Int {
+            try await t.fixture.pool.query(
+                """
+                SELECT count(*)::int AS n FROM delivery_queue
+                WHERE tenant_id = \(t.tenant.uuid) AND operation = \(operation)
+                """)[0].decode(Int.self, "n")
+        }
+
+        // A whole new state of 5 KB: refused at once, nothing scheduled.
+        let whole = try await t.api.call(
+            "POST", "/v1/campaigns/\(id)/update", key: t.tenant.app,
+            json: ["content_state": ["home": 1, "away": 0, "note": String(repeating: "x", count: 5000)]])
+        #expect(whole.status == 413, "\(whole.text)")
+        #expect(try whole.json().string("type")?.hasSuffix("/push-too-large") == true, "\(whole.text)")
+        #expect(try await t.campaign(id).array("schedules").count == 1, "only the start")
+
+        // A patch is measured at run time, on each state it makes: this one is rejected, nothing written or queued.
+        let patch = try await t.api.call(
+            "POST", "/v1/campaigns/\(id)/update", key: t.tenant.app,
+            json: ["content_state_patch": ["note": String(repeating: "x", count: 4000)]])
+        #expect(patch.status == 202, "\(patch.text)")
+        try await run { try await ran(2) }
+        #expect(try await rejected("update") == 1)
+        let kept = try await instance()
+        #expect(kept.version == 1 && kept.contentState == .object(["home": .int(0), "away": .int(0)]), "\(kept)")
+        #expect(try await queued("update") == 0)
+
+        // An end whose alert no state fits: the instance still ends, its end going without the alert.
+        let end = try await t.api.call(
+            "POST", "/v1/campaigns/\(id)/end", key: t.tenant.app,
+            json: [
+                "push_payload": [
+                    "alert": [
+                        "title": String(repeating: "\u{20AC}", count: 256),
+                        "body": String(repeating: "\u{20AC}", count: 1024),
+                    ]
+                ],
+                "dismissal_policy": "immediate",
+            ])
+        #expect(end.status == 202, "\(end.text)")
+        try await run { try await ran(3) }
+        #expect(try await rejected("end") == 1)
+        let ended = try await instance()
+        #expect(ended.state == "ended" && ended.options["alert"] == nil, "\(ended)")
+        #expect(ended.options["dismissal_date"] != nil, "\(ended)")
+    }
+
     @Test("a campaign whose pushes wait parked on a broken credential is ending, not ended, until its instances expire")
     func parkedPushesKeepCampaignEnding() async throws {
         let t = try await Self.tenant()
