@@ -118,21 +118,14 @@ public enum FCMData {
         JSONValue.object(data.mapValues { .string($0) }).serialized()
     }
 
-    /// Keys FCM refuses in a data map: `from`, `message_type`, and anything starting with `google` or `gcm`.
+    /// Keys FCM refuses in a data map: `from`, `message_type`, `collapse_key`, the empty key, and anything starting
+    /// with `google` or `gcm` (any case). The one home of that list: the content-state check of the `capacitor`
+    /// profile (``PayloadProfile/checkContentState(_:field:)``, the only profile that puts the team's field names at
+    /// the top level) and the FCM simulator both ask it.
     public static func isReservedKey(_ key: String) -> Bool {
         let lower = key.lowercased()
-        return lower == "from" || lower == "message_type" || lower.hasPrefix("google") || lower.hasPrefix("gcm")
-    }
-
-    /// Refuses content whose data map FCM would reject: only the `capacitor` profile puts the team's field names at the
-    /// top level, so only it can hit a reserved key.
-    public static func checkKeys(_ content: ActivityContent, field: String = "content_state") throws(ValidationError) {
-        let data = compose(content, attribution: .worstCase)
-        if let key = data.keys.sorted().first(where: isReservedKey) {
-            throw ValidationError(
-                field: field + JSONPointer(tokens: [key]).description,
-                reason: "is a name FCM reserves (from, message_type, google…, gcm…) and cannot be sent to Android")
-        }
+        return key.isEmpty || ["from", "message_type", "collapse_key"].contains(lower) || lower.hasPrefix("google")
+            || lower.hasPrefix("gcm")
     }
 }
 

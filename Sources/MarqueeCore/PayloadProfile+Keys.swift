@@ -65,7 +65,9 @@ extension PayloadProfile {
 
     /// Refuses a content state the profile's device code could not decode. Only `capacitor` has typed top-level
     /// fields: `title` must be a string, and each plugin field present must have the type its `ContentState` declares
-    /// (a wrong type makes the whole state undecodable, so the push would arrive and do nothing).
+    /// (a wrong type makes the whole state undecodable, so the push would arrive and do nothing). It is also the only
+    /// profile whose FCM data map carries the team's field names as keys, so a field FCM reserves
+    /// (``FCMData/isReservedKey(_:)``) is refused: FCM would refuse every push of the instance, its end too.
     ///
     /// - Parameter field: prefix for error fields (`content_state` → `content_state/title`).
     public func checkContentState(_ state: JSONValue, field: String = "content_state") throws(ValidationError) {
@@ -79,6 +81,14 @@ extension PayloadProfile {
             throw ValidationError(
                 .missingField, field: field + "/title",
                 reason: "must be a string: the Capacitor plugin's ContentState requires a title")
+        }
+        // A null field is left out of the data map (``FCMData/flatString(_:)``), so only the others count.
+        if let key = fields.keys.sorted().first(where: { FCMData.isReservedKey($0) && fields[$0] != .null }) {
+            throw ValidationError(
+                field: field + JSONPointer(tokens: [key]).description,
+                reason:
+                    "is a name FCM reserves (from, message_type, collapse_key, google…, gcm…, or empty): the Capacitor profile sends each field as a data key, which FCM would refuse"
+            )
         }
         for key in Self.capacitorStateKeys.keys.sorted() {
             guard let value = fields[key], value != .null else { continue }

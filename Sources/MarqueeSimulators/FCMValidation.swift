@@ -237,7 +237,7 @@ enum FCMValidator {
             guard let string = object[key]!.stringValue else {
                 throw .invalidArgument("data value of '\(key)' must be a string")
             }
-            if isReserved(key) { throw .invalidArgument("data key '\(key)' is reserved") }
+            if FCMData.isReservedKey(key) { throw .invalidArgument("data key '\(key)' is reserved") }
             size += key.utf8.count + string.utf8.count
             result[key] = string
         }
@@ -245,13 +245,6 @@ enum FCMValidator {
             throw .invalidArgument("data is \(size) bytes; at most \(maxDataBytes) are allowed")
         }
         return result
-    }
-
-    /// `from`, `message_type`, `collapse_key`, an empty key, and keys starting with `google` or `gcm`.
-    static func isReserved(_ key: String) -> Bool {
-        let lowered = key.lowercased()
-        return key.isEmpty || ["from", "message_type", "collapse_key"].contains(lowered)
-            || lowered.hasPrefix("google") || lowered.hasPrefix("gcm")
     }
 
     /// A protobuf JSON duration in seconds: digits, up to nine fraction digits, `s`.

@@ -390,6 +390,19 @@ struct FCMDeliveryTests {
                 "push_payload": ["alert": ["title": "T", "body": "B"]],
             ])
         expectProblem(refused, 422, "missing-field", field: "content_state/title")
+        // A field FCM reserves as a data key: refused at start and at update, never sent to be refused by FCM.
+        let reserved = try await t.api.call(
+            "POST", "/v1/live_notifications/start", key: t.tenant.app,
+            json: [
+                "identifiers": ["id": t.person], "notification_type": t.type, "instance_id": Fake.id("cap"),
+                "attributes": ["order": "1"], "content_state": ["title": "x", "from": "y"],
+                "push_payload": ["alert": ["title": "T", "body": "B"]],
+            ])
+        expectProblem(reserved, 422, "invalid-field", field: "content_state/from")
+        let patched = try await t.api.call(
+            "POST", "/v1/live_notifications/update", key: t.tenant.app,
+            json: ["instance_id": instance, "content_state_patch": ["google.x": "y"]])
+        expectProblem(patched, 422, "invalid-field", field: "content_state/google.x")
     }
 
     @Test("UNREGISTERED: undeliverable, the Android device is removed, and a later start no longer targets it")

@@ -26,19 +26,26 @@ struct FCMDataTests {
         #expect(data["liveActivityId"] == "order-1234")
     }
 
-    @Test("capacitor state fields FCM reserves are refused at request time")
+    @Test("capacitor state fields FCM reserves are refused at request time, as the FCM simulator refuses them")
     func reservedKeys() throws {
-        var content = PayloadFixtures.content(.capacitor, .update)
-        try FCMData.checkKeys(content)
-        for key in ["from", "message_type", "google.sent_time", "gcmKey", "Google"] {
-            content.contentState = .object([key: .string("x")])
-            let error = #expect(throws: ValidationError.self) { try FCMData.checkKeys(content) }
-            #expect(error?.field == "content_state/\(key)")
+        let state: [String: JSONValue] = ["title": .string("x")]
+        try PayloadProfile.capacitor.checkContentState(.object(state))
+        for key in [
+            "from", "message_type", "collapse_key", "", "google.sent_time", "gcm_id", "gcmKey", "Google", "FROM",
+        ] {
+            let error = #expect(throws: ValidationError.self) {
+                try PayloadProfile.capacitor.checkContentState(
+                    .object(state.merging([key: .string("y")]) { a, _ in a }))
+            }
+            #expect(error?.field == "content_state" + JSONPointer(tokens: [key]).description)
+            #expect(FCMData.isReservedKey(key))
         }
+        // A null field is not sent, and a name that merely contains a reserved word is fine.
+        try PayloadProfile.capacitor.checkContentState(.object(["title": .string("x"), "from": .null]))
+        try PayloadProfile.capacitor.checkContentState(.object(["title": .string("x"), "sent_from": .string("y")]))
         // Other profiles nest the state, so the same field is fine there.
-        var marquee = PayloadFixtures.content(.marquee, .update)
-        marquee.contentState = .object(["from": .string("x")])
-        try FCMData.checkKeys(marquee)
+        try PayloadProfile.marquee.checkContentState(.object(["from": .string("x")]))
+        try PayloadProfile.customerio.checkContentState(.object(["from": .string("x")]))
     }
 
     @Test("size counts UTF-8 bytes of keys and values")
