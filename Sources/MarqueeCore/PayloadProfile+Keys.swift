@@ -12,7 +12,8 @@
 ///   compiler-generated `Codable`, so every non-optional property must be present. Attributes are
 ///   `{activityType, staticData: {…}}`: the instance ID goes in `activityType` (documented as the identifier you
 ///   assign to correlate updates), every field of the team's attributes (its own `activityType` too) under `staticData`. Content state is
-///   `{title, subtitle?, progress?, icon?, timerStart?, timerEnd?, <colours>?, extras: {…}}`: the plugin's own
+///   `{title, subtitle?, progress?, icon?, timerStart?, timerEnd?, timerCountsDown?, <colours>?, progressBarHeight?,
+///   progressBarRadius?, extras: {…}}`: the plugin's own
 ///   fields stay at the top level (``capacitorStateKeys``), everything else — Marquee's `marqueeDeliveryId`,
 ///   `marqueeDeliveryToken` and `marqueeDeepLink` included — goes under `extras`.
 extension PayloadProfile {
@@ -35,19 +36,30 @@ extension PayloadProfile {
     }
 
     /// The Capacitor plugin's own `ContentState` properties and the JSON type each decodes from: `title` (required),
-    /// `progress` a Double, `timerStart`/`timerEnd` a `Date` (Apple reference-date seconds with the default decoder,
-    /// so declare them as `apple_reference` date fields), the rest optional strings. Any other field goes in `extras`.
+    /// `progress`, `progressBarHeight` and `progressBarRadius` Doubles, `timerStart`/`timerEnd` a `Date` (Apple
+    /// reference-date seconds with the default decoder, so declare them as `apple_reference` date fields),
+    /// `timerCountsDown` a Bool, the rest optional strings. Any other field goes in `extras`.
     public static let capacitorStateKeys: [String: CapacitorFieldType] = [
         "title": .string, "subtitle": .string, "progress": .number, "icon": .string,
-        "timerStart": .number, "timerEnd": .number,
+        "timerStart": .number, "timerEnd": .number, "timerCountsDown": .bool,
         "backgroundColor": .string, "progressColor": .string, "textColor": .string, "iconColor": .string,
-        "keylineTint": .string,
+        "keylineTint": .string, "progressBarHeight": .number, "progressBarRadius": .number,
     ]
 
     /// What a top-level Capacitor content-state property decodes from.
     public enum CapacitorFieldType: Sendable {
         case string
         case number
+        case bool
+
+        /// How an error names the type.
+        var name: String {
+            switch self {
+            case .string: "a string"
+            case .number: "a number"
+            case .bool: "true or false"
+            }
+        }
     }
 
     /// Whether an alert without an explicit sound gets `"sound": "default"` on APNs.
@@ -92,16 +104,17 @@ extension PayloadProfile {
         }
         for key in Self.capacitorStateKeys.keys.sorted() {
             guard let value = fields[key], value != .null else { continue }
+            let type = Self.capacitorStateKeys[key]!
             let ok =
-                switch Self.capacitorStateKeys[key]! {
+                switch type {
                 case .string: value.stringValue != nil
                 case .number: value.doubleValue != nil
+                case .bool: value.boolValue != nil
                 }
             if !ok {
-                let type = Self.capacitorStateKeys[key]! == .string ? "a string" : "a number"
                 throw ValidationError(
                     field: field + JSONPointer(tokens: [key]).description,
-                    reason: "must be \(type): the Capacitor plugin's ContentState declares it so")
+                    reason: "must be \(type.name): the Capacitor plugin's ContentState declares it so")
             }
         }
     }

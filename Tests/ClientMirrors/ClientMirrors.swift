@@ -61,6 +61,9 @@ public enum Capacitor {
             public var textColor: String?
             public var iconColor: String?
             public var keylineTint: String?
+            public var timerCountsDown: Bool?
+            public var progressBarHeight: Double?
+            public var progressBarRadius: Double?
             public var extras: [String: AnyJSON]
         }
     }

@@ -399,6 +399,10 @@ struct FCMDeliveryTests {
                 "push_payload": ["alert": ["title": "T", "body": "B"]],
             ])
         expectProblem(reserved, 422, "invalid-field", field: "content_state/from")
+        let mistyped = try await t.api.call(
+            "POST", "/v1/live_notifications/update", key: t.tenant.app,
+            json: ["instance_id": instance, "content_state_patch": ["timerCountsDown": "no"]])
+        expectProblem(mistyped, 422, "invalid-field", field: "content_state/timerCountsDown")
         let patched = try await t.api.call(
             "POST", "/v1/live_notifications/update", key: t.tenant.app,
             json: ["instance_id": instance, "content_state_patch": ["google.x": "y"]])

@@ -32,6 +32,34 @@ struct ClientDecodingTests {
         }
     }
 
+    @Test("Capacitor plugin: timerCountsDown, progressBarHeight and progressBarRadius are its own top-level fields")
+    func capacitorStyleFields() throws {
+        var content = PayloadFixtures.content(.capacitor, .update)
+        let state: JSONValue = .object([
+            "title": .string("On the way"), "timerCountsDown": .bool(false), "progressBarHeight": .int(8),
+            "progressBarRadius": .double(2.5), "status": .string("late"),
+        ])
+        try PayloadProfile.capacitor.checkContentState(state)
+        content.contentState = state
+        let aps = try #require(APNsPayload.compose(content, attribution: PayloadFixtures.attribution)["aps"])
+        let sent = try #require(aps["content-state"])
+        #expect(sent["progressBarHeight"] == .int(8))
+        #expect(sent["extras"]?["progressBarHeight"] == nil)
+        let decoded = try decodeLikeActivityKit(
+            Capacitor.LiveActivityAttributes.ContentState.self, from: sent.bytes)
+        #expect(decoded.timerCountsDown == false)
+        #expect(decoded.progressBarHeight == 8)
+        #expect(decoded.progressBarRadius == 2.5)
+        #expect(decoded.extras["status"]?.string == "late")
+        // A wrong type would make the whole state undecodable on the device: refused.
+        for (key, value) in [("timerCountsDown", JSONValue.string("no")), ("progressBarHeight", .string("8"))] {
+            let error = #expect(throws: ValidationError.self) {
+                try PayloadProfile.capacitor.checkContentState(.object(["title": .string("x"), key: value]))
+            }
+            #expect(error?.field == "content_state/\(key)")
+        }
+    }
+
     /// Customer.io's content state as its SDK decodes the parts Marquee controls: the metadata, and a date field.
     struct CustomerIOState: Decodable {
         var cioMetadata: CustomerIO.CIOLiveActivityMetadata
