@@ -559,6 +559,11 @@ public final class DeliveryWorker: Sendable {
             let late = ClaimResults(results: outcomes.map(\.0), retirements: outcomes.compactMap(\.1))
             do {
                 try await worker.queue.recordLate(late, claimed: still)
+            } catch let failure as DeliveryQueue.SettleFailure {
+                // Recorded and committed: only what follows a push (instances marked active, dead tokens retired).
+                worker.logger.warning(
+                    "settle failed: instances reached may stay pending, tokens called dead stay active",
+                    metadata: ["error": .string(failure.reason)])
             } catch {
                 // Their lease runs out and they are sent again (at-least-once).
                 worker.logger.warning("recording late results failed", metadata: ["error": .string("\(error)")])

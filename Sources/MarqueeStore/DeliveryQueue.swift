@@ -397,18 +397,23 @@ public struct DeliveryQueue: Sendable {
             return (claimed.count + unreadable.count, unsettled, unreadable)
         }
         if !unreadable.isEmpty { report(unreadable) }
-        guard !unsettled.isEmpty else { return count }
-        // The claim committed: its deliveries are recorded and not due again, whatever happens to the settle (the
-        // instances marked active, the dead tokens retired). So a settle that failed (a lock wait past the statement
-        // timeout, a deadlock, a lost connection) is tried again, and still failing it is reported apart from a
-        // failed claim (`SettleFailure`), with what the claim took.
+        try await settleCommitted(unsettled, claimed: count)
+        return count
+    }
+
+    /// Runs `settle` (`settleStatements`) after the records it follows committed: those deliveries are recorded and
+    /// not due again, whatever happens to the settle (the instances marked active, the dead tokens retired). So a
+    /// settle that fails (a lock wait past the statement timeout, a deadlock, a lost connection) is tried again, and
+    /// still failing it is reported apart from a failed record (`SettleFailure`), with the `claimed` count.
+    private func settleCommitted(_ settle: [PostgresQuery], claimed count: Int) async throws {
+        guard !settle.isEmpty else { return }
         var failure: (any Error)?
         for pause in [Duration.milliseconds(100), .milliseconds(500), .zero] {
             do {
                 try await pool.withConnection { connection in
-                    _ = try connection.pipelineTransaction([GroupCommitter.genericPlans] + unsettled)
+                    _ = try connection.pipelineTransaction([GroupCommitter.genericPlans] + settle)
                 }
-                return count
+                return
             } catch {
                 failure = error
                 try? await Task.sleep(for: pause)
@@ -441,7 +446,9 @@ public struct DeliveryQueue: Sendable {
         let leases = Dictionary(claimed.map { ($0.id, $0.lease.microseconds) }, uniquingKeysWith: { first, _ in first })
         let reported = late.results.filter { leases[$0.id] != nil }
         guard !reported.isEmpty else { return }
-        try await pool.transaction { connection in
+        // Recorded first, settled after the commit as a claim's results are: a settle failing in the same transaction
+        // took the records with it, and the pushes already delivered were sent again once their lease ran out.
+        let settle = try await pool.transaction { connection in
             try connection.query(Self.withoutSequentialScans)  // as in the claim
             // The rows still queued under that lease (to the microsecond), locked; one another worker holds is
             // skipped, never waited on.
@@ -463,8 +470,9 @@ public struct DeliveryQueue: Sendable {
             let sentTo = try Self.record(connection, results).filter {
                 waiting.contains(InstanceKey($0.tenant, $0.instance))
             }
-            try Self.settle(connection, sentTo: sentTo, retire: late.retirements)
+            return Self.settleStatements(sentTo: sentTo, retire: late.retirements)
         }
+        try await settleCommitted(settle, claimed: reported.count)
     }
 
     /// An equal share of `limit` for each of `count` tenants (the first ones get the remainder), at least one each.
@@ -846,15 +854,9 @@ public struct DeliveryQueue: Sendable {
         try rows.map { (try $0.decode(UUID.self, "tenant_id"), try $0.decode(String.self, "instance_id")) }
     }
 
-    /// After a claim committed: marks instances `active` once something reached a device, and retires the tokens the
-    /// providers called dead. Nothing here touches a held delivery except through SKIP LOCKED.
-    static func settle(
-        _ connection: PostgresConnection, sentTo: [(tenant: UUID, instance: String)], retire: [TokenRetirement]
-    ) throws {
-        for statement in settleStatements(sentTo: sentTo, retire: retire) { try connection.execute(statement) }
-    }
-
-    /// The statements of `settle`, none when there is nothing to settle.
+    /// After a claim committed: the statements that mark instances `active` once something reached a device, and
+    /// retire the tokens the providers called dead (run by `settleCommitted`); none when there is nothing to settle.
+    /// Nothing here touches a held delivery except through SKIP LOCKED.
     static func settleStatements(sentTo: [(tenant: UUID, instance: String)], retire: [TokenRetirement])
         -> [PostgresQuery]
     {

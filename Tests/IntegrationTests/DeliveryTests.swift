@@ -399,6 +399,45 @@ struct DeliveryTests {
         #expect(t.fixture.simulator.pushes(token: pushToStart).count == 3)
     }
 
+    @Test("a send finishing after its claim committed is recorded even when its settle fails once, and settled after")
+    func lateSettleFailure() async throws {
+        let t = try await Self.tenant()
+        // Slower than the claim waits for its sends (`DeliveryWorker.straggleAfter`): recorded as a late result.
+        let prefix = "1a7e" + Fake.hex(4)
+        t.fixture.simulator.setFaults([.init(tokenPrefix: prefix, action: .delay, latencyMilliseconds: 1500)])
+        defer { t.fixture.simulator.setFaults([]) }
+        let worker = try t.fixture.worker()
+        defer { worker.signal(SIGKILL) }
+        let (_, pushToStart) = try await t.iphone(tokenPrefix: prefix)
+        let late = Fake.id("late")
+        let fn = "late_settle_" + Fake.hex(8)
+        try await t.fixture.pool.execute(
+            PostgresQuery(
+                unsafeSQL: """
+                    CREATE SEQUENCE \(fn)_tries;
+                    CREATE FUNCTION \(fn)() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER AS $$
+                    BEGIN
+                        IF NEW.id = '\(late)' AND NEW.state = 'active' AND nextval('\(fn)_tries') = 1 THEN
+                            RAISE EXCEPTION 'forced settle failure';
+                        END IF;
+                        RETURN NEW;
+                    END $$;
+                    CREATE TRIGGER \(fn) BEFORE UPDATE ON instances FOR EACH ROW EXECUTE FUNCTION \(fn)();
+                    """))
+        defer {
+            Task { try? await t.fixture.pool.execute(PostgresQuery(unsafeSQL: "DROP TRIGGER \(fn) ON instances")) }
+        }
+        #expect(try await t.start(late).status == 200)
+        // Recorded although its settle failed (before, the failure rolled the record back: the delivery stayed
+        // leased, and was sent again once the lease ran out).
+        #expect(try await t.settled(late, count: 1)[0].string("status") == "sent")
+        try await eventually("the late instance is active", timeout: .seconds(20)) {
+            try await t.api.call("GET", "/v1/live_notifications/\(late)", key: t.tenant.app).json()["state"]
+                as? String == "active"
+        }
+        #expect(t.fixture.simulator.pushes(token: pushToStart).count == 1)
+    }
+
     @Test("pacing: 50 updates within the interval go out as at most 2 pushes, the last one carrying the last update")
     func pacing() async throws {
         let t = try await Self.tenant()

@@ -205,7 +205,10 @@ struct PeopleImportTests {
     }
 
     /// A person being created by a transaction held open (not committed): an import whose insert of people reaches
-    /// them waits there, after the lines whose IDs sort before, until the test commits it.
+    /// them waits there, after the lines whose IDs sort before, until the test commits it. On the `holding` fixture:
+    /// the waiting import holds its locks on the queue's tables, and in the shared fixture a test's trigger created on
+    /// `delivery_queue` (`LifecycleTests.startIsAtomic`) queued behind them, and every lifecycle write behind it (15 s of
+    /// timeouts across the registry suites, seen on a loaded machine).
     static func creating(_ fixture: RegistryFixture.Running, tenant: UUID, _ id: String) async throws -> HeldTransaction
     {
         try await HeldTransaction.open(fixture.databaseURL) { c in
@@ -215,7 +218,7 @@ struct PeopleImportTests {
 
     @Test("a person erased while an import writes them: the import answers 200, and the erasure comes after it")
     func erasureDuringImport() async throws {
-        let fixture = try await RegistryFixture.get()
+        let fixture = try await RegistryFixture.holding.running()
         let api = fixture.api
         let tenant = try await api.createTenant("import-" + Fake.hex(6))
         let (person, later, phone) = ("a-" + Fake.hex(8), "z-" + Fake.hex(8), Fake.hex())
@@ -255,7 +258,7 @@ struct PeopleImportTests {
 
     @Test("an email given to someone else while an import runs: its lines are refused, the others import, not a 500")
     func emailTakenDuringImport() async throws {
-        let fixture = try await RegistryFixture.get()
+        let fixture = try await RegistryFixture.holding.running()
         let api = fixture.api
         let tenant = try await api.createTenant("import-" + Fake.hex(6))
         let (first, fresh, existing) = ("a-" + Fake.hex(8), "b-" + Fake.hex(8), "c-" + Fake.hex(8))

@@ -8,7 +8,7 @@ import Testing
 @Suite("APNs environments")
 struct APNsEnvironmentTests {
     static func credential(_ environment: String, endpoint: String? = nil) throws -> CredentialCache.APNs {
-        let key = try ES256PrivateKey.generate()
+        let key = ES256PrivateKey.generate()
         let tokens = try ProviderTokenCaches().cache(
             teamID: "TEAM123456", keyID: "KEY1234567", pem: Array(key.pkcs8PEM.utf8))
         return CredentialCache.APNs(
