@@ -315,7 +315,7 @@ struct RetentionTests {
     func historyPartitionsNotUpdated() async throws {
         let db = try await Database.make()
         defer { db.close() }
-        // Made by the migrations, and one made now as the worker's retention pass does (0104).
+        // Made by the migrations, and one made now as the worker's retention pass does (0096).
         let made = try await db.system.query(
             "SELECT marquee_ensure_day_partition('delivery_history', current_date + 30) AS made")
         #expect(try made[0].decode(Bool.self, "made"))
