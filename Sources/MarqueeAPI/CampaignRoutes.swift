@@ -278,11 +278,17 @@ struct CampaignRoutes: Sendable {
         if operation == .end {
             stored.dismissalDate = try LifecycleRoutes.dismissal(body, endsAt: at).date(sentAt: at ?? now)
         }
+        // A stale date is checked as a single change's is, at the time the change is sent: one already past is dropped
+        // (and reported), and the instances keep none.
+        let stale = StaleDateRule.apply(stored.staleDate, now: at ?? now)
+        stored.staleDate = stale.staleDate
+        let warnings = JSONValue.array(stale.warnings.map { .string($0) })
         var options = stored.json.objectValue ?? [:]
         // A sticky option sent as null is cleared on every instance.
         for key in ["deep_link", "stale_date", "relevance_score", "priority"] where body.object[key]?.isNull == true {
             options[key] = .null
         }
+        if !stale.warnings.isEmpty { options["stale_date"] = .null }
         if case .replace = content {
             // A whole new state is checked now against the activity type, and its pushes for size as the campaign's
             // start was (a patch is checked per instance at run time, against each one's own state, and so is the
@@ -302,7 +308,7 @@ struct CampaignRoutes: Sendable {
             outcome = try await store.schedule(
                 tenant: tenant, campaignID: campaignID,
                 CampaignChange(operation: operation, content: content, options: options), at: at,
-                response: { id, due in Self.scheduled(campaignID, operation, id, due, later: at != nil) },
+                response: { id, due in Self.scheduled(campaignID, operation, id, due, later: at != nil, warnings) },
                 idempotency: idempotency)
         } catch CampaignScheduleRefusal.closed(let state) {
             throw Problems.conflict(
@@ -310,19 +316,20 @@ struct CampaignRoutes: Sendable {
         }
         switch outcome {
         case .scheduled(let id, let due):
-            return .json(Self.scheduled(campaignID, operation, id, due, later: at != nil), status: 202)
+            return .json(Self.scheduled(campaignID, operation, id, due, later: at != nil, warnings), status: 202)
         case .replay(let stored):
             return try LifecycleRoutes.replay(stored, hash: idempotency?.hash ?? [])
         }
     }
 
     static func scheduled(
-        _ campaignID: String, _ operation: CampaignChange.Operation, _ id: UUID, _ due: Date, later: Bool
+        _ campaignID: String, _ operation: CampaignChange.Operation, _ id: UUID, _ due: Date, later: Bool,
+        _ warnings: JSONValue
     ) -> JSONValue {
         .object([
             "campaign_id": .string(campaignID), "change_id": .string(ULID(uuid: id).description),
             "operation": .string(operation.rawValue), "due_at": .from(due),
-            "state": .string(later ? "scheduled" : "pending"),
+            "state": .string(later ? "scheduled" : "pending"), "warnings": warnings,
         ])
     }
 

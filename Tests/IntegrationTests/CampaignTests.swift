@@ -725,6 +725,41 @@ struct CampaignTests {
         #expect(ended.options["dismissal_date"] != nil, "\(ended)")
     }
 
+    @Test("a campaign-wide change with a stale date already past drops it with a warning, as a single update does")
+    func pastStaleDate() async throws {
+        let t = try await Self.tenant()
+        let (line, _) = Self.iosPerson(Fake.id("st"), type: t.type, attributes: ["team": "S"])
+        try await t.importPeople([line])
+        let person = try #require(line.string("id"))
+        let id = Fake.id("stale")
+        let later = Date().timeIntervalSince1970.rounded(.down) + 3600
+        #expect(
+            try await t.create(["campaign_id": id, "audience": ["people": [person]], "stale_date": later]).status
+                == 202)
+        let runner = CampaignRunner(database: TenantDatabase(pool: t.fixture.pool))
+        try await Self.runDue(runner) { try await t.campaign(id).string("state") == "active" }
+        let update = try await t.api.call(
+            "POST", "/v1/campaigns/\(id)/update", key: t.tenant.app,
+            json: ["content_state_patch": ["home": 1], "stale_date": Date().timeIntervalSince1970 - 60])
+        #expect(update.status == 202, "\(update.text)")
+        #expect(try update.json()["warnings"] as? [String] == ["stale_date_in_past"], "\(update.text)")
+        try await Self.runDue(runner) {
+            try await t.campaign(id).array("schedules").allSatisfy { $0.string("state") != "pending" }
+        }
+        let rows = try await t.fixture.pool.query(
+            """
+            SELECT version, options FROM instances WHERE tenant_id = \(t.tenant.uuid) AND campaign_id = \(id)
+            """)
+        #expect(try rows[0].decode(Int.self, "version") == 2)
+        let options = try rows[0].decode(JSONValue.self, "options")
+        #expect(options["stale_date"] == nil, "\(options)")
+        // A stale date still ahead is kept, with no warning.
+        let ahead = try await t.api.call(
+            "POST", "/v1/campaigns/\(id)/update", key: t.tenant.app,
+            json: ["content_state_patch": ["home": 2], "stale_date": later])
+        #expect(try ahead.json()["warnings"] as? [String] == [], "\(ahead.text)")
+    }
+
     @Test("a campaign whose pushes wait parked on a broken credential is ending, not ended, until its instances expire")
     func parkedPushesKeepCampaignEnding() async throws {
         let t = try await Self.tenant()
