@@ -342,15 +342,10 @@ struct DeliveryTests {
             422, "invalid-field", field: "frequent_updates")
     }
 
-    @Test("a settle failing after its claim committed is tried again; still failing, it is logged, nothing is resent")
-    func settleFailures() async throws {
-        let t = try await Self.tenant()
-        let worker = try t.fixture.worker()
-        defer { worker.signal(SIGKILL) }
-        let (_, pushToStart) = try await t.iphone()
-        let (flaky, broken) = (Fake.id("flaky"), Fake.id("broken"))
-        // Marking these instances active fails: `flaky` the first time, `broken` always (a lock wait past the
-        // statement timeout, a deadlock or a lost connection, as far as the worker can tell).
+    /// A trigger (its name returned; the caller drops it) that fails marking instances active: `once` the first time,
+    /// `always` every time (a lock wait past the statement timeout, a deadlock or a lost connection, as far as the
+    /// worker can tell).
+    static func failSettles(_ t: Tenant, once: String, always: String = "") async throws -> String {
         let fn = "settle_" + Fake.hex(8)
         try await t.fixture.pool.execute(
             PostgresQuery(
@@ -358,16 +353,27 @@ struct DeliveryTests {
                     CREATE SEQUENCE \(fn)_tries;  -- counts what the failed transactions roll back
                     CREATE FUNCTION \(fn)() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER AS $$
                     BEGIN
-                        IF NEW.id = '\(broken)' AND NEW.state = 'active' THEN
+                        IF NEW.id = '\(always)' AND NEW.state = 'active' THEN
                             RAISE EXCEPTION 'forced settle failure';
                         END IF;
-                        IF NEW.id = '\(flaky)' AND NEW.state = 'active' AND nextval('\(fn)_tries') = 1 THEN
+                        IF NEW.id = '\(once)' AND NEW.state = 'active' AND nextval('\(fn)_tries') = 1 THEN
                             RAISE EXCEPTION 'forced settle failure';
                         END IF;
                         RETURN NEW;
                     END $$;
                     CREATE TRIGGER \(fn) BEFORE UPDATE ON instances FOR EACH ROW EXECUTE FUNCTION \(fn)();
                     """))
+        return fn
+    }
+
+    @Test("a settle failing after its claim committed is tried again; still failing, it is logged, nothing is resent")
+    func settleFailures() async throws {
+        let t = try await Self.tenant()
+        let worker = try t.fixture.worker()
+        defer { worker.signal(SIGKILL) }
+        let (_, pushToStart) = try await t.iphone()
+        let (flaky, broken) = (Fake.id("flaky"), Fake.id("broken"))
+        let fn = try await Self.failSettles(t, once: flaky, always: broken)
         defer {
             Task { try? await t.fixture.pool.execute(PostgresQuery(unsafeSQL: "DROP TRIGGER \(fn) ON instances")) }
         }
@@ -410,20 +416,7 @@ struct DeliveryTests {
         defer { worker.signal(SIGKILL) }
         let (_, pushToStart) = try await t.iphone(tokenPrefix: prefix)
         let late = Fake.id("late")
-        let fn = "late_settle_" + Fake.hex(8)
-        try await t.fixture.pool.execute(
-            PostgresQuery(
-                unsafeSQL: """
-                    CREATE SEQUENCE \(fn)_tries;
-                    CREATE FUNCTION \(fn)() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER AS $$
-                    BEGIN
-                        IF NEW.id = '\(late)' AND NEW.state = 'active' AND nextval('\(fn)_tries') = 1 THEN
-                            RAISE EXCEPTION 'forced settle failure';
-                        END IF;
-                        RETURN NEW;
-                    END $$;
-                    CREATE TRIGGER \(fn) BEFORE UPDATE ON instances FOR EACH ROW EXECUTE FUNCTION \(fn)();
-                    """))
+        let fn = try await Self.failSettles(t, once: late)
         defer {
             Task { try? await t.fixture.pool.execute(PostgresQuery(unsafeSQL: "DROP TRIGGER \(fn) ON instances")) }
         }
