@@ -212,6 +212,14 @@ public final class DeliveryWorker: Sendable {
         logger.info("worker stopped", metadata: ["worker.id": .string(configuration.workerID)])
     }
 
+    /// A claim's or late results' settle that failed three times after their records committed: only what follows a
+    /// push (instances marked active, dead tokens retired) is missing.
+    func logSettleFailure(_ failure: DeliveryQueue.SettleFailure) {
+        logger.warning(
+            "settle failed: instances reached may stay pending, tokens called dead stay active",
+            metadata: ["error": .string(failure.reason)])
+    }
+
     /// One claim–send–record loop. Returns when cancelled, after finishing the batch in hand.
     func loop(_ index: Int) async {
         let name = "loop \(index)"
@@ -348,10 +356,7 @@ public final class DeliveryWorker: Sendable {
                 return sending.results
             }
         } catch let failure as DeliveryQueue.SettleFailure {
-            // Recorded and committed: only what follows a push (instances marked active, dead tokens retired) failed.
-            logger.warning(
-                "settle failed: instances reached may stay pending, tokens called dead stay active",
-                metadata: ["error": .string(failure.reason)])
+            logSettleFailure(failure)
             claimed = failure.claimed
         } catch {
             // Nothing of a failed claim was recorded: its deliveries are due again (at-least-once).
@@ -560,10 +565,7 @@ public final class DeliveryWorker: Sendable {
             do {
                 try await worker.queue.recordLate(late, claimed: still)
             } catch let failure as DeliveryQueue.SettleFailure {
-                // Recorded and committed: only what follows a push (instances marked active, dead tokens retired).
-                worker.logger.warning(
-                    "settle failed: instances reached may stay pending, tokens called dead stay active",
-                    metadata: ["error": .string(failure.reason)])
+                worker.logSettleFailure(failure)
             } catch {
                 // Their lease runs out and they are sent again (at-least-once).
                 worker.logger.warning("recording late results failed", metadata: ["error": .string("\(error)")])
