@@ -76,13 +76,15 @@ struct Authenticator: Sendable {
             return try await lookups.run(
                 hash, admit: { try rateGuard?.admitLookup(request) },
                 lookup: {
-                    // A lookup that fails (the database unreachable) caches nothing.
+                    // A lookup that fails (the database unreachable) caches nothing; one that read the keys before
+                    // this process revoked one or changed the tenant's settings answers, but caches nothing either.
+                    let generation = cache.generation
                     guard let checked = try await tenants.authenticate(presented) else {
-                        cache.store(hash, .invalid)
+                        cache.store(hash, .invalid, ifStill: generation)
                         return nil
                     }
                     rateGuard?.keyFound(request)
-                    cache.store(hash, .valid(checked))
+                    cache.store(hash, .valid(checked), ifStill: generation)
                     return checked
                 })
         }
@@ -144,13 +146,22 @@ struct Authenticator: Sendable {
 /// A small time-bounded, size-bounded cache kept in memory only (verified keys, tenants' identity settings). A TTL of
 /// zero turns it off. At `capacity`, the expired entries go, then the oldest tenth: a flood of new keys pushes out
 /// the oldest entries, never the newer ones with them.
+///
+/// A value read from the database before an entry was removed must not be stored after: it would outlive the change
+/// that removed the entry by the TTL. Such readers take `generation` before they read and store with `ifStill`.
 final class ExpiringCache<Key: Hashable & Sendable, Value: Sendable>: Sendable {
     private struct Entry {
         var value: Value
         var expires: ContinuousClock.Instant
     }
 
-    private let entries = Mutex<[Key: Entry]>([:])
+    private struct State {
+        var entries: [Key: Entry] = [:]
+        /// Counts the removals.
+        var generation: UInt64 = 0
+    }
+
+    private let state = Mutex(State())
     private let ttl: Duration
     let capacity: Int
 
@@ -160,27 +171,34 @@ final class ExpiringCache<Key: Hashable & Sendable, Value: Sendable>: Sendable {
     }
 
     /// Entries held now (expired ones included until they are looked up or make room).
-    var count: Int { entries.withLock { $0.count } }
+    var count: Int { state.withLock { $0.entries.count } }
+
+    /// The number of removals (`remove`, `removeAll`) so far.
+    var generation: UInt64 { state.withLock { $0.generation } }
 
     func lookup(_ key: Key) -> Value? {
         guard ttl > .zero else { return nil }
         let now = ContinuousClock.now
-        return entries.withLock { entries in
-            guard let entry = entries[key] else { return nil }
+        return state.withLock { state in
+            guard let entry = state.entries[key] else { return nil }
             if entry.expires <= now {
-                entries[key] = nil
+                state.entries[key] = nil
                 return nil
             }
             return entry.value
         }
     }
 
-    func store(_ key: Key, _ value: Value) {
+    /// Stores `value` unless an entry was removed since `generation` was read (nil: whatever was removed).
+    func store(_ key: Key, _ value: Value, ifStill generation: UInt64? = nil) {
         guard ttl > .zero else { return }
         let expires = ContinuousClock.now + ttl
-        entries.withLock { entries in
-            if entries[key] == nil, entries.count >= capacity { Self.makeRoom(&entries, capacity: capacity) }
-            entries[key] = Entry(value: value, expires: expires)
+        state.withLock { state in
+            if let generation, generation != state.generation { return }
+            if state.entries[key] == nil, state.entries.count >= capacity {
+                Self.makeRoom(&state.entries, capacity: capacity)
+            }
+            state.entries[key] = Entry(value: value, expires: expires)
         }
     }
 
@@ -196,12 +214,18 @@ final class ExpiringCache<Key: Hashable & Sendable, Value: Sendable>: Sendable {
     }
 
     func remove(_ key: Key) {
-        _ = entries.withLock { $0.removeValue(forKey: key) }
+        state.withLock { state in
+            state.entries[key] = nil
+            state.generation &+= 1
+        }
     }
 
     /// Forgets every entry whose value matches.
     func removeAll(where matches: (Value) -> Bool) {
-        entries.withLock { $0 = $0.filter { !matches($1.value) } }
+        state.withLock { state in
+            state.entries = state.entries.filter { !matches($1.value) }
+            state.generation &+= 1
+        }
     }
 }
 
@@ -227,10 +251,16 @@ final class KeyCache: Sendable {
         return invalid.lookup(hash) != nil ? .invalid : nil
     }
 
-    func store(_ hash: [UInt8], _ verdict: Verdict) {
+    /// The generation of the valid keys (`ExpiringCache.generation`): read before a lookup's query.
+    var generation: UInt64 { valid.generation }
+
+    /// Remembers `verdict` unless `forget` ran since `generation` was read (a key revoked while its lookup was under
+    /// way stays out of the cache; a verdict of invalid is dropped too, which costs at most a lookup).
+    func store(_ hash: [UInt8], _ verdict: Verdict, ifStill generation: UInt64) {
         switch verdict {
-        case .valid(let principal): valid.store(hash, principal)
-        case .invalid: invalid.store(hash, true)
+        case .valid(let principal): valid.store(hash, principal, ifStill: generation)
+        case .invalid where self.generation == generation: invalid.store(hash, true)
+        case .invalid: break
         }
     }
 

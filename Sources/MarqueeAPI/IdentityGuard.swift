@@ -111,8 +111,10 @@ struct IdentityGuard: Sendable {
 
     func identityKeys(_ tenant: UUID) async throws -> IdentityKeys {
         if let cached = cache.lookup(tenant) { return cached }
+        // Keys read before this process changed them (`invalidate`) answer this request but are not cached.
+        let generation = cache.generation
         let keys = try await settings.identityKeys(tenant: tenant)
-        cache.store(tenant, keys)
+        cache.store(tenant, keys, ifStill: generation)
         return keys
     }
 }

@@ -28,6 +28,32 @@ struct KeyCacheUnitTests {
         #expect(cache.count == 100 && cache.lookup(11) == 11 && cache.lookup(50) == 500)
     }
 
+    @Test("a key read before this process revoked it (or changed its tenant's settings) is not cached after")
+    func readBeforeForgetIsNotCached() {
+        let cache = KeyCache(ttl: .seconds(600))
+        let tenant = UUID()
+        let principal = Principal(tenantID: tenant, keyID: UUID(), kind: .app)
+        let (stale, fresh): ([UInt8], [UInt8]) = (Array(repeating: 1, count: 32), Array(repeating: 2, count: 32))
+        // A lookup reads the key; the key is revoked and forgotten; the lookup then stores what it read.
+        let before = cache.generation
+        cache.forget(tenant: tenant)
+        cache.store(stale, .valid(principal), ifStill: before)
+        cache.store(stale, .invalid, ifStill: before)
+        #expect(cache.lookup(stale) == nil)
+        // A lookup begun after the forget is cached as before.
+        cache.store(fresh, .valid(principal), ifStill: cache.generation)
+        #expect(cache.lookup(fresh) == .valid(principal))
+
+        // The same for the settings caches: a removal makes reads begun before it unstorable.
+        let settings = ExpiringCache<UUID, Int>(ttl: .seconds(600))
+        let read = settings.generation
+        settings.remove(tenant)
+        settings.store(tenant, 1, ifStill: read)
+        #expect(settings.lookup(tenant) == nil)
+        settings.store(tenant, 2, ifStill: settings.generation)
+        #expect(settings.lookup(tenant) == 2)
+    }
+
     @Test("requests presenting one key while its lookup is under way wait for that lookup: one admission, one query")
     func oneLookupPerKey() async throws {
         let lookups = KeyLookups()
