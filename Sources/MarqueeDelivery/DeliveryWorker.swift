@@ -460,7 +460,8 @@ public final class DeliveryWorker: Sendable {
     typealias Outcome = (DeliveryResult, TokenRetirement?, BrokenCredential?)
 
     /// Runs due campaign schedules one at a time until none is due, then waits for a notification or the poll
-    /// interval. Returns when cancelled (a run in progress finishes: it is one transaction).
+    /// interval. Returns when cancelled (after the claim loops drained): a run in progress is cancelled with it, its
+    /// statement too, and rolls back (each run is one transaction, and records its progress when it commits).
     func runCampaignSchedules() async {
         var lastFinalize = ContinuousClock.now
         // Schedules found busy since the last wake-up (their campaign is being written by another run): skipped until
@@ -502,6 +503,10 @@ public final class DeliveryWorker: Sendable {
                     wakeup.signal()  // its deliveries are due
                     continue
                 }
+            } catch  where !running {
+                // Cancelled by the drain (its step rolled back): another worker runs it from the last step committed.
+                logger.info("campaign schedule run stopped by shutdown", metadata: ["error": .string("\(error)")])
+                break
             } catch {
                 metrics.campaignRuns.inc(labels: "unknown", "error")
                 logger.warning("campaign schedule run failed", metadata: ["error": .string(String(describing: error))])

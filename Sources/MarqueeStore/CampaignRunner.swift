@@ -75,7 +75,10 @@ public struct CampaignRunner: Sendable {
         let channel = notifyChannel
         let chunk = self.chunk
         do {
-            return try await database.pool.transaction { c in
+            // Cancellable: a shutdown does not wait for a long step (a start's first resolves its whole audience, up
+            // to the bulk statement timeout); the step rolls back, and any worker runs it again from the progress
+            // recorded by the last one that committed.
+            return try await database.pool.transaction(cancellable: true) { c in
                 try c.enterSystem()
                 let due = try c.query(
                     """
@@ -170,6 +173,8 @@ public struct CampaignRunner: Sendable {
                     state: state, result: result)
             }
         } catch let failure as Failure {
+            // A step cancelled (its statement: 57014, as a timeout) is not the campaign's failure.
+            try Task.checkCancellation()
             return try await record(failure)
         } catch let busy as BusyRun {
             return CampaignRun(

@@ -250,7 +250,7 @@ public final class PostgresPool: Sendable {
     /// `withConnection`, except that cancelling the calling task cancels the statement `body` is running (libpq's
     /// `PQcancel`): for long statements a shutdown must not wait for, such as the retention pass. `body` then throws
     /// the server's error (57014, query canceled), and its transaction rolls back.
-    public func withCancellableConnection<T: Sendable>(_ body: @escaping @Sendable (PostgresConnection) throws -> T)
+    public func withCancellableConnection<T: Sendable>(_ body: @Sendable (PostgresConnection) throws -> T)
         async throws -> T
     {
         let current = Mutex<(canceller: StatementCanceller?, cancelled: Bool)>((nil, false))
@@ -322,16 +322,19 @@ public final class PostgresPool: Sendable {
     /// error rethrown. On serialization failure (40001) or deadlock (40P01), whether raised by `body` or by
     /// `COMMIT`, the whole body is run again in a new transaction after a short jittered backoff, up to
     /// `maxAttempts` times in all. `body` must therefore be safe to repeat, and must not end the transaction.
+    /// `cancellable`: cancelling the calling task cancels the statement running (`withCancellableConnection`), and
+    /// the transaction rolls back.
     public func transaction<T: Sendable>(
-        isolation: IsolationLevel = .readCommitted, maxAttempts: Int = 5,
+        isolation: IsolationLevel = .readCommitted, maxAttempts: Int = 5, cancellable: Bool = false,
         _ body: @Sendable (PostgresConnection) throws -> T
     ) async throws -> T {
         var attempt = 1
         while true {
             do {
-                return try await withConnection { connection in
+                let run: @Sendable (PostgresConnection) throws -> T = { connection in
                     try connection.transaction(isolation: isolation, body)
                 }
+                return try await cancellable ? withCancellableConnection(run) : withConnection(run)
             } catch let error as PostgresError where error.isTransactionRetryable && attempt < maxAttempts {
                 let ceiling = min(0.2, 0.005 * Double(1 << min(attempt, 10)))
                 try await Task.sleep(for: .seconds(ceiling * Double.random(in: 0.5...1)))

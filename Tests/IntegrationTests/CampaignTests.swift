@@ -3,6 +3,7 @@ import Foundation
 import MarqueeCore
 import MarqueeSimulators
 import PostgresClient
+import Synchronization
 import Testing
 
 @testable import MarqueeStore
@@ -597,6 +598,48 @@ struct CampaignTests {
                   + (SELECT count(*) FROM delivery_queue WHERE tenant_id = \(t.tenant.uuid)))::int AS n
             """)
         #expect(left == 0)
+    }
+
+    @Test(
+        "a start step cancelled (a worker's shutdown) stops at once, rolls back and is no failure: the next run does it"
+    )
+    func cancelledStartStep() async throws {
+        let t = try await Self.tenant()
+        let (person, phone) = (Fake.id("cancel"), Fake.fcm())
+        try await t.importPeople([
+            ["id": person, "attributes": ["team": "A"], "devices": [["token": phone, "platform": "android"]]]
+        ])
+        let id = Fake.id("cancelled-step")
+        #expect(try await t.create(["campaign_id": id, "audience": ["people": [person]]]).status == 202)
+        // An erasure in the tenant holds its lock: the step waits for it (as a long audience statement would run).
+        let erasure = try await HeldTransaction.open(t.fixture.databaseURL) { c in
+            _ = try c.query(
+                "SELECT pg_advisory_xact_lock(hashtextextended('marquee/erasure/' || \(t.tenant.uuid)::text, 0))")
+        }
+        let runner = CampaignRunner(database: TenantDatabase(pool: t.fixture.pool))
+        let returned = Mutex(false)
+        let running = Task {
+            defer { returned.withLock { $0 = true } }
+            return try await runner.runDue()
+        }
+        try await erasure.waitedOn(via: t.fixture.pool, "the step waits for the erasure")
+        running.cancel()
+        // The step's statement is cancelled: the run returns while the erasure still holds its lock.
+        let stopped =
+            (try? await eventually("the cancelled run returns", timeout: .seconds(20)) { returned.withLock { $0 } })
+            != nil
+        try await erasure.commit()
+        #expect(stopped, "the run waited for the erasure")
+        await #expect(throws: (any Error).self) { try await running.value }
+        // Nothing of the step stays, and the schedule is pending as before: no failure recorded.
+        let schedule = try await t.fixture.pool.query(
+            "SELECT state, result FROM campaign_schedules WHERE tenant_id = \(t.tenant.uuid) AND campaign_id = \(id)")
+        #expect(try schedule.map { try $0.decode(String.self, "state") } == ["pending"])
+        #expect(try schedule.first?.decode(JSONValue?.self, "result") == nil)
+        #expect(try await t.campaign(id).string("state") != "failed")
+        // The next run does the step.
+        try await Self.runDue(runner) { try await t.campaign(id).string("state") == "active" }
+        #expect(try await t.campaign(id).string("state") == "active")
     }
 
     /// Runs `runner`'s due schedules here (no worker) until `done`, for at most 30 s.
