@@ -5,6 +5,7 @@ import MarqueeStore
 import Observability
 import PostgresClient
 import ProcessLifecycle
+import Synchronization
 
 /// The `marquee` command line: parses the subcommand and hands over to it.
 @main
@@ -121,20 +122,34 @@ struct PrivilegedRoleError: Error, CustomStringConvertible {
     }
 }
 
+/// `serve` or `worker` found that its sealing keys do not open the secrets stored (see `SealingKeyCheck`).
+struct SealingKeyError: Error, CustomStringConvertible {
+    var command: String
+    var check: SealingKeyCheck
+    var description: String {
+        "refusing to run \(command): MARQUEE_MASTER_KEY does not open the secrets stored (\(check.summary)); every "
+            + "credential and delivery would fail. Is MARQUEE_MASTER_KEY the key that sealed them, under the same "
+            + "MARQUEE_MASTER_KEY_ID, with every earlier key in MARQUEE_MASTER_KEYS_PREVIOUS? `marquee reseal --check` "
+            + "opens every secret."
+    }
+}
+
 extension Startup {
     /// Checks the login role of `pool` against least privilege: refuses a privileged role (throws
-    /// `PrivilegedRoleError`) unless `MARQUEE_ALLOW_PRIVILEGED_ROLE` is true, then it warns loudly. If the database
-    /// cannot be reached yet, the check is repeated in the returned service until it can; nil when done already.
-    static func databaseRoleGuard(
-        pool: PostgresPool, command: String, _ configuration: MarqueeConfiguration, logger: Logger
+    /// `PrivilegedRoleError`) unless `MARQUEE_ALLOW_PRIVILEGED_ROLE` is true, then it warns loudly; and checks that
+    /// `keyRing` opens the secrets stored (throws `SealingKeyError` when it does not: `SealingKeyCheck`). If the
+    /// database cannot be reached yet, the checks are repeated in the returned service until it can (a refusal then
+    /// ends the process); nil when done already.
+    static func databaseGuard(
+        pool: PostgresPool, keyRing: SealingKeyRing, command: String, _ configuration: MarqueeConfiguration,
+        logger: Logger
     ) async throws -> CancellingService? {
-        @Sendable func verify() async throws -> Bool {
-            let check: DatabaseRoleCheck
-            do {
-                check = try await DatabaseRoleCheck.inspect(pool)
-            } catch {
-                return false
-            }
+        // The role is checked once; the keys once the tenants table is there (`marquee migrate` may not have run).
+        let roleChecked = Mutex(false)
+        @Sendable func verifyRole() async throws -> Bool {
+            if roleChecked.withLock({ $0 }) { return true }
+            guard let check = try? await DatabaseRoleCheck.inspect(pool) else { return false }
+            roleChecked.withLock { $0 = true }
             guard !check.isLeastPrivilege else { return true }
             let error = PrivilegedRoleError(command: command, check: check)
             guard configuration.allowPrivilegedRole else { throw error }
@@ -144,8 +159,25 @@ extension Startup {
                 metadata: ["db.role": .string(check.role), "problems": .string(check.problems.joined(separator: ", "))])
             return true
         }
+        @Sendable func verifyKeys() async throws -> Bool {
+            guard let keys = try? await SealingKeyCheck.inspect(TenantDatabase(pool: pool), keyRing: keyRing) else {
+                return false
+            }
+            guard keys.isSound else { throw SealingKeyError(command: command, check: keys) }
+            if !keys.unknownKeyIDs.isEmpty {
+                logger.warning(
+                    "some secrets are sealed under a key this process does not hold (a master key rollout?)",
+                    metadata: ["sealing.check": .string(keys.summary)])
+            }
+            return true
+        }
+        @Sendable func verify() async throws -> Bool {
+            guard try await verifyRole() else { return false }
+            return try await verifyKeys()
+        }
         if try await verify() { return nil }
-        logger.warning("database not reachable yet; its role is checked once it is")
+        logger.warning(
+            "database not reachable (or not migrated) yet; its role and the master key are checked once it is")
         return CancellingService {
             while !Task.isCancelled {
                 try? await Task.sleep(for: .seconds(1))

@@ -129,8 +129,8 @@ struct ServeCommand {
 
         httpMetrics.observe(server)
 
-        let roleGuard = try await Startup.databaseRoleGuard(
-            pool: pool, command: "serve", configuration, logger: logger)
+        let roleGuard = try await Startup.databaseGuard(
+            pool: pool, keyRing: keyRing, command: "serve", configuration, logger: logger)
         if let status = try? await migrator.status(), !status.isCurrent {
             logger.warning(
                 "database schema is not current; /readyz answers 503 until `marquee migrate` runs",

@@ -102,8 +102,8 @@ struct WorkerCommand {
                 drainTimeout: .seconds(2)),
             router: router)
 
-        let roleGuard = try await Startup.databaseRoleGuard(
-            pool: pool, command: "worker", configuration, logger: logger)
+        let roleGuard = try await Startup.databaseGuard(
+            pool: pool, keyRing: keyRing, command: "worker", configuration, logger: logger)
         logger.info(
             "worker starting",
             metadata: [

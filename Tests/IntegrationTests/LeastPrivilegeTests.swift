@@ -147,6 +147,32 @@ struct LeastPrivilegeTests {
         _ = try await allowed.waitForExit()
     }
 
+    @Test("serve and worker refuse a master key that does not open the secrets stored, and name no secret or key")
+    func serveRefusesWrongMasterKey() async throws {
+        let fixture = try await RegistryFixture.get()
+        _ = try await fixture.api.createTenant()  // at least one secret sealed under the tests' key
+        let wrong = Data((0..<32).map { _ in UInt8.random(in: 0...255) }).base64EncodedString()
+        for command in ["serve", "worker"] {
+            let refused = try MarqueeProcess(
+                [command], environment: ["DATABASE_URL": fixture.databaseURL, "MARQUEE_MASTER_KEY": wrong],
+                port: TestEnvironment.freePort())
+            let status = try await refused.waitForExit()
+            #expect(status != 0, "\(command) exits non-zero")
+            #expect(refused.log.contains("MARQUEE_MASTER_KEY does not open the secrets stored"), "\(refused.log)")
+            #expect(!refused.log.contains(wrong) && !refused.log.contains(MarqueeProcess.masterKey))
+        }
+        // A ring that holds the sealing key as a previous one (a rotation) starts.
+        let rotated = try MarqueeProcess(
+            ["serve"],
+            environment: [
+                "DATABASE_URL": fixture.databaseURL, "MARQUEE_MASTER_KEY": wrong, "MARQUEE_MASTER_KEY_ID": "k-next",
+                "MARQUEE_MASTER_KEYS_PREVIOUS": "k1:\(MarqueeProcess.masterKey)",
+            ], port: TestEnvironment.freePort())
+        try await rotated.waitUntilServing()
+        rotated.signal(SIGTERM)
+        #expect(try await rotated.waitForExit() == 0, "\(rotated.log)")
+    }
+
     @Test("0010 protects a tenant table made by an earlier migration the 0004 way; later ones call the helper")
     func migrationProtectsEveryTenantTable() async throws {
         let url = try await TestEnvironment.makeDatabase()
