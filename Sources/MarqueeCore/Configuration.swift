@@ -322,8 +322,8 @@ public struct MarqueeConfiguration: Sendable, Equatable {
             metricsListen = ListenAddress(host: "127.0.0.1", port: 9464)
         }
         caFile = value("MARQUEE_CA_FILE")
-        if let caFile, !FileManager.default.isReadableFile(atPath: caFile) {
-            problems.append(Problem(variable: "MARQUEE_CA_FILE", reason: "is not a readable file"))
+        if let caFile, let problem = CertificateFile.problem(path: caFile) {
+            problems.append(Problem(variable: "MARQUEE_CA_FILE", reason: problem))
         }
         providerHosts = .standard
         if let text = value("MARQUEE_PROVIDER_HOSTS") {
