@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # `make test-deploy`: checks what Deploy/ ships, with the real tools (CI runs it after `make test`).
-#   1. the Docker runtime stage installs exactly the runtime halves of deps.sh's C libraries;
+#   1. the Docker runtime stage installs exactly the runtime halves of deps.sh's C libraries; the build stage's copy of
+#      the repository loads as a package;
 #   2. kustomize renders the base and the production overlay, with every object the README promises; every stop
 #      window (Compose, Kubernetes, systemd) outlasts the drain timeout and the watchdog after it;
 #   3. systemd-analyze verifies the units (with ExecStart pointed at the built binary);
@@ -32,6 +33,37 @@ for r in $runtime; do
   for d in $dev; do dpkg-query -W -f='${Depends}' "$d" | tr ',' '\n' | sed 's/^ *//; s/[ (].*//' | grep -qx "$r" && owner=$d; done
   [ -n "$owner" ] || fail "Dockerfile runtime package $r is not the runtime half of any -dev package in deps.sh"
 done
+
+# 1b. The build stage's copy of the repository: SwiftPM loads every target's folder the manifest declares, even to build
+#     one product, so the manifest must load from exactly what the build stage copies into its WORKDIR. No copied
+#     path may be one .dockerignore keeps out of the build context.
+context=$(mktemp -d /tmp/marquee-docker-context.XXXXXX)
+copies=$(sed -n '/^FROM .* AS build$/,/^FROM /p' Deploy/docker/Dockerfile | sed -n 's/^COPY \([^-][^ ]*\) \([^ ]*\)$/\1 \2/p')
+while read -r src dest; do
+  case $dest in /*) continue ;; esac  # into the runtime image's tree (/out), not the package
+  if [ -d "$src" ]; then
+    mkdir -p "$context/$dest" && cp -a "$src/." "$context/$dest/"
+  elif [[ $dest == */ ]]; then
+    mkdir -p "$context/$dest" && cp -a "$src" "$context/$dest"
+  else
+    mkdir -p "$(dirname "$context/$dest")" && cp -a "$src" "$context/$dest"
+  fi
+done <<<"$copies"
+if out=$(cd "$context" && swift package describe 2>&1 >/dev/null); then
+  pass "the Dockerfile's build stage copies a package that loads"
+else
+  fail "the package does not load from what the Dockerfile's build stage copies: $out"
+fi
+rm -rf "$context"
+if [ -f .dockerignore ]; then
+  for src in $(sed -n 's/^COPY \([^-][^ ]*\) [^ ]*$/\1/p' Deploy/docker/Dockerfile); do
+    while IFS= read -r pattern; do
+      case $pattern in '' | '#'*) continue ;; esac
+      pattern=${pattern#/}
+      case $src/ in "$pattern"/*) fail ".dockerignore keeps $src (copied by the Dockerfile) out of the build context" ;; esac
+    done <.dockerignore
+  done
+fi
 
 # 2. Kubernetes.
 for k in Deploy/k8s/base Deploy/k8s/overlays/production; do
