@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `make test-deploy`: checks what Deploy/ ships, with the real tools (CI runs it after `make test`).
 #   1. the Docker runtime stage installs exactly the runtime halves of deps.sh's C libraries; the build stage's copy of
-#      the repository loads as a package;
+#      the repository loads as a package; compose.yaml's named volumes are mounted on folders the image's user owns;
 #   2. kustomize renders the base and the production overlay, with every object the README promises; every stop
 #      window (Compose, Kubernetes, systemd) outlasts the drain timeout and the watchdog after it;
 #   3. systemd-analyze verifies the units (with ExecStart pointed at the built binary);
@@ -10,8 +10,8 @@
 #      the key series exist with their documented labels, and every dashboard and alert query parses.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# promtool and prometheus come with Debian's prometheus package.
-MARQUEE_EXTRA_PACKAGES="prometheus kubectl" Deploy/local/deps.sh
+# promtool and prometheus come with Debian's prometheus package; python3-yaml reads the rendered manifests.
+MARQUEE_EXTRA_PACKAGES="prometheus kubectl python3-yaml" Deploy/local/deps.sh
 
 failures=0
 fail() { echo "test-deploy: FAIL: $*" >&2; failures=$((failures + 1)); }
@@ -64,6 +64,34 @@ if [ -f .dockerignore ]; then
     done <.dockerignore
   done
 fi
+
+# 1c. compose.yaml's named volumes on Marquee's image (non-root, uid 10001) are mounted on folders the runtime stage
+#     makes and gives to that user: Docker gives a new named volume its mount point's owner in the image, root when
+#     the image has no such folder, and the user could not write to it.
+owned=$(sed -n '/^FROM debian:bookworm-slim/,$p' Deploy/docker/Dockerfile | tr -s ' \\\n' ' ' \
+  | { grep -oE 'install -d -o 10001 -g 10001( /[^ ]+)+' || true; } | { grep -oE '( /[^ ]+)+' || true; } | tr ' ' '\n' \
+  | sed '/^$/d')
+mounts=$(python3 - Deploy/docker/compose.yaml <<'PY'
+import sys, yaml
+compose = yaml.safe_load(open(sys.argv[1]))
+for name, service in compose["services"].items():
+    if not str(service.get("image", "")).startswith("marquee"):
+        continue
+    for volume in service.get("volumes", []):
+        source, target = volume.split(":")[:2]
+        if source in compose.get("volumes", {}):
+            print(name, target)
+PY
+)
+[ -n "$mounts" ] || fail "compose.yaml mounts no named volume on Marquee's image (this check reads none)"
+while read -r service target; do
+  [ -n "$service" ] || continue
+  if grep -qx "$target" <<<"$owned"; then
+    pass "compose.yaml $service: $target is the image user's"
+  else
+    fail "compose.yaml $service mounts a named volume on $target, which the Dockerfile's runtime stage does not make for uid 10001 (install -d -o 10001 -g 10001 $target)"
+  fi
+done <<<"$mounts"
 
 # 2. Kubernetes.
 for k in Deploy/k8s/base Deploy/k8s/overlays/production; do
