@@ -3,7 +3,8 @@
 #   1. the Docker runtime stage installs exactly the runtime halves of deps.sh's C libraries; the build stage's copy of
 #      the repository loads as a package; compose.yaml's named volumes are mounted on folders the image's user owns;
 #   2. kustomize renders the base and the production overlay, with every object the README promises; every stop
-#      window (Compose, Kubernetes, systemd) outlasts the drain timeout and the watchdog after it;
+#      window (Compose, Kubernetes, systemd) outlasts the drain timeout and the watchdog after it; each Secret reaches
+#      only the containers that need it;
 #   3. systemd-analyze verifies the units (with ExecStart pointed at the built binary);
 #   4. promtool checks the scrape config and the alert rules, and runs the alerts' unit tests;
 #   5. a real scrape: Debian's prometheus, with the shipped scrape config, scrapes a running `serve` and `worker`;
@@ -94,6 +95,50 @@ while read -r service target; do
 done <<<"$mounts"
 
 # 2. Kubernetes.
+secrets_check=$(mktemp /tmp/marquee-secrets-check.XXXXXX)
+cat >"$secrets_check" <<'PY'
+import re, sys, yaml
+keys = {}
+for line in open(sys.argv[1]):
+    m = re.match(r"^#   ([a-z0-9-]+): ((?:[A-Z0-9_]+(?:, )?)+)", line)
+    if m:
+        keys[m.group(1)] = set(m.group(2).split(", "))
+owner = {"MARQUEE_MIGRATE_DATABASE_URL", "MARQUEE_APP_PASSWORD"}
+want = {  # (deployment component, init container?): keys it must get, keys it must not
+    ("api", False): ({"DATABASE_URL", "MARQUEE_MASTER_KEY", "MARQUEE_ADMIN_TOKEN"}, owner),
+    ("worker", False): ({"DATABASE_URL", "MARQUEE_MASTER_KEY"}, owner | {"MARQUEE_ADMIN_TOKEN"}),
+    ("api", True): ({"MARQUEE_MIGRATE_DATABASE_URL"}, {"MARQUEE_ADMIN_TOKEN", "MARQUEE_MASTER_KEY"}),
+    ("worker", True): ({"MARQUEE_MIGRATE_DATABASE_URL"}, {"MARQUEE_ADMIN_TOKEN", "MARQUEE_MASTER_KEY"}),
+}
+bad = 0
+seen = set()
+for doc in yaml.safe_load_all(sys.stdin):
+    if not doc or doc.get("kind") != "Deployment":
+        continue
+    component = doc["metadata"]["labels"]["app.kubernetes.io/component"]
+    spec = doc["spec"]["template"]["spec"]
+    for init, containers in ((True, spec.get("initContainers", [])), (False, spec.get("containers", []))):
+        for c in containers:
+            got = set()
+            for source in c.get("envFrom", []):
+                if "secretRef" in source:
+                    name = source["secretRef"]["name"]
+                    if name not in keys:
+                        print(f"{component}/{c['name']}: Secret {name} is not in kustomization.yaml's list"); bad += 1
+                    got |= keys.get(name, set())
+            for env in c.get("env", []):
+                if "secretKeyRef" in env.get("valueFrom", {}):
+                    got.add(env["name"])
+            need, never = want[(component, init)]
+            seen.add((component, init))
+            if need - got:
+                print(f"{component}/{c['name']}: lacks {sorted(need - got)}"); bad += 1
+            if got & never:
+                print(f"{component}/{c['name']}: gets {sorted(got & never)}"); bad += 1
+if seen != set(want):
+    print(f"containers checked: {sorted(seen)}"); bad += 1
+sys.exit(1 if bad else 0)
+PY
 for k in Deploy/k8s/base Deploy/k8s/overlays/production; do
   if rendered=$(kubectl kustomize "$k" 2>&1); then
     kinds=$(sed -n 's/^kind: //p' <<<"$rendered" | sort | uniq -c | tr -s ' ' | tr '\n' ';')
@@ -103,11 +148,20 @@ for k in Deploy/k8s/base Deploy/k8s/overlays/production; do
     done
     grep -q 'path: /readyz' <<<"$rendered" && grep -q 'path: /healthz' <<<"$rendered" \
       && grep -q 'preStop' <<<"$rendered" || fail "$k: API probes or preStop missing"
+    # Secrets: what each container can read, from the Secrets' keys as kustomization.yaml lists them. The tables'
+    # owner (the migrate URL, marquee_app's password) reaches the migrate init containers only, the admin token the
+    # API only.
+    if out=$(python3 "$secrets_check" Deploy/k8s/base/kustomization.yaml <<<"$rendered" 2>&1); then
+      pass "$k: each Secret reaches only the containers that need it"
+    else
+      fail "$k: ${out//$'\n'/; }"
+    fi
     pass "kubectl kustomize $k"
   else
     fail "kubectl kustomize $k: $rendered"
   fi
 done
+rm -f "$secrets_check"
 
 # 2b. Stop windows. serve and worker drain for MARQUEE_DRAIN_TIMEOUT and force themselves out 5 s later; whatever
 #     stops them must wait longer, or it kills them mid-drain (Docker's default is 10 s, Kubernetes' 30 s). The API
