@@ -5,7 +5,8 @@
 #   2. kustomize renders the base and the production overlay, with every object the README promises; every stop
 #      window (Compose, Kubernetes, systemd) outlasts the drain timeout and the watchdog after it; each Secret reaches
 #      only the containers that need it;
-#   3. systemd-analyze verifies the units (with ExecStart pointed at the built binary);
+#   3. systemd-analyze verifies the units (with ExecStart pointed at the built binary); the migration is a unit of its
+#      own, with no start timeout and the only one to read the owner's login;
 #   4. promtool checks the scrape config and the alert rules, and runs the alerts' unit tests;
 #   5. a real scrape: Debian's prometheus, with the shipped scrape config, scrapes a running `serve` and `worker`;
 #      the key series exist with their documented labels, and every dashboard and alert query parses.
@@ -206,7 +207,7 @@ if command -v systemd-analyze >/dev/null; then
   mkdir "$work/units"
   for u in Deploy/systemd/*.service; do sed "s#/usr/local/bin/marquee#$bin#g" "$u" >"$work/units/$(basename "$u")"; done
   cp "$work/units/marquee-worker@.service" "$work/units/marquee-worker@1.service"
-  if out=$(cd "$work/units" && systemd-analyze verify marquee-api.service marquee-worker@1.service 2>&1); then
+  if out=$(cd "$work/units" && systemd-analyze verify marquee-migrate.service marquee-api.service marquee-worker@1.service 2>&1); then
     pass "systemd-analyze verify"
   else
     fail "systemd-analyze verify: $out"
@@ -214,6 +215,27 @@ if command -v systemd-analyze >/dev/null; then
 else
   echo "test-deploy: systemd-analyze not available: units not verified" >&2
 fi
+# The migration runs in a unit of its own, which the API and the workers require and follow; it alone reads the
+# owner's login (migrate.env), the API alone the admin token (api.env). It has no start timeout: the migrator's own
+# lock waits (Migrator: 24 × 5 s, and pauses) and an index build outlast systemd's default 90 s, which would kill it.
+units=Deploy/systemd
+grep -qx 'TimeoutStartSec=infinity' "$units/marquee-migrate.service" && grep -qx 'Type=oneshot' "$units/marquee-migrate.service" \
+  && pass "marquee-migrate.service: oneshot, no start timeout" || fail "marquee-migrate.service must be Type=oneshot with TimeoutStartSec=infinity"
+for u in marquee-api.service marquee-worker@.service; do
+  grep -qx 'Requires=marquee-migrate.service' "$units/$u" && grep -Eq '^After=.* marquee-migrate\.service( |$)' "$units/$u" \
+    || fail "$u must require marquee-migrate.service and start after it"
+  ! grep -Eq '^ExecStart[A-Za-z]*=.* migrate' "$units/$u" || fail "$u runs the migration itself (its environment would hold the owner's login)"
+done
+for u in "$units"/*.service; do
+  files=$(sed -n 's/^EnvironmentFile=-\{0,1\}//p' "$u" | sort | tr '\n' ' ')
+  files=${files% }
+  case $(basename "$u") in
+    marquee-migrate.service) want="/etc/marquee/migrate.env" ;;
+    marquee-api.service) want="/etc/marquee/api.env /etc/marquee/marquee.env" ;;
+    *) want="/etc/marquee/marquee.env" ;;
+  esac
+  [ "$files" = "$want" ] && pass "$(basename "$u") reads $files" || fail "$(basename "$u") reads '$files', not '$want'"
+done
 
 # 4. promtool.
 promtool check config --syntax-only Deploy/prometheus/prometheus.yml >/dev/null && pass "promtool check config" \
