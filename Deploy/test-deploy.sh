@@ -9,7 +9,8 @@
 #      own, with no start timeout and the only one to read the owner's login;
 #   4. promtool checks the scrape config and the alert rules, and runs the alerts' unit tests;
 #   5. a real scrape: Debian's prometheus, with the shipped scrape config, scrapes a running `serve` and `worker`;
-#      the key series exist with their documented labels, and every dashboard and alert query parses.
+#      the key series exist with their documented labels, and every dashboard and alert query parses;
+#   6. Deploy/local/pg.sh, as root, says so when the postgres user cannot reach the cluster's folder.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # promtool and prometheus come with Debian's prometheus package; python3-yaml reads the rendered manifests.
@@ -388,6 +389,20 @@ while IFS= read -r q; do
   [ "${status%% *}" = success ] || fail "query does not parse: $q: $status"
 done <"$work/queries"
 [ "$count" -ge 25 ] && pass "$count dashboard and alert queries parse" || fail "only $count queries found"
+
+# 6. As root, pg.sh runs the cluster as the postgres user, who must reach its folder: a checkout under /root (mode 0700)
+#    cannot hold it. pg.sh says so (initdb's own complaint went to a log file and `make run` just stopped).
+if [ "$(id -u)" = 0 ]; then
+  mkdir -m 700 "$work/private"
+  if out=$(Deploy/local/pg.sh start "$work/private/pg" 2>&1); then
+    fail "pg.sh started a cluster the postgres user cannot reach"
+    Deploy/local/pg.sh stop "$work/private/pg" >/dev/null 2>&1 || true
+  elif grep -q "cannot reach" <<<"$out" && grep -q "$work/private" <<<"$out"; then
+    pass "pg.sh: a folder the postgres user cannot reach is named"
+  else
+    fail "pg.sh, in a folder the postgres user cannot reach, did not say so: '$out'"
+  fi
+fi
 
 if [ "$failures" -gt 0 ]; then
   echo "test-deploy: $failures failure(s)" >&2

@@ -53,7 +53,23 @@ bin=$(bindir)
 
 case "$cmd" in
   start)
-    if [ "$(id -u)" = 0 ]; then chown postgres: "$dir"; fi
+    if [ "$(id -u)" = 0 ]; then
+      chown postgres: "$dir"
+      # The postgres user must reach the folder: not, say, under /root (mode 0700), where `make run` in a checkout
+      # there would put it. initdb's complaint goes to a log file; say which folder is closed, and stop.
+      if ! runuser -u postgres -- test -x "$dir"; then
+        closed=""
+        IFS=/ read -r -a parts <<<"${dir#/}"
+        for part in "${parts[@]}"; do
+          closed=$closed/$part
+          runuser -u postgres -- test -x "$closed" || break
+        done
+        echo "pg.sh: the cluster runs as the postgres user when started as root, and it cannot reach $dir:" \
+          "$closed (mode $(stat -c %a "$closed")) is closed to it. Use a folder outside it (a checkout under /srv or" \
+          "/home, say), or run as another user." >&2
+        exit 1
+      fi
+    fi
     if [ ! -f "$dir/PG_VERSION" ]; then
       # Text compares byte by byte (LC_COLLATE C): Marquee's keys are text (instance, person, token IDs), and under a
       # locale every index comparison goes through strcoll (README, "The database's collation"). Character classes stay UTF-8.
