@@ -170,11 +170,16 @@ public struct Migrator: Sendable {
     }
 
     /// Applies every pending migration. Refuses (before applying anything) if an applied file has changed.
-    /// Returns what this call applied; empty when the database was already current.
+    /// Then runs `stillLocked` on the migrating connection, outside any transaction, before the migration lock is
+    /// released: set-up that concurrent migrators must take turns at (`ALTER ROLE` of one role by two sessions at once
+    /// fails the later one with "tuple concurrently updated"). The lock is the database's: migrators of other
+    /// databases in the cluster do not wait for it. Returns what this call applied; empty when the database was
+    /// already current.
     @discardableResult
-    public func migrate(onApplied: @escaping @Sendable (Migration, Duration) -> Void = { _, _ in }) async throws
-        -> [Migration]
-    {
+    public func migrate(
+        onApplied: @escaping @Sendable (Migration, Duration) -> Void = { _, _ in },
+        stillLocked: @escaping @Sendable (PostgresConnection) throws -> Void = { _ in }
+    ) async throws -> [Migration] {
         let migrations = self.migrations
         let (lockTimeout, lockAttempts) = (self.lockTimeout, self.lockAttempts)
         let timeoutText = "\(max(1, RetentionStore.milliseconds(lockTimeout)))ms"
@@ -236,6 +241,7 @@ public struct Migrator: Sendable {
                 }
                 applied.append(migration)
             }
+            try stillLocked(connection)
             return applied
         }
     }

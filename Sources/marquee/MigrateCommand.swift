@@ -42,24 +42,29 @@ struct MigrateCommand {
             return
         }
 
-        let applied = try await migrator.migrate { migration, elapsed in
-            logger.info(
-                "migration applied",
-                metadata: [
-                    "migration.version": .int(migration.version), "migration.name": .string(migration.name),
-                    "duration.ms": .double(
-                        Double(elapsed.components.seconds) * 1000 + Double(elapsed.components.attoseconds) / 1e15),
-                ])
-        }
-        if let password = configuration.appPassword {
-            // The verifier, not the password: this runs at every start of every pod, and the statement's text may be
-            // logged. ALTER ROLE takes no parameters: the server quotes the literal.
-            let verifier = try await pool.withConnection { try $0.encryptedPassword(password, user: "marquee_app") }
-            let rows = try await pool.query(
-                "SELECT format('ALTER ROLE marquee_app PASSWORD %L', \(verifier)::text) AS statement")
-            try await pool.execute(PostgresQuery(unsafeSQL: try rows[0].decode(String.self, "statement")))
-            logger.info("marquee_app password set from MARQUEE_APP_PASSWORD")
-        }
+        let password = configuration.appPassword
+        let applied = try await migrator.migrate(
+            onApplied: { migration, elapsed in
+                logger.info(
+                    "migration applied",
+                    metadata: [
+                        "migration.version": .int(migration.version), "migration.name": .string(migration.name),
+                        "duration.ms": .double(
+                            Double(elapsed.components.seconds) * 1000 + Double(elapsed.components.attoseconds) / 1e15),
+                    ])
+            },
+            stillLocked: { connection in
+                // Under the migration lock: every pod of a rollout runs this at once, and two ALTER ROLEs of one role
+                // at once fail the later ("tuple concurrently updated").
+                guard let password else { return }
+                // The verifier, not the password: this runs at every start of every pod, and the statement's text
+                // may be logged. ALTER ROLE takes no parameters: the server quotes the literal.
+                let verifier = try connection.encryptedPassword(password, user: "marquee_app")
+                let rows = try connection.query(
+                    "SELECT format('ALTER ROLE marquee_app PASSWORD %L', \(verifier)::text) AS statement")
+                try connection.execute(PostgresQuery(unsafeSQL: try rows[0].decode(String.self, "statement")))
+            })
+        if password != nil { logger.info("marquee_app password set from MARQUEE_APP_PASSWORD") }
         logger.info(
             applied.isEmpty ? "database is current" : "migrations done",
             metadata: ["migrations.applied": .int(applied.count), "migrations.known": .int(migrations.count)])
