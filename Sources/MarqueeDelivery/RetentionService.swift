@@ -42,9 +42,9 @@ public struct RetentionService: Sendable {
             "marquee_retention_instances_purged_total", help: "Finished instances purged by retention.")
     }
 
-    /// One pass now; what it did, or nil when skipped.
+    /// One pass as of `now`, by default the database's clock (RetentionStore.apply); what it did, or nil when skipped.
     @discardableResult
-    public func runOnce(now: Date = Date()) async -> RetentionReport? {
+    public func runOnce(now: Date? = nil) async -> RetentionReport? {
         do {
             guard let report = try await store.apply(now: now, keepDays: configuration.keepDays) else {
                 runs.inc(labels: "skipped")

@@ -2,7 +2,7 @@ import Foundation
 import MarqueeCore
 import PostgresClient
 
-/// What one retention pass did (migration 0080's `marquee_retention_pass`).
+/// What one retention pass did (`marquee_retention_pass`, migrations 0080, 0082 and 0099).
 public struct RetentionReport: Sendable, Equatable {
     /// Rows received before this day (UTC) are gone.
     public var cutoff: String
@@ -22,7 +22,8 @@ public struct RetentionReport: Sendable, Equatable {
 
 /// The daily retention pass: day partitions created ahead, those past the retention dropped, old instances and
 /// retired push-to-start tokens purged. The rules (which tables, which rows, once a day, one worker at a time, how
-/// long a step may wait for a lock) live in SQL, in migrations 0020, 0080 and 0082.
+/// long a step may wait for a lock, what a day is and what time it is) live in SQL, in migrations 0020, 0080, 0082 and
+/// 0099.
 public struct RetentionStore: Sendable {
     /// How the pass meets the workers' locks.
     public struct Options: Sendable {
@@ -48,8 +49,10 @@ public struct RetentionStore: Sendable {
     }
 
     /// Runs the pass as of `now`, keeping `keepDays` days (0 keeps everything but still creates partitions ahead).
-    /// nil when another worker is running it or a complete pass already ran on `now`'s day.
-    public func apply(now: Date = Date(), keepDays: Int) async throws -> RetentionReport? {
+    /// `now` nil, as workers call it: the database's clock, never this host's (a host whose clock runs ahead would
+    /// drop partitions and purge rows early); tests pass a time of their own. nil when another worker is running it
+    /// or a complete pass already ran on that day.
+    public func apply(now: Date? = nil, keepDays: Int) async throws -> RetentionReport? {
         let lockTimeout = Self.milliseconds(options.lockTimeout)
         let attempts = options.attempts
         // A shutdown cancels the pass (its statement, through libpq): the steps it committed stay, the rest waits
@@ -71,7 +74,7 @@ public struct RetentionStore: Sendable {
             }
             return try connection.query(
                 """
-                CALL marquee_retention_pass(\(now), \(keepDays)::integer, NULL,
+                CALL marquee_retention_pass(\(now)::timestamptz, \(keepDays)::integer, NULL,
                                             \(lockTimeout)::bigint * interval '1 millisecond', \(attempts)::integer)
                 """)
         }

@@ -1,5 +1,7 @@
 import Foundation
+import MarqueeDelivery
 import MarqueeStore
+import Observability
 import PostgresClient
 import Synchronization
 import Testing
@@ -281,6 +283,106 @@ struct RetentionTests {
         #expect(report.partitionsCreated == 3 * 9, "events, metrics and delivery history, 9 days each")
         #expect(try await db.count("instances") == 1)
         #expect(try await db.exists("delivery_metrics_\(Self.day(now))"))
+    }
+
+    /// Day partitions hold UTC days and the cutoffs are UTC midnights, whatever the session's TimeZone (migration
+    /// 0099). Run by hand from a psql session in New York, the pass made [05:00 UTC, 05:00 UTC) partitions, and the
+    /// workers' next pass (UTC) could not attach the day after the last of them ("would overlap", 42P17): every pass
+    /// failed from then on. Its cutoffs were New York's midnight too, and purged instances 5 hours early.
+    @Test("a pass run from a session in another time zone keeps UTC days, and the workers' passes go on")
+    func daysAreUTCInAnyTimeZone() async throws {
+        let db = try await Database.make()
+        defer { db.close() }
+        let day: TimeInterval = 86_400
+        var calendar = Calendar(identifier: .gregorian)
+        calendar.timeZone = TimeZone(identifier: "UTC")!
+        let today = calendar.startOfDay(for: Date())
+        // 40 days on, keeping 30: the cutoff is today + 10, at its midnight UTC.
+        let cutoff = today + 10 * day
+        try await db.instance("ended-before-the-cutoff", expiresAt: cutoff + 8 * 3600, endedAt: cutoff - 3600)
+        try await db.instance("ended-after-the-cutoff", expiresAt: cutoff + 8 * 3600, endedAt: cutoff + 2 * 3600)
+
+        // An operator, as the owner in psql, in New York: drops every partition made so far and makes today + 39 to
+        // today + 47.
+        let byHand = try await db.owner.withConnection { c in
+            try c.execute("SET TimeZone = 'America/New_York'")
+            defer { _ = try? c.execute("RESET TimeZone") }
+            return try c.query("CALL marquee_retention_pass(\(today + 40 * day + 3600), 30, NULL)")[0]
+                .decode(String?.self, "p_summary")
+        }
+        #expect(byHand != nil, "the pass ran")
+        let left = try await db.system.query("SELECT id FROM instances ORDER BY id")
+        #expect(try left.map { try $0.decode(String.self, "id") } == ["ended-after-the-cutoff"])
+
+        // Every day partition holds its UTC day.
+        let formatter = DateFormatter()
+        formatter.timeZone = TimeZone(identifier: "UTC")
+        formatter.locale = Locale(identifier: "en_US_POSIX")
+        let bounds = try await db.owner.query(
+            """
+            SELECT c.relname::text AS name, pg_get_expr(c.relpartbound, c.oid) AS bound
+            FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+            WHERE i.inhparent = ANY (marquee_day_partitioned_tables()) AND c.relname ~ '_[0-9]{8}$'
+            """)
+        #expect(bounds.count == 3 * 9)
+        for row in bounds {
+            let name = try row.decode(String.self, "name")
+            formatter.dateFormat = "yyyyMMdd"
+            let start = try #require(formatter.date(from: String(name.suffix(8))))
+            formatter.dateFormat = "yyyy-MM-dd"
+            let expected =
+                "FOR VALUES FROM ('\(formatter.string(from: start)) 00:00:00+00') TO ('\(formatter.string(from: start + day)) 00:00:00+00')"
+            #expect(try row.decode(String.self, "bound") == expected, "\(name)")
+        }
+
+        // The next day, a worker's pass (UTC) makes today + 48 beside them.
+        let next = try await RetentionStore(pool: db.system).apply(now: today + 41 * day + 3600, keepDays: 30)
+        #expect(next?.partitionsCreated == 3)
+        #expect(try await db.exists("delivery_history_\(Self.day(today + 48 * day))"))
+    }
+
+    /// The pass's time is the database's (migration 0099): a worker whose clock ran ahead passed it as the pass's
+    /// `now`, and dropped partitions and purged rows early. Seen here by when the pass's time was taken: the pass waits
+    /// for its pool's one connection, and its recorded time must be after the wait, as the database's clock is (the
+    /// worker's was read before it).
+    @Test("a worker's pass takes its time from the database")
+    func passTimeIsTheDatabases() async throws {
+        let db = try await Database.make()
+        defer { db.close() }
+        var configuration = try PostgresConfiguration(url: TestEnvironment.appURL(db.url))
+        configuration.startupSettings["role"] = "marquee_system"
+        let pool = PostgresPool(configuration, options: .init(maxConnections: 1))
+        defer { pool.close() }
+        let lock = PostgresPool(try PostgresConfiguration(url: db.url), options: .init(maxConnections: 1))
+        defer { lock.close() }
+        // The pool's connection, busy until the test lets it go.
+        try await lock.execute("SELECT pg_advisory_lock(99001)")
+        let holder = Task {
+            try await pool.withConnection { c in
+                _ = try c.query("SELECT pg_advisory_lock(99001)")
+                _ = try c.query("SELECT pg_advisory_unlock(99001)")
+            }
+        }
+        try await eventually("the pool's connection is held", timeout: .seconds(10)) {
+            pool.statistics.open == 1 && pool.statistics.idle == 0
+        }
+        let service = RetentionService(
+            store: RetentionStore(pool: pool), configuration: .init(keepDays: 30), metrics: MetricsRegistry(),
+            logger: Logger(label: "test", level: .critical))
+        let pass = Task { await service.runOnce() }
+        try await eventually("the pass waits for the connection", timeout: .seconds(10)) {
+            pool.statistics.waiting == 1
+        }
+        let released = try await db.owner.query("SELECT now() AS t")[0].decode(Date.self, "t")
+        try await lock.execute("SELECT pg_advisory_unlock(99001)")
+        try await holder.value
+        #expect(await pass.value != nil, "the pass ran")
+        let ranAt = try await db.owner.query("SELECT ran_at FROM maintenance_runs WHERE job = 'retention'")[0]
+            .decode(Date.self, "ran_at")
+        #expect(
+            ranAt > released,
+            "the pass's time is \(released.timeIntervalSince(ranAt)) s before it had its connection: not the database's"
+        )
     }
 
     @Test("`delivered` is recorded once per delivery and recipient, even when reports race")
