@@ -96,11 +96,7 @@ public struct OverviewStore: Sendable {
         let rows = try await database.tenantRead(
             tenant,
             [
-                """
-                SELECT CASE WHEN state IN ('pending', 'active') AND expires_at <= \(now) THEN 'expired' ELSE state END
-                           AS state, count(*)::int AS n
-                FROM instances WHERE tenant_id = \(tenant) AND started_at >= \(instancesSince) GROUP BY 1
-                """,
+                Self.instancesQuery(tenant: tenant, since: instancesSince, now: now),
                 """
                 SELECT floor(extract(epoch FROM created_at - \(deliveriesSince)) / 60)::int AS minute, provider, status,
                        count(*)::int AS n
@@ -163,6 +159,20 @@ public struct OverviewStore: Sendable {
             series: series.values.sorted { ($0.provider, $0.status) < ($1.provider, $1.status) },
             queueDue: due, queueLater: later, queueByProvider: byProvider, oldestDueAt: oldest,
             queueCapped: due + later > Self.queueCap)
+    }
+
+    /// The overview's instances started since `since`, by effective state. `started_at > '-infinity'` is what lets it
+    /// read instances_recent (migration 0053) under a generic plan, which a prepared statement may get after a few runs:
+    /// `started_at >= $3` alone does not imply the index's predicate (the value could be -infinity), and the generic
+    /// plan then took instances_person, whose leading person_id it does not name: a walk of every tenant's entries.
+    static func instancesQuery(tenant: UUID, since: Date, now: Date) -> PostgresQuery {
+        """
+        SELECT CASE WHEN state IN ('pending', 'active') AND expires_at <= \(now) THEN 'expired' ELSE state END
+                   AS state, count(*)::int AS n
+        FROM instances
+        WHERE tenant_id = \(tenant) AND started_at > '-infinity' AND started_at >= \(since)
+        GROUP BY 1
+        """
     }
 
     /// The failed and undeliverable deliveries recorded since `since` (the newest `failureCap`), grouped by provider,

@@ -386,6 +386,45 @@ struct LookupPlanTests {
         #expect(scans.0 == 0 && scans.1 == 0, "no sequential scan of the queue (scans, rows read: \(scans))")
     }
 
+    /// The overview counts a tenant's instances of the last day (`OverviewStore.instancesQuery`). Its statement is
+    /// prepared, so after a few runs PostgreSQL may plan it generically; the plan must still read the day's instances
+    /// through instances_recent, whose predicate (migration 0053) a generic `started_at >= $3` does not imply.
+    @Test("the overview's instance count reads the day's instances through instances_recent, planned generically")
+    func overviewInstancesScan() async throws {
+        let pool = try await Self.migratedDatabase()
+        defer { pool.close() }
+        let tenant = UUID()
+        try await pool.execute(
+            """
+            WITH t AS (
+                INSERT INTO tenants (id, name, sealed_delivery_secret) VALUES (\(tenant), 'big', '\\x00'::bytea)
+                RETURNING id
+            )
+            INSERT INTO instances (tenant_id, id, activity_type, state, attributes, content_state, content_timestamp,
+                                   expires_at, started_at)
+            SELECT id, 'i' || n, 'match', 'ended', '{}', '{}', 0, now(), now() - n * interval '1 minute'
+            FROM t, generate_series(1, 20000) n
+            """)
+        try await pool.execute("ANALYZE")
+        let query = OverviewStore.instancesQuery(tenant: tenant, since: Date(), now: Date())
+        let plan = try await pool.withConnection { c in
+            try c.execute("SET plan_cache_mode = force_generic_plan")
+            try c.execute("SET enable_seqscan = off")
+            try c.execute(PostgresQuery(unsafeSQL: "PREPARE overview_instances AS " + query.sql))
+            defer { _ = try? c.execute("DEALLOCATE overview_instances") }
+            // Its values in their order: now, the tenant, the window's start.
+            let rows = try c.query(
+                PostgresQuery(
+                    unsafeSQL: """
+                        EXPLAIN (COSTS OFF)
+                        EXECUTE overview_instances(now(), '\(tenant)', now() - interval '\(Int(OverviewStore.instanceWindow)) seconds')
+                        """))
+            return try rows.map { try $0.decode(String.self, "QUERY PLAN") }.joined(separator: "\n")
+        }
+        #expect(plan.contains("Index Cond: ((tenant_id = $"), "\(plan)")
+        #expect(plan.contains("instances_recent"), "\(plan)")
+    }
+
     /// The worker's supersede check on a retry (a newer version of the same instance and token queued, parked or sent)
     /// must look the token up: by (tenant_id, instance_id) alone it read every delivery the instance ever had per
     /// recorded row (migration 0056).
