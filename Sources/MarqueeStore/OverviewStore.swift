@@ -104,11 +104,14 @@ public struct OverviewStore: Sendable {
                 WHERE tenant_id = \(tenant) AND id >= \(firstID) AND created_at >= \(deliveriesSince)
                 GROUP BY 1, 2, 3
                 """,
-                // Counted in the due index's order (by lane, migration 0071), at most queueCap + 1 rows; the oldest
-                // due (of any provider) is the oldest of each lane's first, wherever the count stopped.
+                // Counted in the due index's order (by lane, migration 0071): queueCap + 1 rows are read to learn
+                // that there are more, and only the first queueCap are counted (k), so the counts never add up to more
+                // than the cap. The oldest due (of any provider) is the oldest of each lane's first, wherever the
+                // count stopped.
                 """
-                SELECT provider, count(*) FILTER (WHERE next_attempt_at <= \(now))::int AS due,
-                       count(*) FILTER (WHERE next_attempt_at > \(now))::int AS later,
+                SELECT provider, count(*) FILTER (WHERE k <= \(Self.queueCap) AND next_attempt_at <= \(now))::int AS due,
+                       count(*) FILTER (WHERE k <= \(Self.queueCap) AND next_attempt_at > \(now))::int AS later,
+                       bool_or(k > \(Self.queueCap)) AS capped,
                        (SELECT min(o.next_attempt_at)
                         FROM generate_series(0, marquee_queue_lanes() - 1) AS g(n)
                         CROSS JOIN LATERAL (
@@ -116,9 +119,10 @@ public struct OverviewStore: Sendable {
                             WHERE d.tenant_id = \(tenant) AND d.lane = g.n AND d.status = 'queued'
                               AND d.next_attempt_at > '-infinity' AND d.next_attempt_at <= \(now)
                             ORDER BY d.next_attempt_at LIMIT 1) o) AS oldest_due
-                FROM (SELECT provider, next_attempt_at FROM delivery_queue
-                      WHERE tenant_id = \(tenant) AND status = 'queued' AND next_attempt_at > '-infinity'
-                      LIMIT \(Self.queueCap + 1)) q
+                FROM (SELECT r.*, row_number() OVER () AS k
+                      FROM (SELECT provider, next_attempt_at FROM delivery_queue
+                            WHERE tenant_id = \(tenant) AND status = 'queued' AND next_attempt_at > '-infinity'
+                            LIMIT \(Self.queueCap + 1)) r) q
                 GROUP BY provider
                 """,
             ])
@@ -145,6 +149,7 @@ public struct OverviewStore: Sendable {
         var later = 0
         var oldest: Date?
         var byProvider: [String: Int] = [:]
+        var capped = false
         for row in rows[2] {
             let d = try row.decode(Int.self, "due")
             let l = try row.decode(Int.self, "later")
@@ -152,13 +157,14 @@ public struct OverviewStore: Sendable {
             later += l
             byProvider[try row.decode(String.self, "provider")] = d + l
             if let o = try row.decode(Date?.self, "oldest_due") { oldest = min(oldest ?? o, o) }
+            if try row.decode(Bool.self, "capped") { capped = true }
         }
         return TenantOverview(
             instancesSince: instancesSince, instancesByState: byState, deliveriesSince: deliveriesSince,
             minutes: minutes,
             series: series.values.sorted { ($0.provider, $0.status) < ($1.provider, $1.status) },
             queueDue: due, queueLater: later, queueByProvider: byProvider, oldestDueAt: oldest,
-            queueCapped: due + later > Self.queueCap)
+            queueCapped: capped)
     }
 
     /// The overview's instances started since `since`, by effective state. `started_at > '-infinity'` is what lets it
@@ -178,8 +184,10 @@ public struct OverviewStore: Sendable {
     /// The failed and undeliverable deliveries recorded since `since` (the newest `failureCap`), grouped by provider,
     /// status and reason, the largest `maximumGroups` groups, largest first, each with its newest few.
     public func failures(tenant: UUID, since: Date) async throws -> DeliveryFailures {
-        // Groups are ranked by size, then by their newest failure (provider, status and reason break the last ties,
-        // so that the rank names one group); a group's first row (pos 1) counts the groups.
+        // failureCap + 1 failures are read to learn that there are more (found), and only the newest failureCap (k)
+        // are grouped and counted, so that the groups add up to the total. Groups are ranked by size, then by their
+        // newest failure (provider, status and reason break the last ties, so that the rank names one group); a
+        // group's first row (pos 1) counts the groups.
         let rows = try await database.tenantRead(
             tenant,
             [
@@ -190,12 +198,15 @@ public struct OverviewStore: Sendable {
                     FROM (
                         SELECT f.*, count(*) OVER () AS total, count(*) OVER g AS n, max(updated_at) OVER g AS last_at,
                                row_number() OVER (g ORDER BY updated_at DESC, id DESC) AS pos
-                        FROM (SELECT id, instance_id, provider, status, reason, http_status, operation,
-                                     recorded_at AS updated_at
-                              FROM delivery_history
-                              WHERE tenant_id = \(tenant) AND status IN ('failed', 'undeliverable')
-                                AND recorded_at >= \(since)
-                              ORDER BY recorded_at DESC LIMIT \(Self.failureCap + 1)) f
+                        FROM (SELECT l.*, row_number() OVER (ORDER BY updated_at DESC, id DESC) AS k,
+                                     count(*) OVER () AS found
+                              FROM (SELECT id, instance_id, provider, status, reason, http_status, operation,
+                                           recorded_at AS updated_at
+                                    FROM delivery_history
+                                    WHERE tenant_id = \(tenant) AND status IN ('failed', 'undeliverable')
+                                      AND recorded_at >= \(since)
+                                    ORDER BY recorded_at DESC LIMIT \(Self.failureCap + 1)) l) f
+                        WHERE k <= \(Self.failureCap)
                         WINDOW g AS (PARTITION BY provider, status, reason)
                     ) r
                     WHERE pos <= \(Self.failuresPerGroup)
@@ -206,9 +217,11 @@ public struct OverviewStore: Sendable {
             ])
         var groups: [DeliveryFailures.Group] = []
         var total = 0
+        var found = 0
         var groupsTotal = 0
         for row in rows[0] {
             total = Int(try row.decode(Int64.self, "total"))
+            found = Int(try row.decode(Int64.self, "found"))
             groupsTotal = Int(try row.decode(Int64.self, "groups_total"))
             let provider = try row.decode(String.self, "provider")
             let status = try row.decode(String.self, "status")
@@ -227,7 +240,7 @@ public struct OverviewStore: Sendable {
                     httpStatus: try row.decode(Int?.self, "http_status"), at: try row.decode(Date.self, "updated_at")))
         }
         return DeliveryFailures(
-            since: since, total: min(total, Self.failureCap), truncated: total > Self.failureCap,
+            since: since, total: total, truncated: found > Self.failureCap,
             groupsTotal: groupsTotal, groups: groups)
     }
 

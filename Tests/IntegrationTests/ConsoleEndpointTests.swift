@@ -1,4 +1,5 @@
 import Foundation
+import MarqueeStore
 import PostgresClient
 import Testing
 
@@ -164,6 +165,45 @@ struct ConsoleEndpointTests {
         #expect(groups.first?["count"] as? Int == 2)
         #expect(Set(groups.compactMap { $0.string("reason") }).count == 50, "50 different groups")
         #expect(r.body.count < 64 * 1024, "\(r.body.count) bytes")
+    }
+
+    /// One row beyond each cap is read to learn that there are more; it is counted nowhere, so what the console shows
+    /// adds up (a total of 10,000 whose groups made 10,001).
+    @Test("failures and the queue are counted up to their caps and no further: the groups add up to the total")
+    func caps() async throws {
+        let fixture = try await RegistryFixture.get()
+        let api = fixture.api
+        let (a, ids) = try await Self.tenant(api, instances: 2)
+        try await fixture.pool.recordOutcome(
+            tenant: a.uuid, instance: ids[0], status: "undeliverable", reason: "Unregistered", httpStatus: 410)
+        // One failure more than the cap in all, and one queued delivery more than the cap (ids[1]'s start and copies).
+        _ = try await fixture.pool.query(
+            """
+            INSERT INTO delivery_history
+            SELECT (jsonb_populate_record(h, jsonb_build_object('id', gen_random_uuid()))).*
+            FROM delivery_history h, generate_series(1, \(OverviewStore.failureCap)) g
+            WHERE h.tenant_id = \(a.uuid) AND h.instance_id = \(ids[0])
+            """)
+        _ = try await fixture.pool.query(
+            """
+            INSERT INTO delivery_queue
+            SELECT (jsonb_populate_record(q, jsonb_build_object('id', gen_random_uuid()))).*
+            FROM delivery_queue q, generate_series(1, \(OverviewStore.queueCap)) g
+            WHERE q.tenant_id = \(a.uuid) AND q.instance_id = \(ids[1])
+            """)
+
+        let f = try await api.call("GET", "/v1/delivery_failures", key: a.app).json()
+        #expect(f["total"] as? Int == OverviewStore.failureCap)
+        #expect(f["truncated"] as? Bool == true)
+        let counted = f.array("groups").reduce(0) { $0 + ($1["count"] as? Int ?? 0) }
+        #expect(counted == OverviewStore.failureCap, "the groups add up to the total")
+
+        let queue = try #require(try await api.call("GET", "/v1/overview", key: a.app).json().object("queue"))
+        #expect(queue["capped"] as? Bool == true)
+        let due = queue["due"] as? Int ?? -1
+        let later = queue["later"] as? Int ?? -1
+        #expect(due + later == OverviewStore.queueCap, "\(queue)")
+        #expect((queue["by_provider"] as? [String: Int])?["apns"] == OverviewStore.queueCap, "\(queue)")
     }
 
     @Test("client errors are problems: a bad window is 422 for hours, a missing key 401, an sdk key 403")
