@@ -79,8 +79,8 @@ cat <<INFO
     sdk key  $sdk_key
   Admin token: $MARQUEE_ADMIN_TOKEN   (kept in .data/admin.token)
 
-  Operator console, signed in as the demo tenant (the key in the fragment never reaches the server; the page
-  removes it from the address bar and keeps it in this tab only):
+  Operator console for the demo tenant (one click on Sign in; the key in the fragment never reaches the server;
+  the page removes it from the address bar and keeps it in this tab only):
     $api/console#key=$app_key
 
   Try (the device SDK registers, your server starts, updates and ends):

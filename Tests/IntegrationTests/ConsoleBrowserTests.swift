@@ -50,10 +50,31 @@ struct ConsoleBrowserTests {
             return try r.json()
         }
 
-        /// Opens the console signed in through the fragment and waits for the overview.
+        /// Opens the console through a `#key=` link, says yes to signing in with it, and waits for the overview.
         func signIn(_ browser: Browser) async throws {
             try await browser.open(console + "#key=" + tenant.app)
+            try await browser.wait(for: "[data-testid=switch-key]").click()
             try await browser.wait(for: "[data-testid=instances-total]")
+        }
+
+        /// Makes the page's next `count` calls whose URL contains `path` (and whose method is `method`) fail as a lost
+        /// connection does, before they reach the server.
+        func failNextCalls(
+            _ browser: Browser, to path: String, method: String = "GET", count: Int = 1
+        ) async throws {
+            _ = try await browser.execute(
+                """
+                const [path, method] = [arguments[0], arguments[1]];
+                let left = arguments[2];
+                const original = window.fetch;
+                window.fetch = (url, init) => {
+                  if (left > 0 && String(url).includes(path) && (init?.method ?? 'GET') === method) {
+                    left -= 1;
+                    return Promise.reject(new TypeError('Failed to fetch'));
+                  }
+                  return original(url, init);
+                };
+                """, [path, method, count])
         }
     }
 
@@ -69,7 +90,8 @@ struct ConsoleBrowserTests {
     }
 
     @Test(
-        "sign in with #key=: the fragment is cleared, the key is in sessionStorage only, the overview shows the counts")
+        "sign in with #key=: asked first, the fragment is cleared, the key is in sessionStorage only, the overview shows the counts"
+    )
     func signInAndOverview() async throws {
         let t = try await Self.setup()
         for index in 0..<3 {
@@ -88,7 +110,15 @@ struct ConsoleBrowserTests {
         let queued = try #require(overview.object("queue")?["due"] as? Int)
 
         try await Browser.run("overview") { browser in
-            try await t.signIn(browser)
+            // A link signs a fresh tab in only once the operator says so, having seen whose tenant it is: anyone can send
+            // a link that signs its reader in to their own tenant.
+            try await browser.open(t.console + "#key=" + t.tenant.app)
+            try await browser.wait(
+                for: "[data-testid=confirm-switch]", containing: "tenant " + t.tenant.id.lowercased().prefix(8))
+            #expect(!(try await browser.url).contains(t.tenant.app))
+            #expect(try await browser.execute("return sessionStorage.length;") as? Int == 0, "nothing kept yet")
+            #expect(try await browser.execute("return document.activeElement.dataset.testid;") as? String == "keep-key")
+            try await browser.wait(for: "[data-testid=switch-key]", containing: "Sign in").click()
             try await browser.wait(for: "[data-testid=instances-total]", containing: "3")
             try await browser.wait(for: "[data-state=pending]", containing: "2")
             try await browser.wait(for: "[data-state=ended]", containing: "1")
@@ -422,6 +452,8 @@ struct ConsoleBrowserTests {
         let t = try await Self.setup()
         try await Browser.run("sign-in-error") { browser in
             try await browser.open(t.console + "#key=mq_app_0000_not-a-real-key")
+            try await browser.wait(for: "[data-testid=confirm-switch]", containing: "an unrecognised key")
+            try await browser.wait(for: "[data-testid=switch-key]").click()
             try await browser.wait(for: "[data-testid=sign-in-error]", containing: "was not accepted")
             #expect(!(try await browser.url).contains("not-a-real-key"))
             #expect(try await browser.execute("return sessionStorage.length;") as? Int == 0)
@@ -516,6 +548,14 @@ struct ConsoleBrowserTests {
             try await browser.open(t.console + "#key=" + other.app)
             try await browser.wait(for: "[data-testid=instances-total]")
             #expect(try await browser.execute(stored) as? String == other.app)
+            // The same key while its check gets no answer (a lost connection; a 429 or 503 alike): still signed in.
+            try await t.failNextCalls(browser, to: "/v1/overview")
+            _ = try await browser.execute("location.hash = arguments[0];", ["#key=" + other.app])
+            try await browser.wait(until: "location.hash === '#/overview'")
+            try await browser.wait(for: "[data-testid=instances-total]")
+            #expect(try await browser.find("#app-key") == nil, "not signed out")
+            #expect(try await browser.execute(stored) as? String == other.app)
+            try await browser.wait(for: "#key-hint", containing: "tenant " + other.id.lowercased().prefix(8))
             // No script error (the refused key's 401 and the other tenant's missing credentials are logged as failed
             // loads).
             let severe = try await browser.severeLogs().filter { !$0.contains("Failed to load resource") }

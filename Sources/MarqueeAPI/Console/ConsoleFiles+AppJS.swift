@@ -7,8 +7,9 @@ extension ConsoleFiles {
         //
         // Routes: #/overview, #/activities[?filters], #/activities/<id>, #/campaigns[?cursor], #/campaigns/<id>,
         // #/failures[?hours]. A link with #key=<app key> signs in; the fragment never reaches the server, and it is removed
-        // from the address bar (history.replaceState) before anything else happens. A link whose key differs from the
-        // one this tab is signed in with asks first: anyone can send a link that signs the reader into their own tenant.
+        // from the address bar (history.replaceState) before anything else happens. A link whose key is not the one this
+        // tab is signed in with (or any, in a tab signed in with none) asks first: anyone can send a link that signs the
+        // reader in to their own tenant.
         import { api, storedKey, storeKey, forgetKey, setUnauthorizedHandler, ApiError } from './api.js';
         import { renderOverview } from './overview.js';
         import { renderActivities, renderActivity } from './activities.js';
@@ -190,7 +191,13 @@ extension ConsoleFiles {
           render();
         }
 
-        /** `#key=<app key>`: the key is taken out of the address bar at once, then checked. */
+        /**
+         * `#key=<app key>`: the key is taken out of the address bar at once. A key other than the tab's own is used only
+         * once the operator says so (`confirmLinkKey`), in a tab signed in with none too: otherwise a link from anyone
+         * would sign its reader in to the sender's tenant, and what they then did (a campaign-wide change) would go
+         * there. The tab's own key is checked again; only its refusal (401, 403) signs the tab out, not a failure that
+         * may pass (no answer, 429, 5xx).
+         */
         async function fragmentSignIn() {
           const fragment = new URLSearchParams(location.hash.slice(1));
           const key = (fragment.get('key') ?? '').trim();
@@ -200,50 +207,69 @@ extension ConsoleFiles {
             return;
           }
           const current = storedKey();
-          if (current && current !== key) {
-            confirmSwitch(key, current);
+          if (current !== key) {
+            confirmLinkKey(key, current);
             return;
           }
           replace(main, h('p', { class: 'loading', text: 'Signing in…' }));
           try {
             await signIn(key);
-            render();
           } catch (error) {
-            forgetKey();
-            showSignIn(explain(error));
+            if (error instanceof ApiError && (error.status === 401 || error.status === 403)) {
+              forgetKey();
+              showSignIn(explain(error));
+              return;
+            }
+            showKeyHint(current);
           }
+          render();
         }
 
         /**
-         * A `#key=` link with another key than the one in use: nothing changes until the operator chooses. Keeping the
-         * current key is the default (it has the focus); the link's key is held by this screen only.
+         * A `#key=` link with a key this tab does not use: nothing changes until the operator chooses. The screen names
+         * the tenant and key of the link (and of the current key, when there is one); not using the link's key is the
+         * default (it has the focus), and the link's key is held by this screen only.
          */
-        function confirmSwitch(key, current) {
+        function confirmLinkKey(key, current) {
           leave();
           leave = () => {};
-          setTitle('Switch keys?');
-          const keep = h('button', { class: 'button', type: 'button', 'data-testid': 'keep-key', text: 'Keep the current key' });
-          const change = h('button', { class: 'button secondary', type: 'button', 'data-testid': 'switch-key', text: 'Use the link’s key' });
+          nav.hidden = !current;
+          signOutButton.hidden = !current;
+          showKeyHint(current);
+          setTitle(current ? 'Switch keys?' : 'Sign in with this link?');
+          const keep = h('button', { class: 'button', type: 'button', 'data-testid': 'keep-key', text: current ? 'Keep the current key' : 'Don’t sign in' });
+          const use = h('button', { class: 'button secondary', type: 'button', 'data-testid': 'switch-key', text: current ? 'Use the link’s key' : 'Sign in' });
           const error = h('div', { role: 'status' });
-          keep.addEventListener('click', () => render());
-          change.addEventListener('click', async () => {
-            change.disabled = true;
+          keep.addEventListener('click', () => (current ? render() : showSignIn()));
+          use.addEventListener('click', async () => {
+            use.disabled = true;
             try {
               await signIn(key);
               render();
             } catch (problem) {
+              if (!current) {
+                showSignIn(explain(problem));
+                return;
+              }
               replace(error, h('p', { class: 'notice error', role: 'alert', 'data-testid': 'switch-error', text: `${explain(problem)} The current key is kept.` }));
-              change.disabled = false;
+              use.disabled = false;
             }
           });
           replace(
             main,
             h('section', { class: 'signin card', 'data-testid': 'confirm-switch' },
-              h('h1', { tabindex: '-1', text: 'This link signs in with another key' }),
-              h('p', {}, 'You are signed in with ', code(keyLabel(current)), '. The link you opened carries ', code(keyLabel(key)),
-                '. Use it only if you expected to change tenants: anyone can send a link that signs you in to their own.'),
+              current
+                ? [
+                    h('h1', { tabindex: '-1', text: 'This link signs in with another key' }),
+                    h('p', {}, 'You are signed in with ', code(keyLabel(current)), '. The link you opened carries ', code(keyLabel(key)),
+                      '. Use it only if you expected to change tenants: anyone can send a link that signs you in to their own.'),
+                  ]
+                : [
+                    h('h1', { tabindex: '-1', text: 'Sign in with this link?' }),
+                    h('p', {}, 'The link you opened signs in with ', code(keyLabel(key)), '. Sign in only if you expected this tenant: anyone can send a link that signs you in to their own.'),
+                  ],
               error,
-              h('div', { class: 'actions' }, keep, change)),
+              h('div', { class: 'actions' }, keep, use)),
           );
           keep.focus();
         }
