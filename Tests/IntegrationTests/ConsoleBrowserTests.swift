@@ -226,7 +226,7 @@ struct ConsoleBrowserTests {
 
     /// A running campaign over `people` iPhone owners (one push-to-start each): its ID, the people, their devices and
     /// push-to-start tokens.
-    static func runningCampaign(_ t: Setup, people: Int) async throws -> (
+    static func runningCampaign(_ t: Setup, people: Int, state: [String: Any] = ["step": 0]) async throws -> (
         id: String, persons: [String], devices: [String], tokens: [String]
     ) {
         var persons: [String] = []
@@ -246,7 +246,7 @@ struct ConsoleBrowserTests {
                 json: [
                     "campaign_id": id, "name": "Cup final", "notification_type": t.type,
                     "audience": ["people": persons],
-                    "attributes": ["match": "A-B"], "content_state": ["step": 0],
+                    "attributes": ["match": "A-B"], "content_state": state,
                     "push_payload": ["alert": ["title": "Kick-off", "body": "A v B"]],
                 ]))
         try await eventually("campaign \(id) started and sent") {
@@ -351,6 +351,82 @@ struct ConsoleBrowserTests {
             // Over: the page refreshes to ended and offers no more changes.
             try await browser.wait(for: "[data-testid=campaign-update][disabled]", timeout: .seconds(60))
         }
+    }
+
+    @Test(
+        "a campaign-wide update starts from an empty patch, and sent again after its answer was lost it is taken once; a failed refresh is retried"
+    )
+    func campaignUpdateOnce() async throws {
+        let t = try await Self.setup()
+        let worker = try t.fixture.worker()
+        defer { worker.signal(SIGKILL) }
+        let campaign = try await Self.runningCampaign(t, people: 1, state: ["home": 0, "away": 0])
+        let instance = "\(campaign.id).\(campaign.persons[0])"
+        try ok(
+            await t.api.call(
+                "PUT", "/v1/live_notifications/\(instance)/tokens/\(campaign.devices[0])", key: t.tenant.sdk,
+                json: ["token": Fake.hex()]))
+        @Sendable func score() async throws -> [String: Any] {
+            let r = try await t.api.call("GET", "/v1/live_notifications/\(instance)", key: t.tenant.app)
+            try ok(r)
+            return try #require(try r.json().object("content_state"), "\(r.text)")
+        }
+
+        try await Browser.run("campaign-update-once") { browser in
+            try await t.signIn(browser)
+            try await browser.open(t.console + "#/campaigns/" + campaign.id)
+            try await browser.wait(for: "[data-testid=schedules-table]", containing: "done")
+            // A refresh that gets no answer is shown, and the page tries again: it shows the home team's goal, scored
+            // through the API meanwhile.
+            try await t.failNextCalls(browser, to: "/v1/campaigns/\(campaign.id)")
+            try await browser.wait(for: "main", containing: "Could not load the campaign")
+            try ok(
+                await t.api.call(
+                    "POST", "/v1/campaigns/\(campaign.id)/update", key: t.tenant.app,
+                    json: ["content_state_patch": ["home": 2]]))
+            try await eventually("the API's update applied") { try await score()["home"] as? Int == 2 }
+            try await browser.wait(for: "[data-testid=schedules-table]", containing: "update")
+
+            // The operator changes one field of what the editor starts with: the away score.
+            try await browser.wait(for: "[data-testid=campaign-update]:not([disabled])").click()
+            _ = try await browser.execute(
+                """
+                const editor = document.querySelector('#change-json');
+                const body = JSON.parse(editor.value);
+                body.content_state_patch.away = 1;
+                editor.value = JSON.stringify(body);
+                """)
+            try await browser.wait(for: "[data-testid=change-review]").click()
+            // The first send reaches the server, but its answer is lost on the way back.
+            _ = try await browser.execute(
+                """
+                window.sentKeys = [];
+                const original = window.fetch;
+                let lose = true;
+                window.fetch = async (url, init) => {
+                  if (!String(url).endsWith('/update') || init?.method !== 'POST') return original(url, init);
+                  window.sentKeys.push(init.headers['Idempotency-Key']);
+                  const response = await original(url, init);
+                  if (lose) {
+                    lose = false;
+                    throw new TypeError('Failed to fetch');
+                  }
+                  return response;
+                };
+                """)
+            try await browser.wait(for: "[data-testid=change-confirm]").click()
+            try await browser.wait(for: "#change-error", containing: "unknown")
+            // Sent again as it was: with the same Idempotency-Key, so the campaign takes it once.
+            try await browser.wait(for: "[data-testid=change-review]").click()
+            try await browser.wait(for: "[data-testid=change-confirm]").click()
+            try await browser.wait(for: "[data-testid=change-result]", containing: "accepted")
+            let keys = try await browser.execute("return window.sentKeys;") as? [String] ?? []
+            #expect(keys.count == 2 && keys.first == keys.last, "\(keys)")
+        }
+        try await eventually("the console's update applied") { try await score()["away"] as? Int == 1 }
+        #expect(try await score()["home"] as? Int == 2, "the home score is kept")
+        let updates = try await t.campaign(campaign.id).array("schedules").filter { $0.string("operation") == "update" }
+        #expect(updates.count == 2, "the API's update and the console's, once: \(updates)")
     }
 
     @Test("the failures screen groups undeliverable pushes by the provider's reason and links to the instance")

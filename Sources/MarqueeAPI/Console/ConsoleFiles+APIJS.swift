@@ -50,10 +50,12 @@ extension ConsoleFiles {
         export const segment = (value) => encodeURIComponent(value);
 
         /**
-         * Calls the API. `key` overrides the stored key (sign-in checks a key before keeping it).
-         * Resolves to the decoded JSON body (null for an empty one); rejects with an ApiError.
+         * Calls the API. `key` overrides the stored key (sign-in checks a key before keeping it). `body` is sent as JSON;
+         * `json` is a body already in JSON text, sent as it is (what the operator wrote and reviewed: a value through
+         * JSON.parse and back may change, e.g. an integer beyond 2^53 is rounded).
+         * Resolves to the decoded JSON body (null for an empty one); rejects with an ApiError (status 0: no answer).
          */
-        export async function api(path, { method = 'GET', body, key, headers = {} } = {}) {
+        export async function api(path, { method = 'GET', body, json, key, headers = {} } = {}) {
           const bearer = key ?? storedKey();
           if (!bearer) throw new ApiError(401, { title: 'Not signed in', detail: 'Sign in with an app key.' });
           const init = {
@@ -63,8 +65,8 @@ extension ConsoleFiles {
             credentials: 'omit',
             referrerPolicy: 'no-referrer',
           };
-          if (body !== undefined) {
-            init.body = JSON.stringify(body);
+          if (body !== undefined || json !== undefined) {
+            init.body = json ?? JSON.stringify(body);
             init.headers['Content-Type'] = 'application/json';
           }
           let response;

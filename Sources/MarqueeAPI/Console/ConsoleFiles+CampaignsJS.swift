@@ -86,8 +86,13 @@ extension ConsoleFiles {
               replace(body, outcome, campaignView(campaign, { open: (operation) => openEditor(operation, campaign) }));
               if (!OPEN_STATES.includes(campaign.state)) stop();
             } catch (error) {
-              replace(body, error.status === 404 ? emptyState('No such campaign', 'Check the campaign ID, or pick one from the list.') : errorNotice(error, 'Could not load the campaign: '));
-              stop();
+              // Only a campaign that is not there stops the refreshing; anything else may pass (the next try may work).
+              if (error.status === 404) {
+                replace(body, emptyState('No such campaign', 'Check the campaign ID, or pick one from the list.'));
+                stop();
+              } else {
+                replace(body, errorNotice(error, 'Could not load the campaign (trying again every 10 s): '));
+              }
             }
             body.setAttribute('aria-busy', 'false');
           };
@@ -235,12 +240,16 @@ extension ConsoleFiles {
           return `console-${Array.from(bytes, (b) => b.toString(16).padStart(2, '0')).join('')}`;
         }
 
+        /**
+         * The editor of a campaign-wide change's request body, its confirmation and its sending. It starts from an empty
+         * patch: the campaign's content state is the start's template, not what its instances hold now (a patch of every
+         * field would undo every change since), so it is shown beside the editor, read-only. The body is sent as the
+         * text the operator reviewed, with one Idempotency-Key per text: sent again after an answer that never came (or
+         * a 5xx), the campaign takes it at most once.
+         */
         function changeEditor(operation, campaign, { done, cancel }) {
-          const template = operation === 'update'
-            ? { content_state_patch: campaign.content_state ?? {} }
-            : { content_state_patch: {} };
           const textarea = h('textarea', { id: 'change-json', rows: '12', spellcheck: 'false', 'aria-describedby': 'change-hint change-error' });
-          textarea.value = pretty(template);
+          textarea.value = pretty({ content_state_patch: {} });
           const error = h('div', { id: 'change-error', 'aria-live': 'assertive' });
           const review = h('button', { class: operation === 'end' ? 'button danger' : 'button', type: 'submit', text: operation === 'end' ? 'Review end…' : 'Review update…', 'data-testid': 'change-review' });
           const back = h('button', { class: 'button secondary', type: 'button', text: 'Cancel' });
@@ -258,6 +267,10 @@ extension ConsoleFiles {
                   : ['Optional: ', code('content_state_patch'), ' for the final state, ', code('dismissal_date'), ', ', code('at'), ' (schedule it). An end cancels every push not yet sent.']),
               textarea,
             ),
+            h('details', {},
+              h('summary', { text: 'The campaign’s start content state (read-only)' }),
+              h('p', { class: 'hint', text: 'What the instances started with; each may have changed since. A patch changes only the fields it names.' }),
+              h('pre', { class: 'json', tabindex: '0', 'data-testid': 'start-content-state', text: pretty(campaign.content_state ?? {}) })),
             error,
             h('div', { class: 'actions' }, review, back),
           );
@@ -272,21 +285,24 @@ extension ConsoleFiles {
               h('button', { class: 'button secondary', type: 'button', value: 'cancel', text: 'Go back' })),
           );
           form.append(confirm);
+          // The text reviewed, and the Idempotency-Key of each text sent.
           let body = null;
+          const keys = new Map();
           form.addEventListener('submit', (event) => {
             event.preventDefault();
             replace(error);
             textarea.removeAttribute('aria-invalid');
             try {
-              body = JSON.parse(textarea.value);
-              if (typeof body !== 'object' || body === null || Array.isArray(body)) throw new Error('The body must be a JSON object.');
+              const value = JSON.parse(textarea.value);
+              if (typeof value !== 'object' || value === null || Array.isArray(value)) throw new Error('The body must be a JSON object.');
             } catch (problem) {
               textarea.setAttribute('aria-invalid', 'true');
               replace(error, h('p', { class: 'notice error', role: 'alert', text: `Not valid JSON: ${problem.message}` }));
               textarea.focus();
               return;
             }
-            confirm.querySelector('pre').textContent = pretty(body);
+            body = textarea.value;
+            confirm.querySelector('pre').textContent = body;
             confirm.showModal();
             confirm.querySelector('[value="cancel"]').focus();
           });
@@ -297,11 +313,12 @@ extension ConsoleFiles {
           const send = confirm.querySelector('[value="confirm"]');
           send.addEventListener('click', async () => {
             send.disabled = true;
+            if (!keys.has(body)) keys.set(body, idempotencyKey());
             try {
               const result = await api(`/v1/campaigns/${segment(campaign.campaign_id)}/${operation}`, {
                 method: 'POST',
-                body,
-                headers: { 'Idempotency-Key': idempotencyKey() },
+                json: body,
+                headers: { 'Idempotency-Key': keys.get(body) },
               });
               confirm.close();
               await done(result);
@@ -309,7 +326,11 @@ extension ConsoleFiles {
               confirm.close();
               send.disabled = false;
               if (problem.problem?.field) textarea.setAttribute('aria-invalid', 'true');
-              replace(error, errorNotice(problem, `The ${operation} was refused: `));
+              // No answer, or the server failed: the change may have been taken. A 4xx was refused.
+              const unknown = !(problem.status >= 400 && problem.status < 500);
+              const notice = errorNotice(problem, unknown ? `Whether the ${operation} was taken is unknown: ` : `The ${operation} was refused: `);
+              if (unknown) notice.append(` Sending the same body again is safe: it goes with the same Idempotency-Key, so the campaign takes the ${operation} at most once.`);
+              replace(error, notice);
               textarea.focus();
             }
           });
