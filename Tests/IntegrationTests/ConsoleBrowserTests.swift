@@ -429,6 +429,68 @@ struct ConsoleBrowserTests {
         #expect(updates.count == 2, "the API's update and the console's, once: \(updates)")
     }
 
+    @Test(
+        "an instance page shows every delivery as new ones arrive after older ones were loaded; a failed refresh is retried"
+    )
+    func olderDeliveries() async throws {
+        let t = try await Self.setup()
+        let person = Fake.id("bea")
+        let (device, _) = try await t.iphone(person)
+        let instance = "order-7-" + Fake.hex(6)
+        try await t.start(instance, person: person)
+        try ok(
+            await t.api.call(
+                "PUT", "/v1/live_notifications/\(instance)/tokens/\(device)", key: t.tenant.sdk,
+                json: ["token": Fake.hex()]))
+        // Each update names a step the state has not had (it starts at 1), so each is a change and a push.
+        @Sendable func update(_ steps: Range<Int>) async throws {
+            for step in steps {
+                try ok(
+                    await t.api.call(
+                        "POST", "/v1/live_notifications/update", key: t.tenant.app,
+                        json: ["instance_id": instance, "content_state_patch": ["step": step]]))
+            }
+        }
+        @Sendable func count() async throws -> Int {
+            var total = 0
+            var cursor: String?
+            repeat {
+                let r = try await t.api.call(
+                    "GET",
+                    "/v1/live_notifications/\(instance)/deliveries?limit=100" + (cursor.map { "&cursor=" + $0 } ?? ""),
+                    key: t.tenant.app)
+                try ok(r)
+                let page = try r.json()
+                total += page.array("data").count
+                cursor = page.string("next_cursor")
+            } while cursor != nil
+            return total
+        }
+        // The start and 59 updates: a page of 50 and 10 older.
+        try await update(2..<61)
+        let initial = try await count()
+        #expect(initial == 60)
+
+        try await Browser.run("older-deliveries") { browser in
+            try await t.signIn(browser)
+            try await browser.open(t.console + "#/activities/" + instance)
+            let rows = "document.querySelectorAll('[data-testid=deliveries-table] tbody tr').length"
+            try await browser.wait(until: "\(rows) === 50")
+            try await browser.wait(for: "main button", containing: "Load older deliveries").click()
+            try await browser.wait(until: "\(rows) === 60")
+            // A refresh that gets no answer is shown, and the page tries again.
+            try await t.failNextCalls(browser, to: "/v1/live_notifications/\(instance)")
+            try await browser.wait(for: "[data-testid=refresh-status]", containing: "trying again")
+            // 10 more: the newest 50 are no longer the 50 before the older ones held; the 10 between them are shown.
+            try await update(61..<71)
+            try await browser.wait(for: "[data-testid=instance-version]", containing: "70")
+            try await browser.wait(until: "\(rows) === 70")
+            let total = try await count()
+            #expect(total == 70)
+            try await browser.wait(for: "[data-testid=refresh-status]", containing: "Refreshing every 5 s")
+        }
+    }
+
     @Test("the failures screen groups undeliverable pushes by the provider's reason and links to the instance")
     func failures() async throws {
         let t = try await Self.setup()

@@ -135,19 +135,49 @@ extension ConsoleFiles {
           const status = h('p', { class: 'muted small', 'data-testid': 'refresh-status' });
           replace(main, h('p', {}, h('a', { href: '#/activities', text: '← All live activities' })), h('div', { class: 'page-head' }, heading(id, status)), body);
           let stop = () => {};
-          // Pages loaded with "Load older deliveries", and the cursor of the next older page.
+          const deliveriesPage = (cursor) => api(`/v1/live_notifications/${segment(id)}/deliveries${query({ limit: 50, cursor })}`);
+          // Deliveries loaded with "Load older deliveries": they follow the delivery `after` (newest first), and `older`
+          // is the cursor of the next older page.
           let olderPages = [];
+          let after = null;
           let older = null;
 
-          const load = async () => {
+          /**
+           * The newest page and the deliveries between it and the older ones held, read up to two pages on; null when
+           * more than that came in since (the older ones are then let go). Without it, new deliveries pushed the newest
+           * page's window forward and those it no longer covered were shown nowhere.
+           */
+          const join = async (newest) => {
+            const items = newest.data.slice();
+            let cursor = newest.next_cursor;
+            for (let pages = 0; ; pages += 1) {
+              const at = items.findIndex((d) => d.id === after);
+              if (at >= 0) return items.slice(0, at + 1);
+              if (!cursor || pages === 2) return null;
+              const page = await deliveriesPage(cursor);
+              items.push(...page.data);
+              cursor = page.next_cursor;
+            }
+          };
+
+          const refresh = async () => {
             try {
-              const [instance, deliveries] = await Promise.all([
-                api(`/v1/live_notifications/${segment(id)}`),
-                api(`/v1/live_notifications/${segment(id)}/deliveries?limit=50`),
-              ]);
+              const [instance, deliveries] = await Promise.all([api(`/v1/live_notifications/${segment(id)}`), deliveriesPage()]);
+              if (olderPages.length > 0) {
+                const joined = await join(deliveries);
+                if (joined) {
+                  olderPages = joined.slice(deliveries.data.length).concat(olderPages);
+                  after = deliveries.data.at(-1)?.id ?? null;
+                } else {
+                  olderPages = [];
+                }
+              }
+              if (olderPages.length === 0) {
+                older = deliveries.next_cursor;
+                after = deliveries.data.at(-1)?.id ?? null;
+              }
               const fresh = new Set(deliveries.data.map((d) => d.id));
               const shown = deliveries.data.concat(olderPages.filter((d) => !fresh.has(d.id)));
-              if (olderPages.length === 0) older = deliveries.next_cursor;
               const open = instance.state === 'pending' || instance.state === 'active';
               replace(body, instanceView(instance, shown, older, loadOlder));
               status.textContent = open
@@ -155,27 +185,35 @@ extension ConsoleFiles {
                 : `This live activity is ${instance.state}; it no longer changes.`;
               if (!open) stop();
             } catch (error) {
-              replace(
-                body,
-                error.status === 404
-                  ? emptyState('No such live activity', 'It may have been erased, or purged after the retention period.')
-                  : errorNotice(error, 'Could not load the live activity: '),
-              );
-              stop();
+              // Only a live activity that is not there stops the refreshing; anything else may pass.
+              if (error.status === 404) {
+                replace(body, emptyState('No such live activity', 'It may have been erased, or purged after the retention period.'));
+                status.textContent = '';
+                stop();
+              } else {
+                replace(body, errorNotice(error, 'Could not load the live activity: '));
+                status.textContent = `Could not refresh at ${new Date().toLocaleTimeString()}; trying again every 5 s.`;
+              }
             }
             body.setAttribute('aria-busy', 'false');
           };
-          const loadOlder = async (button) => {
+          // One refresh or older page at a time, in order: each reads and sets what the other does.
+          let queue = Promise.resolve();
+          const serially = (task) => (queue = queue.then(task));
+          const load = () => serially(refresh);
+          const loadOlder = (button) => {
             button.disabled = true;
-            try {
-              const page = await api(`/v1/live_notifications/${segment(id)}/deliveries${query({ limit: 50, cursor: older })}`);
-              olderPages = olderPages.concat(page.data);
-              older = page.next_cursor;
-              await load();
-              announce(`${page.data.length} older deliveries loaded`);
-            } catch (error) {
-              button.replaceWith(errorNotice(error));
-            }
+            return serially(async () => {
+              try {
+                const page = await deliveriesPage(older);
+                olderPages = olderPages.concat(page.data);
+                older = page.next_cursor;
+                await refresh();
+                announce(`${page.data.length} older deliveries loaded`);
+              } catch (error) {
+                button.replaceWith(errorNotice(error));
+              }
+            });
           };
           load();
           stop = every(5000, load);
