@@ -174,8 +174,8 @@ struct ConsoleBrowserTests {
         let instance = "order-42-" + Fake.hex(6)
         try await t.start(instance, person: person, state: ["status": "preparing", "eta_minutes": 25])
         try await t.waitForDelivery(instance, status: "sent")
-        // 25 newer ones of the same person, so her list has two pages.
-        for index in 0..<25 { try await t.start("order-\(index)-" + Fake.hex(6), person: person) }
+        // 50 newer ones of the same person, so her list has three pages: 49 to 25, 24 to 0, and the first one.
+        for index in 0..<50 { try await t.start("order-\(index)-" + Fake.hex(6), person: person) }
 
         try await Browser.run("activities") { browser in
             try await t.signIn(browser)
@@ -183,21 +183,34 @@ struct ConsoleBrowserTests {
             try await browser.wait(for: "[data-testid=activities-table]", containing: "order-")
             // The activity type field suggests the tenant's types.
             try await browser.wait(until: "document.querySelector('#activity-types option[value=\"\(t.type)\"]')")
-            // Filter by person: only hers, 26, so a page of 25, then the next page has the oldest one, and back.
+            // Filter by person: only hers, 51, so two pages of 25, then the last page has the oldest one, and back.
             let field = try await browser.wait(for: "#filter-person")
             try await field.type(person)
             try await browser.wait(for: "form.filters button[type=submit]").click()
             try await browser.wait(until: "location.hash.includes('person=')")
             let rows = "document.querySelectorAll('[data-testid=activities-table] tbody tr').length"
+            let second = "document.querySelector('[data-testid=activities-table]')?.textContent.includes('order-0-')"
             try await browser.wait(until: "\(rows) === 25")
             try await browser.screenshot("activities")
-            try await browser.wait(for: "nav.pager button:not([disabled])", containing: "Next page").click()
-            try await browser.wait(until: "location.hash.includes('cursor=')")
+            let next = "nav.pager button:not([disabled])"
+            try await browser.wait(for: next, containing: "Next page").click()
+            try await browser.wait(until: "location.hash.includes('cursor=') && \(rows) === 25 && \(second)")
+            let secondPage = try #require(try await browser.execute("return location.hash;") as? String)
+            try await browser.wait(for: next, containing: "Next page").click()
             try await browser.wait(until: "\(rows) === 1")
             try await browser.wait(for: "[data-testid=activities-table]", containing: instance)
-            try await browser.wait(for: "nav.pager button:not([disabled])", containing: "Previous page").click()
-            try await browser.wait(until: "\(rows) === 25 && !location.hash.includes('cursor=')")
-            try await browser.wait(for: "nav.pager button:not([disabled])", containing: "Next page").click()
+            try await browser.wait(for: next, containing: "Previous page").click()
+            try await browser.wait(until: "location.hash === '\(secondPage)' && \(rows) === 25")
+            // The browser's Back, then "Previous page": the page before the one shown, whatever was clicked before.
+            try await browser.wait(for: next, containing: "Next page").click()
+            try await browser.wait(until: "\(rows) === 1")
+            _ = try await browser.execute("history.back();")
+            try await browser.wait(until: "location.hash === '\(secondPage)' && \(rows) === 25")
+            try await browser.wait(for: next, containing: "Previous page").click()
+            try await browser.wait(until: "!location.hash.includes('cursor=') && \(rows) === 25 && !\(second)")
+            try await browser.wait(for: next, containing: "Next page").click()
+            try await browser.wait(until: "location.hash === '\(secondPage)' && \(rows) === 25")
+            try await browser.wait(for: next, containing: "Next page").click()
             try await browser.wait(until: "\(rows) === 1")
 
             try await browser.wait(for: "[data-testid=activities-table] a[href*='\(instance)']").click()

@@ -7,23 +7,17 @@ extension ConsoleFiles {
         import { api, query, segment } from './api.js';
         import {
           h, heading, replace, setTitle, formatNumber, formatTime, time, badge, emptyState, code, errorNotice, table, pretty,
-          every, announce, providerName,
+          every, announce, providerName, pager,
         } from './ui.js';
 
         const STATES = ['pending', 'active', 'ended', 'expired', 'failed'];
         const FILTERS = ['state', 'notification_type', 'person', 'campaign'];
-        /** Cursors of the pages before the current one, so "Previous page" can go back. */
-        let previousCursors = [];
 
         export function renderActivities(main, params, navigate) {
           setTitle('Live activities');
           const filters = Object.fromEntries(FILTERS.map((name) => [name, params.get(name) ?? '']));
           const cursor = params.get('cursor') ?? '';
-          if (!cursor) previousCursors = [];
-          const form = filterForm(filters, (values) => {
-            previousCursors = [];
-            navigate('activities', values);
-          });
+          const form = filterForm(filters, (values) => navigate('activities', values));
           const results = h('div', { 'aria-live': 'polite', 'aria-busy': 'true' }, h('p', { class: 'loading', text: 'Loading…' }));
           replace(main, h('div', { class: 'page-head' }, heading('Live activities', 'Newest first. Filter, then open one to see its deliveries.')), form, results);
 
@@ -42,7 +36,11 @@ extension ConsoleFiles {
                       ),
                 );
               } else {
-                replace(results, listTable(page.data), pager(page.next_cursor, cursor, filters, navigate));
+                replace(
+                  results,
+                  listTable(page.data),
+                  pager(`activities${query(filters)}`, cursor, page.next_cursor, (to) => navigate('activities', { ...filters, cursor: to })),
+                );
                 announce(`${page.data.length} live activities shown`);
               }
             } catch (error) {
@@ -113,18 +111,6 @@ extension ConsoleFiles {
             items,
             { 'data-testid': 'activities-table' },
           );
-        }
-
-        function pager(next, cursor, filters, navigate) {
-          const previous = h('button', { class: 'button secondary', type: 'button', text: '← Previous page', disabled: !cursor });
-          previous.addEventListener('click', () => navigate('activities', { ...filters, cursor: previousCursors.pop() ?? '' }));
-          const following = h('button', { class: 'button secondary', type: 'button', text: 'Next page →', disabled: !next });
-          following.addEventListener('click', () => {
-            previousCursors.push(cursor);
-            navigate('activities', { ...filters, cursor: next });
-          });
-          if (!cursor && !next) return null;
-          return h('nav', { class: 'pager', 'aria-label': 'Pages' }, previous, following);
         }
 
         // MARK: one instance

@@ -8,15 +8,12 @@ extension ConsoleFiles {
         import { barChart } from './charts.js';
         import {
           h, heading, replace, setTitle, formatNumber, formatTime, time, badge, emptyState, code, errorNotice, table, pretty,
-          every, announce, plural,
+          every, announce, plural, pager,
         } from './ui.js';
-
-        let previousCursors = [];
 
         export function renderCampaigns(main, params, navigate) {
           setTitle('Campaigns');
           const cursor = params.get('cursor') ?? '';
-          if (!cursor) previousCursors = [];
           const results = h('div', { 'aria-busy': 'true' }, h('p', { class: 'loading', text: 'Loading…' }));
           replace(main, h('div', { class: 'page-head' }, heading('Campaigns', 'Newest first. Open one for its funnel, schedules and campaign-wide changes.')), results);
           (async () => {
@@ -31,13 +28,6 @@ extension ConsoleFiles {
                   ),
                 );
               } else {
-                const previous = h('button', { class: 'button secondary', type: 'button', text: '← Previous page', disabled: !cursor });
-                previous.addEventListener('click', () => navigate('campaigns', { cursor: previousCursors.pop() ?? '' }));
-                const next = h('button', { class: 'button secondary', type: 'button', text: 'Next page →', disabled: !page.next_cursor });
-                next.addEventListener('click', () => {
-                  previousCursors.push(cursor);
-                  navigate('campaigns', { cursor: page.next_cursor });
-                });
                 replace(
                   results,
                   table(
@@ -53,7 +43,7 @@ extension ConsoleFiles {
                     page.data,
                     { 'data-testid': 'campaigns-table' },
                   ),
-                  cursor || page.next_cursor ? h('nav', { class: 'pager', 'aria-label': 'Pages' }, previous, next) : null,
+                  pager('campaigns', cursor, page.next_cursor, (to) => navigate('campaigns', { cursor: to })),
                 );
               }
             } catch (error) {

@@ -147,6 +147,28 @@ extension ConsoleFiles {
           );
         }
 
+        /** The cursor of the page before each page, by list and that page's cursor (see `pager`). */
+        const previousCursors = new Map();
+
+        /**
+         * "← Previous page" and "Next page →" of a list paged with the API's cursors (null when it has one page).
+         * `list` names the list with its filters, `cursor` is this page's ('' for the first), `next` the following
+         * page's, `go(cursor)` shows a page. The page before a page is remembered by that page's cursor, not in a
+         * stack: after the browser's Back or Forward, "Previous page" still goes to the page before the one shown. A
+         * page opened otherwise (a reload, a link) goes back to the first page.
+         */
+        export function pager(list, cursor, next, go) {
+          if (!cursor && !next) return null;
+          const previous = h('button', { class: 'button secondary', type: 'button', text: '← Previous page', disabled: !cursor });
+          previous.addEventListener('click', () => go(previousCursors.get(`${list} ${cursor}`) ?? ''));
+          const following = h('button', { class: 'button secondary', type: 'button', text: 'Next page →', disabled: !next });
+          following.addEventListener('click', () => {
+            previousCursors.set(`${list} ${next}`, cursor);
+            go(next);
+          });
+          return h('nav', { class: 'pager', 'aria-label': 'Pages' }, previous, following);
+        }
+
         /** Runs `task` every `ms` while the page is visible; returns a function that stops it. */
         export function every(ms, task) {
           let timer = null;
