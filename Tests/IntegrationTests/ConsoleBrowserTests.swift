@@ -526,6 +526,13 @@ struct ConsoleBrowserTests {
             try await browser.screenshot("failures", fullPage: true)
             try await browser.wait(for: "[data-testid=failure-group] a[href*='\(instance)']").click()
             try await browser.wait(for: "[data-testid=deliveries-table]", containing: "undeliverable")
+            // A link to a period the list does not offer shows that period, not the list's first.
+            try await browser.open(t.console + "#/failures?hours=48")
+            try await browser.wait(for: "[data-testid=failure-group]", containing: "Unregistered")
+            try await browser.wait(for: "main p", containing: "in the last 48 hours")
+            let period =
+                "const s = document.getElementById('failures-window'); return [s.value, s.selectedOptions[0].text];"
+            #expect(try await browser.execute(period) as? [String] == ["48", "last 48 hours"])
         }
     }
 

@@ -40,11 +40,16 @@ extension ConsoleFiles {
 
         export function renderFailures(main, params, navigate) {
           setTitle('Failures');
-          const hours = Number(params.get('hours') ?? 24);
+          // The period the address names, offered in the list when it is not one of WINDOWS (a link to the last 48
+          // hours shows that, not the first choice); the API says what it accepts.
+          const hours = params.get('hours') ?? '24';
+          const windows = WINDOWS.map(([value, label]) => [String(value), label]);
+          if (!windows.some(([value]) => value === hours)) windows.push([hours, `last ${hours} hours`]);
+          const period = windows.find(([value]) => value === hours)[1];
           const select = h(
             'select',
             { id: 'failures-window', name: 'hours' },
-            WINDOWS.map(([value, label]) => h('option', { value: String(value), selected: value === hours, text: label })),
+            windows.map(([value, label]) => h('option', { value, selected: value === hours, text: label })),
           );
           select.addEventListener('change', () => navigate('failures', { hours: select.value }));
           const results = h('div', { 'aria-busy': 'true' }, h('p', { class: 'loading', text: 'Loading…' }));
@@ -61,7 +66,7 @@ extension ConsoleFiles {
           const load = async () => {
             try {
               const failures = await api(`/v1/delivery_failures${query({ hours })}`);
-              replace(results, view(failures, WINDOWS.find(([value]) => value === hours)?.[1] ?? `last ${hours} hours`));
+              replace(results, view(failures, period));
             } catch (error) {
               replace(results, errorNotice(error, 'Could not load failures: '));
             }
