@@ -762,9 +762,10 @@ public struct DeliveryQueue: Sendable {
     /// Records results of held deliveries, in the claim's transaction. An outcome moves the row from the queue to the
     /// history (`marquee_history_row`, migration 0057), in one statement for the batch; a retry or a park stays
     /// queued. A retry is superseded when a newer version for the same token exists (so N never reaches a token after
-    /// N+1); a row to park is queued instead if its credential was replaced meanwhile; a retry or a park of a push whose
-    /// device was removed (or moved to another person) meanwhile is superseded (`device_removed`, migration 0083).
-    /// Returns the instances something was sent to.
+    /// N+1); a row to park is queued instead if its credential was replaced meanwhile (an upload under way is waited
+    /// for: `marquee_credential_broken` holds a broken credential's row, migration 0104); a retry or a park of a push
+    /// whose device was removed (or moved to another person) meanwhile is superseded (`device_removed`, migration
+    /// 0083). Returns the instances something was sent to.
     static func record(_ connection: PostgresConnection, _ results: [DeliveryResult]) throws -> [(
         tenant: UUID, instance: String
     )] {

@@ -46,4 +46,43 @@ extension DeliveryTests {
         #expect(try await status(wrongApp) == "active")
         #expect(try await status(gone) == "retired", "a token the device gave up stays retired")
     }
+
+    @Test("a credential deleted and uploaded again corrected gives the tokens back too; the same one again does not")
+    func tokensBackWhenCredentialDeletedAndCorrected() async throws {
+        let t = try await Self.tenant()
+        let pool = t.fixture.pool
+        let tenant = t.tenant.uuid
+        let (wrongEnvironment, _) = try await t.iphone()
+        func retire() async throws {
+            try await pool.execute(
+                """
+                UPDATE push_to_start_tokens
+                SET status = 'retired', retired_reason = 'BadDeviceToken', retired_at = now()
+                WHERE tenant_id = \(tenant) AND device_token = \(wrongEnvironment)
+                """)
+        }
+        func status() async throws -> String {
+            try await pool.query(
+                """
+                SELECT status FROM push_to_start_tokens
+                WHERE tenant_id = \(tenant) AND device_token = \(wrongEnvironment)
+                """
+            )[0].decode(String.self, "status")
+        }
+        var credential = Self.goodAPNsCredential(t)
+        try await retire()
+        // Deleted and uploaded again as it was (a key rotation the tenant did in two steps): nothing comes back.
+        #expect(try await t.api.call("DELETE", "/v1/credentials/apns", key: t.tenant.app).status == 204)
+        #expect(try await t.api.call("PUT", "/v1/credentials/apns", key: t.tenant.app, json: credential).status == 200)
+        #expect(try await status() == "retired")
+        // Deleted and uploaded with the environment corrected: the token is active again.
+        #expect(try await t.api.call("DELETE", "/v1/credentials/apns", key: t.tenant.app).status == 204)
+        credential["environment"] = "production"
+        #expect(try await t.api.call("PUT", "/v1/credentials/apns", key: t.tenant.app, json: credential).status == 200)
+        #expect(try await status() == "active")
+        #expect(
+            try await pool.count(
+                "SELECT count(*)::int AS n FROM apns_credentials_removed WHERE tenant_id = \(tenant)") == 0,
+            "the deleted configuration is forgotten once another is uploaded")
+    }
 }
