@@ -30,6 +30,11 @@ public enum FCMErrorCode: Sendable, Equatable, CustomStringConvertible {
         }
     }
 
+    /// Whether the code blames the credential only until FCM has accepted a push sent with it, and the token after
+    /// (migration 0095): SENDER_ID_MISMATCH. `decide` asks it with the worker's copy of the proof; the database's has
+    /// the last word when the credential is to be marked broken (`DeliveryQueue.markCredentialBroken`).
+    public var blamesCredentialUntilProven: Bool { self == .senderIDMismatch }
+
     public var description: String {
         switch self {
         case .unregistered: "UNREGISTERED"
@@ -75,7 +80,7 @@ public enum FCMErrorCode: Sendable, Equatable, CustomStringConvertible {
         switch code {
         case .unregistered:
             return .retireToken(reason: reason, unregisteredAt: nil)
-        case .senderIDMismatch:
+        case _ where code.blamesCredentialUntilProven:
             // The token is of another Firebase project than the service account's. Before the credential has worked,
             // almost always the tenant uploaded the wrong project's account, and retiring would delete every Android
             // device: the credential is at fault. Once it has worked, the token is (one registered with the public

@@ -565,7 +565,7 @@ public final class DeliveryWorker: Sendable {
         func finish() async {
             var outcomes: [Outcome] = []
             while outcomes.count < still.count, let outcome = await iterator.next() { outcomes.append(outcome) }
-            await worker.settleBroken(outcomes)
+            outcomes = await worker.settleBroken(outcomes, of: still)
             let late = ClaimResults(results: outcomes.map(\.0), retirements: outcomes.compactMap(\.1))
             do {
                 try await worker.queue.recordLate(late, claimed: still)
@@ -624,7 +624,7 @@ public final class DeliveryWorker: Sendable {
         var iterator = stream.makeAsyncIterator()
         let done = batch.count - remaining.value
         while outcomes.count < done, let outcome = await iterator.next() { outcomes.append(outcome) }
-        await settleBroken(outcomes)
+        outcomes = await settleBroken(outcomes, of: batch)
         countSettled(outcomes, of: batch)
         let finishedIDs = Set(outcomes.map(\.0.id))
         let still = batch.filter { !finishedIDs.contains($0.id) }
@@ -655,18 +655,25 @@ public final class DeliveryWorker: Sendable {
     }
 
     /// Marks the credentials the providers rejected broken (their tenants' queued deliveries park), before the
-    /// outcomes that found them are recorded (as parked).
-    func settleBroken(_ outcomes: [Outcome]) async {
+    /// outcomes that found them are recorded (as parked). Returns `outcomes` of `deliveries`, those whose credential
+    /// the database says is proven (another worker's push got through since this one loaded it) as retired tokens.
+    func settleBroken(_ outcomes: [Outcome], of deliveries: [ClaimedDelivery]) async -> [Outcome] {
+        var proven: Set<BrokenCredential> = []
         for broken in Set(outcomes.compactMap(\.2)) {
             do {
                 // The cache reloads the row either way: a rejected key that was replaced meanwhile is not marked
                 // (its deliveries are recorded parked, and queued again at once as the stored credential is fine).
                 credentials.invalidate(broken.tenant)
-                guard
-                    try await queue.markCredentialBroken(
-                        tenant: broken.tenant, provider: broken.provider, reason: broken.reason,
-                        updatedAt: broken.credentialUpdatedAt)
-                else { continue }
+                switch try await queue.markCredentialBroken(
+                    tenant: broken.tenant, provider: broken.provider, reason: broken.reason,
+                    updatedAt: broken.credentialUpdatedAt, unlessProven: broken.untilProven)
+                {
+                case .marked: break
+                case .unchanged: continue
+                case .proven:
+                    proven.insert(broken)
+                    continue
+                }
                 metrics.credentialsBroken.inc(1, [broken.provider.rawValue])
                 logger.error(
                     "credential rejected; the tenant's deliveries through this provider are paused until it is replaced",
@@ -677,6 +684,12 @@ public final class DeliveryWorker: Sendable {
             } catch {
                 logger.error("could not mark credential broken", metadata: ["error": .string("\(error)")])
             }
+        }
+        guard !proven.isEmpty else { return outcomes }
+        let claimed = Dictionary(deliveries.map { ($0.id, $0) }, uniquingKeysWith: { first, _ in first })
+        return outcomes.map { outcome in
+            guard let broken = outcome.2, proven.contains(broken), let d = claimed[outcome.0.id] else { return outcome }
+            return retired(d, reason: broken.reason, unregisteredAt: nil, http: outcome.0.httpStatus)
         }
     }
 
@@ -697,6 +710,8 @@ public final class DeliveryWorker: Sendable {
         var reason: String
         /// The rejected credential's `updated_at`, as loaded: only that row is marked broken, not a replacement.
         var credentialUpdatedAt: Date
+        /// The reason blames the credential only until it has worked (`FCMErrorCode.blamesCredentialUntilProven`).
+        var untilProven = false
     }
 
     /// Composes and sends one delivery, its provider requests ending by `sendBy`; returns its result.
@@ -822,15 +837,7 @@ public final class DeliveryWorker: Sendable {
             }
             return (sent, nil, nil)
         case .retireToken(let reason, let at):
-            log.info(
-                d.tokenKind == .channel ? "channel gone" : "token retired",
-                metadata: ["provider.reason": .string(reason)])
-            return (
-                result(d, d.tokenKind == .channel ? .failed : .undeliverable, http: http, reason: reason),
-                TokenRetirement(
-                    tenantID: d.tenantID, kind: d.tokenKind, deviceToken: d.deviceToken, token: d.token,
-                    reason: reason, unregisteredAt: at), nil
-            )
+            return retired(d, reason: reason, unregisteredAt: at, http: http)
         case .retry(let reason, let after):
             var retried = retry(d, reason: reason, retryAfter: after)
             retried.httpStatus = http
@@ -842,7 +849,8 @@ public final class DeliveryWorker: Sendable {
                     tenantID: d.tenantID, id: d.id, instanceID: d.instanceID, status: .parked, httpStatus: http,
                     reason: reason), nil,
                 BrokenCredential(
-                    tenant: d.tenantID, provider: d.provider, reason: reason, credentialUpdatedAt: credentialUpdatedAt)
+                    tenant: d.tenantID, provider: d.provider, reason: reason, credentialUpdatedAt: credentialUpdatedAt,
+                    untilProven: d.provider == .fcm && FCMErrorCode(reason).blamesCredentialUntilProven)
             )
         case .refreshProviderToken(let reason):
             return (retry(d, reason: reason, retryAfter: nil), nil, nil)
@@ -850,6 +858,22 @@ public final class DeliveryWorker: Sendable {
             log.warning("failed", metadata: ["provider.reason": .string(reason)])
             return (result(d, .failed, http: http, reason: reason), nil, nil)
         }
+    }
+
+    /// The outcome of a token the provider called dead: undeliverable (a channel: failed), the token to retire.
+    func retired(_ d: ClaimedDelivery, reason: String, unregisteredAt at: Date?, http: Int?) -> Outcome {
+        logger.info(
+            d.tokenKind == .channel ? "channel gone" : "token retired",
+            metadata: [
+                "delivery.id": .string(ULID(uuid: d.id).description), "tenant.id": .string(d.tenantID.lowercasedString),
+                "instance.id": .string(d.instanceID), "provider.reason": .string(reason),
+            ])
+        return (
+            result(d, d.tokenKind == .channel ? .failed : .undeliverable, http: http, reason: reason),
+            TokenRetirement(
+                tenantID: d.tenantID, kind: d.tokenKind, deviceToken: d.deviceToken, token: d.token, reason: reason,
+                unregisteredAt: at), nil
+        )
     }
 
     func result(

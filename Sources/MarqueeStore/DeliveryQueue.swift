@@ -927,20 +927,51 @@ public struct DeliveryQueue: Sendable {
         return statements
     }
 
+    /// What `markCredentialBroken` did.
+    public enum CredentialBreak: Sendable, Equatable {
+        /// Marked broken: the tenant's queued deliveries through the provider are parked.
+        case marked
+        /// Left alone: already broken, replaced since it was loaded, or gone.
+        case unchanged
+        /// Left alone: FCM has accepted a push sent with the credential as it is (migration 0095), and the reason
+        /// blames the token then (`FCMErrorCode.blamesCredentialUntilProven`).
+        case proven
+    }
+
     /// Marks a tenant's credentials for `provider` broken, so that its deliveries pause until they are replaced — if
     /// the stored row is still the one the provider rejected (`updatedAt`, as the worker loaded it): a rejection of a
     /// key the tenant has replaced meanwhile (a send in flight, a worker's cache) must not break its replacement.
-    /// Returns whether it marked the row.
-    @discardableResult
+    /// `unlessProven` (an FCM reason that blames the credential only until it has worked): not if the database holds
+    /// the proof, whatever the caller's copy of it said (a worker loads it with the credential and keeps it for up to
+    /// 30 s, while another worker may have proven the credential since).
     public func markCredentialBroken(
-        tenant: UUID, provider: PlannedDelivery.Provider, reason: String, updatedAt: Date
-    ) async throws -> Bool {
+        tenant: UUID, provider: PlannedDelivery.Provider, reason: String, updatedAt: Date, unlessProven: Bool = false
+    ) async throws -> CredentialBreak {
         let table = provider == .apns ? "apns_credentials" : "fcm_credentials"
-        return try await pool.execute(
-            """
-            UPDATE \(unsafeRaw: table) SET status = 'broken', status_reason = \(reason)
-            WHERE tenant_id = \(tenant) AND status <> 'broken' AND updated_at = \(updatedAt)
-            """) > 0
+        let proofCounts = unlessProven && provider == .fcm
+        return try await pool.transaction { connection in
+            // The row first, held (a proof being recorded holds it too: markFCMCredentialProven), then the proof and
+            // the mark in statements of their own, which see what committed while this one waited.
+            let held = try connection.query(
+                """
+                SELECT 1 FROM \(unsafeRaw: table)
+                WHERE tenant_id = \(tenant) AND status <> 'broken' AND updated_at = \(updatedAt)
+                FOR UPDATE
+                """)
+            guard !held.isEmpty else { return .unchanged }
+            if proofCounts {
+                let proof = try connection.query(
+                    """
+                    SELECT 1 FROM fcm_credential_checks
+                    WHERE tenant_id = \(tenant) AND credential_updated_at = \(updatedAt)
+                    """)
+                if !proof.isEmpty { return .proven }
+            }
+            try connection.execute(
+                "UPDATE \(unsafeRaw: table) SET status = 'broken', status_reason = \(reason) WHERE tenant_id = \(tenant)"
+            )
+            return .marked
+        }
     }
 
     /// Analyses the queue table once a fifth of it changed since the last analysis (migration 0047), so a burst of
@@ -1063,13 +1094,15 @@ public struct DeliveryQueue: Sendable {
 
     /// Records that FCM accepted a push sent with the tenant's credential as it was at `credentialUpdatedAt`
     /// (migration 0095): from then on a SENDER_ID_MISMATCH blames the token, not the credential. Nothing when the
-    /// credential changed since.
+    /// credential changed since. The credential's row is held until the proof commits, so that a break being decided
+    /// (`markCredentialBroken`) sees it, or comes first and leaves nothing to prove.
     public func markFCMCredentialProven(tenant: UUID, credentialUpdatedAt: Date) async throws {
         try await pool.execute(
             """
             INSERT INTO fcm_credential_checks (tenant_id, credential_updated_at)
             SELECT tenant_id, updated_at FROM fcm_credentials
             WHERE tenant_id = \(tenant) AND updated_at = \(credentialUpdatedAt)
+            FOR SHARE
             ON CONFLICT (tenant_id) DO UPDATE
             SET credential_updated_at = EXCLUDED.credential_updated_at, proven_at = now()
             """)

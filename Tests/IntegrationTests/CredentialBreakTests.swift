@@ -28,14 +28,14 @@ extension DeliveryTests {
         // The old key's rejection arrives: the replacement stays usable.
         let stale = try await queue.markCredentialBroken(
             tenant: t.tenant.uuid, provider: .apns, reason: "InvalidProviderToken", updatedAt: loaded)
-        #expect(!stale)
+        #expect(stale == .unchanged)
         #expect(try await status() == "ok")
         // A rejection of the stored credential, as loaded now, breaks it.
         let current = try #require(try await queue.apnsCredential(tenant: t.tenant.uuid)).0.updatedAt
         #expect(current != loaded)
         let marked = try await queue.markCredentialBroken(
             tenant: t.tenant.uuid, provider: .apns, reason: "InvalidProviderToken", updatedAt: current)
-        #expect(marked)
+        #expect(marked == .marked)
         #expect(try await status() == "broken")
     }
 }

@@ -1,6 +1,7 @@
 import Foundation
 import MarqueeCore
 import MarqueeSimulators
+import MarqueeStore
 import PostgresClient
 import Testing
 
@@ -87,5 +88,39 @@ extension FCMDeliveryTests {
             try await t.fcmCredential().string("status") == "broken"
         }
         #expect(try await t.deviceCount(again) == 1)
+    }
+
+    @Test("a worker whose copy of the credential predates its proof: SENDER_ID_MISMATCH still blames the token")
+    func senderIDMismatchAfterProofElsewhere() async throws {
+        let t = try await Self.tenant()
+        t.fcm.setFaults([
+            .init(tokenPrefix: "frgn", action: .foreignToken), .init(tokenPrefix: "dead", action: .unregistered),
+        ])
+        defer { t.fcm.setFaults([]) }
+        let worker = try t.fixture.worker()
+        defer { worker.signal(SIGKILL) }
+        // The worker loads the credential, unproven, for a push FCM does not accept (the device is gone): it keeps
+        // that copy for 30 s.
+        let gone = Fake.id("gone")
+        _ = try await t.android(tokenPrefix: "dead")
+        _ = try await t.start(gone)
+        #expect(try await t.settled(gone, count: 1)[0].string("status") == "undeliverable")
+        // Meanwhile another worker's push got through with the same credential, and recorded the proof.
+        let queue = DeliveryQueue(pool: t.fixture.pool)
+        let loaded = try #require(try await queue.fcmCredential(tenant: t.tenant.uuid))
+        #expect(!loaded.proven)
+        try await queue.markFCMCredentialProven(tenant: t.tenant.uuid, credentialUpdatedAt: loaded.0.updatedAt)
+        // A device with another project's token, registered with the public sdk key, gets a push from this worker.
+        let stranger = Fake.id("stranger")
+        let foreign = try await t.android(person: stranger, tokenPrefix: "frgn")
+        let mismatch = Fake.id("foreign")
+        _ = try await t.start(mismatch, person: stranger)
+        let refused = try await t.settled(mismatch, count: 1)[0]
+        #expect(refused.string("status") == "undeliverable", "\(refused)")
+        #expect(refused.string("reason") == "SENDER_ID_MISMATCH", "\(refused)")
+        #expect(try await t.fcmCredential().string("status") == "ok", "the proven credential is not broken")
+        try await eventually("the foreign device is gone", timeout: .seconds(20)) {
+            try await t.deviceCount(foreign) == 0
+        }
     }
 }
