@@ -91,4 +91,50 @@ extension DeliveryTests {
         #expect(try await t.api.call("GET", "/v1/credentials/apns", key: t.tenant.app).json().string("status") == "ok")
         #expect(try await t.deliveries(instance).map { $0.string("status") } == ["queued"])
     }
+
+    @Test("a parked delivery waiting out a Retry-After keeps its due time when the credential is replaced")
+    func unparkedKeepTheirWait() async throws {
+        let t = try await Self.tenant()
+        _ = try await t.iphone()
+        _ = try await t.iphone()
+        let pool = t.fixture.pool
+        let tenant = t.tenant.uuid
+        let instance = Fake.id("park-wait")
+        #expect(try await t.start(instance).status == 200)
+        // Both queued; one was told to wait half an hour (a 429's Retry-After) when the credential broke.
+        let rows = try await pool.query(
+            "SELECT id FROM delivery_queue WHERE tenant_id = \(tenant) AND instance_id = \(instance) ORDER BY id")
+        let ids = try rows.map { try $0.decode(UUID.self, "id") }
+        try #require(ids.count == 2)
+        let (waiting, due) = (ids[0], ids[1])
+        let wait = try await pool.query(
+            """
+            UPDATE delivery_queue SET next_attempt_at = now() + interval '30 minutes'
+            WHERE tenant_id = \(tenant) AND id = \(waiting)
+            RETURNING (extract(epoch FROM next_attempt_at) * 1000000)::int8 AS due
+            """)[0].decode(Int64.self, "due")
+        try await pool.execute("UPDATE apns_credentials SET status = 'broken' WHERE tenant_id = \(tenant)")
+        #expect(try await t.deliveries(instance).allSatisfy { $0.string("status") == "parked" })
+        #expect(
+            try await t.api.call("PUT", "/v1/credentials/apns", key: t.tenant.app, json: Self.goodAPNsCredential(t))
+                .status == 200)
+        func row(_ id: UUID) async throws -> (status: String, due: Int64, dueNow: Bool) {
+            let row = try await pool.query(
+                """
+                SELECT status, (extract(epoch FROM next_attempt_at) * 1000000)::int8 AS due,
+                       next_attempt_at <= now() AS due_now
+                FROM delivery_queue WHERE tenant_id = \(tenant) AND id = \(id)
+                """)[0]
+            return (
+                try row.decode(String.self, "status"), try row.decode(Int64.self, "due"),
+                try row.decode(Bool.self, "due_now")
+            )
+        }
+        let kept = try await row(waiting)
+        #expect(kept.status == "queued")
+        #expect(kept.due == wait, "still waits out its Retry-After")
+        let other = try await row(due)
+        #expect(other.status == "queued")
+        #expect(other.dueNow, "one that was due is due at once")
+    }
 }
