@@ -901,10 +901,9 @@ public final class DeliveryWorker: Sendable {
         metrics.retries.inc(1, [d.provider.rawValue])
         metrics.deliveries.inc(
             1, [d.provider.rawValue, d.operation.rawValue, "retry", DeliveryReason.metricLabel(reason)])
-        let seconds = delay.inSeconds
         return DeliveryResult(
             tenantID: d.tenantID, id: d.id, instanceID: d.instanceID, status: .queued, reason: reason,
-            nextAttemptAt: Date().addingTimeInterval(seconds))
+            retryDelay: delay)
     }
 
     /// Samples queue depth for the gauges every few seconds, and every few minutes removes idempotency records past

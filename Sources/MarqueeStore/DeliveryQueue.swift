@@ -68,14 +68,16 @@ public struct DeliveryResult: Sendable {
     public var providerID: String?
     public var httpStatus: Int?
     public var reason: String?
-    /// For `queued` (a retry): when to try again.
-    public var nextAttemptAt: Date?
+    /// For `queued` (a retry): how long to wait before trying again, from when the record is written, by the database's
+    /// clock (as `SendingLease`): a worker whose clock is behind wrote retries already due (no backoff, a provider's
+    /// Retry-After ignored), one ahead held them back.
+    public var retryDelay: Duration?
     /// For an APNs push that was sent: the `apns-priority` it went out with.
     public var apnsPriority: Int?
 
     public init(
         tenantID: UUID, id: UUID, instanceID: String, status: Status, providerID: String? = nil,
-        httpStatus: Int? = nil, reason: String? = nil, nextAttemptAt: Date? = nil, apnsPriority: Int? = nil
+        httpStatus: Int? = nil, reason: String? = nil, retryDelay: Duration? = nil, apnsPriority: Int? = nil
     ) {
         self.apnsPriority = apnsPriority
         self.tenantID = tenantID
@@ -85,7 +87,7 @@ public struct DeliveryResult: Sendable {
         self.providerID = providerID
         self.httpStatus = httpStatus
         self.reason = reason
-        self.nextAttemptAt = nextAttemptAt
+        self.retryDelay = retryDelay
     }
 }
 
@@ -783,7 +785,11 @@ public struct DeliveryQueue: Sendable {
         let providerIDs = results.map(\.providerID)
         let httpStatuses = results.map { $0.httpStatus.map(String.init) }
         let reasons = results.map(\.reason)
-        let nextAt = results.map { r in r.nextAttemptAt.map { String(format: "%.6f", $0.timeIntervalSince1970) } }
+        let delays = results.map { r in
+            r.retryDelay.map {
+                String($0.components.seconds * 1000 + $0.components.attoseconds / 1_000_000_000_000_000)
+            }
+        }
         let priorities = results.map { $0.apnsPriority.map(String.init) }
         return """
             WITH o AS (
@@ -799,11 +805,13 @@ public struct DeliveryQueue: Sendable {
                                 THEN 'queued'
                             ELSE v.status END AS status,
                        v.provider_id, v.http_status::int AS http_status, COALESCE(x.departed, v.reason) AS reason,
-                       to_timestamp(v.next_at::double precision) AS next_at, v.apns_priority::smallint AS apns_priority
+                       -- A retry's due time by the database's clock, from this statement (the claim's now() is its start).
+                       statement_timestamp() + v.delay_ms::float8 * interval '1 millisecond' AS next_at,
+                       v.apns_priority::smallint AS apns_priority
                 FROM unnest(\(tenants)::uuid[], \(ids)::uuid[], \(instances)::text[], \(statuses)::text[],
-                            \(providerIDs)::text[], \(httpStatuses)::text[], \(reasons)::text[], \(nextAt)::text[],
+                            \(providerIDs)::text[], \(httpStatuses)::text[], \(reasons)::text[], \(delays)::text[],
                             \(priorities)::text[])
-                     AS v(tenant_id, id, instance_id, status, provider_id, http_status, reason, next_at, apns_priority)
+                     AS v(tenant_id, id, instance_id, status, provider_id, http_status, reason, delay_ms, apns_priority)
                 -- A lookup per row (OFFSET 0): as a join it was planned as a hash join over the whole queue (7 ms a
                 -- batch with 20,000 queued). By the instance too: on statistics that did not know the tenant, the
                 -- planner served (tenant_id, id) from deliveries_instance, whose key has instance_id between them —

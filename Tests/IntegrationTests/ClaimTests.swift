@@ -505,6 +505,43 @@ struct ClaimTests {
         #expect(reasons == ["unreadable"])
         #expect(reported.count == 3 && reported.allSatisfy { $0.tenantID == bad.tenant.uuid && $0.provider != nil })
     }
+
+    @Test("a retry is due its delay after the record, by the database's clock, not the worker's")
+    func retryDueByDatabaseClock() async throws {
+        let w = try await LifecycleTests.world(fixture: .holding)
+        let instance = Fake.id("retry-clock")
+        #expect(try await w.start(["instance_id": instance]).status == 200)
+        let pool = w.fixture.pool
+        func databaseMicroseconds() async throws -> Int64 {
+            try await pool.query("SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::int8 AS t")[0]
+                .decode(Int64.self, "t")
+        }
+        let before = try await databaseMicroseconds()
+        // What a worker records for a 503 with a delay of 8 s. (Its clock may be ten minutes behind the database's:
+        // a due time it computed was in the past, and every retry went out at once.)
+        let claimed = try await DeliveryQueue(pool: pool).claim(
+            limit: 10, hold: .seconds(60), tenants: [w.tenant.uuid]
+        ) { batch in
+            ClaimResults(
+                results: batch.map {
+                    DeliveryResult(
+                        tenantID: $0.tenantID, id: $0.id, instanceID: $0.instanceID, status: .queued, httpStatus: 503,
+                        reason: "ServiceUnavailable", retryDelay: .seconds(8))
+                })
+        }
+        #expect(claimed == 3)
+        let after = try await databaseMicroseconds()
+        let due = try await pool.query(
+            """
+            SELECT (extract(epoch FROM next_attempt_at) * 1000000)::int8 AS due FROM delivery_queue
+            WHERE tenant_id = \(w.tenant.uuid) AND instance_id = \(instance)
+            """
+        ).map { try $0.decode(Int64.self, "due") }
+        #expect(due.count == 3)
+        for at in due {
+            #expect(at >= before + 8_000_000 && at <= after + 8_000_000, "due \(at - before) µs after the claim began")
+        }
+    }
 }
 
 /// Opens once with a value; waiters get it (or time out).

@@ -240,7 +240,7 @@ extension ClaimTests {
                         d.deviceToken == retried
                             ? DeliveryResult(
                                 tenantID: d.tenantID, id: d.id, instanceID: d.instanceID, status: .queued,
-                                httpStatus: 503, reason: "ServiceUnavailable", nextAttemptAt: Date())
+                                httpStatus: 503, reason: "ServiceUnavailable", retryDelay: .zero)
                             : DeliveryResult(
                                 tenantID: d.tenantID, id: d.id, instanceID: d.instanceID, status: .sent,
                                 providerID: Fake.hex(16))

@@ -387,7 +387,7 @@ struct LifecycleGuaranteeTests {
                     DeliveryResult(
                         tenantID: $0.tenantID, id: $0.id, instanceID: $0.instanceID, status: .queued,
                         reason: "Unavailable",
-                        nextAttemptAt: Date().addingTimeInterval(1))
+                        retryDelay: .seconds(1))
                 })
         }
         #expect(claimed == 1)

@@ -311,7 +311,7 @@ struct QueueStatisticsTests {
             DeliveryResult(
                 tenantID: try row.decode(UUID.self, "tenant_id"), id: try row.decode(UUID.self, "id"),
                 instanceID: try row.decode(String.self, "instance_id"), status: index % 2 == 0 ? .sent : .queued,
-                reason: index % 2 == 0 ? nil : "retry", nextAttemptAt: Date().addingTimeInterval(60))
+                reason: index % 2 == 0 ? nil : "retry", retryDelay: .seconds(60))
         }
         // Rows the transaction read from the queue by index and by sequential scan, counted by this backend
         // (pg_stat_xact_user_tables: nothing waits for statistics to be flushed).
