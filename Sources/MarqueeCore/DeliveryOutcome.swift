@@ -192,7 +192,7 @@ public enum APNsReason: Sendable, Equatable, CustomStringConvertible {
 
 /// When to try a delivery again: exponential backoff with full jitter, capped, over about an hour.
 public struct RetryPolicy: Sendable, Equatable {
-    /// Attempts in all, the first included. Default 10.
+    /// Attempts in all, the first included, of those that spend the budget (`spendsBudget`). Default 10.
     public var maxAttempts: Int
     /// The first retry's ceiling. Default 8 s (ten attempts then span about 40 minutes on average, 54 at most).
     public var initialDelay: Duration
@@ -204,23 +204,39 @@ public struct RetryPolicy: Sendable, Equatable {
     /// sent). Such a delivery still ends with its instance's expiry.
     public static let uncounted: Set<String> = ["shutdown", "credential_load"]
 
+    /// Whether an attempt that ended `status` with `reason` spends the budget: not a retry for a reason the worker
+    /// gave itself (`uncounted`), nor a park (the provider refused the tenant's credential, not the push). The
+    /// queue counts the others apart (`delivery_queue.uncounted_attempts`, migration 0106).
+    public static func spendsBudget(_ status: DeliveryStatus, reason: String?) -> Bool {
+        switch status {
+        case .parked: false
+        case .queued: !(reason.map(uncounted.contains) ?? false)
+        default: true
+        }
+    }
+
     public init(maxAttempts: Int = 10, initialDelay: Duration = .seconds(8), maximumDelay: Duration = .seconds(1200)) {
         self.maxAttempts = maxAttempts
         self.initialDelay = initialDelay
         self.maximumDelay = maximumDelay
     }
 
-    /// The delay before attempt `attempts + 1`, or nil when `attempts` attempts were the last allowed.
-    /// `retryAfter` (the provider's word) is honoured as a floor. `random` yields values in 0...1. An attempt the
-    /// worker ended itself (`Self.uncounted`) says nothing of the push and never spends the last one.
+    /// The delay before attempt `attempts + 1`, or nil when `counted` attempts were the last allowed.
+    /// `counted`: of `attempts`, those that spend the budget (`spendsBudget`), this one included; all of them when
+    /// nil. `retryAfter` (the provider's word) is honoured as a floor. `random` yields values in 0...1. An attempt
+    /// the worker ended itself (`Self.uncounted`) says nothing of the push and never spends the last one; it backs off
+    /// by every attempt (a credential that cannot be loaded is not asked again every few seconds), the others by
+    /// those counted (ten of those before a provider's first 503 do not make its retry wait 20 minutes).
     public func delay(
-        afterAttempts attempts: Int, retryAfter: Duration?, reason: String? = nil,
+        afterAttempts attempts: Int, counted: Int? = nil, retryAfter: Duration?, reason: String? = nil,
         random: () -> Double = { Double.random(in: 0...1) }
     )
         -> Duration?
     {
-        guard attempts < maxAttempts || reason.map(Self.uncounted.contains) == true else { return nil }
-        let exponent = min(max(attempts - 1, 0), 30)
+        let uncounted = reason.map(Self.uncounted.contains) == true
+        let spent = counted ?? attempts
+        guard spent < maxAttempts || uncounted else { return nil }
+        let exponent = min(max((uncounted ? attempts : spent) - 1, 0), 30)
         let ceiling = min(initialDelay.inSeconds * pow(2, Double(exponent)), maximumDelay.inSeconds)
         // Half fixed, half jitter: spreads retries without letting them collapse to zero.
         var seconds = ceiling / 2 + random() * ceiling / 2

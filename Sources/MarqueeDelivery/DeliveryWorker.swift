@@ -894,9 +894,9 @@ public final class DeliveryWorker: Sendable {
     func retry(_ d: ClaimedDelivery, reason: String, retryAfter: Duration?) -> DeliveryResult {
         guard
             let delay = configuration.retryPolicy.delay(
-                afterAttempts: d.attempts, retryAfter: retryAfter, reason: reason)
+                afterAttempts: d.attempts, counted: d.countedAttempts, retryAfter: retryAfter, reason: reason)
         else {
-            return result(d, .failed, reason: DeliveryReason.gaveUp(after: d.attempts, reason))
+            return result(d, .failed, reason: DeliveryReason.gaveUp(after: d.countedAttempts, reason))
         }
         metrics.retries.inc(1, [d.provider.rawValue])
         metrics.deliveries.inc(

@@ -13,7 +13,11 @@ public struct ClaimedDelivery: Sendable {
     public var tokenKind: PlannedDelivery.TokenKind
     public var token: String
     public var operation: LiveActivityEvent
+    /// This attempt's number, every one before it counted.
     public var attempts: Int
+    /// This attempt's number among those that spend the retry budget (`RetryPolicy.spendsBudget`), were it to spend
+    /// it.
+    public var countedAttempts: Int
     public var createdAt: Date
     /// The instance as it is now: its state and expiry decide whether the delivery is still wanted.
     public var instanceState: InstanceState
@@ -644,7 +648,8 @@ public struct DeliveryQueue: Sendable {
                 ) c
             )
             SELECT c.tenant_id, c.id AS delivery_id, c.instance_id, c.device_token, c.provider, c.token_kind,
-                   c.token, c.operation, c.attempts + 1 AS attempt, c.created_at AS delivery_created_at,
+                   c.token, c.operation, c.attempts + 1 AS attempt,
+                   c.attempts - c.uncounted_attempts + 1 AS counted_attempt, c.created_at AS delivery_created_at,
                    COALESCE(c.attributes, i.attributes) AS snap_attributes,
                    COALESCE(c.content_state, i.content_state) AS snap_content_state,
                    COALESCE(c.options, i.options) AS snap_options,
@@ -727,6 +732,7 @@ public struct DeliveryQueue: Sendable {
             token: try row.decode(String.self, "token"),
             operation: try row.decodeRaw(LiveActivityEvent.self, "operation"),
             attempts: try row.decode(Int.self, "attempt"),
+            countedAttempts: try row.decode(Int.self, "counted_attempt"),
             createdAt: try row.decode(Date.self, "delivery_created_at"),
             instanceState: try row.decodeRaw(InstanceState.self, "state"),
             expiresAt: try row.decode(Date.self, "expires_at"),
@@ -791,6 +797,8 @@ public struct DeliveryQueue: Sendable {
             }
         }
         let priorities = results.map { $0.apnsPriority.map(String.init) }
+        // 1 for an attempt that does not spend the retry budget (RetryPolicy.spendsBudget, the rule's one home).
+        let uncounted = results.map { RetryPolicy.spendsBudget($0.status, reason: $0.reason) ? 0 : 1 }
         return """
             WITH o AS (
                 SELECT d.row_ctid, d.tenant_id, d.instance_id, d.id,
@@ -807,11 +815,12 @@ public struct DeliveryQueue: Sendable {
                        v.provider_id, v.http_status::int AS http_status, COALESCE(x.departed, v.reason) AS reason,
                        -- A retry's due time by the database's clock, from this statement (the claim's now() is its start).
                        statement_timestamp() + v.delay_ms::float8 * interval '1 millisecond' AS next_at,
-                       v.apns_priority::smallint AS apns_priority
+                       v.apns_priority::smallint AS apns_priority, v.uncounted
                 FROM unnest(\(tenants)::uuid[], \(ids)::uuid[], \(instances)::text[], \(statuses)::text[],
                             \(providerIDs)::text[], \(httpStatuses)::text[], \(reasons)::text[], \(delays)::text[],
-                            \(priorities)::text[])
-                     AS v(tenant_id, id, instance_id, status, provider_id, http_status, reason, delay_ms, apns_priority)
+                            \(priorities)::text[], \(uncounted)::int[])
+                     AS v(tenant_id, id, instance_id, status, provider_id, http_status, reason, delay_ms, apns_priority,
+                          uncounted)
                 -- A lookup per row (OFFSET 0): as a join it was planned as a hash join over the whole queue (7 ms a
                 -- batch with 20,000 queued). By the instance too: on statistics that did not know the tenant, the
                 -- planner served (tenant_id, id) from deliveries_instance, whose key has instance_id between them —
@@ -837,6 +846,7 @@ public struct DeliveryQueue: Sendable {
                 UPDATE delivery_queue d SET
                     status = o.status, provider_id = COALESCE(o.provider_id, d.provider_id),
                     http_status = o.http_status, reason = o.reason, attempts = d.attempts + 1,
+                    uncounted_attempts = d.uncounted_attempts + o.uncounted,
                     next_attempt_at = COALESCE(o.next_at, d.next_attempt_at), updated_at = now(),
                     apns_priority = COALESCE(o.apns_priority, d.apns_priority), sending_until = NULL
                 FROM o

@@ -103,6 +103,26 @@ struct RetryPolicyTests {
         #expect(total > 2400 && total < 3600, "about an hour at most: \(total) s")
     }
 
+    @Test("the worker's own retries and parks spend no attempt: the budget and backoff go by the counted ones")
+    func uncountedAttempts() {
+        let policy = RetryPolicy(maxAttempts: 10, initialDelay: .seconds(8), maximumDelay: .seconds(1200))
+        #expect(!RetryPolicy.spendsBudget(.queued, reason: "credential_load"))
+        #expect(!RetryPolicy.spendsBudget(.queued, reason: "shutdown"))
+        #expect(!RetryPolicy.spendsBudget(.parked, reason: "InvalidProviderToken"))
+        #expect(RetryPolicy.spendsBudget(.queued, reason: "ServiceUnavailable"))
+        #expect(RetryPolicy.spendsBudget(.queued, reason: nil))
+        #expect(RetryPolicy.spendsBudget(.failed, reason: "BadTopic"))
+        // The 11th attempt, the first 503 after ten credential loads: retried, backed off as a first retry.
+        #expect(
+            policy.delay(afterAttempts: 11, counted: 1, retryAfter: nil, reason: "ServiceUnavailable", random: { 1 })
+                == .seconds(8))
+        #expect(policy.delay(afterAttempts: 20, counted: 10, retryAfter: nil, reason: "ServiceUnavailable") == nil)
+        // An uncounted retry backs off by every attempt.
+        #expect(
+            policy.delay(afterAttempts: 5, counted: 1, retryAfter: nil, reason: "credential_load", random: { 1 })
+                == .seconds(128))
+    }
+
     @Test("Retry-After is a floor")
     func retryAfter() {
         let policy = RetryPolicy(initialDelay: .seconds(1))
