@@ -847,7 +847,10 @@ public struct DeliveryQueue: Sendable {
                     status = o.status, provider_id = COALESCE(o.provider_id, d.provider_id),
                     http_status = o.http_status, reason = o.reason, attempts = d.attempts + 1,
                     uncounted_attempts = d.uncounted_attempts + o.uncounted,
-                    next_attempt_at = COALESCE(o.next_at, d.next_attempt_at), updated_at = now(),
+                    -- Without a retry's delay (a park, or one queued instead), due by now at the latest: a late
+                    -- record's row still carries its lease as due time (sending_until), which ends here.
+                    next_attempt_at = COALESCE(o.next_at, LEAST(d.next_attempt_at, statement_timestamp())),
+                    updated_at = now(),
                     apns_priority = COALESCE(o.apns_priority, d.apns_priority), sending_until = NULL
                 FROM o
                 WHERE d.ctid = ANY(ARRAY(SELECT row_ctid FROM o WHERE status IN ('queued', 'parked')))

@@ -424,6 +424,47 @@ struct ClaimTests {
         #expect(parked == ["parked": 2, "queued": 1], "\(parked)")
     }
 
+    @Test(
+        "a delivery parked by a late result is due as soon as its credential is replaced, not at its claim's lease end")
+    func lateParkIsDueWhenReplaced() async throws {
+        let w = try await LifecycleTests.world(fixture: .holding)
+        let instance = Fake.id("late-park")
+        try await w.fixture.pool.execute(
+            """
+            INSERT INTO apns_credentials (tenant_id, team_id, key_id, bundle_id, environment, sealed_private_key)
+            VALUES (\(w.tenant.uuid), 'TEAM', 'KEY', 'com.example.app', 'sandbox', '\\x00'::bytea)
+            """)
+        #expect(try await w.start(["instance_id": instance]).status == 200)
+        let queue = DeliveryQueue(pool: w.fixture.pool)
+        var slow: [ClaimedDelivery] = []
+        try await queue.claim(limit: 10, hold: .seconds(60), tenants: [w.tenant.uuid]) { batch in
+            slow = batch.filter { $0.provider == .apns }
+            return Self.stillSending(batch)
+        }
+        #expect(slow.count == 2)
+        // APNs refuses the credential for the slow sends: it is marked broken, and their late results are parks.
+        try await w.fixture.pool.execute(
+            "UPDATE apns_credentials SET status = 'broken' WHERE tenant_id = \(w.tenant.uuid)")
+        try await queue.recordLate(
+            ClaimResults(
+                results: slow.map {
+                    DeliveryResult(
+                        tenantID: $0.tenantID, id: $0.id, instanceID: $0.instanceID, status: .parked,
+                        httpStatus: 403, reason: "InvalidProviderToken")
+                }), claimed: slow)
+        #expect(try await Self.statuses(w, instance, operation: "start") == ["parked": 2, "queued": 1])
+        // The tenant replaces it within the claim's hold: they are due now, the lease having ended with the record.
+        try await w.fixture.pool.execute(
+            "UPDATE apns_credentials SET status = 'ok' WHERE tenant_id = \(w.tenant.uuid)")
+        for d in slow {
+            let (due, sendingUntil, _) = try await Self.lease(w, d)
+            #expect(sendingUntil == nil)
+            let now = try await w.fixture.pool.query(
+                "SELECT (extract(epoch FROM now()) * 1000000)::int8 AS t")[0].decode(Int64.self, "t")
+            #expect(try #require(due) <= now, "due \((due ?? 0) - now) µs from now")
+        }
+    }
+
     @Test("a late result marks its instance active only if the claim found it waiting for one")
     func lateSettleLeavesNewerState() async throws {
         let w = try await LifecycleTests.world(fixture: .holding)
