@@ -68,14 +68,18 @@ extension ChangeWrite: SetWrite {
                 FROM req r
                 JOIN instances i ON i.tenant_id = \(tenant) AND i.id = r.instance_id
                 JOIN activity_types a ON a.tenant_id = i.tenant_id AND a.identifier = i.activity_type
-            ), lk AS (
-                -- A change with an Idempotency-Key records it only if it is written: its instance is locked at the
-                -- expected version first (a concurrent change that moved it on fails the check, and the key is not
-                -- recorded), so the version check below cannot fail after the record was made (a retry with the key
-                -- was answered 200 from the record of a change that was never written).
+            ), writable AS (
+                -- The changes that can be written, the one home of the write's conditions, which both the
+                -- idempotency record (idem) and the write (upd) follow: the instance is still at the expected version
+                -- (a concurrent change moved it on), not marked expired since the change was planned (markExpired
+                -- leaves the version alone: planned again, the change finds the instance closed, instead of setting an
+                -- expired row's state back), and the plan is not out of date (stale). Each instance is locked here,
+                -- first, so nothing changes it between the record and the write: a change with an Idempotency-Key
+                -- records it only if it is written (migration 0075; a retry with the key had been answered 200 from
+                -- the record of a change that was never written, with a version that never existed).
                 SELECT r.i FROM req r
                 JOIN instances i ON i.tenant_id = \(tenant) AND i.id = r.instance_id AND i.version = r.expected_version
-                WHERE r.idem_key IS NOT NULL AND r.instance_id NOT IN (SELECT instance_id FROM stale)
+                WHERE i.state <> 'expired' AND r.instance_id NOT IN (SELECT instance_id FROM stale)
                 FOR NO KEY UPDATE OF i
             ), idem AS (
                 \(unsafeRaw: IdempotencyColumns.write(
@@ -84,7 +88,7 @@ extension ChangeWrite: SetWrite {
                             'coalesced', COALESCE((SELECT p.due > now() FROM pace p WHERE p.i = r.i), false)
                                          AND EXISTS (SELECT 1 FROM planned d WHERE d.i = r.i))
                         """,
-                    only: "r.i IN (SELECT i FROM lk)"))
+                    only: "r.i IN (SELECT i FROM writable)"))
             ), waits AS MATERIALIZED (
                 -- An end that reaches no activity token while a start went (or may go) out by push-to-start is
                 -- kept: it is queued when the activity token registers (marquee_register_activity_token). Asked once
@@ -104,11 +108,7 @@ extension ChangeWrite: SetWrite {
                     updated_at = now()
                 FROM req r
                 WHERE instances.tenant_id = \(tenant) AND instances.id = r.instance_id
-                  AND instances.version = r.expected_version
-                  -- Marked expired since it was planned (markExpired leaves the version alone): planned again, the
-                  -- change finds the instance closed, instead of setting an expired row's state back.
-                  AND instances.state <> 'expired'
-                  AND r.instance_id NOT IN (SELECT instance_id FROM stale)
+                  AND r.i IN (SELECT i FROM writable)
                   AND (r.idem_key IS NULL OR r.idem_key IN (SELECT key FROM idem))
                 RETURNING r.i, instances.version
             ), cand AS (
@@ -168,7 +168,8 @@ extension ChangeWrite: SetWrite {
                 SELECT instance_id, count(*)::int AS n FROM dels GROUP BY instance_id
             )
             SELECT u.version, COALESCE(q.n, 0) AS deliveries,
-                   r.i IN (SELECT i FROM lk) AND r.idem_key NOT IN (SELECT key FROM idem) AS key_taken,
+                   r.idem_key IS NOT NULL AND r.i IN (SELECT i FROM writable)
+                       AND r.idem_key NOT IN (SELECT key FROM idem) AS key_taken,
                    COALESCE(pd.due > now(), false) AND q.n IS NOT NULL AS coalesced
             FROM req r
             LEFT JOIN upd u ON u.i = r.i

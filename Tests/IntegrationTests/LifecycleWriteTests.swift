@@ -333,6 +333,35 @@ struct LifecycleWriteTests {
         #expect(answer.status == 409, "\(answer.text)")
     }
 
+    @Test("a change with an Idempotency-Key planned before its instance was marked expired records no key")
+    func keyedChangeAfterExpiry() async throws {
+        let w = try await LifecycleTests.world()
+        let (pool, _, store) = try Self.oneConnection(w.fixture.databaseURL)
+        defer { pool.close() }
+        let tenant = w.tenant.uuid
+        let instance = Fake.id("expiry-key")
+        #expect(try await w.start(["instance_id": instance]).status == 200)
+        let key = "expiry-" + Fake.hex(8)
+        let update = try await Self.plan(store, tenant, instance, .update, eta: 5, key: key)
+        // Another process marks the instance expired (at its version) between the plan and the write.
+        #expect(
+            try await w.fixture.pool.execute(
+                """
+                UPDATE instances SET expires_at = now() - interval '1 second'
+                WHERE tenant_id = \(tenant) AND id = \(instance)
+                """) == 1)
+        try await store.markExpired(tenant: tenant, instanceID: instance)
+        #expect(try await store.change(tenant: tenant, update) == .versionConflict)
+        #expect(
+            try await w.fixture.pool.count(
+                "SELECT count(*)::int AS n FROM idempotency_keys WHERE tenant_id = \(tenant) AND key = \(key)") == 0,
+            "the key of a change that was not written is not recorded (it would replay a version that never existed)")
+        // A retry with the key is planned again, and finds the instance closed.
+        let retried = try await w.update(
+            ["instance_id": instance, "content_state_patch": ["eta": 5]], headers: ["Idempotency-Key": key])
+        expectProblem(retried, 409, "instance-closed")
+    }
+
     @Test("recording a suppressed no-op's key tells whether it was taken meanwhile (the route then replays it)")
     func noopKeyTaken() async throws {
         let w = try await LifecycleTests.world()
