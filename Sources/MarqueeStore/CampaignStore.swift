@@ -549,16 +549,8 @@ public struct CampaignStore: Sendable {
     {
         try c.execute("SAVEPOINT campaign_key")
         guard let key else { return nil }
-        let claimed = try c.query(
-            """
-            INSERT INTO idempotency_keys (tenant_id, key, request_hash, status, response)
-            VALUES (\(tenant), \(key.key), \(key.hash), 0, 'null')
-            ON CONFLICT (tenant_id, key) DO UPDATE SET
-                request_hash = EXCLUDED.request_hash, status = 0, response = 'null', created_at = now()
-            WHERE idempotency_keys.created_at <= now() - interval '24 hours'
-            RETURNING 1
-            """)
-        if !claimed.isEmpty { return nil }
+        let claim = IdempotencyRecord(key: key.key, requestHash: key.hash, status: 0, response: .null)
+        if try IdempotencyRecord.record(claim, tenant: tenant, on: c) { return nil }
         return try LiveActivityStore.storedResponse(
             c.query(LiveActivityStore.idempotencyQuery(tenant, key.key)))
     }

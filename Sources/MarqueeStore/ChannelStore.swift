@@ -43,27 +43,24 @@ public struct ChannelStore: Sendable {
     public func insert(tenant: UUID, _ channel: ChannelRecord, idempotency: IdempotencyRecord?) async throws
         -> ChannelInsertOutcome
     {
-        let idem = idempotency
+        var idem = IdempotencyColumns()
+        idem.append(idempotency)
         let rows = try await database.tenantStatement(
             tenant,
             """
-            WITH idem AS (
-                INSERT INTO idempotency_keys (tenant_id, key, request_hash, status, response)
-                SELECT \(tenant), \(idem?.key), \(idem?.requestHash ?? []), \(idem?.status ?? 201),
-                       \(idem?.response ?? .null)
-                WHERE \(idem?.key)::text IS NOT NULL
-                ON CONFLICT (tenant_id, key) DO UPDATE SET
-                    request_hash = EXCLUDED.request_hash, status = EXCLUDED.status, response = EXCLUDED.response,
-                    created_at = now()
-                WHERE idempotency_keys.created_at <= now() - interval '24 hours'
-                RETURNING 1
+            WITH req AS (
+                SELECT * FROM unnest(\(idem.keys)::text[], \(idem.hashes)::text[], \(idem.statuses)::int[],
+                                     \(idem.responses)::jsonb[])
+                    AS r(idem_key, idem_hash, idem_status, idem_response)
+            ), idem AS (
+                \(unsafeRaw: IdempotencyColumns.write(response: "r.idem_response"))
             ), ins AS (
                 INSERT INTO channels (tenant_id, id, activity_type, storage_policy, apns_channel_id, bundle_id,
                                       environment, status, created_at, updated_at)
                 SELECT \(tenant), \(channel.id), \(channel.activityType), \(channel.storagePolicy.rawValue),
                        \(channel.apnsChannelID), \(channel.bundleID), \(channel.environment), \(channel.status),
                        \(channel.createdAt), \(channel.updatedAt)
-                WHERE \(idem?.key)::text IS NULL OR EXISTS (SELECT 1 FROM idem)
+                WHERE \(idempotency?.key)::text IS NULL OR EXISTS (SELECT 1 FROM idem)
                 RETURNING 1
             )
             SELECT EXISTS (SELECT 1 FROM ins) AS created

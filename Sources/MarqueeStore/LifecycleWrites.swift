@@ -421,8 +421,9 @@ extension StartWrite: SetWrite {
 extension IdempotencyRecord: SetWrite {
     public var exclusiveKeys: [String] { IdempotencyColumns.exclusiveKeys(instanceID: nil, self) }
 
-    /// Records of requests that wrote nothing else (suppressed no-ops): one row per record, `written` false when its
-    /// key already had a record younger than a day.
+    /// Records of requests that wrote nothing else (suppressed no-ops), or whose writes are in the transaction that
+    /// records them (``record(_:tenant:on:)``): one row per record, `written` false when its key already had a record
+    /// younger than a day.
     public static func statement(tenant: UUID, _ writes: [IdempotencyRecord]) -> PostgresQuery {
         var c = IdempotencyColumns()
         for write in writes { c.append(write) }
@@ -436,6 +437,13 @@ extension IdempotencyRecord: SetWrite {
             )
             SELECT r.idem_key IN (SELECT key FROM idem) AS written FROM req r ORDER BY r.i
             """
+    }
+
+    /// Records `record` in the transaction of `connection` (confined to `tenant`), by the rule every writer of
+    /// idempotency records follows (``IdempotencyColumns/write(response:only:)``): false when its key already has a
+    /// record younger than a day, made by any request (the transaction's writes must then not be kept).
+    static func record(_ record: IdempotencyRecord, tenant: UUID, on connection: PostgresConnection) throws -> Bool {
+        try connection.query(statement(tenant: tenant, [record]))[0].decode(Bool.self, "written")
     }
 }
 
@@ -454,7 +462,9 @@ struct IdempotencyColumns {
     /// The `idem` part of a set-based write (the tenant entered): the record of each `req r` row with a key
     /// (`idem_key`, `idem_hash` in hex, `idem_status`, and `response`, SQL over `r`), written unless the key has a
     /// record younger than a day, in which case the row's write loses (`alreadyExists`); `only` (SQL over `r`)
-    /// restricts the rows recorded. Returns the keys written.
+    /// restricts the rows recorded. Returns the keys written. The one home of how a record is written: every writer
+    /// of `idempotency_keys` (lifecycle writes, suppressed no-ops, people imports, campaigns, channels) goes through it,
+    /// so a request never replaces another's record of the last day, whichever kind of request made it.
     static func write(response: String, only: String = "true") -> String {
         """
         INSERT INTO idempotency_keys (tenant_id, key, request_hash, status, response)

@@ -77,8 +77,25 @@ public struct PeopleImportStore: Sendable {
 
     /// Imports `people` (distinct IDs and device tokens: the API rejects repeats; a repeated email is refused here).
     /// With an idempotency key, the rendered answer (`render`) is stored in the same transaction, and a repeat returns
-    /// it instead.
+    /// it instead; so does an import whose key another request recorded while it ran (nothing of it is kept).
     public func importPeople(
+        tenant: UUID, _ people: [ImportPerson], idempotencyKey: String?, requestHash: [UInt8],
+        render: @escaping @Sendable (ImportOutcome) -> JSONValue
+    ) async throws -> ImportResult {
+        do {
+            return try await write(
+                tenant: tenant, people, idempotencyKey: idempotencyKey, requestHash: requestHash, render: render)
+        } catch let taken as KeyTaken {
+            return .replay(taken.stored)
+        }
+    }
+
+    /// Another request recorded the import's Idempotency-Key while it ran; `stored` is that request's record.
+    private struct KeyTaken: Error {
+        var stored: StoredResponse
+    }
+
+    private func write(
         tenant: UUID, _ people: [ImportPerson], idempotencyKey: String?, requestHash: [UInt8],
         render: @escaping @Sendable (ImportOutcome) -> JSONValue
     ) async throws -> ImportResult {
@@ -101,14 +118,19 @@ public struct PeopleImportStore: Sendable {
             let outcome = try Self.merge(connection, tenant: tenant, people)
             let response = render(outcome)
             if let key = idempotencyKey {
-                try connection.execute(
-                    """
-                    INSERT INTO idempotency_keys (tenant_id, key, request_hash, status, response)
-                    VALUES (\(tenant), \(key), \(requestHash), 200, \(response))
-                    ON CONFLICT (tenant_id, key) DO UPDATE SET
-                        request_hash = EXCLUDED.request_hash, status = EXCLUDED.status, response = EXCLUDED.response,
-                        created_at = now()
-                    """)
+                // The advisory lock serialises imports only: a start, change, campaign or channel with the key may
+                // have recorded it since (they take no such lock). Its record stays, as a concurrent request's
+                // record does for every writer: nothing of this import is kept (KeyTaken rolls it back), and it is
+                // answered from that record, as its retry would be (a replay, or 422 for a different request).
+                let record = IdempotencyRecord(key: key, requestHash: requestHash, status: 200, response: response)
+                while try !IdempotencyRecord.record(record, tenant: tenant, on: connection) {
+                    if let stored = try LiveActivityStore.storedResponse(
+                        connection.query(LiveActivityStore.idempotencyQuery(tenant, key)))
+                    {
+                        throw KeyTaken(stored: stored)
+                    }
+                    // Gone again meanwhile (its person erased): the key is free.
+                }
             }
             return .done(outcome, response)
         }

@@ -489,6 +489,46 @@ struct PeopleImportTests {
         expectProblem(try await Self.post(api, tenant.app, tooMany), 422, "invalid-field", field: "body")
     }
 
+    @Test("a start that records an Idempotency-Key while an import with it runs keeps it: the import is undone, 422")
+    func keyTakenDuringImport() async throws {
+        let fixture = try await RegistryFixture.holding.running()
+        let api = fixture.api
+        let tenant = try await api.createTenant("import-" + Fake.hex(6))
+        let type = Fake.activityType()
+        #expect(
+            try await api.call(
+                "PUT", "/v1/activity_types/\(type)", key: tenant.app, json: ["attributes_type": "DeliveryAttributes"]
+            ).status == 201)
+        let key = ["Idempotency-Key": "shared-" + Fake.hex(8)]
+        let (first, later) = ("a-" + Fake.hex(8), "z-" + Fake.hex(8))
+        // The import found the key free, and waits at its insert of `later`.
+        let held = try await Self.creating(fixture, tenant: tenant.uuid, later)
+        let lines = [try Self.json(["id": first]), try Self.json(["id": later])]
+        let importing = Task { try await Self.post(api, tenant.app, Self.ndjson(lines), headers: key) }
+        try await held.waitedOn(via: fixture.pool, "the import waits at its insert of \(later)")
+        // Meanwhile a start with the same key commits (a person with no device: accepted as failed).
+        let start: [String: Any] = [
+            "identifiers": ["id": Fake.id("nobody")], "notification_type": type, "attributes": ["order": "42"],
+            "content_state": ["eta": 1],
+        ]
+        func postStart() async throws -> HTTP.Response {
+            try await api.call("POST", "/v1/live_notifications/start", key: tenant.app, json: start, headers: key)
+        }
+        let started = try await postStart()
+        #expect(started.status == 200, "\(started.text)")
+        try await held.commit()
+        // The import lost the key: nothing of it is written, and it is answered as a request the key was used for.
+        expectProblem(try await importing.value, 422, "invalid-field", field: "Idempotency-Key")
+        #expect(
+            try await fixture.pool.count(
+                "SELECT count(*)::int AS n FROM people WHERE tenant_id = \(tenant.uuid) AND id = \(first)") == 0)
+        // The start's retry still gets its own answer.
+        let retried = try await postStart()
+        #expect(retried.status == 200, "\(retried.text)")
+        #expect(retried.header("Idempotent-Replayed") == "true")
+        #expect(try retried.json()["instance_id"] as? String == started.json()["instance_id"] as? String)
+    }
+
     @Test("a body over the server's 1 MiB limit is read only after the app key is checked: no key, no 64 MiB buffer")
     func largeBodyNeedsTheKeyFirst() async throws {
         let fixture = try await RegistryFixture.get()
