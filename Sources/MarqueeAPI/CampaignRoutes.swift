@@ -132,7 +132,7 @@ struct CampaignRoutes: Sendable {
             activityType: activityType, attributesType: type.attributesType, profile: type.payloadProfile,
             dateFields: type.dateFields, now: start)
         content.inputPushChannel = channelRecord?.apnsChannelID
-        let platforms: [Platform] = platform.map { [$0] } ?? [.ios, .android]
+        let platforms = LifecyclePlanner.startPlatforms(platform)
         try LifecyclePlanner.checkSize(content, platforms: platforms)
 
         let warnings = JSONValue.array(stale.warnings.map { .string($0) })

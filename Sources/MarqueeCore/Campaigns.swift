@@ -217,7 +217,7 @@ public struct CampaignSizing: Sendable, Equatable {
             sample[key] = .string(String(repeating: "~", count: headroom))
         }
         attributes = .object(sample)
-        platforms = platform.map { [$0] } ?? [.ios, .android]
+        platforms = LifecyclePlanner.startPlatforms(platform)
     }
 
     /// The longest instance ID of a campaign: `<campaign_id>.<person_id>` is at most 128 bytes.

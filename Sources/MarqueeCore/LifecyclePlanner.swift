@@ -149,11 +149,11 @@ public enum LifecyclePlanner {
             event: .start, instanceID: request.instanceID, activityType: request.activityType,
             attributesType: type.attributesType, profile: type.payloadProfile, dateFields: type.dateFields, now: now)
         content.inputPushChannel = channel?.apnsChannelID
-        var targeted = Set(deliveries.map { $0.provider == .apns ? Platform.ios : Platform.android })
-        if channel != nil { targeted.insert(.ios) }
-        try checkSize(
-            content,
-            platforms: targeted.isEmpty ? request.platform.map { [$0] } ?? [.ios, .android] : Array(targeted))
+        // Every platform the instance may have targets on, not only those it has now: the person's devices change
+        // after the start (an iPhone-only person's Android phone would get its updates and end).
+        var platforms = Set(startPlatforms(request.platform))
+        if channel != nil { platforms.insert(.ios) }
+        try checkSize(content, platforms: Array(platforms))
 
         // A channel-backed instance lives without push-to-start targets: apps subscribe to its channel themselves.
         let state: InstanceState = deliveries.isEmpty ? (channel != nil ? .active : .failed) : .pending
@@ -389,6 +389,12 @@ public enum LifecyclePlanner {
                 expectedVersion: instance.version, state: state, failureReason: failureReason, attributes: attributes,
                 contentState: contentState, options: options, contentTimestamp: timestamp, deliveries: deliveries,
                 warnings: stale.warnings, version: instance.version + 1))
+    }
+
+    /// The platforms a started instance may have targets on, so the platforms its pushes must fit: the one the start
+    /// (or campaign) names, else both.
+    public static func startPlatforms(_ platform: Platform?) -> [Platform] {
+        platform.map { [$0] } ?? [.ios, .android]
     }
 
     /// The composed push must fit every platform it goes to.

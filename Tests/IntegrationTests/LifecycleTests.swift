@@ -328,6 +328,24 @@ struct LifecycleTests {
         #expect(low > 3500, "most of the 4 KiB is the team's")
     }
 
+    @Test("a start is size-checked for both platforms unless it names one, whatever devices the person has now")
+    func sizeCheckedForBothPlatforms() async throws {
+        let w = try await Self.world()
+        // An iPhone-only person: an Android phone may become a target later, and its updates and end would not fit.
+        let removed = try await w.api.call("DELETE", "/v1/people/\(w.person)/devices/\(w.pixel)", key: w.tenant.sdk)
+        #expect(removed.status == 204, "\(removed.text)")
+        // A progress bar of 80 segments: the FCM data map carries it twice (the content state, progress_segments),
+        // over 4096 bytes; the APNs payload once, well under.
+        let segments = Array(repeating: ["length": 1, "color": "#3366FF"] as [String: Any], count: 80)
+        let state: [String: Any] = ["progress": ["current": 0, "max": 80, "segments": segments]]
+        let both = try await w.start(["content_state": state])
+        expectProblem(both, 413, "push-too-large")
+        #expect(try both.json()["platform"] as? String == "android", "\(both.text)")
+        let ios = try await w.start(["content_state": state, "platform": "ios"])
+        #expect(ios.status == 200, "\(ios.text)")
+        #expect(try ios.json()["targets"] as? Int == 2, "\(ios.text)")
+    }
+
     @Test("a start retried with its Idempotency-Key after its expiration passed gets its first answer, not a 422")
     func replayAfterExpiration() async throws {
         let w = try await Self.world()
