@@ -100,7 +100,8 @@ struct LifecycleRoutes: Sendable {
         let personID = try identifiers.string("id", maxLength: 256).map { s throws(ValidationError) in
             try Identifiers.personID(s, field: "identifiers.id")
         }
-        let email = try identifiers.string("email", maxLength: 320)
+        let email = try RegistryRoutes.email(
+            identifiers.string("email", maxLength: RegistryRoutes.maxEmailBytes), field: "identifiers.email")
         guard (personID == nil) != (email == nil) else {
             throw ValidationError(field: "identifiers", reason: "must hold exactly one of id or email")
         }

@@ -270,16 +270,17 @@ struct RegistryRoutes: Sendable {
     static let maxEmailBytes = 320
 
     /// An email address: one `@`, a non-empty local part, a dot after the `@`, no spaces, at most 320 bytes. The one
-    /// home of this rule, for people, the compat `identify` and the import.
-    static func email(_ text: String?) throws(ValidationError) -> String? {
+    /// home of this rule, for people, the compat `identify`, the import and a start's `identifiers.email`; `field`
+    /// names it in the error.
+    static func email(_ text: String?, field: String = "email") throws(ValidationError) -> String? {
         guard let text else { return nil }
         // Bytes, not characters: `lower(email)` is a B-tree key (people_email), which holds at most 2704 bytes.
         guard text.utf8.count <= maxEmailBytes else {
-            throw ValidationError(field: "email", reason: "must be at most \(maxEmailBytes) bytes")
+            throw ValidationError(field: field, reason: "must be at most \(maxEmailBytes) bytes")
         }
         let parts = text.split(separator: "@", omittingEmptySubsequences: false)
         guard parts.count == 2, !parts[0].isEmpty, parts[1].contains("."), !text.contains(" ") else {
-            throw ValidationError(field: "email", reason: "must be an email address")
+            throw ValidationError(field: field, reason: "must be an email address")
         }
         return text
     }

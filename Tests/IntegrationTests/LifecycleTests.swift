@@ -486,6 +486,11 @@ struct LifecycleTests {
         expectProblem(
             try await w.start(["identifiers": ["id": "a", "email": "a@b.c"]]), 422, "invalid-field",
             field: "identifiers")
+        // identifiers.email by the rule of every email: an address, of at most 320 bytes (these are 172 characters).
+        for email in ["not-an-address", String(repeating: "é", count: 160) + "@example.com"] {
+            expectProblem(
+                try await w.start(["identifiers": ["email": email]]), 422, "invalid-field", field: "identifiers.email")
+        }
         expectProblem(try await w.start(["push_payload": NSNull()]), 422, "missing-field", field: "push_payload.alert")
         #expect(try await w.start(["push_payload": NSNull(), "platform": "android"]).status == 200)
         expectProblem(
