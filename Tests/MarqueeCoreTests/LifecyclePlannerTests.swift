@@ -293,6 +293,15 @@ struct LifecyclePlannerTests {
             return
         }
         #expect(stale.warnings == [StaleDateRule.pastWarning])
+        // A stored one that has passed since is no longer sent, without a warning (openapi: the activity went stale
+        // as asked).
+        stored.options = StoredOptions(staleDate: Self.now.addingTimeInterval(-60)).json
+        guard case .write(let passed) = try Self.change(Self.patch, instance: stored) else {
+            Issue.record("expected a write")
+            return
+        }
+        #expect(passed.options.staleDate == nil)
+        #expect(passed.warnings.isEmpty)
     }
 
     @Test("a patch that breaks the schema or an oversized update is refused")
