@@ -82,6 +82,11 @@ extension ChangeWrite: SetWrite {
                 WHERE i.state <> 'expired' AND r.instance_id NOT IN (SELECT instance_id FROM stale)
                 FOR NO KEY UPDATE OF i
             ), idem AS (
+                -- The answer recorded is the one given (below), with `coalesced` from `pace`: the record is made
+                -- before the write, so it cannot see `paced`, which knows only after the write which older updates a
+                -- worker holds. The two differ only when a worker takes an older update of the instance between
+                -- `pace` (which counts the ones in flight then) and `free`, within this statement: the first answer
+                -- then says coalesced, a replay not (openapi, ChangeResponse.coalesced).
                 \(unsafeRaw: IdempotencyColumns.write(
                     response: """
                         r.idem_response || jsonb_build_object(

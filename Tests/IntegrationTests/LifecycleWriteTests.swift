@@ -362,6 +362,49 @@ struct LifecycleWriteTests {
         expectProblem(retried, 409, "instance-closed")
     }
 
+    @Test("a paced change's replay says what its first answer said: coalesced behind an update a worker took meanwhile")
+    func pacedReplayAsAnswered() async throws {
+        let w = try await LifecycleTests.world()
+        let tenant = w.tenant.uuid
+        let paced = try await w.api.call(
+            "PUT", "/v1/activity_types/\(w.type)", key: w.tenant.app,
+            json: ["attributes_type": "DeliveryAttributes", "min_update_interval_ms": 60_000])
+        #expect(paced.status == 200, "\(paced.text)")
+        let instance = Fake.id("paced")
+        #expect(try await w.start(["instance_id": instance]).status == 200)
+        _ = try await w.registerActivityTokens(instance)
+        // An update waits in the queue (no worker): nothing went out, so the next one is not paced behind it.
+        let first = try await w.update(["instance_id": instance, "content_state_patch": ["eta": 1]])
+        #expect(try first.json()["coalesced"] as? Bool == false, "\(first.text)")
+        // The next one, with a key, waits for the instance (another writer holds it), and meanwhile a worker takes
+        // the first update and sends it: the next one is paced behind it.
+        let held = try await HeldTransaction.open(w.fixture.databaseURL) { c in
+            _ = try c.query(
+                "SELECT 1 FROM instances WHERE tenant_id = \(tenant) AND id = \(instance) FOR NO KEY UPDATE")
+        }
+        let key = ["Idempotency-Key": "paced-" + Fake.hex(8)]
+        func update() async throws -> HTTP.Response {
+            try await w.update(["instance_id": instance, "content_state_patch": ["eta": 2]], headers: key)
+        }
+        let second = Task { try await update() }
+        try await held.waitedOn(via: w.fixture.pool, "the keyed update waits for the instance")
+        #expect(
+            try await w.fixture.pool.execute(
+                """
+                UPDATE delivery_queue SET sending_until = now() + interval '1 minute'
+                WHERE tenant_id = \(tenant) AND instance_id = \(instance) AND operation = 'update'
+                """) > 0)
+        try await held.commit()
+        let answered = try await second.value
+        #expect(answered.status == 200, "\(answered.text)")
+        #expect(try answered.json()["coalesced"] as? Bool == true, "\(answered.text)")
+        let replayed = try await update()
+        #expect(replayed.header("Idempotent-Replayed") == "true", "\(replayed.text)")
+        #expect(
+            try replayed.json()["coalesced"] as? Bool == answered.json()["coalesced"] as? Bool,
+            "first: \(answered.text), replay: \(replayed.text)")
+    }
+
     @Test("recording a suppressed no-op's key tells whether it was taken meanwhile (the route then replays it)")
     func noopKeyTaken() async throws {
         let w = try await LifecycleTests.world()
