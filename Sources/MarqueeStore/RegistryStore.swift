@@ -293,11 +293,13 @@ public struct RegistryStore: Sendable {
                 "DELETE FROM instance_devices WHERE tenant_id = \(tenant) AND instance_id = ANY(\(instances)::text[])")
             try connection.execute(
                 "DELETE FROM activity_tokens WHERE tenant_id = \(tenant) AND instance_id = ANY(\(instances)::text[])")
+            // The stored replies of starts, updates and ends name their instance in `instance_id`
+            // (`LifecycleRoutes.render`); matched exactly, so another request's reply that merely contains an erased
+            // instance's ID somewhere keeps it, and a retry of that request is still answered from it.
             try connection.execute(
                 """
                 DELETE FROM idempotency_keys k
-                WHERE k.tenant_id = \(tenant)
-                  AND EXISTS (SELECT 1 FROM unnest(\(instances)::text[]) AS i(id) WHERE strpos(k.response::text, i.id) > 0)
+                WHERE k.tenant_id = \(tenant) AND k.response ->> 'instance_id' = ANY(\(instances)::text[])
                 """)
             // Campaigns: who they addressed (the audience kept at start) and lists of people they name.
             try connection.execute(

@@ -179,4 +179,25 @@ struct ErasureTests {
         // Deleting again: the person is gone.
         expectProblem(try await api.call("DELETE", "/v1/people/\(person)", key: tenant.app), 404, "not-found")
     }
+
+    @Test("an erasure removes its instances' stored replies, not another request's that contains one's ID")
+    func otherRepliesKept() async throws {
+        let w = try await LifecycleTests.world()
+        // The erased person's instance ID is a word every start's reply holds (its key "state").
+        #expect(try await w.start(["instance_id": "state"], headers: ["Idempotency-Key": "k1"]).status == 200)
+        let other = Fake.id("other")
+        #expect(try await w.api.call("PUT", "/v1/people/\(other)", key: w.tenant.sdk, json: [:]).status == 200)
+        // Its instance ID made by the server: a retry without the stored reply would start a second instance.
+        let first = try await w.start(["identifiers": ["id": other]], headers: ["Idempotency-Key": "k2"])
+        #expect(first.status == 200, "\(first.text)")
+        let erased = try await w.api.call("DELETE", "/v1/people/\(w.person)", key: w.tenant.app)
+        #expect(erased.status == 204, "\(erased.text)")
+        let again = try await w.start(["identifiers": ["id": other]], headers: ["Idempotency-Key": "k2"])
+        #expect(again.status == 200, "\(again.text)")
+        #expect(try again.json().string("instance_id") == first.json().string("instance_id"), "answered as before")
+        #expect(
+            try await w.fixture.pool.count(
+                "SELECT count(*)::int AS n FROM instances WHERE tenant_id = \(w.tenant.uuid) AND person_id = \(other)")
+                == 1)
+    }
 }
