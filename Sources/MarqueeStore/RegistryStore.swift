@@ -246,7 +246,10 @@ public struct RegistryStore: Sendable {
                        ARRAY(SELECT i.id FROM instances i
                              WHERE i.tenant_id = \(tenant)
                                AND (i.person_id = \(id)
-                                    OR (p.email IS NOT NULL AND lower(i.person_email) = lower(p.email))
+                                    -- Started by an email no one had then: whoever has it now. One started for a
+                                    -- person by their email is theirs, whoever took the address since.
+                                    OR (i.person_id IS NULL AND p.email IS NOT NULL
+                                        AND lower(i.person_email) = lower(p.email))
                                     OR i.target_device IN (SELECT token FROM devs))) AS instances
                 FROM people p WHERE p.tenant_id = \(tenant) AND p.id = \(id)
                 """)

@@ -275,14 +275,15 @@ public struct RegistryTransaction {
             """
             WITH seen AS (
                 -- Whose the device and the instance are, as read before any lock: the device's owner, the instance's
-                -- person, and a person with the instance's email (an erasure of either takes the instance).
+                -- person, or, for an instance started by an email no one had, the person with that email now (an
+                -- erasure of either takes the instance: RegistryStore.deletePerson).
                 SELECT d.person_id FROM devices d WHERE d.tenant_id = \(tenant) AND d.token = \(deviceToken)
                 UNION ALL
                 SELECT i.person_id FROM instances i WHERE i.tenant_id = \(tenant) AND i.id = \(instanceID)
                 UNION ALL
                 SELECT p.id FROM instances i
                 JOIN people p ON p.tenant_id = i.tenant_id AND lower(p.email) = lower(i.person_email)
-                WHERE i.tenant_id = \(tenant) AND i.id = \(instanceID)
+                WHERE i.tenant_id = \(tenant) AND i.id = \(instanceID) AND i.person_id IS NULL
             ), who AS (
                 SELECT p.id FROM people p
                 WHERE p.tenant_id = \(tenant) AND p.id = ANY(ARRAY(SELECT person_id FROM seen))

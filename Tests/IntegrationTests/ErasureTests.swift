@@ -180,6 +180,35 @@ struct ErasureTests {
         expectProblem(try await api.call("DELETE", "/v1/people/\(person)", key: tenant.app), 404, "not-found")
     }
 
+    @Test("an instance started for a person by their email stays theirs when another person takes the address")
+    func emailTakenOverKeepsInstance() async throws {
+        let w = try await LifecycleTests.world()
+        let email = w.person + "@first.example.com"
+        #expect(
+            try await w.api.call("PUT", "/v1/people/\(w.person)", key: w.tenant.app, json: ["email": email]).status
+                == 200)
+        let instance = Fake.id("by-email")
+        let started = try await w.start(["instance_id": instance, "identifiers": ["email": email]])
+        #expect(started.status == 200, "\(started.text)")
+        #expect(try await w.instance(instance).object("person")?["id"] as? String == w.person)
+        // The first person's address changes; a second person takes the old one, and is erased.
+        let moved = try await w.api.call(
+            "PUT", "/v1/people/\(w.person)", key: w.tenant.app, json: ["email": w.person + "@second.example.com"])
+        #expect(moved.status == 200, "\(moved.text)")
+        let second = Fake.id("second")
+        let taken = try await w.api.call("PUT", "/v1/people/\(second)", key: w.tenant.app, json: ["email": email])
+        #expect(taken.status == 200, "\(taken.text)")
+        let erased = try await w.api.call("DELETE", "/v1/people/\(second)", key: w.tenant.app)
+        #expect(erased.status == 204, "\(erased.text)")
+        let kept = try await w.api.call("GET", "/v1/live_notifications/\(instance)", key: w.tenant.app)
+        #expect(kept.status == 200, "the first person's instance is kept: \(kept.text)")
+        #expect(
+            try await w.fixture.pool.count(
+                "SELECT count(*)::int AS n FROM deliveries WHERE tenant_id = \(w.tenant.uuid) AND instance_id = \(instance)"
+            )
+                == 3, "and its pushes")
+    }
+
     @Test("an erasure removes its instances' stored replies, not another request's that contains one's ID")
     func otherRepliesKept() async throws {
         let w = try await LifecycleTests.world()
