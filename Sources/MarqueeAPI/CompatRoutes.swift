@@ -482,8 +482,12 @@ struct CompatRoutes: Sendable {
                 instanceID: instanceID, event: event, deviceToken: deviceToken, at: at, contentState: contentState)
         case .metric(let metric):
             // Its delivery token was verified before the transaction.
-            _ = try registry.recordMetric(
-                deliveryID: metric.deliveryID, metric: metric.metric, recipient: metric.recipient, at: metric.at)
+            do {
+                _ = try registry.recordMetric(
+                    deliveryID: metric.deliveryID, metric: metric.metric, recipient: metric.recipient, at: metric.at)
+            } catch is NotFound {
+                return .ignored  // its delivery is gone (erased, or past retention): nothing to count it against
+            }
         }
         return .applied
     }

@@ -223,6 +223,11 @@ public struct RegistryStore: Sendable {
     /// delivery of those instances or to their devices and tokens (queued ones are thereby cancelled), the metrics of
     /// those deliveries, lifecycle events, stored idempotent replies of those instances, and finally the person with
     /// their devices and tokens (by cascade). Instances are removed, not anonymised: nothing of them is kept.
+    ///
+    /// The instances are held from their collection on (FOR UPDATE): a change or a catch-up end of one waits for the
+    /// erasure and then finds it gone, so nothing is queued for them that a worker could send and record after the
+    /// history was erased. Their history and metrics are erased after the instances, and a metric reported meanwhile
+    /// waits for the erasure (the tenant's erasure lock) and then finds its delivery gone (migration 0101).
     public func deletePerson(tenant: UUID, id: String) async throws {
         let deleted = try await database.tenantTransaction(tenant) { connection in
             // The writes that make something of a person from what they read of them wait for this erasure, or it
@@ -250,7 +255,10 @@ public struct RegistryStore: Sendable {
                                     -- person by their email is theirs, whoever took the address since.
                                     OR (i.person_id IS NULL AND p.email IS NOT NULL
                                         AND lower(i.person_email) = lower(p.email))
-                                    OR i.target_device IN (SELECT token FROM devs))) AS instances
+                                    OR i.target_device IN (SELECT token FROM devs))
+                             -- Held to the end: a change being written is waited for (what it queued is seen
+                             -- below), a later one waits and finds the instance gone.
+                             FOR UPDATE OF i) AS instances
                 FROM people p WHERE p.tenant_id = \(tenant) AND p.id = \(id)
                 """)
             guard let row = found.first else { return 0 }
@@ -259,7 +267,8 @@ public struct RegistryStore: Sendable {
             let instances = try row.decode([String].self, "instances")
             // Queued and recorded deliveries alike (the history is append-only, erasure is its one exception). The
             // queue first, in a statement of its own: a worker sending one of them holds its row until it has
-            // recorded it, so the history, read with a snapshot taken after, has its record.
+            // recorded it, so the history, read with a snapshot taken after (below, once the instances are gone),
+            // has its record.
             var deliveries = try connection.query(
                 """
                 DELETE FROM delivery_queue
@@ -269,22 +278,6 @@ public struct RegistryStore: Sendable {
                 RETURNING id::text AS id
                 """
             ).map { try $0.decode(String.self, "id") }
-            deliveries += try connection.query(
-                """
-                DELETE FROM delivery_history
-                WHERE tenant_id = \(tenant)
-                  AND (instance_id = ANY(\(instances)::text[]) OR device_token = ANY(\(devices)::text[])
-                       OR token = ANY(\(tokens)::text[]))
-                RETURNING id::text AS id
-                """
-            ).map { try $0.decode(String.self, "id") }
-            try connection.execute(
-                """
-                DELETE FROM delivery_metrics
-                WHERE tenant_id = \(tenant)
-                  AND (lower(delivery_id) = ANY(\(deliveries)::text[]) OR delivery_uuid = ANY(\(deliveries)::uuid[])
-                       OR recipient = ANY(\(tokens)::text[]))
-                """)
             try connection.execute(
                 """
                 DELETE FROM activity_events
@@ -317,6 +310,22 @@ public struct RegistryStore: Sendable {
                 """)
             try connection.execute(
                 "DELETE FROM instances WHERE tenant_id = \(tenant) AND id = ANY(\(instances)::text[])")
+            deliveries += try connection.query(
+                """
+                DELETE FROM delivery_history
+                WHERE tenant_id = \(tenant)
+                  AND (instance_id = ANY(\(instances)::text[]) OR device_token = ANY(\(devices)::text[])
+                       OR token = ANY(\(tokens)::text[]))
+                RETURNING id::text AS id
+                """
+            ).map { try $0.decode(String.self, "id") }
+            try connection.execute(
+                """
+                DELETE FROM delivery_metrics
+                WHERE tenant_id = \(tenant)
+                  AND (lower(delivery_id) = ANY(\(deliveries)::text[]) OR delivery_uuid = ANY(\(deliveries)::uuid[])
+                       OR recipient = ANY(\(tokens)::text[]))
+                """)
             return try connection.execute("DELETE FROM people WHERE tenant_id = \(tenant) AND id = \(id)")
         }
         if deleted == 0 { throw NotFound("person") }
@@ -511,13 +520,14 @@ func retryingRace<T: Sendable>(_ body: () async throws -> T) async throws -> T {
 /// exclusive by an erasure and shared by a step or an import. One lock per step, where a row lock on each person read
 /// cost 7 µs and 200 bytes of WAL a person (fsync and full-page writes on); an erasure waits for a running step (1–2 s
 /// at most) or import (up to a minute for 100,000 people), and the tenant's next steps and imports wait for the
-/// erasure.
+/// erasure. Delivery metrics take it shared too, inside `marquee_record_delivery_metric` (migration 0101); the lock's
+/// one home is `marquee_erasure_lock`.
 enum ErasureLock {
     static func shared(_ tenant: UUID) -> PostgresQuery {
-        "SELECT pg_advisory_xact_lock_shared(hashtextextended('marquee/erasure/' || \(tenant)::text, 0))"
+        "SELECT marquee_erasure_lock(\(tenant), false)"
     }
 
     static func exclusive(_ tenant: UUID) -> PostgresQuery {
-        "SELECT pg_advisory_xact_lock(hashtextextended('marquee/erasure/' || \(tenant)::text, 0))"
+        "SELECT marquee_erasure_lock(\(tenant), true)"
     }
 }

@@ -336,12 +336,15 @@ public struct RegistryTransaction {
     }
 
     /// Records a delivery metric. `delivered` counts once per (delivery, recipient): returns false for a repeat.
+    /// Throws `NotFound("delivery")` when no such delivery is queued or recorded (erased with its person, gone with
+    /// retention): nothing is kept of the report (`marquee_record_delivery_metric`, migration 0101).
     public func recordMetric(deliveryID: String, metric: DeliveryMetric, recipient: String?, at: Date?) throws -> Bool {
         let rows = try connection.query(
             """
             SELECT marquee_record_delivery_metric(\(tenant), \(deliveryID), \(metric.rawValue), \(recipient ?? ""),
                                                   \(at), \(ULID(string: deliveryID)?.uuid)) AS recorded
             """)
-        return try rows[0].decode(Bool.self, "recorded")
+        guard let recorded = try rows[0].decode(Bool?.self, "recorded") else { throw NotFound("delivery") }
+        return recorded
     }
 }

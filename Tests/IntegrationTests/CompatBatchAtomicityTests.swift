@@ -36,7 +36,7 @@ struct CompatBatchAtomicityTests {
         let user = Fake.id("atomic")
         let device = Fake.hex()
         let instance = Fake.id("atomic-inst")
-        let delivery = Fake.id("atomic-dlv")
+        let delivery = try await fixture.recordedDelivery(tenant: tenant.uuid)
         try await fixture.seedInstance(tenant: tenant.uuid, id: instance, person: user)
         let seeded = try await Self.footprint(fixture.pool, tenant: tenant.uuid)
         let secret = try await fixture.tenants.deliverySecret(tenant: tenant.uuid)

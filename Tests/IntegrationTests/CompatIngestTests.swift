@@ -110,7 +110,7 @@ struct CompatIngestTests {
         let instanceToken = Fake.hex(160)
         let type = Fake.activityType()
         let instance = Fake.id("cio-inst")
-        let delivery = Fake.id("cio-dlv")
+        let delivery = try await fixture.recordedDelivery(tenant: tenant.uuid)
         let started = Date().addingTimeInterval(-60)
 
         try await fixture.seedInstance(tenant: tenant.uuid, id: instance, person: user)

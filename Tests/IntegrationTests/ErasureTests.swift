@@ -115,7 +115,9 @@ struct ErasureTests {
         ).map { try $0.decode(String.self, "id") }
         #expect(deliveries.count >= 3, "start to push-to-start and FCM, update to the activity token and FCM")
         let secret = try await fixture.tenants.deliverySecret(tenant: tenant.uuid)
-        for delivery in deliveries {
+        // As the push carries a delivery's ID: a ULID.
+        let reported = deliveries.compactMap { UUID(uuidString: $0).map { ULID(uuid: $0).description } }
+        for delivery in reported {
             try ok(
                 await api.call(
                     "POST", "/v1/deliveries/\(delivery)/metrics", key: tenant.sdk,
@@ -149,7 +151,7 @@ struct ErasureTests {
         }
         #expect(try await !Self.mentions(fixture.pool, tenant: tenant.uuid, "\(campaign).\(person)").isEmpty)
 
-        let needles = [person, email, iphone, pixel, pushToStart, activityToken, instance] + deliveries
+        let needles = [person, email, iphone, pixel, pushToStart, activityToken, instance] + deliveries + reported
         for needle in [person, email, iphone, pixel, pushToStart, activityToken, instance] {
             #expect(try await !Self.mentions(fixture.pool, tenant: tenant.uuid, needle).isEmpty, "seeded: \(needle)")
         }
@@ -178,6 +180,48 @@ struct ErasureTests {
         #expect(try await Self.mentions(fixture.pool, tenant: tenant.uuid, other)["campaigns"] == 1)
         // Deleting again: the person is gone.
         expectProblem(try await api.call("DELETE", "/v1/people/\(person)", key: tenant.app), 404, "not-found")
+    }
+
+    @Test("a delivery metric reported after the person was erased is not kept")
+    func metricAfterErasure() async throws {
+        let w = try await LifecycleTests.world()
+        let instance = Fake.id("erased")
+        #expect(try await w.start(["instance_id": instance]).status == 200)
+        guard let delivery = try await w.deliveries(instance).first?.string("id") else {
+            throw TestFailure("no delivery")
+        }
+        let token = DeliveryTokens.make(
+            deliveryID: delivery, secret: try await w.fixture.tenants.deliverySecret(tenant: w.tenant.uuid))
+        func report(_ metric: String) async throws -> HTTP.Response {
+            try await w.api.call(
+                "POST", "/v1/deliveries/\(delivery)/metrics", key: w.tenant.sdk,
+                json: ["metric": metric, "recipient": w.pixel, "delivery_token": token])
+        }
+        let before = try await report("opened")
+        #expect(before.status == 202, "\(before.text)")
+        #expect(try before.json()["recorded"] as? Bool == true, "\(before.text)")
+        let erased = try await w.api.call("DELETE", "/v1/people/\(w.person)", key: w.tenant.app)
+        #expect(erased.status == 204, "\(erased.text)")
+        // The same reports, with the delivery's genuine token, once its delivery is gone.
+        for metric in ["delivered", "opened"] {
+            expectProblem(try await report(metric), 404, "not-found")
+        }
+        let compat = try await w.api.call(
+            "POST", "/v1/b",
+            json: CompatIngestTests.envelope(
+                [
+                    CompatIngestTests.event(
+                        "track", "Report Delivery Event", userId: nil,
+                        properties: [
+                            "metric": "delivered", "deliveryId": delivery, "recipient": w.pixel, "deliveryToken": token,
+                        ])
+                ], writeKey: w.tenant.sdk), headers: ["Authorization": w.tenant.basicSDK])
+        #expect(compat.status == 200, "\(compat.text)")
+        #expect(try compat.json()["ignored"] as? Int == 1, "\(compat.text)")
+        #expect(try await Self.mentions(w.fixture.pool, tenant: w.tenant.uuid, w.pixel).isEmpty)
+        #expect(
+            try await w.fixture.pool.count(
+                "SELECT count(*)::int AS n FROM delivery_metrics WHERE tenant_id = \(w.tenant.uuid)") == 0)
     }
 
     @Test("an instance started for a person by their email stays theirs when another person takes the address")

@@ -472,7 +472,7 @@ extension IdentityVerificationTests {
             #expect(response.status == 200, "\(event["event"] ?? ""), own token: \(response.text)")
         }
         // Metrics name no person: they need the delivery's token, not a user token.
-        let delivery = Fake.id("dlv")
+        let delivery = try await fixture.recordedDelivery(tenant: tenant.uuid)
         let deliveryToken = DeliveryTokens.make(
             deliveryID: delivery, secret: try await fixture.tenants.deliverySecret(tenant: tenant.uuid))
         let metric = try await api.call(

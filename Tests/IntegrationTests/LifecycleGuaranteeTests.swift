@@ -2,6 +2,7 @@ import Foundation
 import MarqueeCore
 import MarqueeStore
 import PostgresClient
+import Synchronization
 import Testing
 
 /// No push after `end`, no lost end, order per token, snapshots (issue 9, section 3): the rows the API and the queue
@@ -302,6 +303,53 @@ struct LifecycleGuaranteeTests {
         #expect(
             try await w.fixture.pool.count(
                 "SELECT count(*)::int AS n FROM delivery_history WHERE tenant_id = \(w.tenant.uuid)") == 0)
+    }
+
+    @Test("an update that comes while a person is erased is not sent and recorded after their history went")
+    func erasureHoldsInstances() async throws {
+        // The holding fixture: the erasure is stopped at a table lock no other test should meet.
+        let w = try await LifecycleTests.world(fixture: .holding)
+        let instance = Fake.id("erased")
+        #expect(try await w.start(["instance_id": instance]).status == 200)
+        // A worker's claim, as it sends what is due and records it sent.
+        func send() async throws -> Int {
+            try await DeliveryQueue(pool: w.fixture.pool).claim(
+                limit: 10, hold: .seconds(60), tenants: [w.tenant.uuid]
+            ) { batch in
+                ClaimResults(
+                    results: batch.map {
+                        DeliveryResult(tenantID: $0.tenantID, id: $0.id, instanceID: $0.instanceID, status: .sent)
+                    })
+            }
+        }
+        #expect(try await send() == 3, "the start went out")
+        // The erasure stopped midway, where it deletes the metrics.
+        let metrics = try await HeldTransaction.open(
+            w.fixture.databaseURL, begin: { c in try c.execute("LOCK delivery_metrics IN SHARE MODE") })
+        let erasing = Task { try await w.api.call("DELETE", "/v1/people/\(w.person)", key: w.tenant.app) }
+        try await metrics.waitedOn(via: w.fixture.pool, "the erasure reaches the metrics")
+        // An update of the person's instance meanwhile: it waits for the erasure, or it is written (and then a worker
+        // claims, sends and records it).
+        let answered = Mutex(false)
+        let updating = Task {
+            defer { answered.withLock { $0 = true } }
+            return try await w.update(["instance_id": instance, "content_state": ["status": "ready", "eta": 0]])
+        }
+        try await eventually("the update is written, or waits for the erasure") {
+            if answered.withLock({ $0 }) { return true }
+            return try await metrics.waiting(via: w.fixture.pool) >= 2
+        }
+        if answered.withLock({ $0 }) { #expect(try await send() == 1, "the update went out") }
+        try await metrics.commit()
+        let erased = try await erasing.value
+        #expect(erased.status == 204, "\(erased.text)")
+        let updated = try await updating.value
+        expectProblem(updated, 404, "not-found")
+        #expect(
+            try await w.fixture.pool.count(
+                "SELECT count(*)::int AS n FROM deliveries WHERE tenant_id = \(w.tenant.uuid) AND instance_id = \(instance)"
+            )
+                == 0, "no delivery of the erased instance is left, queued or recorded")
     }
 
     @Test("a deleted instance takes its device states and tokens with it: its ID used again reaches only the new")

@@ -672,7 +672,7 @@ struct RegistryTests {
         let fixture = try await RegistryFixture.get()
         let api = fixture.api
         let tenant = try await api.createTenant()
-        let delivery = Fake.id("dlv")
+        let delivery = try await fixture.recordedDelivery(tenant: tenant.uuid)
         let path = "/v1/deliveries/\(delivery)/metrics"
         let secret = try await fixture.tenants.deliverySecret(tenant: tenant.uuid)
         let right = DeliveryTokens.make(deliveryID: delivery, secret: secret)
@@ -726,6 +726,13 @@ struct RegistryTests {
         let counts = Dictionary(
             uniqueKeysWithValues: try rows.map { (try $0.decode(String.self, "metric"), try $0.decode(Int.self, "n")) })
         #expect(counts == ["delivered": 2, "opened": 3])
+        // A delivery that is not there (never was, erased, past retention) keeps no report, whatever its token.
+        let unknown = ULIDGenerator.shared.next().description
+        expectProblem(
+            try await api.call(
+                "POST", "/v1/deliveries/\(unknown)/metrics", key: tenant.sdk,
+                json: ["metric": "opened", "delivery_token": DeliveryTokens.make(deliveryID: unknown, secret: secret)]),
+            404, "not-found")
     }
 }
 
@@ -786,7 +793,7 @@ struct RegistryConcurrencyTests {
         let fixture = try await RegistryFixture.get()
         let api = fixture.api
         let tenant = try await api.createTenant()
-        let delivery = Fake.id("dlv")
+        let delivery = try await fixture.recordedDelivery(tenant: tenant.uuid)
         let token = DeliveryTokens.make(
             deliveryID: delivery, secret: try await fixture.tenants.deliverySecret(tenant: tenant.uuid))
         let recorded = try await withThrowingTaskGroup(of: Bool?.self) { group in

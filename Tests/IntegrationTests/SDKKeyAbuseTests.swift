@@ -14,7 +14,7 @@ struct SDKKeyAbuseTests {
         let fixture = try await RegistryFixture.get()
         let api = fixture.api
         let tenant = try await api.createTenant()
-        let delivery = Fake.id("dlv")
+        let delivery = try await fixture.recordedDelivery(tenant: tenant.uuid)
         expectProblem(
             try await api.call(
                 "POST", "/v1/deliveries/\(delivery)/metrics", key: tenant.sdk, json: ["metric": "opened"]),
@@ -186,5 +186,20 @@ extension RegistryFixture.Running {
             VALUES (\(tenant), \(id), 'com.example.seeded', \(person), 'active', '{}', '{}', 1,
                     now() + interval '8 hours')
             """)
+    }
+
+    /// A delivery of `tenant` as a worker records one (a history row, written directly: no instance or credentials
+    /// needed), and its ID as its push carries it (a ULID): a delivery metric is kept only for a delivery that is
+    /// there (migration 0101).
+    func recordedDelivery(tenant: UUID) async throws -> String {
+        let id = ULIDGenerator.shared.next()
+        try await pool.execute(
+            """
+            INSERT INTO delivery_history (tenant_id, id, instance_id, device_token, provider, token_kind, token,
+                                          operation, instance_version, status, attempts, created_at)
+            VALUES (\(tenant), \(id.uuid), 'seeded', 'seeded', 'apns', 'activity', 'seeded', 'update', 1, 'sent', 1,
+                    now())
+            """)
+        return id.description
     }
 }

@@ -302,10 +302,19 @@ struct ValidationTests {
                 json: ["token": longest + "x"]), 422, "invalid-token", field: "token")
 
         let recipient = String(repeating: "r", count: Identifiers.maxRecipientLength)
-        let deliveryID = String(repeating: "D", count: 128)
+        let secret = try await fixture.tenants.deliverySecret(tenant: tenant.uuid)
+        // The longest delivery ID is looked up (none has it: 404), the longest recipient stored.
+        let longestID = String(repeating: "D", count: 128)
+        expectProblem(
+            try await api.call(
+                "POST", "/v1/deliveries/\(longestID)/metrics", key: tenant.sdk,
+                json: [
+                    "metric": "delivered", "recipient": recipient,
+                    "delivery_token": DeliveryTokens.make(deliveryID: longestID, secret: secret),
+                ]), 404, "not-found")
+        let deliveryID = try await fixture.recordedDelivery(tenant: tenant.uuid)
         let delivery = "/v1/deliveries/\(deliveryID)/metrics"
-        let deliveryToken = DeliveryTokens.make(
-            deliveryID: deliveryID, secret: try await fixture.tenants.deliverySecret(tenant: tenant.uuid))
+        let deliveryToken = DeliveryTokens.make(deliveryID: deliveryID, secret: secret)
         let metric = try await api.call(
             "POST", delivery, key: tenant.sdk,
             json: ["metric": "delivered", "recipient": recipient, "delivery_token": deliveryToken])
