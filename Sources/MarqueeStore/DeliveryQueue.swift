@@ -656,16 +656,23 @@ public struct DeliveryQueue: Sendable {
                    COALESCE(c.content_timestamp, i.content_timestamp) AS snap_content_timestamp,
                    -- Only what sending needs: each column here is converted to text, sent and parsed per push.
                    i.state, i.expires_at, i.activity_type, i.channel_id,
-                   -- A type a registration created (auto_created) has the first registrant's attributes type, and
-                   -- the sdk key is public: each push-to-start token goes with the attributes type registered with
-                   -- it, so a wrong name given first spoils no other device's starts.
+                   -- A type a registration created (auto_created) has the first registrant's attributes type and
+                   -- payload profile (its route's), and the sdk key is public: each push-to-start token goes with the
+                   -- attributes type and the profile registered with it (migration 0102), so a wrong name or the
+                   -- other SDK's route taken first spoils no other device's starts.
                    CASE WHEN c.token_kind = 'push_to_start' AND t.auto_created THEN
                        COALESCE((SELECT p.attributes_type FROM push_to_start_tokens p
                                  WHERE p.tenant_id = c.tenant_id AND p.device_token = c.device_token
                                    AND p.activity_type = i.activity_type AND p.token = c.token), t.attributes_type)
                        ELSE t.attributes_type
                    END AS attributes_type,
-                   t.payload_profile, t.date_fields, t.frequent_updates,
+                   CASE WHEN c.token_kind = 'push_to_start' AND t.auto_created THEN
+                       COALESCE((SELECT p.payload_profile FROM push_to_start_tokens p
+                                 WHERE p.tenant_id = c.tenant_id AND p.device_token = c.device_token
+                                   AND p.activity_type = i.activity_type AND p.token = c.token), t.payload_profile)
+                       ELSE t.payload_profile
+                   END AS payload_profile,
+                   t.date_fields, t.frequent_updates,
                    \(unsafeRaw: LiveActivityStore.channelColumnsJoined),
                    CASE WHEN i.channel_id IS NOT NULL AND c.token_kind = 'push_to_start' THEN
                        (SELECT dv.os_version FROM devices dv

@@ -155,8 +155,10 @@ public struct RegistryTransaction {
     // MARK: Tokens
 
     /// Registers the push-to-start token of a person's iOS device for an activity type. A different active token
-    /// for the same (device, type) is retired. Unknown types are created with permissive defaults, while the tenant
-    /// has fewer types created so than its `max_auto_created_activity_types` (else `activityTypeLimit`, a 422).
+    /// for the same (device, type) is retired. Unknown types are created with permissive defaults and `profile`,
+    /// while the tenant has fewer types created so than its `max_auto_created_activity_types` (else
+    /// `activityTypeLimit`, a 422). The token keeps `profile` (its route's): while the type is one a registration
+    /// created, the token's starts are shaped with it (migration 0102).
     ///
     /// One statement (`marquee_register_push_to_start`, migrations 0003 and 0088), confined to the tenant by
     /// row-level security like every other query.

@@ -219,6 +219,47 @@ struct DeliveryTests {
         #expect(second.values.allSatisfy { $0 == "Configured" }, "\(second)")
     }
 
+    @Test("a type a registration created: each push-to-start token's starts take its route's payload profile")
+    func profilePerToken() async throws {
+        var t = try await Self.tenant()
+        t.type = "com.example.Match" + Fake.hex(6)
+        let worker = try t.fixture.worker()
+        defer { worker.signal(SIGKILL) }
+        // The native route creates the type (the sdk key is public: anyone may be first), then a device of the
+        // Customer.io SDK registers its token through the Customer.io ingest.
+        let (native, nativeToken) = (Fake.hex(), Fake.hex())
+        _ = try await t.api.call(
+            "PUT", "/v1/people/\(t.person)/devices/\(native)", key: t.tenant.sdk, json: ["platform": "ios"])
+        let first = try await t.api.call(
+            "PUT", "/v1/people/\(t.person)/devices/\(native)/push_to_start/\(t.type)", key: t.tenant.sdk,
+            json: ["token": nativeToken])
+        #expect(first.status == 200, "\(first.text)")
+        let (cio, cioToken) = (Fake.hex(), Fake.hex())
+        let registered = try await t.api.call(
+            "POST", "/v1/b",
+            json: CompatIngestTests.envelope(
+                [
+                    CompatIngestTests.event(
+                        "track", "Live Notification Token", userId: t.person,
+                        properties: [
+                            "registrationType": "push_to_start", "pushToStartToken": cioToken,
+                            "notificationType": t.type, "deviceId": cio, "platform": "ios",
+                        ])
+                ], writeKey: t.tenant.sdk), headers: ["Authorization": t.tenant.basicSDK])
+        #expect(registered.status == 200, "\(registered.text)")
+        let type = try await t.api.call("GET", "/v1/activity_types/\(t.type)", key: t.tenant.app).json()
+        #expect(type["auto_created"] as? Bool == true && type.string("payload_profile") == "marquee")
+        let instance = Fake.id("match")
+        #expect(try await t.start(instance).status == 200)
+        _ = try await t.settled(instance, count: 2)
+        let cioStart = t.fixture.simulator.pushes(token: cioToken).last?["payload"]?["aps"]
+        #expect(cioStart?["attributes"]?["cioInstanceId"]?.stringValue == instance, "\(String(describing: cioStart))")
+        #expect(cioStart?["content-state"]?["cioMetadata"]?["deliveryId"]?.stringValue != nil)
+        let nativeStart = t.fixture.simulator.pushes(token: nativeToken).last?["payload"]?["aps"]
+        #expect(nativeStart?["attributes"]?["marqueeInstanceId"]?.stringValue == instance)
+        #expect(nativeStart?["content-state"]?["marqueeMetadata"]?["deliveryId"]?.stringValue != nil)
+    }
+
     @Test("start → activity token → update → end reach the simulator with Apple's headers, and are all sent")
     func endToEnd() async throws {
         let t = try await Self.tenant()
