@@ -55,28 +55,32 @@ struct CompatRoutes: Sendable {
     /// The most events one batch may hold: they are written in one transaction.
     static let maxBatchEvents = 1000
 
+    /// The caller (an sdk key) and the request's body, for every ingest route. A key in the Authorization header is
+    /// checked before the body is parsed, so that an unauthenticated caller costs no parsing; only a request without
+    /// one needs its body read for `writeKey`. `spend`: the request's rate token is taken with the key's check (else
+    /// the caller takes what it counts once the body is read; a body refused takes one).
+    func authenticate(_ request: HTTPRequest, spend: Bool, allowNUL: Bool) async throws -> (Principal, JSONBody) {
+        guard Authenticator.presentedKey(request, scheme: .bearerOrBasic) != nil else {
+            let body = try JSONBody.parse(request, allowNUL: allowNUL)
+            let principal = try await authenticator.require(
+                request, kinds: [.sdk], scheme: .bearerOrBasic, fallbackKey: try? body.string("writeKey"),
+                spend: spend)
+            return (principal, body)
+        }
+        let principal = try await authenticator.require(request, kinds: [.sdk], scheme: .bearerOrBasic, spend: spend)
+        do {
+            return (principal, try JSONBody.parse(request, allowNUL: allowNUL))
+        } catch {
+            if !spend { try authenticator.limit(principal, request) }  // a body refused takes its request's token
+            throw error
+        }
+    }
+
     func batch(_ request: HTTPRequest) async throws -> HTTPResponse {
-        // A key in the Authorization header is checked before the body is parsed, so that an unauthenticated caller
-        // costs no parsing; only a request without one needs its body read for `writeKey`.
         // NUL is checked per event below, so that the answer names the event that holds it. The rate is only looked
         // at until the events are counted: a batch takes a token per event (at most the bucket's burst), as many
         // requests of one event each would.
-        let principal: Principal
-        let body: JSONBody
-        if Authenticator.presentedKey(request, scheme: .bearerOrBasic) != nil {
-            principal = try await authenticator.require(request, kinds: [.sdk], scheme: .bearerOrBasic, spend: false)
-            do {
-                body = try JSONBody.parse(request, allowNUL: true)
-            } catch {
-                try authenticator.limit(principal, request)  // a body refused takes its request's token
-                throw error
-            }
-        } else {
-            body = try JSONBody.parse(request, allowNUL: true)
-            principal = try await authenticator.require(
-                request, kinds: [.sdk], scheme: .bearerOrBasic, fallbackKey: try? body.string("writeKey"),
-                spend: false)
-        }
+        let (principal, body) = try await authenticate(request, spend: false, allowNUL: true)
         let events = body.value("batch")?.arrayValue
         try authenticator.limit(principal, request, count: events?.count ?? 1)
         guard let list = events else {
@@ -103,9 +107,7 @@ struct CompatRoutes: Sendable {
     }
 
     func single(_ request: HTTPRequest) async throws -> HTTPResponse {
-        let body = try JSONBody.parse(request)
-        let principal = try await authenticator.require(
-            request, kinds: [.sdk], scheme: .bearerOrBasic, fallbackKey: try? body.string("writeKey"))
+        let (principal, body) = try await authenticate(request, spend: true, allowNUL: false)
         var event = body.object
         if event["type"] == nil {
             event["type"] = .string(request.path.hasSuffix("/identify") ? "identify" : "track")

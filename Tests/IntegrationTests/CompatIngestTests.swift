@@ -321,6 +321,26 @@ struct CompatIngestTests {
             field: "batch")
     }
 
+    @Test("a key in the Authorization header is checked before the body is read, on every ingest route")
+    func headerKeyBeforeBody() async throws {
+        let fixture = try await RegistryFixture.get()
+        let api = fixture.api
+        let tenant = try await api.createTenant()
+        let wrong = "Basic " + Data((Fake.id("not-a-key") + ":").utf8).base64EncodedString()
+        for path in ["/v1/b", "/v1/batch", "/v1/track", "/v1/identify"] {
+            let malformed = Data("{\"type\": \"track\", ".utf8)
+            expectProblem(
+                try await api.call(
+                    "POST", path, body: malformed, contentType: "application/json", headers: ["Authorization": wrong]),
+                401, "unauthorized", "\(path), a wrong key")
+            // The tenant's key: now the body is read, and refused.
+            let refused = try await api.call(
+                "POST", path, body: malformed, contentType: "application/json",
+                headers: ["Authorization": tenant.basicSDK])
+            #expect(refused.status == 400, "\(path), the right key: \(refused.text)")
+        }
+    }
+
     @Test("GET /v1/projects/{writeKey}/settings answers for sdk keys only")
     func settings() async throws {
         let fixture = try await RegistryFixture.get()
