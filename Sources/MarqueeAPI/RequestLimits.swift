@@ -27,8 +27,8 @@ public struct RequestLimits: Sendable, Equatable {
     /// Requests a second per tenant, process and client address with sdk keys (`MARQUEE_RATE_LIMIT_SDK_PER_ADDRESS`);
     /// 0: none. Checked before the tenant's bucket, so one client flooding with the public sdk key runs out of its
     /// own share and leaves the tenant's to everyone else. An IPv6 client's address counts by its /64 (one
-    /// subscriber's network). Behind a proxy, only as good as `MARQUEE_TRUSTED_PROXIES`: untrusted, the proxy is the
-    /// only address.
+    /// subscriber's network), within its /56 (`addressGroups`). Behind a proxy, only as good as
+    /// `MARQUEE_TRUSTED_PROXIES`: untrusted, the proxy is the only address.
     public var sdkPerAddressPerSecond: Int
     /// Lookups a second per process and client address of keys the key cache does not hold
     /// (`MARQUEE_KEY_LOOKUPS_PER_ADDRESS`), in bursts of twice that; 0: none. Each such key costs a database
@@ -51,26 +51,43 @@ public struct RequestLimits: Sendable, Equatable {
     /// No limits at all.
     public static let off = RequestLimits(appPerSecond: 0, sdkPerSecond: 0, burstSeconds: 1)
 
-    /// The bucket of one client address's requests with a key of `kind` (nil: not limited by address), and the
-    /// address's group: an IPv4 address, or an IPv6 address's /64. Nil for an address that is not numeric.
-    func addressLimit(_ kind: APIKeyKind, address: String?) -> (limit: TokenBucket.Limit, group: String)? {
-        guard kind == .sdk, sdkPerAddressPerSecond > 0, let group = Self.addressGroup(address) else { return nil }
+    /// The buckets of one client address's requests with a key of `kind`, each with its group (`addressGroups`);
+    /// none when not limited by address, or for an address that is not numeric.
+    func addressLimits(_ kind: APIKeyKind, address: String?) -> [(limit: TokenBucket.Limit, group: String)] {
+        guard kind == .sdk, sdkPerAddressPerSecond > 0 else { return [] }
         let rate = Double(sdkPerAddressPerSecond)
-        return (TokenBucket.Limit(perSecond: rate, burst: rate * Double(burstSeconds)), group)
+        return Self.addressGroups(address).map { group, shares in
+            (TokenBucket.Limit(perSecond: rate * shares, burst: rate * shares * Double(burstSeconds)), group)
+        }
     }
 
-    /// The bucket of one client address's lookups of keys not in the key cache (nil: not limited), and the address's
-    /// group, as `addressLimit`.
-    func lookupLimit(address: String?) -> (limit: TokenBucket.Limit, group: String)? {
-        guard keyLookupsPerAddressPerSecond > 0, let group = Self.addressGroup(address) else { return nil }
+    /// The buckets of one client address's lookups of keys not in the key cache (none: not limited), each with its
+    /// group, as `addressLimits`.
+    func lookupLimits(address: String?) -> [(limit: TokenBucket.Limit, group: String)] {
+        guard keyLookupsPerAddressPerSecond > 0 else { return [] }
         let rate = Double(keyLookupsPerAddressPerSecond)
-        return (TokenBucket.Limit(perSecond: rate, burst: rate * 2), group)
+        return Self.addressGroups(address).map { group, shares in
+            (TokenBucket.Limit(perSecond: rate * shares, burst: rate * shares * 2), group)
+        }
     }
 
-    /// An IPv4 address, or an IPv6 address's /64 (one subscriber's network); nil for an address that is not numeric.
-    private static func addressGroup(_ address: String?) -> String? {
-        guard let address, let parsed = IPAddress(address) else { return nil }
-        return parsed.isIPv6 ? "\(parsed.prefix(64))/64" : parsed.description
+    /// The prefix of the network an IPv6 client's /64 is counted within (`addressGroups`).
+    static let ipv6NetworkPrefix = 56
+    /// How many shares of one address that network has.
+    static let ipv6NetworkShares = 16.0
+
+    /// The groups a client address counts in, each with its shares of the per-address rate: an IPv4 address alone
+    /// (one share); an IPv6 address's /64 (one subscriber's network: one share) and its /56 (`ipv6NetworkShares`).
+    /// Whoever holds a larger block has a /64 for every request (a /48 is 65,536 of them, each a full share): the /56
+    /// bounds what its /64s take together, while 256 strangers in one /56 (a carrier's pool) still have 16 full shares
+    /// between them. Nothing for an address that is not numeric.
+    static func addressGroups(_ address: String?) -> [(group: String, shares: Double)] {
+        guard let address, let parsed = IPAddress(address) else { return [] }
+        guard parsed.isIPv6 else { return [(parsed.description, 1)] }
+        return [
+            ("\(parsed.prefix(64))/64", 1),
+            ("\(parsed.prefix(ipv6NetworkPrefix))/\(ipv6NetworkPrefix)", ipv6NetworkShares),
+        ]
     }
 
     /// The operator's limit for keys of `kind` (nil: none). It is also the ceiling of a tenant's own setting: the
@@ -165,14 +182,16 @@ struct TokenBucket: Sendable, Equatable {
 
 /// The buckets of one process, per tenant and kind of key (or per client address: `Key`), at most `capacity` of them.
 ///
-/// Their number is bounded (client addresses are many): to make room, buckets that have filled up again are forgotten first (a full
-/// bucket is what a new one would be, so nothing changes), then the one used longest ago.
+/// Their number is bounded (client addresses are many): to make room, buckets that have filled up again are forgotten
+/// first (a full bucket is what a new one would be, so nothing changes), then those closest to full (forgotten, a
+/// bucket comes back full: a spent one is kept, so a flood from ever new addresses cannot refill it).
 final class RequestLimiter: Sendable {
     struct Key: Hashable, Sendable {
-        /// Nil (with `kind`): a client address's key lookups (`RequestLimits.lookupLimit`), of no tenant.
+        /// Nil (with `kind`): a client address's key lookups (`RequestLimits.lookupLimits`), of no tenant.
         var tenant: UUID?
         var kind: APIKeyKind?
-        /// A client address's own bucket within the tenant's (`RequestLimits.addressLimit`); nil for the tenant's.
+        /// A client address's own bucket, or its network's, within the tenant's (`RequestLimits.addressLimits`);
+        /// nil for the tenant's.
         var address: String? = nil
     }
 
@@ -188,6 +207,17 @@ final class RequestLimiter: Sendable {
         var bucket: TokenBucket
         var refused = 0
         var reported: ContinuousClock.Instant?
+
+        /// A refusal: reported on the bucket's first, then at most once every `interval` with the count since.
+        mutating func refuse(retryAfter: Int, at now: ContinuousClock.Instant, interval: Duration) -> Decision {
+            refused += 1
+            if let reported, now - reported < interval { return .limited(retryAfter: retryAfter, report: nil) }
+            defer {
+                refused = 0
+                reported = now
+            }
+            return .limited(retryAfter: retryAfter, report: refused)
+        }
     }
 
     let capacity: Int
@@ -206,24 +236,35 @@ final class RequestLimiter: Sendable {
     func check(
         _ key: Key, limit: TokenBucket.Limit, at now: ContinuousClock.Instant, spend: Bool = true, count: Int = 1
     ) -> Decision {
+        check([(key, limit)], at: now, spend: spend, count: count).decision
+    }
+
+    /// Takes `count` tokens from each of the buckets of `keys` (nested ones: an address and its network), or from
+    /// none: the first that has too few refuses (its `index`; `keys.count` when allowed), and nothing is taken.
+    func check(
+        _ keys: [(key: Key, limit: TokenBucket.Limit)], at now: ContinuousClock.Instant, spend: Bool = true,
+        count: Int = 1
+    ) -> (index: Int, decision: Decision) {
         entries.withLock { entries in
-            if entries[key] == nil, entries.count >= capacity { Self.makeRoom(&entries, capacity: capacity, at: now) }
-            var entry = entries[key] ?? Entry(bucket: TokenBucket(limit: limit, now: now))
-            let decision: Decision
-            if let retryAfter = entry.bucket.take(at: now, limit: limit, spend: spend, count: count) {
-                entry.refused += 1
-                if let reported = entry.reported, now - reported < reportInterval {
-                    decision = .limited(retryAfter: retryAfter, report: nil)
-                } else {
-                    decision = .limited(retryAfter: retryAfter, report: entry.refused)
-                    entry.refused = 0
-                    entry.reported = now
-                }
-            } else {
-                decision = .allowed
+            var new = 0
+            for (key, _) in keys where entries[key] == nil { new += 1 }
+            if new > 0, entries.count + new > capacity {
+                Self.makeRoom(&entries, capacity: capacity, needed: new, at: now)
             }
-            entries[key] = entry
-            return decision
+            var held = keys.map { entries[$0.key] ?? Entry(bucket: TokenBucket(limit: $0.limit, now: now)) }
+            var outcome = (index: keys.count, decision: Decision.allowed)
+            for i in held.indices {
+                guard let retryAfter = held[i].bucket.take(at: now, limit: keys[i].limit, spend: false, count: count)
+                else { continue }
+                outcome = (i, held[i].refuse(retryAfter: retryAfter, at: now, interval: reportInterval))
+                break
+            }
+            if outcome.decision == .allowed, spend {
+                for i in held.indices { _ = held[i].bucket.take(at: now, limit: keys[i].limit, count: count) }
+            }
+            // The buckets asked (those after a refusing one were not): each is kept.
+            for i in held.indices where i <= outcome.index { entries[keys[i].key] = held[i] }
+            return outcome
         }
     }
 
@@ -232,14 +273,18 @@ final class RequestLimiter: Sendable {
         entries.withLock { entries in entries[key]?.bucket.giveBack(count, at: now) }
     }
 
-    /// Forgets the buckets that filled up again; if that is not room enough, the tenth used longest ago (at least
-    /// one) at once: a stream of new keys (client addresses, one after another) then pays for one pass and one sort
-    /// per tenth of the capacity, not for a pass over every bucket at each new key.
-    private static func makeRoom(_ entries: inout [Key: Entry], capacity: Int, at now: ContinuousClock.Instant) {
+    /// Forgets the buckets that filled up again; if that is not room enough for `needed` more, the tenth (at least
+    /// `needed`) that miss the fewest tokens, at once: forgotten, a bucket comes back full, so those lose least, and
+    /// the spent ones stay. A stream of new keys (client addresses, one after another) then pays for one pass and one
+    /// sort per tenth of the capacity, not for a pass over every bucket at each new key.
+    private static func makeRoom(
+        _ entries: inout [Key: Entry], capacity: Int, needed: Int, at now: ContinuousClock.Instant
+    ) {
         entries = entries.filter { !$0.value.bucket.isFull(at: now) }
-        guard entries.count >= capacity else { return }
-        let oldest = entries.sorted { $0.value.bucket.updated < $1.value.bucket.updated }
-        for (key, _) in oldest.prefix(max(1, capacity / 10)) { entries[key] = nil }
+        guard entries.count + needed > capacity else { return }
+        func missing(_ entry: Entry) -> Double { entry.bucket.limit.burst - entry.bucket.tokens(at: now) }
+        let fullest = entries.sorted { missing($0.value) < missing($1.value) }
+        for (key, _) in fullest.prefix(max(needed, capacity / 10)) { entries[key] = nil }
     }
 }
 
@@ -250,7 +295,7 @@ struct RequestRateGuard: Sendable {
     /// The client addresses' buckets, apart from the tenants': a flood from many addresses cannot push a tenant's
     /// spent bucket out (which would refill it).
     let addressLimiter: RequestLimiter
-    /// The client addresses' buckets of key lookups (`RequestLimits.lookupLimit`), apart again.
+    /// The client addresses' buckets of key lookups (`RequestLimits.lookupLimits`), apart again.
     let lookupLimiter: RequestLimiter
     /// `marquee_http_rate_limited_total{kind}`.
     let refused: Counter
@@ -297,11 +342,14 @@ struct RequestRateGuard: Sendable {
     /// events) takes `count` tokens from each, so that batching does not multiply the rate.
     func check(_ principal: Principal, _ request: HTTPRequest, spend: Bool = true, count: Int = 1) throws {
         let now = now()
-        if let (limit, group) = limits.addressLimit(principal.kind, address: request.remoteAddress) {
-            let key = RequestLimiter.Key(tenant: principal.tenantID, kind: principal.kind, address: group)
-            if case .limited(let retryAfter, let report) = addressLimiter.check(
-                key, limit: limit, at: now, spend: spend, count: count)
-            {
+        let groups = limits.addressLimits(principal.kind, address: request.remoteAddress)
+        if !groups.isEmpty {
+            let keys = groups.map {
+                (RequestLimiter.Key(tenant: principal.tenantID, kind: principal.kind, address: $0.group), $0.limit)
+            }
+            let (index, decision) = addressLimiter.check(keys, at: now, spend: spend, count: count)
+            if case .limited(let retryAfter, let report) = decision {
+                let (limit, group) = groups[index]
                 refusedAddresses.inc(1)
                 if let report { log(principal, request, limit: limit, refused: report, address: group) }
                 throw Problems.rateLimited(kind: principal.kind, limit: limit, retryAfter: retryAfter, perAddress: true)
@@ -322,11 +370,12 @@ struct RequestRateGuard: Sendable {
     /// lookup of a key not in the key cache; otherwise takes one. Checked before the database is asked
     /// (`Authenticator.principal`), which gives the token back when the key turns out valid (`keyFound`).
     func admitLookup(_ request: HTTPRequest) throws {
-        guard let (limit, group) = limits.lookupLimit(address: request.remoteAddress) else { return }
-        guard
-            case .limited(let retryAfter, let report) = lookupLimiter.check(
-                RequestLimiter.Key(tenant: nil, kind: nil, address: group), limit: limit, at: now())
-        else { return }
+        let groups = limits.lookupLimits(address: request.remoteAddress)
+        guard !groups.isEmpty else { return }
+        let (index, decision) = lookupLimiter.check(
+            groups.map { (RequestLimiter.Key(tenant: nil, kind: nil, address: $0.group), $0.limit) }, at: now())
+        guard case .limited(let retryAfter, let report) = decision else { return }
+        let (limit, group) = groups[index]
         refusedLookups.inc(1)
         if let report {
             logger.warning(
@@ -343,8 +392,10 @@ struct RequestRateGuard: Sendable {
     /// The lookup `admitLookup` let through found a valid key: its token goes back, so that only keys that turn out
     /// unknown or revoked spend the address's lookups.
     func keyFound(_ request: HTTPRequest) {
-        guard let (_, group) = limits.lookupLimit(address: request.remoteAddress) else { return }
-        lookupLimiter.giveBack(RequestLimiter.Key(tenant: nil, kind: nil, address: group), at: now())
+        let now = now()
+        for (_, group) in limits.lookupLimits(address: request.remoteAddress) {
+            lookupLimiter.giveBack(RequestLimiter.Key(tenant: nil, kind: nil, address: group), at: now)
+        }
     }
 
     /// A bucket's refusals since its previous line (never the key itself: its ID names it).

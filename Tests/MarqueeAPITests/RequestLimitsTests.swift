@@ -135,7 +135,7 @@ struct RequestLimitsTests {
         #expect(limiter.check(key, limit: limit, at: Self.at(11)) == .limited(retryAfter: 53, report: nil))
     }
 
-    @Test("the number of buckets is bounded: refilled ones go first, then the one used longest ago")
+    @Test("the number of buckets is bounded: refilled ones go first, then those closest to full; a spent one stays")
     func bounded() {
         let limiter = RequestLimiter(capacity: 3)
         let limit = TokenBucket.Limit(perSecond: 1, burst: 5)
@@ -158,8 +158,68 @@ struct RequestLimitsTests {
             _ = limiter.check(.init(tenant: UUID(), kind: .app), limit: limit, at: Self.at(1.5 + Double(i) * 0.001))
             #expect(limiter.count <= 3)
         }
-        // The one used longest ago went first: the spent bucket is gone, so that tenant starts full again.
-        #expect(limiter.check(spent, limit: limit, at: Self.at(1.7)) == .allowed)
+        // Those missing one token each went first: the spent bucket is still there (forgotten, it would have come back
+        // full), and its tenant is still refused.
+        #expect(limiter.check(spent, limit: limit, at: Self.at(1.7)) == .limited(retryAfter: 1, report: nil))
+    }
+
+    @Test("nested buckets: a request takes from each, or from none when one of them is spent")
+    func nested() {
+        let limiter = RequestLimiter()
+        let (own, network) = (
+            RequestLimiter.Key(tenant: nil, kind: nil, address: "a"),
+            RequestLimiter.Key(
+                tenant: nil, kind: nil, address: "n")
+        )
+        let small = TokenBucket.Limit(perSecond: 1, burst: 2)
+        let large = TokenBucket.Limit(perSecond: 1, burst: 3)
+        #expect(limiter.check([(own, small), (network, large)], at: Self.at(0)) == (2, .allowed))
+        #expect(limiter.check([(own, small), (network, large)], at: Self.at(0)) == (2, .allowed))
+        // The address's own is spent: refused there, and the network's keeps its last token.
+        #expect(
+            limiter.check([(own, small), (network, large)], at: Self.at(0)) == (0, .limited(retryAfter: 1, report: 1)))
+        let other = RequestLimiter.Key(tenant: nil, kind: nil, address: "b")
+        #expect(limiter.check([(other, small), (network, large)], at: Self.at(0)) == (2, .allowed))
+        // Now the network's is spent: another address of it is refused there, and keeps its own tokens.
+        #expect(
+            limiter.check([(other, small), (network, large)], at: Self.at(0)) == (1, .limited(retryAfter: 1, report: 1))
+        )
+        #expect(limiter.check(other, limit: small, at: Self.at(0), spend: false) == .allowed)
+    }
+
+    @Test("an IPv6 client's /64s count within their /56: 100 of one /56 share 16 shares, not 100")
+    func ipv6Network() throws {
+        let rateGuard = RequestRateGuard(
+            limits: RequestLimits(
+                appPerSecond: 0, sdkPerSecond: 10_000, burstSeconds: 1, sdkPerAddressPerSecond: 2,
+                keyLookupsPerAddressPerSecond: 1),
+            metrics: MetricsRegistry(), logger: Logger(label: "test", sink: LogSink { _ in }), now: { Self.at(0) })
+        let sdk = Principal(tenantID: UUID(), keyID: UUID(), kind: .sdk)
+        func request(_ address: String) -> HTTPRequest {
+            HTTPRequest(method: .PUT, target: "/v1/people/p1", requestID: "req-1", remoteAddress: address)
+        }
+        let addresses = (0..<100).map { "2001:db8:0:\(String($0, radix: 16))::1" }
+        var allowed = 0
+        var lookups = 0
+        for address in addresses {
+            for _ in 0..<2 {
+                if (try? rateGuard.check(sdk, request(address))) != nil { allowed += 1 }
+                if (try? rateGuard.admitLookup(request(address))) != nil { lookups += 1 }
+            }
+        }
+        #expect(allowed == 32, "16 shares of 2 a second (bursts of 1 s), where each /64 alone would have had 2")
+        #expect(lookups == 32, "key lookups too: 16 shares of bursts of 2")
+        #expect(rateGuard.refusedAddresses.value([]) == 200 - 32)
+        // Another /56 of the same /48 has its shares of its own; so has an IPv4 address.
+        #expect((try? rateGuard.check(sdk, request("2001:db8:0:100::1"))) != nil)
+        #expect((try? rateGuard.check(sdk, request("203.0.113.9"))) != nil)
+        // A refusal of the network names it.
+        var refused: HTTPProblem?
+        do { try rateGuard.check(sdk, request("2001:db8:0:ff::1")) } catch let problem as HTTPProblem {
+            refused = problem
+        }
+        #expect(refused?.extensions["scope"] == "client_address")
+        #expect(refused?.detail?.contains("32 a second") == true, "\(String(describing: refused?.detail))")
     }
 
     @Test(
