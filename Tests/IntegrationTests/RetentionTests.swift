@@ -389,14 +389,22 @@ struct RetentionTests {
     func deliveredOnceUnderRace() async throws {
         let db = try await Database.make()
         defer { db.close() }
+        // A delivery recorded (a report is kept only for a delivery that is there: migration 0101).
+        let delivery = UUID()
+        try await db.system.execute(
+            """
+            INSERT INTO delivery_history (tenant_id, id, instance_id, device_token, provider, token_kind, token,
+                                          operation, instance_version, status, attempts, created_at)
+            VALUES (\(db.tenant), \(delivery), 'i', 'd', 'apns', 'activity', 't', 'update', 1, 'sent', 1, now())
+            """)
         let results = try await withThrowingTaskGroup(of: Bool.self) { group in
             for _ in 0..<8 {
                 group.addTask {
                     try await db.system.transaction { connection in
                         try connection.query(
                             """
-                            SELECT marquee_record_delivery_metric(\(db.tenant), 'dlv', 'delivered', 'phone', NULL, NULL)
-                                AS recorded
+                            SELECT marquee_record_delivery_metric(\(db.tenant), 'dlv', 'delivered', 'phone', NULL,
+                                                                  \(delivery)) AS recorded
                             """)[0].decode(Bool.self, "recorded")
                     }
                 }
@@ -407,8 +415,17 @@ struct RetentionTests {
         // `opened` counts every time; another recipient is another `delivered`.
         for (metric, recipient) in [("opened", "phone"), ("opened", "phone"), ("delivered", "watch")] {
             let recorded = try await db.system.query(
-                "SELECT marquee_record_delivery_metric(\(db.tenant), 'dlv', \(metric), \(recipient), NULL, NULL) AS r")
+                """
+                SELECT marquee_record_delivery_metric(\(db.tenant), 'dlv', \(metric), \(recipient), NULL, \(delivery))
+                    AS r
+                """)
             #expect(try recorded[0].decode(Bool.self, "r"))
+        }
+        // A delivery that is not there (or none named) keeps nothing: NULL.
+        for other in [UUID(), nil] as [UUID?] {
+            let unknown = try await db.system.query(
+                "SELECT marquee_record_delivery_metric(\(db.tenant), 'dlv', 'opened', 'phone', NULL, \(other)) AS r")
+            #expect(try unknown[0].decode(Bool?.self, "r") == nil)
         }
         #expect(try await db.count("delivery_metrics") == 4)
     }
