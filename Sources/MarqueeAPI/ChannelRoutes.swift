@@ -3,17 +3,20 @@ import Foundation
 import HTTPServer
 import MarqueeCore
 import MarqueeStore
+import Observability
 
 /// `/v1/channels` (app key): iOS 18 broadcast channels, created and deleted at Apple synchronously.
 ///
 /// A create asks Apple first and records the channel after; if recording fails (or a concurrent request with the same
 /// Idempotency-Key won), the channel just created at Apple is deleted again. A delete asks Apple first; a channel Apple
-/// no longer knows is still deleted here.
+/// no longer knows, or one of another app or environment than the credential's that Apple refuses the credential's
+/// key for (`ChannelReach`), is still deleted here.
 struct ChannelRoutes: Sendable {
     let authenticator: Authenticator
     let store: ChannelStore
     /// nil when this process cannot reach Apple (then creates and deletes answer 503).
     let manager: (any BroadcastChannelManaging)?
+    let logger: Logger
     let now: @Sendable () -> Date
 
     func register(in router: inout Router) {
@@ -101,6 +104,15 @@ struct ChannelRoutes: Sendable {
             try await manager.delete(tenant: tenant, Self.address(channel))
         } catch  where error.code == .channelNotFound {
             // Apple no longer knows it (deleted there, or expired): nothing left to delete but the record.
+        } catch {
+            // Apple refused the credential's key for a channel of another app or environment: only a key of the
+            // channel's own could delete it there. The record goes; the channel's ID is logged for whoever has one.
+            guard case .outOfReach(let reach, let reason) = error.code else { throw error }
+            logger.warning(
+                "channel deleted here only: APNs refused the credential's key for it",
+                metadata: Self.metadata(tenant, channel).merging([
+                    "channel.reach": .string(reach.rawValue), "apns.reason": .string(reason),
+                ]) { _, new in new })
         }
         guard try await store.delete(tenant: tenant, id: channel.id) else { throw NotFound("channel") }
         return .noContent()
@@ -144,6 +156,15 @@ struct ChannelRoutes: Sendable {
     /// Deletes a channel that was created at Apple but not recorded (best effort; logged by the manager).
     private func undo(_ tenant: UUID, _ channel: ChannelRecord) async {
         try? await manager?.delete(tenant: tenant, Self.address(channel))
+    }
+
+    /// What a log line about a channel names: its tenant, Apple's channel ID (not a secret: it only addresses
+    /// broadcasts signed with the app's key), app and environment.
+    static func metadata(_ tenant: UUID, _ channel: ChannelRecord) -> LogMetadata {
+        [
+            "tenant.id": .string(tenant.lowercasedString), "apns.channel_id": .string(channel.apnsChannelID),
+            "apns.bundle_id": .string(channel.bundleID), "apns.environment": .string(channel.environment),
+        ]
     }
 
     static func address(_ channel: ChannelRecord) -> ChannelAddress {
@@ -200,6 +221,12 @@ extension Problems {
                 problem.headers["Retry-After"] = String(max(1, retryAfter.components.seconds))
             }
             return problem
+        case .outOfReach(let reach, let reason):
+            return HTTPProblem(
+                status: 502, type: typeBase + "apns-refused", title: "APNs refused the request",
+                detail: "APNs refused the credential's key (\(reason), HTTP 403) for a channel out of its reach "
+                    + "(\(reach.rawValue)).",
+                extensions: ["apns_reason": reason, "apns_status": "403"])
         case .unreachable(let reason):
             return HTTPProblem(
                 status: 502, type: typeBase + "apns-unreachable", title: "APNs unreachable",

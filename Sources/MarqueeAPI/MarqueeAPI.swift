@@ -69,7 +69,7 @@ public struct MarqueeAPI: Sendable {
             authenticator: authenticator, settings: settingsStore, identity: identity, limits: requestLimits)
         channels = ChannelRoutes(
             authenticator: authenticator, store: ChannelStore(database: database), manager: channelManager,
-            now: { Date() })
+            logger: logger, now: { Date() })
         segments = SegmentRoutes(authenticator: authenticator, store: SegmentStore(database: database))
         peopleImport = PeopleImportRoutes(authenticator: authenticator, store: PeopleImportStore(database: database))
         campaigns = CampaignRoutes(

@@ -68,6 +68,9 @@ public struct ChannelManagementError: Error, Sendable, Equatable, CustomStringCo
         case refused(status: Int, reason: String)
         /// Apple could not be reached: `timeout`, `tls_error`, `transport_error` or `endpoint_not_allowed`.
         case unreachable(reason: String)
+        /// Apple refused the credential's key (403, Apple's `reason`) for a channel of another app or environment
+        /// than the credential's (`ChannelReach`): the key may be limited to its own. Says nothing of the key.
+        case outOfReach(ChannelReach, reason: String)
     }
 
     public var code: Code
@@ -86,6 +89,7 @@ public struct ChannelManagementError: Error, Sendable, Equatable, CustomStringCo
         case .channelNotFound: "channel not registered at APNs"
         case .refused(let status, let reason): "APNs refused (\(status)): \(reason)"
         case .unreachable(let reason): "APNs unreachable: \(reason)"
+        case .outOfReach(let reach, let reason): "APNs refused the key (\(reason)): \(reach.rawValue)"
         }
     }
 }
@@ -111,7 +115,8 @@ public protocol BroadcastChannelManaging: Sendable {
     /// Creates a channel for the tenant's app in its credential's environment.
     func create(tenant: UUID, storagePolicy: ChannelStoragePolicy) async throws(ChannelManagementError)
         -> ChannelAddress
-    /// Deletes a channel at Apple; `channelNotFound` when Apple no longer knows it.
+    /// Deletes a channel at Apple; `channelNotFound` when Apple no longer knows it, `outOfReach` when Apple refused
+    /// the credential's key for a channel of another app or environment.
     func delete(tenant: UUID, _ channel: ChannelAddress) async throws(ChannelManagementError)
 }
 
@@ -173,6 +178,82 @@ public struct ChannelBinding: Sendable, Equatable {
         self.storagePolicy = storagePolicy
         self.bundleID = bundleID
         self.active = active
+    }
+}
+
+/// Whether a broadcast channel can be used with the tenant's APNs credential as it is now: the one home of that rule,
+/// for the worker's starts and broadcasts and the API's channel deletes.
+///
+/// A channel lives at Apple in the app (bundle ID) and APNs environment of the credential it was created with, and
+/// Apple knows its ID there only. Once the credential names another app or environment:
+/// - a push-to-start may not subscribe a new activity to it: an activity of another app, or of the other
+///   environment's build, could never subscribe, and would start with no update reaching it. The start fails with
+///   `failureReason`;
+/// - its broadcasts and its delete still go to the channel's own app and environment, signed with the credential's
+///   key. A team key signs for every app and both environments; a key limited to one environment or topic is refused
+///   there (403), which says nothing of its use for its own app and environment. Such a refusal fails that request
+///   alone (`judged`) and never marks the credential broken.
+public enum ChannelReach: String, Sendable, Equatable, CaseIterable {
+    /// The credential's app and environment are the channel's.
+    case reachable
+    /// The channel belongs to another app (bundle ID) than the credential's.
+    case otherApp = "channel_other_app"
+    /// The channel lives in the other APNs environment than the credential's.
+    case otherEnvironment = "channel_other_environment"
+
+    /// A channel of `channelBundleID` in `channelEnvironment`, under a credential of `credentialBundleID` in
+    /// `credentialEnvironment` (the app is named first when both differ).
+    public init(
+        channelBundleID: String, channelEnvironment: String, credentialBundleID: String, credentialEnvironment: String
+    ) {
+        if channelBundleID != credentialBundleID {
+            self = .otherApp
+        } else if channelEnvironment != credentialEnvironment {
+            self = .otherEnvironment
+        } else {
+            self = .reachable
+        }
+    }
+
+    /// What a start subscribing to the channel fails with (and a refused broadcast), nil when the channel is
+    /// reachable.
+    public var failureReason: String? { self == .reachable ? nil : rawValue }
+
+    /// A broadcast's outcome on a channel this far from the credential: Apple's 403 refusing the key (any reason but
+    /// `ExpiredProviderToken`, which `APNsOutcome` has the token refreshed for) on a channel out of reach fails the
+    /// broadcast with `failureReason` instead of breaking the credential.
+    public func judged(_ outcome: SendOutcome) -> SendOutcome {
+        guard let failureReason, outcome.httpStatus == 403, case .credentialBroken = outcome.decision else {
+            return outcome
+        }
+        return SendOutcome(.fail(reason: failureReason), httpStatus: 403)
+    }
+
+    /// A channel management refusal on a channel this far from the credential: Apple's 403 refusing the key (any
+    /// reason but `ExpiredProviderToken`) on a channel out of reach is `outOfReach`.
+    public func judged(_ error: ChannelManagementError) -> ChannelManagementError {
+        guard self != .reachable, case .refused(403, let reason) = error.code, reason != "ExpiredProviderToken" else {
+            return error
+        }
+        return ChannelManagementError(.outOfReach(self, reason: reason))
+    }
+}
+
+extension ChannelBinding {
+    /// The channel's reach with a credential of `bundleID` in `environment`.
+    public func reach(bundleID: String, environment: String) -> ChannelReach {
+        ChannelReach(
+            channelBundleID: self.bundleID, channelEnvironment: self.environment, credentialBundleID: bundleID,
+            credentialEnvironment: environment)
+    }
+}
+
+extension ChannelAddress {
+    /// The channel's reach with a credential of `bundleID` in `environment`.
+    public func reach(bundleID: String, environment: String) -> ChannelReach {
+        ChannelReach(
+            channelBundleID: self.bundleID, channelEnvironment: self.environment, credentialBundleID: bundleID,
+            credentialEnvironment: environment)
     }
 }
 

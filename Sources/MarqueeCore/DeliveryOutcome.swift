@@ -257,11 +257,11 @@ public struct RetryPolicy: Sendable, Equatable {
 /// else is `other`.
 public enum DeliveryReason {
     /// Reasons the worker gives itself (not a provider's words).
-    public static let workerReasons: Set<String> = [
+    public static let workerReasons = Set([
         "deadline", "shutdown", "instance_expired", "instance_ended", "credential_load", "no_apns_credentials",
-        "no_fcm_credentials", "channel_gone", "channel_other_environment", "transport_error", "endpoint_not_allowed",
+        "no_fcm_credentials", "channel_gone", "transport_error", "endpoint_not_allowed",
         "provider token refresh loop", "token refresh loop", "unreadable", "oauth_rejected", "oauth_unavailable",
-    ]
+    ]).union(ChannelReach.allCases.compactMap(\.failureReason))
 
     /// The label for any reason: nil gives "" (no reason).
     public static func metricLabel(_ reason: String?) -> String {

@@ -296,11 +296,17 @@ public final class APNsChannelManager: BroadcastChannelManaging {
         return ChannelAddress(apnsChannelID: id, bundleID: info.bundleID, environment: info.environment)
     }
 
+    /// Deletes at the channel's own app and environment with the credential's key; a refusal of that key for a
+    /// channel out of the credential's reach is `outOfReach` (`ChannelReach.judged`).
     public func delete(tenant: UUID, _ channel: ChannelAddress) async throws(ChannelManagementError) {
         let (info, tokens) = try await credential(tenant)
         let target = try Self.target(
             environment: channel.environment, info: info, bundleID: channel.bundleID, tokens: tokens)
-        try await client.delete(target, channelID: channel.apnsChannelID)
+        do {
+            try await client.delete(target, channelID: channel.apnsChannelID)
+        } catch {
+            throw channel.reach(bundleID: info.bundleID, environment: info.environment).judged(error)
+        }
     }
 
     /// The management target for a channel of `environment` and `bundleID`. An override written around the API

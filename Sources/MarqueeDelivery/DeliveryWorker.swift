@@ -768,14 +768,15 @@ public final class DeliveryWorker: Sendable {
                 return (retry(d, reason: "credential_load", retryAfter: nil), nil, nil)
             }
             // A start of a channel-backed instance subscribes the new activity to the channel, on iPhones that can.
-            // The channel is known at Apple in the environment it was created in only: a start sent in the other
-            // one (the credential has moved since) could never be subscribed, and would leave an activity no
-            // update reaches.
+            // The channel is known at Apple for the app and in the environment it was created in only: a start sent
+            // for another (the credential has moved since) could never be subscribed, and would leave an activity no
+            // update reaches (`ChannelReach`).
             if d.tokenKind == .pushToStart, let channel = d.channel, channel.active,
                 BroadcastSupport.supportsChannels(osVersion: d.deviceOSVersion)
             {
-                guard channel.environment == target.environment else {
-                    return (result(d, .failed, reason: "channel_other_environment"), nil, nil)
+                if let reason = channel.reach(bundleID: target.bundleID, environment: target.environment).failureReason
+                {
+                    return (result(d, .failed, reason: reason), nil, nil)
                 }
                 content.inputPushChannel = channel.apnsChannelID
             }
@@ -793,10 +794,15 @@ public final class DeliveryWorker: Sendable {
                 if channel.storagePolicy == .none { push.expiration = 0 }
             }
             credentialUpdatedAt = target.updatedAt
-            // A broadcast goes to its channel's environment, whatever the credential's is now.
-            outcome = await apns.send(
+            // A broadcast goes to its channel's environment, whatever the credential's is now; a key refused there
+            // fails the broadcast alone when the channel is out of the credential's reach (`ChannelReach.judged`).
+            let sent = await apns.send(
                 push, to: target.target(environment: d.tokenKind == .channel ? d.channel?.environment : nil),
                 by: sendBy)
+            outcome =
+                d.tokenKind == .channel
+                ? d.channel?.reach(bundleID: target.bundleID, environment: target.environment).judged(sent) ?? sent
+                : sent
         case .fcm:
             let tokens: FCMAccessTokens
             do {
@@ -1086,7 +1092,8 @@ final class CredentialCache: Sendable {
         var loadedAt: Date
 
         /// Where a push for something of `environment` goes (nil: the credential's). A broadcast channel lives in
-        /// the environment it was created in, and Apple knows its ID there only; one key signs for both.
+        /// the environment it was created in, and Apple knows its ID there only; a team key signs for both (one
+        /// limited to an environment is refused there: `ChannelReach`).
         func target(environment: String?) -> APNsTarget {
             guard let environment, environment != self.environment else { return target }
             return Self.target(environment: environment, endpoint: endpoint, tokens: target.tokens)

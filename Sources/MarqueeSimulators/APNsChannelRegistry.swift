@@ -22,7 +22,8 @@ import Synchronization
 /// `apns-channel-id`, `apns-push-type: liveactivity`, `apns-priority`, `apns-expiration` (0 on a channel that stores
 /// nothing, or 400 BadExpirationDate) and an update or end payload → 200 with `apns-request-id` and
 /// `apns-unique-id`; an unknown channel → 404 ChannelNotRegistered. Accepted broadcasts are recorded under their
-/// channel ID (`/_sim/pushes?token=<channel ID>`), with `"broadcast": true`.
+/// channel ID (`/_sim/pushes?token=<channel ID>`), with `"broadcast": true`. Fault rules match a broadcast with its
+/// channel ID as the token (after Apple's checks), answering the action's status and reason.
 ///
 /// Inspection: `GET /_sim/channels` → `{"limit": N, "limits": {...}, "channels": {"<bundle>": N}}`;
 /// `POST /_sim/channels` `{"limit": N, "bundle_id"?: "…"}` sets the limit (for one bundle when named).
@@ -44,9 +45,9 @@ final class APNsChannelRegistry: Sendable {
     private let state = Mutex(State())
 
     /// The answer for a channel management or `/_sim/channels` request; nil for any other path.
-    func answer(_ request: HTTP2ServerRequest, validator: APNsValidator, recorder: Recorder, now: Date)
-        -> HTTP2ServerResponse?
-    {
+    func answer(
+        _ request: HTTP2ServerRequest, validator: APNsValidator, recorder: Recorder, faults: FaultInjector, now: Date
+    ) -> HTTP2ServerResponse? {
         // Cheap on the push path (`/3/device/…`), which this is called for too.
         guard
             request.path.hasPrefix(Self.managementPrefix) || request.path.hasPrefix(Self.broadcastPrefix)
@@ -64,7 +65,7 @@ final class APNsChannelRegistry: Sendable {
                     throw APNsRejection(404, "BadPath", "the path must be /4/broadcasts/apps/<bundle ID>")
                 }
                 let uniqueID = try broadcast(
-                    request, bundleID: bundleID, validator: validator, recorder: recorder, now: now)
+                    request, bundleID: bundleID, validator: validator, recorder: recorder, faults: faults, now: now)
                 return HTTP2ServerResponse(
                     status: 200, headers: [("apns-request-id", Self.echo(requestID)), ("apns-unique-id", uniqueID)])
             } catch {
@@ -179,7 +180,8 @@ final class APNsChannelRegistry: Sendable {
 
     /// Checks a broadcast in Apple's order and records it; returns its `apns-unique-id`.
     private func broadcast(
-        _ request: HTTP2ServerRequest, bundleID: String, validator: APNsValidator, recorder: Recorder, now: Date
+        _ request: HTTP2ServerRequest, bundleID: String, validator: APNsValidator, recorder: Recorder,
+        faults: FaultInjector, now: Date
     ) throws(APNsRejection) -> String {
         guard request.method == "POST" else {
             throw APNsRejection(405, "MethodNotAllowed", "the method must be POST")
@@ -201,6 +203,11 @@ final class APNsChannelRegistry: Sendable {
         let payload = try APNsValidator.payload(request.body)
         guard let event = payload["aps"]?["event"]?.stringValue, event != "start" else {
             throw APNsRejection(400, "BadPayload", "a broadcast updates or ends activities: aps.event start")
+        }
+        // Fault rules match a broadcast by its channel ID, and answer at once.
+        if let rule = faults.decide(token: channelID), let (status, reason) = rule.action.apnsAnswer {
+            recorder.inject(rule.action)
+            throw APNsRejection(status, reason, "fault rule")
         }
         let uniqueID = SecureRandom.uuid().uuidString.lowercased()
         let requestID = request.header("apns-request-id")

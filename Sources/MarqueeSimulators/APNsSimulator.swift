@@ -195,7 +195,9 @@ final class APNsCore: Sendable {
     /// Answers a push on the connection's I/O thread: validation, the fault rules and the record take microseconds.
     /// A fault's latency and the control endpoints (`/_sim/pushes` may serialize 100,000 records) run in a task.
     func reply(_ request: HTTP2ServerRequest) -> HTTP2ServerReply {
-        if let answer = channels.answer(request, validator: validator, recorder: recorder, now: self.now()) {
+        if let answer = channels.answer(
+            request, validator: validator, recorder: recorder, faults: faults, now: self.now())
+        {
             return .now(answer)
         }
         if request.path.hasPrefix("/_sim/") { return .later { self.control(request) } }
@@ -248,8 +250,6 @@ final class APNsCore: Sendable {
 
     private func injected(_ rule: FaultRule, push: APNsAcceptedPush, now: Date) -> HTTP2ServerResponse {
         var headers = [("apns-id", push.apnsID)]
-        let reason: String
-        let status: Int
         switch rule.action {
         case .goAway:
             return .goAway(errorCode: .noError)
@@ -260,13 +260,10 @@ final class APNsCore: Sendable {
                 .object(["reason": .string("Unregistered"), "timestamp": rule.timestamp ?? .int(milliseconds)]),
                 headers: &headers)
             return HTTPText.json(410, body, headers: headers)
-        case .tooManyRequests: (status, reason) = (429, "TooManyRequests")
-        case .serviceUnavailable: (status, reason) = (503, "ServiceUnavailable")
-        case .internalError: (status, reason) = (500, "InternalServerError")
-        case .expireToken: (status, reason) = (403, "ExpiredProviderToken")
-        case .foreignToken: (status, reason) = (400, "DeviceTokenNotForTopic")
-        case .delay: (status, reason) = (500, "InternalServerError")  // not reached: delay is handled by the caller
+        default: break
         }
+        // `delay` is handled by the caller.
+        let (status, reason) = rule.action.apnsAnswer ?? (500, "InternalServerError")
         recorder.reject(reason: reason)
         if let retryAfter = rule.retryAfterSeconds, status == 429 || status == 503 {
             headers.append(("retry-after", String(retryAfter)))
@@ -309,6 +306,23 @@ final class APNsCore: Sendable {
             }
         default:
             return HTTPText.json(404, .object(["error": .string("unknown simulator endpoint")]))
+        }
+    }
+}
+
+extension FaultRule.Action {
+    /// The APNs status and reason of a failing action; nil for `goaway` and `delay`, which answer nothing of their
+    /// own.
+    var apnsAnswer: (status: Int, reason: String)? {
+        switch self {
+        case .goAway, .delay: nil
+        case .unregistered: (410, "Unregistered")
+        case .tooManyRequests: (429, "TooManyRequests")
+        case .serviceUnavailable: (503, "ServiceUnavailable")
+        case .internalError: (500, "InternalServerError")
+        case .expireToken: (403, "ExpiredProviderToken")
+        case .foreignToken: (400, "DeviceTokenNotForTopic")
+        case .forbidden: (403, "InvalidProviderToken")
         }
     }
 }

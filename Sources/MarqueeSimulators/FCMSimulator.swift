@@ -382,6 +382,9 @@ final class FCMCore: Sendable {
             rejection = FCMRejection(
                 403, "PERMISSION_DENIED", errorCode: "SENDER_ID_MISMATCH",
                 "the registration token belongs to another project")
+        case .forbidden:
+            rejection = FCMRejection(
+                403, "PERMISSION_DENIED", errorCode: nil, "the sender may not send to this project")
         case .tooManyRequests:
             rejection = FCMRejection(
                 429, "RESOURCE_EXHAUSTED", errorCode: "QUOTA_EXCEEDED", "the sending quota is exceeded")

@@ -19,7 +19,11 @@ import Synchronization
 /// FCM 429 QUOTA_EXCEEDED), `service_unavailable` or `unavailable` (503), `internal` or `internal_server_error`
 /// (500), `goaway` (GOAWAY on the connection; the stream counts as unprocessed), `expire_token` (FCM: the access
 /// token of the request expires now and the request gets 401), `foreign_token` (another app's token: APNs 400
-/// DeviceTokenNotForTopic / FCM 403 SENDER_ID_MISMATCH), `delay` (only `latency_ms`, then normal handling).
+/// DeviceTokenNotForTopic / FCM 403 SENDER_ID_MISMATCH), `forbidden` (the key refused: APNs 403 InvalidProviderToken
+/// / FCM 403 PERMISSION_DENIED), `delay` (only `latency_ms`, then normal handling).
+///
+/// APNs broadcasts match rules with their channel ID as the token; a matching rule answers with its action's status
+/// and reason at once (`goaway`, `delay`, latency and the hostile fields apply to device pushes only).
 ///
 /// Hostile answers, to test that a tenant's endpoint cannot hurt the worker: `retry_after_header` sends that text
 /// verbatim as `Retry-After` (any status; e.g. `"1e16"`, `"-1"`, `"NaN"`), `timestamp` replaces an APNs 410's
@@ -46,6 +50,9 @@ public struct FaultRule: Sendable, Hashable {
         /// The token belongs to another app: APNs 400 DeviceTokenNotForTopic; FCM 403 SENDER_ID_MISMATCH (another
         /// Firebase project's token).
         case foreignToken = "foreign_token"
+        /// The sender's key is refused for this request: APNs 403 InvalidProviderToken (as Apple answers a key
+        /// limited to another environment or topic, or revoked); FCM 403 PERMISSION_DENIED.
+        case forbidden
 
         /// Parses an action name, accepting the aliases listed on `FaultRule`.
         public init?(name: String) {

@@ -211,6 +211,106 @@ struct BroadcastInstanceTests {
                 == "active")
     }
 
+    /// Puts the tenant's APNs credential on `bundleID` (default: its own) in `environment`, signed with `key` (default:
+    /// the one the simulator knows).
+    static func moveCredential(
+        _ t: Tenant, bundleID: String? = nil, environment: String, key: ES256PrivateKey? = nil
+    ) async throws {
+        let moved = try await t.api.call(
+            "PUT", "/v1/credentials/apns", key: t.tenant.app,
+            json: [
+                "team_id": t.fixture.teamID, "key_id": t.fixture.keyID, "private_key": (key ?? t.fixture.key).pkcs8PEM,
+                "bundle_id": bundleID ?? t.bundleID, "environment": environment,
+                "management_endpoint": t.fixture.managementEndpoint, "endpoint": t.fixture.managementEndpoint,
+            ])
+        guard moved.status == 200 else { throw TestFailure("credential: \(moved.text)") }
+    }
+
+    @Test(
+        "a key Apple refuses for a channel of the other environment fails that broadcast alone: the credential stays in use"
+    )
+    func broadcastRefusedOutOfReach() async throws {
+        let t = try await ChannelTests.tenant()
+        let created = try await t.create("none")
+        let channel = try #require(try created.json().string("channel_id"))
+        let apnsChannel = try #require(try created.json().string("apns_channel_id"))
+        let live = Fake.id("live")
+        #expect(try await Self.start(t, person: Fake.id("nobody"), instance: live, channel: channel).status == 200)
+        // The app goes to production with a key Apple takes for production only: it refuses it for the sandbox
+        // channel's broadcasts (403 InvalidProviderToken).
+        try await Self.moveCredential(t, environment: "production")
+        t.fixture.simulator.setFaults([.init(tokenPrefix: apnsChannel, action: .forbidden)])
+        defer { t.fixture.simulator.setFaults([]) }
+        let worker = try t.fixture.worker()
+        defer { worker.signal(SIGKILL) }
+
+        #expect(try await Self.change(t, "update", live, home: 1).status == 200)
+        let broadcast = try await Self.settled(t, live, count: 1)
+        #expect(broadcast[0].string("status") == "failed", "\(broadcast)")
+        #expect(broadcast[0].string("reason") == "channel_other_environment")
+        let credential = try await t.api.call("GET", "/v1/credentials/apns", key: t.tenant.app).json()
+        #expect(credential.string("status") == "ok", "\(credential)")
+        // The tenant's other pushes go on.
+        let person = Fake.id("fan")
+        let (_, pushToStart) = try await Self.iphone(t, person: person, osVersion: "18.1")
+        let plain = Fake.id("plain")
+        #expect(try await Self.start(t, person: person, instance: plain, channel: nil).status == 200)
+        let start = try await Self.settled(t, plain, count: 1)
+        #expect(start[0].string("status") == "sent", "\(start)")
+        #expect(t.fixture.simulator.pushes(token: pushToStart).count == 1)
+        #expect(
+            try await t.api.call("GET", "/v1/channels/\(channel)", key: t.tenant.app).json().string("status")
+                == "active")
+    }
+
+    @Test("a start naming a channel of another app than the credential's fails with channel_other_app, nothing sent")
+    func channelOtherApp() async throws {
+        let t = try await ChannelTests.tenant()
+        let channel = try #require(try await t.create("none").json().string("channel_id"))
+        // The credential moves to another app of the team, in the same environment.
+        try await Self.moveCredential(t, bundleID: t.bundleID + ".next", environment: "sandbox")
+        let person = Fake.id("fan")
+        let (_, pushToStart) = try await Self.iphone(t, person: person, osVersion: "18.1")
+        let worker = try t.fixture.worker()
+        defer { worker.signal(SIGKILL) }
+
+        let instance = Fake.id("match")
+        #expect(try await Self.start(t, person: person, instance: instance, channel: channel).status == 200)
+        let starts = try await Self.settled(t, instance, count: 1)
+        #expect(starts[0].string("status") == "failed", "\(starts)")
+        #expect(starts[0].string("reason") == "channel_other_app")
+        #expect(t.fixture.simulator.pushes(token: pushToStart).isEmpty, "no activity that no update could reach")
+    }
+
+    @Test(
+        "a channel of the other environment that Apple refuses the credential's key for is deleted here only; one of its own environment is not"
+    )
+    func deleteOutOfReach() async throws {
+        let t = try await ChannelTests.tenant()
+        let sandbox = try await t.create("none").json()
+        let sandboxID = try #require(sandbox.string("channel_id"))
+        let sandboxAPNs = try #require(sandbox.string("apns_channel_id"))
+        try await Self.moveCredential(t, environment: "production")
+        let production = try #require(try await t.create("none").json().string("channel_id"))
+        #expect(try await t.fixture.channelsAtApple(t.bundleID) == 2)
+        // A key Apple (the simulator) refuses everywhere: for its own environment that is the key's fault.
+        try await Self.moveCredential(t, environment: "production", key: ES256PrivateKey.generate())
+        let own = try await t.api.call("DELETE", "/v1/channels/\(production)", key: t.tenant.app)
+        expectProblem(own, 502, "apns-refused")
+        #expect(try own.json().string("apns_reason") == "InvalidProviderToken")
+        #expect(try await t.api.call("GET", "/v1/channels/\(production)", key: t.tenant.app).status == 200)
+        // For the sandbox channel only a key of that environment could say: the record goes, the ID is logged.
+        let other = try await t.api.call("DELETE", "/v1/channels/\(sandboxID)", key: t.tenant.app)
+        #expect(other.status == 204, "\(other.text)")
+        expectProblem(try await t.api.call("GET", "/v1/channels/\(sandboxID)", key: t.tenant.app), 404, "not-found")
+        #expect(try await t.fixture.channelsAtApple(t.bundleID) == 2, "left at Apple")
+        try await eventually("the channel left at Apple is logged with its ID") {
+            t.fixture.serve.log.split(separator: "\n").contains {
+                $0.contains("channel deleted here only") && $0.contains(sandboxAPNs)
+            }
+        }
+    }
+
     @Test("an update planned while its channel backed the instance writes nothing if the channel went before its write")
     func channelGoneBeforeWrite() async throws {
         let t = try await ChannelTests.tenant()

@@ -70,6 +70,57 @@ struct DeliveryDecisionTests {
         #expect(decide(403, "BadCertificateEnvironment") == .credentialBroken(reason: "BadCertificateEnvironment"))
     }
 
+    @Test(
+        "a channel of another app or environment than the credential's: its starts fail, and a 403 on it fails that request alone"
+    )
+    func channelReach() {
+        func reach(_ bundle: String, _ environment: String) -> ChannelReach {
+            ChannelReach(
+                channelBundleID: bundle, channelEnvironment: environment, credentialBundleID: "com.a",
+                credentialEnvironment: "production")
+        }
+        #expect(reach("com.a", "production") == .reachable)
+        #expect(reach("com.a", "sandbox") == .otherEnvironment)
+        #expect(reach("com.b", "production") == .otherApp)
+        #expect(reach("com.b", "sandbox") == .otherApp, "the app first")
+        #expect(ChannelReach.reachable.failureReason == nil)
+        #expect(ChannelReach.otherEnvironment.failureReason == "channel_other_environment")
+        #expect(ChannelReach.otherApp.failureReason == "channel_other_app")
+
+        let refused = SendOutcome(decide(403, "InvalidProviderToken"), httpStatus: 403)
+        #expect(ChannelReach.reachable.judged(refused) == refused, "the credential's own: the key is broken")
+        #expect(
+            ChannelReach.otherEnvironment.judged(refused)
+                == SendOutcome(.fail(reason: "channel_other_environment"), httpStatus: 403))
+        #expect(
+            ChannelReach.otherApp.judged(refused) == SendOutcome(.fail(reason: "channel_other_app"), httpStatus: 403))
+        // Nothing else changes: an expired token is refreshed, a broken endpoint is the credential's.
+        for outcome in [
+            SendOutcome(decide(403, "ExpiredProviderToken"), httpStatus: 403),
+            SendOutcome(.credentialBroken(reason: "endpoint_not_allowed")),
+            SendOutcome(decide(404, "ChannelNotRegistered"), httpStatus: 404),
+            SendOutcome(decide(200, nil), httpStatus: 200),
+        ] {
+            #expect(ChannelReach.otherApp.judged(outcome) == outcome)
+        }
+
+        // Channel management: the same 403 is outOfReach, on a channel out of reach only.
+        let key = ChannelManagementError(.refused(status: 403, reason: "InvalidProviderToken"))
+        #expect(ChannelReach.reachable.judged(key) == key)
+        #expect(
+            ChannelReach.otherEnvironment.judged(key).code
+                == .outOfReach(.otherEnvironment, reason: "InvalidProviderToken"))
+        for error in [
+            ChannelManagementError(.refused(status: 403, reason: "ExpiredProviderToken")),
+            ChannelManagementError(.refused(status: 400, reason: "TopicDisallowed")),
+            ChannelManagementError(.unreachable(reason: "timeout")), ChannelManagementError(.channelNotFound),
+        ] {
+            #expect(ChannelReach.otherApp.judged(error) == error)
+        }
+        #expect(DeliveryReason.metricLabel("channel_other_app") == "channel_other_app")
+        #expect(DeliveryReason.metricLabel("channel_other_environment") == "channel_other_environment")
+    }
+
     @Test("other 4xx fail with the reason, including unknown reasons")
     func fail() {
         #expect(decide(400, "BadTopic") == .fail(reason: "BadTopic"))
