@@ -60,6 +60,17 @@ public final class APNsChannelClient: Sendable {
         self.logger = logger
     }
 
+    /// How `marquee serve` manages channels: one connection per pool (a create is one small request), 10 s per
+    /// request (the API's caller waits for it), answers up to 1 MiB (a list of 10,000 IDs), and as many pools as a
+    /// worker keeps (`ProviderClientConfiguration`'s default): one per management host and tenant key, and a pool with
+    /// a request in flight is never evicted, so a cap near the number of tenants managing channels at once would
+    /// answer the next tenant `apns-unreachable` (transport_error) until one finished.
+    public static func serving(caFile: String?, allowedHosts: ProviderHosts) -> Configuration {
+        Configuration(
+            caFile: caFile, connectionsPerHost: 1, requestTimeout: .seconds(10), allowedHosts: allowedHosts,
+            maxResponseBodySize: 1 << 20)
+    }
+
     /// Creates a live-activity channel; returns Apple's channel ID.
     public func create(_ target: APNsChannelTarget, storagePolicy: ChannelStoragePolicy)
         async throws(ChannelManagementError) -> String

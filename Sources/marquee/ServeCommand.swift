@@ -74,12 +74,10 @@ struct ServeCommand {
             trustedProxies = parsed
         }
 
-        // Broadcast channels are created and deleted at Apple synchronously, from this process. A channel list can be
-        // long (10,000 IDs per app), hence the larger answer cap.
+        // Broadcast channels are created and deleted at Apple synchronously, from this process.
         let channelClient = APNsChannelClient(
-            configuration: .init(
-                caFile: configuration.caFile, connectionsPerHost: 1, requestTimeout: .seconds(10),
-                allowedHosts: configuration.providerHosts, maxPools: 8, maxResponseBodySize: 1 << 20),
+            configuration: APNsChannelClient.serving(
+                caFile: configuration.caFile, allowedHosts: configuration.providerHosts),
             logger: logger)
         let channelManager = APNsChannelManager(
             client: channelClient,

@@ -110,6 +110,21 @@ struct ProviderConnectionsTests {
         await pools.shutdown()
     }
 
+    @Test("the API's channel client: tenants with keys of their own managing channels at once do not find it busy")
+    func channelClientPools() async throws {
+        let pools = ProviderConnections(
+            APNsChannelClient.serving(caFile: nil, allowedHosts: ProviderHosts("a.test")!), name: "test")
+        // Each tenant's request held (Apple slow to answer): every pool stays in use.
+        var keys: [String] = []
+        for tenant in 0..<32 {
+            let (_, key) = try await pools.lease(host: "a.test", port: 2195, identity: "TEAM\(tenant)/KEY\(tenant)")
+            keys.append(key)
+        }
+        #expect(pools.pools.count == 32)
+        for key in keys { pools.release(key) }
+        await pools.shutdown()
+    }
+
     @Test("transport failures reach tenants as a fixed vocabulary, never the peer's address or library text")
     func vocabulary() {
         func reason(_ code: HTTP2Error.Code) -> DeliveryDecision {
