@@ -102,9 +102,9 @@ struct ChannelRoutes: Sendable {
         let manager = try requireManager()
         do {
             try await manager.delete(tenant: tenant, Self.address(channel))
-        } catch  where error.code == .channelNotFound {
+        } catch let error as ChannelManagementError where error.code == .channelNotFound {
             // Apple no longer knows it (deleted there, or expired): nothing left to delete but the record.
-        } catch {
+        } catch let error as ChannelManagementError {
             // Apple refused the credential's key for a channel of another app or environment: only a key of the
             // channel's own could delete it there. The record goes; the channel's ID is logged for whoever has one.
             guard case .outOfReach(let reach, let reason) = error.code else { throw error }
@@ -198,6 +198,12 @@ extension Problems {
             return HTTPProblem(
                 status: 409, type: typeBase + "apns-credential-required", title: "APNs credential required",
                 detail: "Broadcast channels are managed at Apple with the tenant's APNs key: PUT /v1/credentials/apns.")
+        case .credentialUnusable:
+            return HTTPProblem(
+                status: 409, type: typeBase + "apns-credential-unusable", title: "APNs credential unusable",
+                detail:
+                    "The tenant's APNs key cannot be used by this server (APNs was not asked): upload it again with "
+                    + "PUT /v1/credentials/apns.")
         case .limitReached:
             return HTTPProblem(
                 status: 422, type: typeBase + "channel-limit-reached", title: "Channel limit reached",

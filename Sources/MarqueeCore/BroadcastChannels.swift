@@ -60,6 +60,9 @@ public struct ChannelManagementError: Error, Sendable, Equatable, CustomStringCo
     public enum Code: Sendable, Equatable {
         /// The tenant has no APNs credential.
         case noCredential
+        /// The tenant's APNs credential is stored but its key cannot be used here (it does not open with this
+        /// server's key ring, or is not an ES256 key): Apple was not asked.
+        case credentialUnusable
         /// Apple refuses more channels for this app and environment (`CannotCreateChannelConfig`).
         case limitReached
         /// Apple does not know the channel (`ChannelNotRegistered`, `BadChannelId`).
@@ -85,6 +88,7 @@ public struct ChannelManagementError: Error, Sendable, Equatable, CustomStringCo
     public var description: String {
         switch code {
         case .noCredential: "no APNs credential"
+        case .credentialUnusable: "the APNs key cannot be used"
         case .limitReached: "CannotCreateChannelConfig"
         case .channelNotFound: "channel not registered at APNs"
         case .refused(let status, let reason): "APNs refused (\(status)): \(reason)"
@@ -110,14 +114,15 @@ public struct ChannelAddress: Sendable, Equatable {
     }
 }
 
-/// Creates and deletes a tenant's broadcast channels at Apple (implemented over HTTP/2 by `MarqueeDelivery`).
+/// Creates and deletes a tenant's broadcast channels at Apple (implemented over HTTP/2 by `MarqueeDelivery`). Both
+/// throw `ChannelManagementError` for what Apple (or the tenant's credential) made of the request, and the store's own
+/// errors as they are (a database outage is not Apple's).
 public protocol BroadcastChannelManaging: Sendable {
     /// Creates a channel for the tenant's app in its credential's environment.
-    func create(tenant: UUID, storagePolicy: ChannelStoragePolicy) async throws(ChannelManagementError)
-        -> ChannelAddress
+    func create(tenant: UUID, storagePolicy: ChannelStoragePolicy) async throws -> ChannelAddress
     /// Deletes a channel at Apple; `channelNotFound` when Apple no longer knows it, `outOfReach` when Apple refused
     /// the credential's key for a channel of another app or environment.
-    func delete(tenant: UUID, _ channel: ChannelAddress) async throws(ChannelManagementError)
+    func delete(tenant: UUID, _ channel: ChannelAddress) async throws
 }
 
 /// A broadcast channel as recorded (migration 0030).

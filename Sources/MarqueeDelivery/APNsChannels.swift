@@ -298,20 +298,18 @@ public final class APNsChannelManager: BroadcastChannelManaging {
         self.logger = logger
     }
 
-    public func create(tenant: UUID, storagePolicy: ChannelStoragePolicy) async throws(ChannelManagementError)
-        -> ChannelAddress
-    {
+    public func create(tenant: UUID, storagePolicy: ChannelStoragePolicy) async throws -> ChannelAddress {
         let (info, tokens) = try await credential(tenant)
-        let target = try Self.target(environment: info.environment, info: info, bundleID: info.bundleID, tokens: tokens)
+        let target = Self.target(environment: info.environment, info: info, bundleID: info.bundleID, tokens: tokens)
         let id = try await client.create(target, storagePolicy: storagePolicy)
         return ChannelAddress(apnsChannelID: id, bundleID: info.bundleID, environment: info.environment)
     }
 
     /// Deletes at the channel's own app and environment with the credential's key; a refusal of that key for a
     /// channel out of the credential's reach is `outOfReach` (`ChannelReach.judged`).
-    public func delete(tenant: UUID, _ channel: ChannelAddress) async throws(ChannelManagementError) {
+    public func delete(tenant: UUID, _ channel: ChannelAddress) async throws {
         let (info, tokens) = try await credential(tenant)
-        let target = try Self.target(
+        let target = Self.target(
             environment: channel.environment, info: info, bundleID: channel.bundleID, tokens: tokens)
         do {
             try await client.delete(target, channelID: channel.apnsChannelID)
@@ -324,25 +322,19 @@ public final class APNsChannelManager: BroadcastChannelManaging {
     /// that does not parse gets no host: the connection layer refuses it as `endpoint_not_allowed`.
     static func target(
         environment: String, info: APNsCredentialInfo, bundleID: String, tokens: ProviderTokenCache
-    ) throws(ChannelManagementError) -> APNsChannelTarget {
+    ) -> APNsChannelTarget {
         let endpoint =
             APNsChannelTarget.endpoint(environment: environment, override: info.managementEndpoint)
             ?? (host: "", port: 0)
         return APNsChannelTarget(host: endpoint.host, port: endpoint.port, bundleID: bundleID, tokens: tokens)
     }
 
-    /// The tenant's credential and its token cache (kept while the credential's `updated_at` stays the same).
-    private func credential(_ tenant: UUID) async throws(ChannelManagementError)
-        -> (APNsCredentialInfo, ProviderTokenCache)
-    {
-        let row: (APNsCredentialInfo, sealed: [UInt8])?
-        do {
-            row = try await credentials.apnsCredential(tenant: tenant)
-        } catch {
-            logger?.error("reading the APNs credential failed", metadata: ["error": .string(String(reflecting: error))])
-            throw ChannelManagementError(.unreachable(reason: "database_error"))
+    /// The tenant's credential and its token cache (kept while the credential's `updated_at` stays the same). The
+    /// store's errors are thrown as they are (the API answers a database outage as such, not as Apple's).
+    private func credential(_ tenant: UUID) async throws -> (APNsCredentialInfo, ProviderTokenCache) {
+        guard let (info, sealed) = try await credentials.apnsCredential(tenant: tenant) else {
+            throw ChannelManagementError(.noCredential)
         }
-        guard let (info, sealed) = row else { throw ChannelManagementError(.noCredential) }
         if let cached = caches.withLock({ $0[tenant] }), cached.updatedAt == info.updatedAt {
             return (info, cached.tokens)
         }
@@ -352,8 +344,10 @@ public final class APNsChannelManager: BroadcastChannelManaging {
             caches.withLock { $0[tenant] = Entry(updatedAt: info.updatedAt, tokens: tokens) }
             return (info, tokens)
         } catch {
-            logger?.error("the APNs key cannot be used", metadata: ["tenant.id": .string(tenant.lowercasedString)])
-            throw ChannelManagementError(.refused(status: 0, reason: "credential_unusable"))
+            logger?.error(
+                "the APNs key cannot be used",
+                metadata: ["tenant.id": .string(tenant.lowercasedString), "error": .string(String(describing: error))])
+            throw ChannelManagementError(.credentialUnusable)
         }
     }
 }
