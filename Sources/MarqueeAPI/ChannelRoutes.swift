@@ -52,17 +52,11 @@ struct ChannelRoutes: Sendable {
             apnsChannelID: created.apnsChannelID, bundleID: created.bundleID, environment: created.environment,
             createdAt: now, updatedAt: now)
         let response = Self.render(channel)
-        let outcome: ChannelInsertOutcome
-        do {
-            outcome = try await store.insert(
-                tenant: tenant, channel,
-                idempotency: idempotencyKey.map {
-                    IdempotencyRecord(key: $0, requestHash: requestHash, status: 201, response: response)
-                })
-        } catch {
-            await undo(tenant, channel)
-            throw error
-        }
+        let outcome = try await record(
+            tenant, channel,
+            idempotency: idempotencyKey.map {
+                IdempotencyRecord(key: $0, requestHash: requestHash, status: 201, response: response)
+            })
         if outcome == .idempotencyKeyTaken {
             await undo(tenant, channel)
             let again = try await store.createContext(
@@ -129,13 +123,29 @@ struct ChannelRoutes: Sendable {
             id: ULIDGenerator.shared.next().uuid, activityType: activityType, storagePolicy: policy,
             apnsChannelID: created.apnsChannelID, bundleID: created.bundleID, environment: created.environment,
             createdAt: now, updatedAt: now)
+        _ = try await record(tenant, channel, idempotency: nil)
+        return channel
+    }
+
+    /// Records a channel just created at Apple. One that could not be recorded is deleted at Apple again, unless the
+    /// host answered the ID of a channel recorded already (then that channel is left alone, and the answer is 502
+    /// `invalid_channel_id`).
+    private func record(_ tenant: UUID, _ channel: ChannelRecord, idempotency: IdempotencyRecord?) async throws
+        -> ChannelInsertOutcome
+    {
+        let outcome: ChannelInsertOutcome
         do {
-            _ = try await store.insert(tenant: tenant, channel, idempotency: nil)
+            outcome = try await store.insert(tenant: tenant, channel, idempotency: idempotency)
         } catch {
             await undo(tenant, channel)
             throw error
         }
-        return channel
+        if outcome == .channelIDTaken {
+            logger.warning(
+                "APNs answered the ID of a channel recorded already", metadata: Self.metadata(tenant, channel))
+            throw ChannelManagementError(.refused(status: 0, reason: "invalid_channel_id"))
+        }
+        return outcome
     }
 
     /// Deletes a channel `open` made, here and at Apple, when what it was made for did not happen.

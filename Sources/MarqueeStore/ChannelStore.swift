@@ -14,6 +14,9 @@ public enum ChannelInsertOutcome: Sendable, Equatable {
     case inserted
     /// A concurrent request took the Idempotency-Key first: nothing was written; replay its answer.
     case idempotencyKeyTaken
+    /// The tenant has a channel with that `apns_channel_id` in that environment already: the management host
+    /// answered an ID it had given before. Nothing was written, and the ID is that channel's (not to be deleted).
+    case channelIDTaken
 }
 
 /// A tenant's broadcast channels.
@@ -41,6 +44,21 @@ public struct ChannelStore: Sendable {
 
     /// Records a channel Apple created, with the request's idempotency record when it has one (both or neither).
     public func insert(tenant: UUID, _ channel: ChannelRecord, idempotency: IdempotencyRecord?) async throws
+        -> ChannelInsertOutcome
+    {
+        do {
+            return try await insertRow(tenant: tenant, channel, idempotency: idempotency)
+        } catch let error as PostgresError
+            where error.code == .uniqueViolation && error.constraint == Self.apnsChannelIDConstraint
+        {
+            return .channelIDTaken
+        }
+    }
+
+    /// Migration 0030's `UNIQUE (tenant_id, environment, apns_channel_id)`.
+    static let apnsChannelIDConstraint = "channels_tenant_id_environment_apns_channel_id_key"
+
+    private func insertRow(tenant: UUID, _ channel: ChannelRecord, idempotency: IdempotencyRecord?) async throws
         -> ChannelInsertOutcome
     {
         var idem = IdempotencyColumns()

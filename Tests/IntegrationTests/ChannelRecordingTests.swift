@@ -11,13 +11,88 @@ import Testing
 
 @testable import MarqueeAPI
 
+/// A stand-in for Apple's channel management that answers the same channel ID to every create, as a confused or
+/// hostile management host might, and records what it is asked to delete.
+private final class RepeatingManager: BroadcastChannelManaging {
+    let bundleID: String
+    let channelID = Data(SecureRandom.bytes(24)).base64EncodedString()
+    private let deleted = Mutex<[String]>([])
+    var deletes: [String] { deleted.withLock { $0 } }
+
+    init(bundleID: String) { self.bundleID = bundleID }
+
+    func create(tenant: UUID, storagePolicy: ChannelStoragePolicy) async throws -> ChannelAddress {
+        ChannelAddress(apnsChannelID: channelID, bundleID: bundleID, environment: "sandbox")
+    }
+
+    func delete(tenant: UUID, _ channel: ChannelAddress) async throws {
+        deleted.withLock { $0.append(channel.apnsChannelID) }
+    }
+}
+
 /// The problem the API answers `error` with (nil: a 500).
 private func rendered(_ error: any Error) -> HTTPProblem? { problem(for: error) }
 
-/// Channel management in process, against the real database: what the API makes of a database it cannot reach, and of
-/// a key it cannot open.
+/// Recording channels in process, against the real database: what the API makes of a management host's repeated ID,
+/// of a database it cannot reach, and of a key it cannot open.
 @Suite("Channel recording (in process)")
 struct ChannelRecordingTests {
+    static func routes(_ databaseURL: String, manager: any BroadcastChannelManaging) throws -> (
+        ChannelRoutes, PostgresPool
+    ) {
+        let pool = PostgresPool(try PostgresConfiguration(url: databaseURL), options: .init(maxConnections: 2))
+        let database = TenantDatabase(pool: pool)
+        let authenticator = Authenticator(
+            tenants: TenantStore(database: database, keyRing: try SealingKeyRing.fromBase64(MarqueeProcess.masterKey)),
+            adminToken: nil, cacheTTL: .seconds(600))
+        let routes = ChannelRoutes(
+            authenticator: authenticator, store: ChannelStore(database: database), manager: manager,
+            logger: Logger(label: "test", level: .critical), now: { Date() })
+        return (routes, pool)
+    }
+
+    @Test("a channel ID the management host answered before is a 502 invalid_channel_id; the live channel is kept")
+    func repeatedChannelID() async throws {
+        let t = try await ChannelTests.tenant()
+        let manager = RepeatingManager(bundleID: t.bundleID)
+        let (routes, pool) = try Self.routes(t.fixture.databaseURL, manager: manager)
+        defer { pool.close() }
+        let first = try await routes.open(tenant: t.tenant.uuid, activityType: t.type, policy: .none)
+        #expect(first.apnsChannelID == manager.channelID)
+
+        // Through the route, with an Idempotency-Key, and as a campaign opens one.
+        let request = HTTPRequest(
+            method: .POST, target: "/v1/channels",
+            headers: ["Content-Type": "application/json", "Idempotency-Key": "dup-" + Fake.hex(8)],
+            body: Array(#"{"activity_type":"\#(t.type)","storage_policy":"none"}"#.utf8))
+        let principal = Principal(tenantID: t.tenant.uuid, keyID: UUID(), kind: .app)
+        for attempt in ["create", "open"] {
+            do {
+                if attempt == "create" {
+                    _ = try await routes.create(request, principal)
+                } else {
+                    _ = try await routes.open(tenant: t.tenant.uuid, activityType: t.type, policy: .none)
+                }
+                Issue.record("\(attempt): a repeated channel ID was recorded")
+            } catch {
+                let answer = try #require(rendered(error), "\(attempt): \(error)")
+                #expect(answer.status == 502, "\(attempt)")
+                #expect(answer.type == Problems.typeBase + "apns-refused", "\(attempt)")
+                #expect(answer.extensions["apns_reason"] == "invalid_channel_id", "\(attempt)")
+            }
+        }
+        #expect(manager.deletes.isEmpty, "the ID is the recorded channel's: never deleted at Apple")
+        let listed = try await t.api.call("GET", "/v1/channels", key: t.tenant.app).json()
+        #expect(listed.array("data").compactMap { $0.string("channel_id") } == [ULID(uuid: first.id).description])
+        // Nothing was stored for the Idempotency-Key: a retry asks Apple again.
+        do {
+            _ = try await routes.create(request, principal)
+            Issue.record("the retry was answered from a stored record")
+        } catch {
+            #expect(rendered(error)?.status == 502)
+        }
+    }
+
     @Test(
         "channel management without the database is 503 database-unavailable; with a key that will not open, 409 apns-credential-unusable"
     )
