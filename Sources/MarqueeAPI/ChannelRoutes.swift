@@ -8,9 +8,9 @@ import Observability
 /// `/v1/channels` (app key): iOS 18 broadcast channels, created and deleted at Apple synchronously.
 ///
 /// A create asks Apple first and records the channel after; if recording fails (or a concurrent request with the same
-/// Idempotency-Key won), the channel just created at Apple is deleted again. A delete asks Apple first; a channel Apple
-/// no longer knows, or one of another app or environment than the credential's that Apple refuses the credential's
-/// key for (`ChannelReach`), is still deleted here.
+/// Idempotency-Key won), the channel just created at Apple is deleted again (logged with its ID when that fails). A
+/// delete asks Apple first; a channel Apple no longer knows, or one of another app or environment than the
+/// credential's that Apple refuses the credential's key for (`ChannelReach`), is still deleted here.
 struct ChannelRoutes: Sendable {
     let authenticator: Authenticator
     let store: ChannelStore
@@ -163,9 +163,18 @@ struct ChannelRoutes: Sendable {
         return manager
     }
 
-    /// Deletes a channel that was created at Apple but not recorded (best effort; logged by the manager).
+    /// Deletes a channel that was created at Apple but not recorded (best effort). One left at Apple is logged with
+    /// its ID, so that it can be deleted by hand (Apple keeps at most 10,000 per app and environment).
     private func undo(_ tenant: UUID, _ channel: ChannelRecord) async {
-        try? await manager?.delete(tenant: tenant, Self.address(channel))
+        do {
+            try await manager?.delete(tenant: tenant, Self.address(channel))
+        } catch {
+            logger.warning(
+                "a channel created at APNs but not recorded could not be deleted there",
+                metadata: Self.metadata(tenant, channel).merging(["error": .string(String(describing: error))]) {
+                    _, new in new
+                })
+        }
     }
 
     /// What a log line about a channel names: its tenant, Apple's channel ID (not a secret: it only addresses

@@ -71,7 +71,9 @@ public final class APNsChannelClient: Sendable {
             maxResponseBodySize: 1 << 20)
     }
 
-    /// Creates a live-activity channel; returns Apple's channel ID.
+    /// Creates a live-activity channel; returns Apple's channel ID. A channel created with an ID that fails
+    /// `ChannelLimits.channelID` is deleted again when its ID can be sent back (`strayChannelID`), as nothing records
+    /// it.
     public func create(_ target: APNsChannelTarget, storagePolicy: ChannelStoragePolicy)
         async throws(ChannelManagementError) -> String
     {
@@ -79,7 +81,23 @@ public final class APNsChannelClient: Sendable {
             Self.createRequest(
                 bundleID: target.bundleID, storagePolicy: storagePolicy, providerToken: token, requestID: requestID)
         }
-        return try Self.created(response)
+        do {
+            return try Self.created(response)
+        } catch {
+            if let stray = Self.strayChannelID(response) {
+                do {
+                    try await delete(target, channelID: stray)
+                } catch let failure {
+                    logger?.warning(
+                        "a channel created at APNs with an unusable ID could not be deleted there",
+                        metadata: [
+                            "apns.bundle_id": .string(target.bundleID), "apns.channel_id": .string(stray),
+                            "error": .string(failure.description),
+                        ])
+                }
+            }
+            throw error
+        }
     }
 
     /// Reads one channel.
@@ -127,7 +145,7 @@ public final class APNsChannelClient: Sendable {
                 let request = build(token, requestID)
                 let response = try await connections.send(
                     request, host: target.host, port: target.port, identity: target.tokens.connectionIdentity)
-                log(operation, target, requestID: requestID, response: response)
+                log(operation, target, request: request, requestID: requestID, response: response)
                 if response.status == 403, Self.reason(response) == "ExpiredProviderToken", attempt == 0,
                     let replacement = try target.tokens.refresh(rejected: token)
                 {
@@ -153,11 +171,22 @@ public final class APNsChannelClient: Sendable {
         }
     }
 
-    private func log(_ operation: String, _ target: APNsChannelTarget, requestID: UUID, response: HTTP2Response) {
+    private func log(
+        _ operation: String, _ target: APNsChannelTarget, request: HTTP2Request, requestID: UUID,
+        response: HTTP2Response
+    ) {
         var metadata: LogMetadata = [
             "apns.operation": .string("channel." + operation), "apns.request_id": .string(requestID.lowercasedString),
             "apns.bundle_id": .string(target.bundleID), "http.status": .int(response.status),
         ]
+        // The channel: the one asked about, or the one a create made (only when it is an ID: it is the host's text).
+        // Not a secret (broadcasts on it need the app's key), and what an operator needs to find a channel left at
+        // Apple.
+        if let channelID = request.headers.first(where: { $0.0 == "apns-channel-id" })?.1
+            ?? ChannelLimits.channelID(response.header("apns-channel-id"))
+        {
+            metadata["apns.channel_id"] = .string(channelID)
+        }
         // The echoed ID only when it is a UUID (it is the host's text).
         if let echoed = response.header("apns-request-id"), UUID(text: echoed) != nil,
             echoed.lowercased() != requestID.lowercasedString
@@ -240,6 +269,16 @@ public final class APNsChannelClient: Sendable {
         guard let id = ChannelLimits.channelID(response.header("apns-channel-id")) else {
             throw ChannelManagementError(.refused(status: response.status, reason: "invalid_channel_id"))
         }
+        return id
+    }
+
+    /// The `apns-channel-id` of a successful create answer that `created` refused but that can be sent back in a
+    /// delete (1 to 8,192 visible ASCII characters); nil otherwise.
+    static func strayChannelID(_ response: HTTP2Response) -> String? {
+        guard response.status == 201 || response.status == 200, let id = response.header("apns-channel-id"),
+            ChannelLimits.channelID(id) == nil, (1...8192).contains(id.utf8.count),
+            id.utf8.allSatisfy({ (0x21...0x7E).contains($0) })
+        else { return nil }
         return id
     }
 

@@ -11,22 +11,38 @@ import Testing
 
 @testable import MarqueeAPI
 
-/// A stand-in for Apple's channel management that answers the same channel ID to every create, as a confused or
-/// hostile management host might, and records what it is asked to delete.
+/// A stand-in for Apple's channel management that answers the same channel ID (in `environment`) to every create,
+/// as a confused or hostile management host might, and records what it is asked to delete (refusing it when told).
 private final class RepeatingManager: BroadcastChannelManaging {
     let bundleID: String
+    let environment: String
+    let refusesDeletes: Bool
     let channelID = Data(SecureRandom.bytes(24)).base64EncodedString()
     private let deleted = Mutex<[String]>([])
     var deletes: [String] { deleted.withLock { $0 } }
 
-    init(bundleID: String) { self.bundleID = bundleID }
+    init(bundleID: String, environment: String = "sandbox", refusesDeletes: Bool = false) {
+        self.bundleID = bundleID
+        self.environment = environment
+        self.refusesDeletes = refusesDeletes
+    }
 
     func create(tenant: UUID, storagePolicy: ChannelStoragePolicy) async throws -> ChannelAddress {
-        ChannelAddress(apnsChannelID: channelID, bundleID: bundleID, environment: "sandbox")
+        ChannelAddress(apnsChannelID: channelID, bundleID: bundleID, environment: environment)
     }
 
     func delete(tenant: UUID, _ channel: ChannelAddress) async throws {
         deleted.withLock { $0.append(channel.apnsChannelID) }
+        if refusesDeletes { throw ChannelManagementError(.unreachable(reason: "timeout")) }
+    }
+}
+
+/// Log lines, kept.
+private final class Lines: Sendable {
+    private let lines = Mutex<[String]>([])
+    var all: [String] { lines.withLock { $0 } }
+    var logger: Logger {
+        Logger(label: "test", level: .info, sink: LogSink { line in self.lines.withLock { $0.append(line) } })
     }
 }
 
@@ -37,9 +53,10 @@ private func rendered(_ error: any Error) -> HTTPProblem? { problem(for: error) 
 /// of a database it cannot reach, and of a key it cannot open.
 @Suite("Channel recording (in process)")
 struct ChannelRecordingTests {
-    static func routes(_ databaseURL: String, manager: any BroadcastChannelManaging) throws -> (
-        ChannelRoutes, PostgresPool
-    ) {
+    static func routes(
+        _ databaseURL: String, manager: any BroadcastChannelManaging,
+        logger: Logger = Logger(label: "test", level: .critical)
+    ) throws -> (ChannelRoutes, PostgresPool) {
         let pool = PostgresPool(try PostgresConfiguration(url: databaseURL), options: .init(maxConnections: 2))
         let database = TenantDatabase(pool: pool)
         let authenticator = Authenticator(
@@ -47,7 +64,7 @@ struct ChannelRecordingTests {
             adminToken: nil, cacheTTL: .seconds(600))
         let routes = ChannelRoutes(
             authenticator: authenticator, store: ChannelStore(database: database), manager: manager,
-            logger: Logger(label: "test", level: .critical), now: { Date() })
+            logger: logger, now: { Date() })
         return (routes, pool)
     }
 
@@ -91,6 +108,24 @@ struct ChannelRecordingTests {
         } catch {
             #expect(rendered(error)?.status == 502)
         }
+    }
+
+    @Test("a channel created at Apple that could not be recorded nor deleted again is logged with its ID")
+    func undoLogged() async throws {
+        let t = try await ChannelTests.tenant()
+        // An environment the table refuses: recording fails after Apple created the channel.
+        let manager = RepeatingManager(bundleID: t.bundleID, environment: "staging", refusesDeletes: true)
+        let lines = Lines()
+        let (routes, pool) = try Self.routes(t.fixture.databaseURL, manager: manager, logger: lines.logger)
+        defer { pool.close() }
+        await #expect(throws: PostgresError.self) {
+            _ = try await routes.open(tenant: t.tenant.uuid, activityType: t.type, policy: .none)
+        }
+        #expect(manager.deletes == [manager.channelID], "deleted again")
+        let logged = lines.all.filter { $0.contains("could not be deleted there") }
+        #expect(logged.count == 1, "\(lines.all)")
+        #expect(logged.first?.contains(manager.channelID) == true)
+        #expect(logged.first?.contains(t.bundleID) == true)
     }
 
     @Test(
