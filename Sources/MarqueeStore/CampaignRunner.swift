@@ -411,8 +411,8 @@ public struct CampaignRunner: Sendable {
                   -- The sample's length once (an InitPlan): in a generic plan the parameter would be written out
                   -- as text again for every row.
                   AND octet_length(attrs::text) - (SELECT octet_length(\(sample)::jsonb::text)) <= \(headroom)
-            ), t AS MATERIALIZED (
-                SELECT ok.instance_id, d.token AS device_token, d.platform, s.token AS pts
+            ), planned AS MATERIALIZED (
+                SELECT ok.instance_id, ok.person_id, d.token AS device_token, d.platform, s.token AS pts
                 FROM ok
                 CROSS JOIN LATERAL (
                     SELECT d.token, d.platform FROM devices d
@@ -426,18 +426,27 @@ public struct CampaignRunner: Sendable {
                 ) s ON true
                 WHERE (\(platform)::text IS NULL OR d.platform = \(platform)::text)
                   AND (d.platform = 'android' OR s.token IS NOT NULL)
+            ), t AS MATERIALIZED (
+                -- The planned targets still there, and still their person's, held until the commit
+                -- (marquee_held_start_targets, migration 0109: the one home of the rule, with the single start's
+                -- write). A device removed while the step ran (a logout, a worker's delete of one FCM calls
+                -- unregistered) gets no start: the removal waits for this step's commit and then takes its pushes,
+                -- or this step waits for the removal and leaves the device out (of instance_devices too, whose
+                -- reference to it would fail the step, and with it the campaign); a push-to-start token retired
+                -- meanwhile gets none either.
+                SELECT p.* FROM (
+                    SELECT array_agg(device_token) AS devices,
+                           array_agg(CASE WHEN platform = 'ios' THEN pts END) AS tokens,
+                           array_agg(\(activityType)::text) AS types
+                    FROM planned
+                ) a
+                CROSS JOIN LATERAL marquee_held_start_targets(\(tenant), a.devices, a.tokens, a.types) h
+                JOIN planned p
+                  ON p.device_token = h.device_token AND p.person_id = h.person_id
+                 AND h.token IS NOT DISTINCT FROM CASE WHEN p.platform = 'ios' THEN p.pts END
             ), targeted AS (
                 -- Joined, never probed per row: a CTE has no index.
                 SELECT DISTINCT instance_id FROM t
-            ), live AS (
-                -- The step's Android devices still there, held until the commit (a worker deletes a device FCM calls
-                -- unregistered, a person's erasure their devices): one deleted while the step ran is left out of
-                -- instance_devices instead of failing the step, and with it the campaign, on the reference to it.
-                SELECT a.device_token FROM (SELECT DISTINCT device_token FROM t WHERE platform = 'android') a
-                CROSS JOIN LATERAL (
-                    SELECT 1 FROM devices dv WHERE dv.tenant_id = \(tenant) AND dv.token = a.device_token
-                    OFFSET 0 FOR KEY SHARE
-                ) held
             ), ins AS (
                 INSERT INTO instances (tenant_id, id, activity_type, person_id, person_email, state, failure_reason,
                                        attributes, content_state, options, version, content_timestamp,
@@ -466,7 +475,7 @@ public struct CampaignRunner: Sendable {
             ), devs AS (
                 INSERT INTO instance_devices (tenant_id, instance_id, device_token, state, state_at)
                 SELECT \(tenant), t.instance_id, t.device_token, 'started', '-infinity'
-                FROM t JOIN ins ON ins.id = t.instance_id JOIN live ON live.device_token = t.device_token
+                FROM t JOIN ins ON ins.id = t.instance_id
                 WHERE t.platform = 'android'
                 ON CONFLICT DO NOTHING
                 RETURNING 1

@@ -277,33 +277,23 @@ extension StartWrite: SetWrite {
                                                AND dv.token = ANY(ARRAY(SELECT device_token FROM planned
                                                                         UNION SELECT device_token FROM android))))
                 FOR KEY SHARE
-            ), live AS (
-                -- The planned devices still there, with their owners, held until the commit (a worker deletes a
-                -- device FCM calls unregistered; an erasure, its person's): one deleted since the start was planned
-                -- gets no push, and no row in instance_devices (whose reference to it would fail the statement). Read
-                -- once the people are held (the condition is a one-time filter): the erasure takes a person, then
-                -- devices.
-                SELECT dv.token, dv.person_id FROM devices dv
-                WHERE dv.tenant_id = \(tenant)
-                  AND dv.token = ANY(ARRAY(SELECT device_token FROM planned UNION SELECT device_token FROM android))
-                  AND (SELECT count(*) FROM who) >= 0
-                FOR KEY SHARE
-            ), tokens AS (
-                -- The planned push-to-start tokens still active, held until the commit. FOR SHARE, so that a token
-                -- retired meanwhile is seen even by a start that waited for its device's lock (a registration holds
-                -- the device, then retires its old token; a worker retires one APNs called dead): the retirement
-                -- waits for this start, or this start waits for it and finds the token retired. After the devices,
-                -- as every writer of tokens takes them (the condition is a one-time filter).
-                SELECT t.device_token, t.token
-                FROM (SELECT DISTINCT d.device_token, d.token, r.activity_type
-                      FROM planned d JOIN req r ON r.i = d.i WHERE d.token_kind = 'push_to_start') p
-                CROSS JOIN LATERAL (
-                    SELECT t.device_token, t.token FROM push_to_start_tokens t
-                    WHERE t.tenant_id = \(tenant) AND t.device_token = p.device_token
-                      AND t.activity_type = p.activity_type AND t.token = p.token AND t.status = 'active'
-                    OFFSET 0 FOR SHARE
-                ) t
-                WHERE (SELECT count(*) FROM live) >= 0
+            ), held AS MATERIALIZED (
+                -- The planned targets still there, with their devices' owners now, held until the commit
+                -- (marquee_held_start_targets, migration 0109: the one home of the rule, which a campaign's start
+                -- steps follow too): a device deleted since the start was planned (a worker deletes one FCM calls
+                -- unregistered; an erasure, its person's) gets no push, and no row in instance_devices (whose reference
+                -- to it would fail the statement); a push-to-start token retired meanwhile is seen. Read once the
+                -- people are held (the condition is a one-time filter): the erasure takes a person, then devices.
+                SELECT h.device_token, h.person_id, h.token
+                FROM (SELECT array_agg(x.device_token) AS devices, array_agg(x.token) AS tokens,
+                             array_agg(x.activity_type) AS types
+                      FROM (SELECT d.device_token, CASE WHEN d.token_kind = 'push_to_start' THEN d.token END AS token,
+                                   r.activity_type
+                            FROM planned d JOIN req r ON r.i = d.i
+                            UNION ALL
+                            SELECT a.device_token, NULL, NULL FROM android a) x) a
+                CROSS JOIN LATERAL marquee_held_start_targets(\(tenant), a.devices, a.tokens, a.types) h
+                WHERE (SELECT count(*) FROM who) >= 0
             ), idem AS (
                 \(unsafeRaw: IdempotencyColumns.write(response: "r.idem_response"))
             ), ins AS (
@@ -325,14 +315,14 @@ extension StartWrite: SetWrite {
                        r.attributes, r.content_state, r.options, r.content_timestamp
                 FROM planned d
                 JOIN req r ON r.i = d.i
-                WHERE r.instance_id IN (SELECT id FROM ins) AND d.device_token IN (SELECT token FROM live)
+                WHERE r.instance_id IN (SELECT id FROM ins) AND d.device_token IN (SELECT device_token FROM held)
                 RETURNING instance_id
             ), devs AS (
                 INSERT INTO instance_devices (tenant_id, instance_id, device_token, state, state_at)
                 SELECT \(tenant), r.instance_id, a.device_token, 'started', '-infinity'
                 FROM android a
                 JOIN req r ON r.i = a.i
-                WHERE r.instance_id IN (SELECT id FROM ins) AND a.device_token IN (SELECT token FROM live)
+                WHERE r.instance_id IN (SELECT id FROM ins) AND a.device_token IN (SELECT device_token FROM held)
                 ON CONFLICT DO NOTHING
                 RETURNING 1
             ), queued AS (
@@ -351,20 +341,18 @@ extension StartWrite: SetWrite {
                    CASE WHEN r.instance_id IN (SELECT id FROM ins)
                              AND EXISTS (SELECT 1 FROM planned d
                                          WHERE d.i = r.i
-                                           AND (NOT EXISTS (SELECT 1 FROM live l
-                                                            WHERE l.token = d.device_token
-                                                              AND l.person_id = r.person_id)
-                                                OR (d.token_kind = 'push_to_start'
-                                                    AND NOT EXISTS (SELECT 1 FROM tokens t
-                                                                    WHERE t.device_token = d.device_token
-                                                                      AND t.token = d.token))))
+                                           AND NOT EXISTS (
+                                               SELECT 1 FROM held h
+                                               WHERE h.device_token = d.device_token AND h.person_id = r.person_id
+                                                 AND h.token IS NOT DISTINCT FROM
+                                                     CASE WHEN d.token_kind = 'push_to_start' THEN d.token END))
                         THEN marquee_plan_stale('a target of ' || r.instance_id || ' changed') END AS stale
             FROM req r
             LEFT JOIN queued q ON q.instance_id = r.instance_id
             -- The people are held even for a start with nothing to send (an erasure must see its instance), and
-            -- every planned push-to-start token is (a CTE is read only as far as a reader needs it).
-            CROSS JOIN (SELECT count(*) FROM who) held
-            CROSS JOIN (SELECT count(*) FROM tokens) held_tokens
+            -- every planned target is (a CTE is read only as far as a reader needs it).
+            CROSS JOIN (SELECT count(*) FROM who) held_people
+            CROSS JOIN (SELECT count(*) FROM held) held_targets
             ORDER BY r.i
             """
     }

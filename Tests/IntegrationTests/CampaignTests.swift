@@ -544,21 +544,7 @@ struct CampaignTests {
             })
         let id = Fake.id("gone-device")
         #expect(try await t.create(["campaign_id": id, "audience": ["people": people.map(\.0)]]).status == 202)
-        // The device is being deleted (FCM called it unregistered) while the start's step runs.
-        let deleting = try await HeldTransaction.open(t.fixture.databaseURL) { c in
-            try c.execute("DELETE FROM devices WHERE tenant_id = \(t.tenant.uuid) AND token = \(gone)")
-        }
-        let runner = CampaignRunner(database: TenantDatabase(pool: t.fixture.pool))
-        let running = Task { try await runner.runDue() }
-        try await deleting.waitedOn(via: t.fixture.pool, "the step waits for the deletion")
-        try await deleting.commit()
-        _ = try await running.value
-        let clock = ContinuousClock()
-        let deadline = clock.now + .seconds(30)
-        while try await t.campaign(id).string("state") == "starting" && clock.now < deadline {
-            if try await runner.runDue() == nil { try await Task.sleep(for: .milliseconds(10)) }
-        }
-        #expect(try await t.campaign(id).string("state") == "active")
+        try await Self.startWhileDeleting(t, id, device: gone)
         let states = try await t.fixture.pool.query(
             """
             SELECT s.device_token FROM instance_devices s JOIN instances i
@@ -567,6 +553,70 @@ struct CampaignTests {
             """
         ).map { try $0.decode(String.self, "device_token") }
         #expect(states == [kept], "\(states)")
+        // Nor is its start queued: the logged-out phone gets nothing.
+        #expect(try await Self.queued(t, token: gone) == 0)
+        #expect(try await Self.queued(t, token: kept) == 1)
+    }
+
+    @Test("a start step whose iPhone is deleted while it runs queues no start to its push-to-start token")
+    func startStepWithDeletedIPhone() async throws {
+        let t = try await Self.tenant()
+        let (kept, gone) = (Fake.id("a"), Fake.id("a"))
+        let (keptLine, keptToken) = Self.iosPerson(kept, type: t.type, attributes: ["team": "A"])
+        let (goneLine, goneToken) = Self.iosPerson(gone, type: t.type, attributes: ["team": "A"])
+        try await t.importPeople([keptLine, goneLine])
+        let phone = try #require((goneLine["devices"] as? [[String: Any]])?.first?["token"] as? String)
+        let id = Fake.id("gone-iphone")
+        #expect(try await t.create(["campaign_id": id, "audience": ["people": [kept, gone]]]).status == 202)
+        try await Self.startWhileDeleting(t, id, device: phone)
+        #expect(try await Self.queued(t, token: goneToken) == 0)
+        #expect(try await Self.queued(t, token: keptToken) == 1)
+        // Its person had nothing left to start on.
+        let state = try await t.fixture.pool.query(
+            """
+            SELECT state, failure_reason FROM instances
+            WHERE tenant_id = \(t.tenant.uuid) AND campaign_id = \(id) AND person_id = \(gone)
+            """)
+        #expect(try state.first?.decode(String.self, "state") == "failed")
+        #expect(try state.first?.decode(String?.self, "failure_reason") == "no_push_to_start_token")
+    }
+
+    /// Runs the campaign's start while `device` is being deleted (a logout; FCM calling it unregistered): the step
+    /// meets the deletion, which commits, and the start runs to the end.
+    static func startWhileDeleting(_ t: Tenant, _ id: String, device: String) async throws {
+        let deleting = try await HeldTransaction.open(t.fixture.databaseURL) { c in
+            try c.execute("DELETE FROM devices WHERE tenant_id = \(t.tenant.uuid) AND token = \(device)")
+        }
+        // This campaign's start, not whichever is due first (other suites leave theirs due).
+        let schedule = try await t.fixture.pool.query(
+            """
+            SELECT id FROM campaign_schedules
+            WHERE tenant_id = \(t.tenant.uuid) AND campaign_id = \(id) AND operation = 'start'
+            """
+        )[0].decode(UUID.self, "id")
+        let runner = CampaignRunner(database: TenantDatabase(pool: t.fixture.pool))
+        let running = Task { try await runner.run(schedule) }
+        do {
+            try await deleting.waitedOn(via: t.fixture.pool, "the step waits for the deletion")
+        } catch {
+            try await deleting.commit()
+            _ = try await running.value
+            throw error
+        }
+        try await deleting.commit()
+        _ = try await running.value
+        let clock = ContinuousClock()
+        let deadline = clock.now + .seconds(30)
+        while try await t.campaign(id).string("state") == "starting" && clock.now < deadline {
+            if try await runner.run(schedule) == nil { try await Task.sleep(for: .milliseconds(10)) }
+        }
+        #expect(try await t.campaign(id).string("state") == "active")
+    }
+
+    /// The tenant's queued pushes to `token`.
+    static func queued(_ t: Tenant, token: String) async throws -> Int {
+        try await t.fixture.pool.count(
+            "SELECT count(*)::int AS n FROM delivery_queue WHERE tenant_id = \(t.tenant.uuid) AND token = \(token)")
     }
 
     @Test("a person erased while a start step writes their instance keeps nothing of it")
