@@ -40,6 +40,17 @@ public struct CampaignRunner: Sendable {
     /// cancelled (`CampaignStore.cancel`).
     public static let partwayPhases = ["starting", "broadcast", "changing"]
 
+    /// Ends a run's transaction (PostgreSQL ends its session) once it has sat idle between two statements for as
+    /// long as one statement may run (`statement_timeout`: `MARQUEE_DB_STATEMENT_TIMEOUT`; a minute when that is off):
+    /// between its statements a run only computes. A worker that vanished mid-run without a word (its host
+    /// partitioned away or paused, the process stopped) otherwise kept what the run holds (its schedule and campaign,
+    /// up to a chunk of instances FOR UPDATE, the tenant's erasures) until PostgreSQL's TCP keepalives noticed, about
+    /// two hours by default. For this transaction only, as the claims set theirs (`DeliveryQueue.claim`).
+    static let idleLimit: PostgresQuery = """
+        SELECT set_config('idle_in_transaction_session_timeout',
+                          COALESCE(NULLIF(current_setting('statement_timeout'), '0'), '1min'), true)
+        """
+
     /// A run's failure that is the campaign's, not the database's: recorded on the schedule, never retried.
     struct Refusal: Error {
         var reason: String
@@ -79,6 +90,7 @@ public struct CampaignRunner: Sendable {
             // to the bulk statement timeout); the step rolls back, and any worker runs it again from the progress
             // recorded by the last one that committed.
             return try await database.pool.transaction(cancellable: true) { c in
+                try c.query(Self.idleLimit)
                 try c.enterSystem()
                 let due = try c.query(
                     """
@@ -235,6 +247,7 @@ public struct CampaignRunner: Sendable {
     func record(_ f: Failure) async throws -> CampaignRun? {
         let channel = notifyChannel
         return try await database.tenantTransaction(f.tenant) { c in
+            try c.query(Self.idleLimit)
             let pending = try c.query(
                 """
                 SELECT 1 FROM campaign_schedules

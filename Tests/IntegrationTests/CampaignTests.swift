@@ -1166,6 +1166,35 @@ struct CampaignTests {
         #expect(campaign.array("schedules").first?.string("state") == "pending", "\(campaign)")
     }
 
+    @Test("a worker stopped in the middle of a campaign run gives up what the run holds after the statement timeout")
+    func stoppedWorkerReleasesRun() async throws {
+        let t = try await Self.tenant()
+        let person = Fake.id("p")
+        let (line, _) = Self.iosPerson(person, type: t.type, attributes: ["team": "X"])
+        try await t.importPeople([line])
+        let id = Fake.id("stopped")
+        #expect(try await t.create(["campaign_id": id, "audience": ["people": [person]]]).status == 202)
+        let held = try await Self.holdAudience(t, id, person: person)
+        let worker = try t.fixture.worker(["MARQUEE_DB_STATEMENT_TIMEOUT": "5"])
+        defer { worker.signal(SIGKILL) }
+        try await held.waitedOn(via: t.fixture.pool, "the start's audience statement waiting")
+        let run = try await t.fixture.pool.count(
+            "SELECT pid AS n FROM pg_stat_activity WHERE \(held.pid) = ANY(pg_blocking_pids(pid)) LIMIT 1")
+        // The worker's host vanishes (stopped here): its audience statement completes, and its transaction sits idle
+        // with the schedule, the campaign and the tenant's erasures held. PostgreSQL ends it after the statement
+        // timeout, not hours later when the TCP keepalives notice.
+        worker.signal(SIGSTOP)
+        try await held.commit()
+        try await eventually("the stopped run's session ended", timeout: .seconds(45)) {
+            try await t.fixture.pool.count(
+                "SELECT count(*)::int AS n FROM pg_stat_activity WHERE pid = \(run)") == 0
+        }
+        // Its schedule is free again: a cancel does not wait for it (the start had not begun writing).
+        let cancelled = try await t.api.call("POST", "/v1/campaigns/\(id)/cancel", key: t.tenant.app, timeout: 30)
+        #expect(cancelled.status == 200, "\(cancelled.text)")
+        #expect(try cancelled.json()["campaign_cancelled"] as? Bool == true, "\(cancelled.text)")
+    }
+
     @Test("a retry of an accepted create or change gets its answer, though its time has passed and its segment is gone")
     func retryAfterTheTime() async throws {
         let t = try await Self.tenant()
