@@ -305,29 +305,50 @@ public struct CampaignStore: Sendable {
             if let replay = try Self.claimKey(connection, tenant, idempotency) { return .replay(replay) }
             // Its pending schedules first, then the campaign row, in the order a worker running one takes them (the
             // schedule, then the campaign: CampaignRunner); the other way round, the two deadlocked. A worker running
-            // one holds both until it commits, so what it did is seen here.
+            // one holds both until it commits, so what it did is seen here. A change a worker is running is waited
+            // for: its outcome decides (no SKIP LOCKED here). A start a worker is running is not: its first step
+            // resolves the whole audience in one statement, for up to the bulk statement timeout (minutes), which this
+            // request would have waited out and answered 503. Being run, it has begun (below): it is left, with the
+            // campaign row it holds, and the campaign's pending changes are cancelled.
             try connection.execute(
                 """
                 SELECT 1 FROM campaign_schedules
                 WHERE tenant_id = \(tenant) AND campaign_id = \(campaignID) AND state = 'pending'
+                  AND operation <> 'start'
                 ORDER BY id FOR UPDATE
                 """)
-            let rows = try connection.query(
-                "SELECT state FROM campaigns WHERE tenant_id = \(tenant) AND id = \(campaignID) FOR UPDATE")
-            guard let row = rows.first else { throw NotFound("campaign") }
-            // A schedule a worker is running is locked: its outcome decides, so wait for it (no SKIP LOCKED here). A
-            // start that has begun writing its audience (CampaignRunner, a step at a time) has started: it runs to the
-            // end, and the campaign stays, to be updated and ended like any started one. So does a change that has
-            // begun: partway through its instances, or its broadcast sent.
+            let start = try connection.query(
+                """
+                SELECT count(*)::int AS pending,
+                       (SELECT count(*) FROM (
+                            SELECT 1 FROM campaign_schedules
+                            WHERE tenant_id = \(tenant) AND campaign_id = \(campaignID) AND state = 'pending'
+                              AND operation = 'start'
+                            FOR UPDATE SKIP LOCKED) free)::int AS free
+                FROM campaign_schedules
+                WHERE tenant_id = \(tenant) AND campaign_id = \(campaignID) AND state = 'pending' AND operation = 'start'
+                """)[0]
+            let startRunning = try start.decode(Int.self, "pending") > start.decode(Int.self, "free")
+            var stored: String?
+            if !startRunning {
+                let rows = try connection.query(
+                    "SELECT state FROM campaigns WHERE tenant_id = \(tenant) AND id = \(campaignID) FOR UPDATE")
+                guard let row = rows.first else { throw NotFound("campaign") }
+                stored = try row.decode(String.self, "state")
+            }
+            // A start that has begun writing its audience (CampaignRunner, a step at a time, or one being run now)
+            // has started: it runs to the end, and the campaign stays, to be updated and ended like any started one.
+            // So does a change that has begun: partway through its instances, or its broadcast sent.
             let cancelled = try connection.query(
                 """
                 UPDATE campaign_schedules SET state = 'cancelled', executed_at = now()
                 WHERE tenant_id = \(tenant) AND campaign_id = \(campaignID) AND state = 'pending'
                   AND NOT COALESCE(result ->> 'phase', '') = ANY(\(CampaignRunner.partwayPhases))
+                  AND NOT (operation = 'start' AND \(startRunning))
                 RETURNING operation
                 """
             ).map { try $0.decode(String.self, "operation") }
-            let notStarted = try row.decode(String.self, "state") == "scheduled" && cancelled.contains("start")
+            let notStarted = stored == "scheduled" && cancelled.contains("start")
             if notStarted {
                 try connection.execute(
                     """

@@ -954,23 +954,39 @@ struct CampaignTests {
         #expect(t.funnel(campaign, "ios", "start")["sent"] as? Int == 20, "\(campaign)")
     }
 
-    @Test("cancel waits for a worker running one of the campaign's schedules, and never deadlocks with it")
+    @Test("cancel waits for a worker running one of the campaign's changes, and never deadlocks with it")
     func cancelWaitsForRun() async throws {
         let t = try await Self.tenant()
         let (line, _) = Self.iosPerson(Fake.id("c"), type: t.type, attributes: ["team": "C"])
         try await t.importPeople([line])
         let id = Fake.id("racing")
-        #expect(
-            try await t.create([
-                "campaign_id": id, "audience": ["all": true], "start_at": Date().timeIntervalSince1970 + 3600,
-            ])
-            .status == 202)
-        // A worker's run, as CampaignRunner takes its locks: the schedule, then (later) the campaign.
+        #expect(try await t.create(["campaign_id": id, "audience": ["all": true]]).status == 202)
+        // Started here, with no worker; then a change, due later. (A start a worker runs is not waited for: it has
+        // begun, cancelDuringAudience.)
+        let start = try await t.fixture.pool.query(
+            """
+            SELECT id FROM campaign_schedules
+            WHERE tenant_id = \(t.tenant.uuid) AND campaign_id = \(id) AND operation = 'start'
+            """
+        )[0].decode(UUID.self, "id")
+        let runner = CampaignRunner(database: TenantDatabase(pool: t.fixture.pool))
+        try await eventually("the campaign started") {
+            _ = try await runner.run(start)
+            return try await t.campaign(id).string("state") == "active"
+        }
+        let update = try await t.api.call(
+            "POST", "/v1/campaigns/\(id)/update", key: t.tenant.app,
+            json: ["content_state_patch": ["home": 1], "at": Date().timeIntervalSince1970 + 3600])
+        #expect(update.status == 202, "\(update.text)")
+        // A worker's run of the change, as CampaignRunner takes its locks: the schedule, then (later) the campaign.
         let running = try await HeldTransaction.open(
             t.fixture.databaseURL,
             begin: { c in
                 _ = try c.query(
-                    "SELECT id FROM campaign_schedules WHERE tenant_id = \(t.tenant.uuid) AND campaign_id = \(id) FOR UPDATE"
+                    """
+                    SELECT id FROM campaign_schedules
+                    WHERE tenant_id = \(t.tenant.uuid) AND campaign_id = \(id) AND operation = 'update' FOR UPDATE
+                    """
                 )
             },
             end: { c in
@@ -985,7 +1001,9 @@ struct CampaignTests {
         try await running.commit()  // the run takes the campaign and commits: no deadlock
         let cancelled = try await cancelling.value
         #expect(cancelled.status == 200, "\(cancelled.text)")
-        #expect(try await t.campaign(id).string("state") == "cancelled")
+        #expect(try cancelled.json()["schedules_cancelled"] as? Int == 1, "\(cancelled.text)")
+        #expect(try cancelled.json()["campaign_cancelled"] as? Bool == false, "\(cancelled.text)")
+        #expect(try await t.campaign(id).string("state") == "active")
     }
 
     @Test("cancel: a scheduled campaign never starts; a started one keeps running but loses its pending changes")
@@ -1164,6 +1182,44 @@ struct CampaignTests {
         try await held.waitedOn(via: t.fixture.pool, "the audience statement still waiting")
         let campaign = try await t.campaign(id)
         #expect(campaign.array("schedules").first?.string("state") == "pending", "\(campaign)")
+    }
+
+    @Test("a cancel while a start's audience is being resolved answers at once: the start has begun, its changes go")
+    func cancelDuringAudience() async throws {
+        let t = try await Self.tenant()
+        let person = Fake.id("p")
+        let (line, token) = Self.iosPerson(person, type: t.type, attributes: ["team": "X"])
+        try await t.importPeople([line])
+        let id = Fake.id("resolving")
+        #expect(try await t.create(["campaign_id": id, "audience": ["all": true]]).status == 202)
+        let held = try await Self.holdAudience(t, id, person: person)
+        let worker = try t.fixture.worker()
+        defer { worker.signal(SIGKILL) }
+        do {
+            try await held.waitedOn(via: t.fixture.pool, "the start's audience statement waiting")
+            let update = try await t.api.call(
+                "POST", "/v1/campaigns/\(id)/update", key: t.tenant.app, json: ["content_state_patch": ["home": 1]])
+            #expect(update.status == 202, "\(update.text)")
+            // The audience statement may run for minutes: the cancel does not wait for it (nor answer 503).
+            let clock = ContinuousClock()
+            let asked = clock.now
+            let cancelled = try await t.api.call("POST", "/v1/campaigns/\(id)/cancel", key: t.tenant.app, timeout: 20)
+            #expect(clock.now - asked < .seconds(10))
+            #expect(cancelled.status == 200, "\(cancelled.text)")
+            let answer = try cancelled.json()
+            #expect(answer["campaign_cancelled"] as? Bool == false, "\(cancelled.text)")
+            #expect(answer["schedules_cancelled"] as? Int == 1, "\(cancelled.text)")
+        } catch {
+            try await held.commit()
+            throw error
+        }
+        try await held.commit()
+        // The start runs to the end; the change cancelled never runs.
+        let started = try await t.settled(id, schedules: 2)
+        #expect(started.string("state") == "active", "\(started)")
+        let states = started.array("schedules").map { "\($0.string("operation") ?? "")=\($0.string("state") ?? "")" }
+        #expect(states.sorted() == ["start=done", "update=cancelled"], "\(started)")
+        try await eventually("the start sent") { t.fixture.apns.pushes(token: token).count == 1 }
     }
 
     @Test("a worker stopped in the middle of a campaign run gives up what the run holds after the statement timeout")
