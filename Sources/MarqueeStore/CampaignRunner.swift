@@ -911,6 +911,8 @@ public struct CampaignRunner: Sendable {
         let timestamp = Int64(Date().timeIntervalSince1970.rounded(.down))
         // A paced campaign's pushes are due `rate` a second from the first step's start, counted over every step's.
         let pacing = try rate == nil ? nil : Self.pacing(c, progress)
+        // An update of a paced activity type is due, instance by instance, as a single one would be.
+        let interval = change.operation == .update ? type.minUpdateIntervalMilliseconds : 0
         let written = try c.query(
             """
             WITH map AS (
@@ -965,14 +967,21 @@ public struct CampaignRunner: Sendable {
             ), sup AS (
                 INSERT INTO delivery_history SELECT h.* FROM gone, marquee_history_row(gone.d, 'superseded') h
                 RETURNING 1
+            ), pace AS (
+                -- The activity type's pacing (min_update_interval_ms): an instance's update is due that long after its
+                -- last update that went out (marquee_paced_dues, migration 0110: the rule's one home, which the single
+                -- change's write asks too), one call for the chunk; asked only for a paced type's update.
+                SELECT p.instance_id, p.due
+                FROM marquee_paced_dues(\(tenant), CASE WHEN \(interval)::int > 0 THEN ARRAY(SELECT id FROM upd) END,
+                                        \(interval)::int) p
             ), bc AS (
                 -- One broadcast, carried by one of the changed instances (its content is the change's).
                 INSERT INTO delivery_queue (tenant_id, id, instance_id, device_token, provider, token_kind, token,
                                         operation, instance_version, attributes, content_state, options,
-                                        content_timestamp)
+                                        content_timestamp, next_attempt_at)
                 SELECT \(tenant), marquee_new_ulid(), u.id, \(channelDevice), 'apns', 'channel', \(apnsChannelID),
                        \(change.operation.rawValue), u.version, u.attributes, u.content_state, u.options,
-                       u.content_timestamp
+                       u.content_timestamp, COALESCE((SELECT pc.due FROM pace pc WHERE pc.instance_id = u.id), now())
                 FROM (SELECT * FROM upd ORDER BY id LIMIT 1) u
                 WHERE \(broadcast)
                 RETURNING 1
@@ -985,8 +994,9 @@ public struct CampaignRunner: Sendable {
                        CASE tg.platform WHEN 'ios' THEN 'activity' ELSE 'fcm' END,
                        tg.token, \(change.operation.rawValue), tg.version, tg.attributes, tg.content_state, tg.options,
                        tg.content_timestamp,
-                       \(unsafeRaw: Self.paced(rate, order: "tg.id, tg.device_token", from: pacing?.from, after: pacing?.before ?? 0))
-                FROM tg
+                       GREATEST(\(unsafeRaw: Self.paced(rate, order: "tg.id, tg.device_token", from: pacing?.from, after: pacing?.before ?? 0)),
+                                COALESCE(pc.due, now()))
+                FROM tg LEFT JOIN pace pc ON pc.instance_id = tg.id
                 RETURNING provider
             )
             SELECT (SELECT count(*) FROM upd)::int AS instances,

@@ -57,9 +57,9 @@ extension ChangeWrite: SetWrite {
                       AND ch.status = 'active' AND ch.apns_channel_id = d.token)
             ), pace AS (
                 -- Pacing: an update of an instance whose activity type has min_update_interval_ms is due that long
-                -- after the instance's last update that went out (or is going out now: marquee_paced_due, the one
-                -- home of the rule, asked only for paced updates); until then a newer update supersedes it (cand
-                -- below).
+                -- after the instance's last update that went out (or is going out now: marquee_paced_due, which asks
+                -- marquee_paced_dues, migration 0110, the rule's one home, also a campaign-wide update's; asked only
+                -- for paced updates); until then a newer update supersedes it (cand below).
                 SELECT r.i,
                        CASE WHEN r.op = 'update' AND a.min_update_interval_ms > 0
                             THEN marquee_paced_due(\(tenant), r.instance_id, a.min_update_interval_ms)

@@ -533,6 +533,61 @@ struct CampaignTests {
         #expect(counts.keys.sorted() == [1], "pushes per token: \(counts.mapValues(\.count)) \(workers.map(\.log))")
     }
 
+    @Test("a campaign-wide update of a paced activity type waits out the interval since the instance's last update")
+    func pacedCampaignUpdate() async throws {
+        let t = try await Self.tenant()
+        let paced = Fake.activityType()
+        let defined = try await t.api.call(
+            "PUT", "/v1/activity_types/\(paced)", key: t.tenant.app,
+            json: [
+                "attributes_type": "MatchAttributes", "min_update_interval_ms": 60_000,
+                "content_state_schema": [
+                    "type": "object", "required": ["home", "away"],
+                    "properties": ["home": ["type": "integer"], "away": ["type": "integer"]],
+                ],
+            ])
+        #expect(defined.status == 201, "\(defined.text)")
+        let (person, phone) = (Fake.id("paced"), Fake.fcm())
+        try await t.importPeople([
+            ["id": person, "attributes": ["team": "A"], "devices": [["token": phone, "platform": "android"]]]
+        ])
+        let worker = try t.fixture.worker()
+        defer { worker.signal(SIGKILL) }
+        let id = Fake.id("paced")
+        #expect(
+            try await t.create(["campaign_id": id, "notification_type": paced, "audience": ["people": [person]]])
+                .status == 202)
+        _ = try await t.settled(id, schedules: 1)
+        let first = try await t.api.call(
+            "POST", "/v1/campaigns/\(id)/update", key: t.tenant.app, json: ["content_state_patch": ["home": 1]])
+        #expect(first.status == 202, "\(first.text)")
+        _ = try await t.settled(id, schedules: 2)
+        let sent = try await t.fixture.pool.query(
+            """
+            SELECT d.sent_at FROM deliveries d JOIN instances i ON i.tenant_id = d.tenant_id AND i.id = d.instance_id
+            WHERE i.tenant_id = \(t.tenant.uuid) AND i.campaign_id = \(id) AND d.operation = 'update'
+              AND d.status = 'sent'
+            """
+        ).map { try $0.decode(Date.self, "sent_at") }
+        try #require(sent.count == 1, "\(sent)")
+        // The next one, a moment later, is due a whole interval after the first went out.
+        let second = try await t.api.call(
+            "POST", "/v1/campaigns/\(id)/update", key: t.tenant.app, json: ["content_state_patch": ["home": 2]])
+        #expect(second.status == 202, "\(second.text)")
+        try await eventually("the second update ran") {
+            try await t.campaign(id).array("schedules").allSatisfy { $0.string("state") == "done" }
+        }
+        let due = try await t.fixture.pool.query(
+            """
+            SELECT q.next_attempt_at FROM delivery_queue q
+            JOIN instances i ON i.tenant_id = q.tenant_id AND i.id = q.instance_id
+            WHERE i.tenant_id = \(t.tenant.uuid) AND i.campaign_id = \(id) AND q.operation = 'update'
+            """
+        ).map { try $0.decode(Date.self, "next_attempt_at") }
+        #expect(due.count == 1, "the second update waits (queued), not sent at once: \(due)")
+        #expect(due.allSatisfy { $0 >= sent[0].addingTimeInterval(60 - 0.001) }, "sent \(sent[0]), due \(due)")
+    }
+
     @Test("a start step whose Android device is deleted while it runs leaves that device out and goes on")
     func startStepWithDeletedDevice() async throws {
         let t = try await Self.tenant()
