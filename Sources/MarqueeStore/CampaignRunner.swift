@@ -764,7 +764,7 @@ public struct CampaignRunner: Sendable {
                     WHERE i.tenant_id = \(tenant) AND i.campaign_id = \(campaignID)
                       AND i.state IN ('pending', 'active') AND i.expires_at > now()
                       AND (\(required)::text IS NULL OR i.id = \(required))
-                    LIMIT 1 FOR UPDATE SKIP LOCKED
+                    ORDER BY i.id LIMIT 1 FOR UPDATE SKIP LOCKED
                     """
                 ).first?.decode(String.self, "id")
                 if required != nil && only == nil { throw Busy() }
@@ -1005,6 +1005,20 @@ public struct CampaignRunner: Sendable {
                    (SELECT count(*) FROM sup)::int AS superseded,
                    (SELECT count(*) FROM bc)::int AS broadcasts
             """)[0]
+        let instances = try written.decode(Int.self, "instances")
+        if only != nil && instances == 0 {
+            // The first half's instance was not changed (its state already was the change's, or its type refuses
+            // the new one): it carries no broadcast. No first half, then: the change runs whole, from the first
+            // instance, and the broadcast goes with the first step that changes one (`rest(nil)`). What this one
+            // superseded stays counted; its state is counted again there.
+            let counts: JSONValue = .object([
+                "superseded": .int(Int64(try written.decode(Int.self, "superseded"))), "broadcasts": .int(0),
+            ])
+            let rest: JSONValue = .object([
+                "phase": .string("changing"), "after": .string(""), "counts": counts, "covered": .int(0),
+            ])
+            return (rest, nil, false)
+        }
         let done = bound == nil
         if isEnd && done {
             try c.execute(
@@ -1016,7 +1030,7 @@ public struct CampaignRunner: Sendable {
         let apns = try written.decode(Int.self, "apns")
         let fcm = try written.decode(Int.self, "fcm")
         var result: [String: JSONValue] = [
-            "instances": .int(Int64(try written.decode(Int.self, "instances"))),
+            "instances": .int(Int64(instances)),
             "deliveries": .object(["apns": .int(Int64(apns)), "fcm": .int(Int64(fcm))]),
             "superseded": .int(Int64(try written.decode(Int.self, "superseded"))),
             "broadcasts": .int(Int64(try written.decode(Int.self, "broadcasts"))),

@@ -65,4 +65,54 @@ extension BroadcastInstanceTests {
             """)[0].decode(Int.self, "n")
         #expect(broadcasts + sent == 1, "one broadcast for the change")
     }
+
+    @Test("a channel change whose first instance already shows the new state still broadcasts, carried by another")
+    func broadcastPastAnUnchangedInstance() async throws {
+        let (t, pool, campaign) = try await Self.channelCampaignStartedHere(fans: 2)
+        defer { pool.close() }
+        let tenant = t.tenant.uuid
+        // The first half takes the first open instance; a single update has already given it the change's state.
+        let first = try await pool.query(
+            "SELECT min(id) AS id FROM instances WHERE tenant_id = \(tenant) AND campaign_id = \(campaign)"
+        )[0].decode(String.self, "id")
+        let single = try await Self.change(t, "update", first, home: 1)
+        #expect(single.status == 200, "\(single.text)")
+        let r = try await t.api.call(
+            "POST", "/v1/campaigns/\(campaign)/update", key: t.tenant.app, json: ["content_state_patch": ["home": 1]])
+        #expect(r.status == 202, "\(r.text)")
+        // Run as the runner runs it: the first half, then the rest (from the first half's progress) to the end.
+        let (scheduleID, change) = try await CampaignTests.changeSchedule(pool, tenant, campaign, .update)
+        var step = try await CampaignTests.changeStep(
+            pool, tenant, campaign, change, scheduleID, progress: nil, chunk: 10)
+        var steps = 1
+        var progress = step.result
+        if let representative = step.representative {
+            progress = .object([
+                "phase": .string("broadcast"), "representative": .string(representative), "broadcast": step.result,
+            ])
+        }
+        while !step.done || step.representative != nil {
+            step = try await CampaignTests.changeStep(
+                pool, tenant, campaign, change, scheduleID, progress: progress, chunk: 10)
+            progress = step.result
+            steps += 1
+            try #require(steps < 5, "the change did not end: \(step.result)")
+        }
+        #expect(progress["broadcasts"]?.intValue == 1, "\(progress)")
+        // The single update's broadcast, still queued, was superseded (latest wins); the change's own replaces it.
+        let queued = try await pool.query(
+            """
+            SELECT content_state FROM delivery_queue
+            WHERE tenant_id = \(tenant) AND token_kind = 'channel' AND operation = 'update'
+            """
+        ).map { try $0.decode(JSONValue.self, "content_state") }
+        #expect(queued.count == 1, "\(queued)")
+        #expect(queued.first?["home"]?.intValue == 1)
+        let changed = try await pool.query(
+            """
+            SELECT count(*)::int AS n FROM instances
+            WHERE tenant_id = \(tenant) AND campaign_id = \(campaign) AND content_state ->> 'home' = '1'
+            """)[0].decode(Int.self, "n")
+        #expect(changed == 2)
+    }
 }
