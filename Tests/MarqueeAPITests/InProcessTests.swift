@@ -115,6 +115,29 @@ struct InProcessTests {
         }
     }
 
+    @Test("the cursors of the instance and campaign lists match the cursor pattern openapi.yaml gives each list")
+    func cursorsMatchTheContract() throws {
+        let contract = try String(
+            contentsOfFile: FileManager.default.currentDirectoryPath + "/openapi.yaml", encoding: .utf8)
+        // The `pattern` of the `cursor` parameter of the operation (single- or double-quoted YAML).
+        func pattern(_ operation: String) throws -> String {
+            let op = try #require(contract.range(of: "operationId: \(operation)\n"))
+            let parameter = try #require(
+                contract.range(of: "- name: cursor\n", range: op.upperBound..<contract.endIndex))
+            let key = try #require(contract.range(of: "pattern: ", range: parameter.upperBound..<contract.endIndex))
+            let rest = contract[key.upperBound...]
+            let quote = try #require(rest.first)
+            let body = rest.dropFirst().prefix { $0 != quote }
+            return quote == "\"" ? body.replacingOccurrences(of: "\\\\", with: "\\") : String(body)
+        }
+        guard case .string(let issued) = TimeCursor.encode(Date(), "camp.a:b-1") else { throw CancellationError() }
+        for operation in ["listLiveNotifications", "listCampaigns"] {
+            let regex = try NSRegularExpression(pattern: try pattern(operation))
+            let range = NSRange(issued.startIndex..., in: issued)
+            #expect(regex.firstMatch(in: issued, range: range) != nil, "\(operation): \(issued)")
+        }
+    }
+
     @Test("a cursor naming a time outside the accepted range is a 422 for cursor, never a trap")
     func cursorRange() throws {
         func cursor(_ text: String) -> String {
