@@ -596,7 +596,9 @@ public struct CampaignRunner: Sendable {
             INSERT INTO campaign_members (tenant_id, campaign_id, person_id, instance_id)
             SELECT p.tenant_id, \(cid)::text, p.id,
                    -- A person ID usable in an instance ID, or its MD5 after a ':' that no such ID starts with (a
-                   -- person whose ID is another's MD5 must not get that person's instance).
+                   -- person whose ID is another's MD5 must not get that person's instance). Campaign and person IDs
+                   -- that both have dots can meet (a + b.c and a.b + c make a.b.c): the later start skips that
+                   -- person as instance_id_taken (README, "Audience").
                    CASE WHEN p.id ~ '^[A-Za-z0-9._-][A-Za-z0-9._:-]*$' AND length(p.id) <= 127 - length(\(cid)::text)
                         THEN \(cid)::text || '.' || p.id ELSE \(cid)::text || '.:' || md5(p.id) END
             FROM people p WHERE p.tenant_id = \(t)::uuid
