@@ -93,6 +93,83 @@ struct GroupCommitterTests {
         // Statements did share transactions (otherwise nothing here was grouped).
         #expect(sizes.withLock { $0 }.contains { $0 > 1 })
     }
+
+    @Test("a write meeting a row lock held for long is deferred: its batch's other tenants' writes are answered")
+    func heldLockDefersOnlyItsWrite() async throws {
+        let fixture = try await RegistryFixture.get()
+        let name = "held_" + UUID().uuidString.lowercased().replacingOccurrences(of: "-", with: "").prefix(12)
+        let (table, gate) = (String(name), name + "_gate")
+        for statement: PostgresQuery in [
+            "CREATE TABLE \(identifier: table) (key text PRIMARY KEY, hits int NOT NULL)",
+            "GRANT SELECT, INSERT, UPDATE ON \(identifier: table) TO marquee_api",
+            "INSERT INTO \(identifier: table) VALUES ('x', 0), ('y', 0), ('open', 0)",
+            """
+            CREATE FUNCTION \(identifier: gate)() RETURNS int LANGUAGE plpgsql AS $$
+            BEGIN
+                WHILE (SELECT hits FROM \(identifier: table) WHERE key = 'open') = 0 LOOP
+                    PERFORM pg_sleep(0.02);
+                END LOOP;
+                RETURN 1;
+            END;
+            $$
+            """,
+        ] {
+            _ = try await fixture.pool.execute(statement)
+        }
+        // A pool of its own: the deferred write holds a connection until the lock is free.
+        let pool = PostgresPool(
+            try PostgresConfiguration(url: fixture.databaseURL), options: .init(maxConnections: 4))
+        defer { pool.close() }
+        let committer = GroupCommitter(pool: pool, configuration: .init(writers: 1, maxBatch: 64, notifyChannel: nil))
+        // Another transaction holds x for long (as a campaign's step holds its chunk of instances until it commits).
+        let held = try await HeldTransaction.open(fixture.databaseURL) { c in
+            _ = try c.query("SELECT 1 FROM \(identifier: table) WHERE key = 'x' FOR UPDATE")
+        }
+        // The writer is kept busy (by a write waiting for the gate) while x (one tenant's) and y (another's) queue, so
+        // that they go out in one batch.
+        let gated = Task { try await committer.submit(tenant: UUID(), Gated(function: gate)) }
+        let x = Task { () async throws -> Int in
+            try await eventually("the writer busy") {
+                try await fixture.pool.count(
+                    """
+                    SELECT count(*)::int AS n FROM pg_stat_activity
+                    WHERE pid <> pg_backend_pid() AND state = 'active' AND query LIKE '%' || \(gate) || '%'
+                    """) == 1
+            }
+            return try await committer.submit(tenant: UUID(), Hit(table: table, key: "x")).decode(Int.self, "hits")
+        }
+        do {
+            try await eventually("x queued") { committer.queued == 1 }
+            let y = Task {
+                try await committer.submit(tenant: UUID(), Hit(table: table, key: "y")).decode(Int.self, "hits")
+            }
+            try await eventually("x and y queued together") { committer.queued == 2 }
+            _ = try await fixture.pool.execute("UPDATE \(identifier: table) SET hits = 1 WHERE key = 'open'")
+            _ = try await gated.value
+            try await eventually("y written while x is held", timeout: .seconds(20)) {
+                try await fixture.pool.count("SELECT hits AS n FROM \(identifier: table) WHERE key = 'y'") == 1
+            }
+            #expect(try await y.value == 1)
+            #expect(try await fixture.pool.count("SELECT hits AS n FROM \(identifier: table) WHERE key = 'x'") == 0)
+        } catch {
+            _ = try? await fixture.pool.execute("UPDATE \(identifier: table) SET hits = 1 WHERE key = 'open'")
+            try await held.commit()
+            throw error
+        }
+        try await held.commit()
+        #expect(try await x.value == 1, "x written once the lock is free")
+    }
+}
+
+/// A write that waits for a gate (`function`, which returns once the gate opens), keeping a writer busy; one row per
+/// write.
+struct Gated: SetWrite {
+    var function: String
+    var exclusiveKeys: [String] { [] }
+
+    static func statement(tenant: UUID, _ writes: [Gated]) -> PostgresQuery {
+        "SELECT \(identifier: writes[0].function)() AS n FROM generate_series(1, \(writes.count))"
+    }
 }
 
 /// A write that writes nothing: each row answers its number and the tenant its statement ran in.
