@@ -132,9 +132,11 @@ public enum APNsReason: Sendable, Equatable, CustomStringConvertible {
     }
 
     /// Classifies a raw APNs answer: `body` is the response body (JSON for errors), `retryAfter` the `Retry-After`
-    /// header. Every number in it goes through `ProviderNumbers` (clamped or ignored, never trapping).
+    /// header, `date` the `Date` header (APNs' clock). Every number in it goes through `ProviderNumbers` (clamped or
+    /// ignored, never trapping).
     public static func decide(
-        status: Int, body: [UInt8], apnsID: String?, retryAfter header: String?, now: Date = Date()
+        status: Int, body: [UInt8], apnsID: String?, retryAfter header: String?, date: String? = nil,
+        now: Date = Date()
     ) -> DeliveryDecision {
         var reason: APNsReason?
         var unregisteredAt: Date?
@@ -147,7 +149,8 @@ public enum APNsReason: Sendable, Equatable, CustomStringConvertible {
         return decide(
             status: status, reason: reason, unregisteredAt: unregisteredAt,
             apnsID: ProviderNumbers.identifier(apnsID),
-            retryAfter: ProviderNumbers.retryAfter(header, now: now))
+            retryAfter: ProviderNumbers.retryAfter(header, now: now),
+            clocksDisagree: ProviderNumbers.clockSkew(date: date, now: now) != nil)
     }
 
     /// Classifies an APNs answer. `status` is the HTTP status; `timestamp` is a 410's `timestamp` (ms since 1970),
@@ -163,14 +166,21 @@ public enum APNsReason: Sendable, Equatable, CustomStringConvertible {
             apnsID: ProviderNumbers.identifier(apnsID), retryAfter: retryAfter)
     }
 
+    /// `clocksDisagree`: APNs' `Date` is more than `ProviderNumbers.clockTolerance` from this host's clock. Then a
+    /// provider token refused as expired or invalid (signed with this host's clock) is the clock's fault, retried as
+    /// `clock_skew`: it neither breaks the credential nor spends a token update on a replacement Apple would refuse
+    /// too.
     static func decide(
-        status: Int, reason: APNsReason?, unregisteredAt: Date?, apnsID: String?, retryAfter: Duration?
+        status: Int, reason: APNsReason?, unregisteredAt: Date?, apnsID: String?, retryAfter: Duration?,
+        clocksDisagree: Bool = false
     )
         -> DeliveryDecision
     {
         if status == 200 { return .sent(providerID: apnsID) }
         let text = reason?.description ?? "HTTP \(status)"
         switch (status, reason) {
+        case (403, .expiredProviderToken?) where clocksDisagree, (403, .invalidProviderToken?) where clocksDisagree:
+            return DeliveryReason.clockSkewed
         case (400..<500, .channelNotRegistered?), (400..<500, .badChannelID?):
             // A broadcast's channel is gone: like a dead token, never retried; the channel is marked gone.
             return .retireToken(reason: text, unregisteredAt: nil)
@@ -256,10 +266,19 @@ public struct RetryPolicy: Sendable, Equatable {
 /// vocabulary is kept: the reasons APNs and FCM document, the worker's own, `HTTP 4xx`-style status classes; anything
 /// else is `other`.
 public enum DeliveryReason {
+    /// A time-based rejection (a provider token or JWT assertion called expired or not yet valid) while this host's
+    /// clock disagrees with the provider's (`ProviderNumbers.clockSkew`), or on a token signed moments ago: the
+    /// operator's clock is wrong, not the tenant's credential. Retried (and counted: a provider answered), never
+    /// breaking the credential; the worker logs it as an error.
+    public static let clockSkew = "clock_skew"
+
+    /// The decision for a time-based rejection that is the clocks' doing (`clockSkew`).
+    public static let clockSkewed = DeliveryDecision.retry(reason: clockSkew, retryAfter: nil)
+
     /// Reasons the worker gives itself (not a provider's words).
     public static let workerReasons = Set([
-        "deadline", "shutdown", "instance_expired", "instance_ended", "credential_load", "no_apns_credentials",
-        "no_fcm_credentials", "channel_gone", "transport_error", "endpoint_not_allowed",
+        clockSkew, "deadline", "shutdown", "instance_expired", "instance_ended", "credential_load",
+        "no_apns_credentials", "no_fcm_credentials", "channel_gone", "transport_error", "endpoint_not_allowed",
         "provider token refresh loop", "token refresh loop", "unreadable", "oauth_rejected", "oauth_unavailable",
     ]).union(ChannelReach.allCases.compactMap(\.failureReason))
 

@@ -132,6 +132,16 @@ public enum OAuthTokenAnswer: Sendable, Equatable {
         "unsupported_grant_type", "access_denied",
     ]
 
+    /// Whether an `invalid_grant`'s description is about the assertion's `iat` or `exp` (Google: "Invalid JWT: Token
+    /// must be a short-lived token (60 minutes) and in a reasonable timeframe. Check your iat and exp values in the
+    /// JWT claim."). The worker signs `iat` with its own clock the moment it asks, so such a refusal means the clocks
+    /// disagree.
+    static func isAboutTime(_ description: String?) -> Bool {
+        guard let description, description.utf8.count <= 1024 else { return false }
+        let words = description.lowercased().split { !$0.isLetter }
+        return words.contains("iat") || words.contains("exp")
+    }
+
     /// Whether `token` can go into `authorization: Bearer …` as it is: 1 to 8,192 bytes of RFC 6750's `b64token`
     /// (letters, digits, `-._~+/`, then any `=`). Anything else from the endpoint (a CR or LF splitting the header, a
     /// space, a control character) is an unreadable answer, never sent on.
@@ -153,8 +163,11 @@ public enum OAuthTokenAnswer: Sendable, Equatable {
 
     /// Classifies a token-endpoint answer. Only a definite rejection (a 400/401/403, or another 4xx naming an OAuth2
     /// error) breaks the credential; 408, 429, 5xx and anything unreadable are passing and retried, honouring a
-    /// clamped `Retry-After`.
-    public static func decide(status: Int, body: [UInt8], retryAfter header: String?, now: Date = Date())
+    /// clamped `Retry-After`. An `invalid_grant` that is about time (`isAboutTime`) or comes while the endpoint's
+    /// `date` disagrees with this host's clock is the clock's doing, not the credential's: retried as `clock_skew`.
+    public static func decide(
+        status: Int, body: [UInt8], retryAfter header: String?, date: String? = nil, now: Date = Date()
+    )
         -> OAuthTokenAnswer
     {
         let json = body.count <= 65_536 ? try? JSONValue.parse(body, wideIntegers: .nearestDouble) : nil
@@ -162,6 +175,12 @@ public enum OAuthTokenAnswer: Sendable, Equatable {
             return .token(token, lifetime: ProviderNumbers.tokenLifetime(json?["expires_in"]))
         }
         let code = json?["error"]?.stringValue.flatMap { rejections.contains($0) ? $0 : nil }
+        if (400..<500).contains(status), code == "invalid_grant",
+            isAboutTime(json?["error_description"]?.stringValue)
+                || ProviderNumbers.clockSkew(date: date, now: now) != nil
+        {
+            return .failed(DeliveryReason.clockSkewed)
+        }
         switch status {
         case 400, 401, 403:
             return .failed(.credentialBroken(reason: "oauth_" + (code ?? "rejected")))

@@ -79,6 +79,23 @@ public enum ProviderNumbers {
         return text
     }
 
+    /// How far a provider's clock may be from this host's before a time-based rejection is blamed on the clocks
+    /// rather than on the credential: a minute.
+    public static let clockTolerance: TimeInterval = 60
+
+    /// How far the provider's clock is from this host's (provider minus host, in seconds), read from the `Date` header
+    /// of its answer, when they disagree by more than `clockTolerance`; nil when they agree, or the header is missing
+    /// or unreadable. A time-based rejection (APNs `ExpiredProviderToken`, an OAuth2 `invalid_grant` about `iat` or
+    /// `exp`) while the clocks disagree is this host's clock's doing, the operator's: it never breaks the tenant's
+    /// credential (`DeliveryReason.clockSkew`).
+    public static func clockSkew(date header: String?, now: Date = Date()) -> TimeInterval? {
+        guard let text = header?.trimmingCharacters(in: .whitespaces), text.utf8.count <= 64,
+            let date = httpDate(text)
+        else { return nil }
+        let skew = date.timeIntervalSince(now)
+        return abs(skew) > clockTolerance ? skew : nil
+    }
+
     /// Parses an IMF-fixdate (`Sun, 06 Nov 1994 08:49:37 GMT`), the form RFC 9110 requires senders to use.
     static func httpDate(_ text: String) -> Date? {
         let formatter = DateFormatter()

@@ -88,7 +88,9 @@ public final class APNsProvider: Sendable {
     public var statistics: (connections: Int, streams: Int) { connections.statistics }
 
     /// Sends one push and classifies the answer. An `ExpiredProviderToken` refreshes the token once and retries, or
-    /// leaves the delivery to be retried later when the token may not be replaced yet (`ProviderTokenCache`).
+    /// leaves the delivery to be retried later when the token may not be replaced yet (`ProviderTokenCache`). A
+    /// second one, on the token signed moments ago, is a clock problem (this host's or Apple's), never the
+    /// credential's: retried as `clock_skew`, like a token refused while APNs' `Date` disagrees with this host's clock.
     /// No request outlives `deadline` (the delivery's send deadline), nor is one sent past it.
     public func send(_ push: APNsPush, to target: APNsTarget, by deadline: ContinuousClock.Instant? = nil) async
         -> SendOutcome
@@ -108,8 +110,12 @@ public final class APNsProvider: Sendable {
                     token = replacement
                     continue
                 }
-                if case .refreshProviderToken(let reason) = decision {
-                    return SendOutcome(.credentialBroken(reason: reason), httpStatus: response.status)
+                if case .refreshProviderToken = decision {
+                    ClockSkew.report(provider: "apns", host: target.host, date: response.header("date"), logger: logger)
+                    return SendOutcome(DeliveryReason.clockSkewed, httpStatus: response.status)
+                }
+                if decision == DeliveryReason.clockSkewed {
+                    ClockSkew.report(provider: "apns", host: target.host, date: response.header("date"), logger: logger)
                 }
                 return SendOutcome(decision, httpStatus: response.status)
             }
@@ -152,7 +158,7 @@ public final class APNsProvider: Sendable {
         APNsReason.decide(
             status: response.status, body: response.body,
             apnsID: response.header(broadcast ? "apns-unique-id" : "apns-id"),
-            retryAfter: response.header("retry-after"))
+            retryAfter: response.header("retry-after"), date: response.header("date"))
     }
 
     /// Closes every connection after in-flight requests finish; with `deadline`, those still in flight then fail and

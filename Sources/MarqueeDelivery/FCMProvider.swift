@@ -177,11 +177,17 @@ public final class FCMProvider: Sendable {
                 body: Array(form.utf8), timeout: configuration.requestTimeout),
             host: target.host, port: target.port)
         switch OAuthTokenAnswer.decide(
-            status: response.status, body: response.body, retryAfter: response.header("retry-after"))
+            status: response.status, body: response.body, retryAfter: response.header("retry-after"),
+            date: response.header("date"))
         {
         case .token(let token, let lifetime):
             return (token, Date(timeIntervalSince1970: Double(iat) + lifetime))
         case .failed(let decision):
+            if decision == DeliveryReason.clockSkewed {
+                ClockSkew.report(
+                    provider: "fcm", host: target.host, date: response.header("date"), logger: logger)
+                throw FCMAuthError(status: response.status, decision: decision)
+            }
             logger?.warning(
                 "token endpoint refused the exchange",
                 metadata: ["fcm.project": .string(account.projectID), "http.status": .int(response.status)])

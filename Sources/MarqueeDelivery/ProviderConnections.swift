@@ -274,3 +274,16 @@ enum TransportFailure {
         }
     }
 }
+
+/// The loud report of a time-based rejection blamed on the clocks (`DeliveryReason.clockSkew`): the delivery is
+/// retried, the credential left alone, and the operator told that this host's clock (or the provider's) is off.
+enum ClockSkew {
+    static func report(provider: String, host: String, date: String?, logger: Logger?) {
+        var metadata: LogMetadata = ["provider": .string(provider), "provider.host": .string(host)]
+        if let skew = ProviderNumbers.clockSkew(date: date) { metadata["clock.skew_seconds"] = .double(skew) }
+        logger?.error(
+            "provider refused a token as expired or not yet valid: this host's clock disagrees with the provider's "
+                + "(check NTP); deliveries are retried, the tenant's credential is not blamed",
+            metadata: metadata)
+    }
+}

@@ -181,6 +181,71 @@ struct ProviderNumbersTests {
     }
 }
 
+@Suite("A wrong clock is the operator's, never the tenant's credential")
+struct ClockSkewTests {
+    /// `now` is Fri, 15 Jan 2027 08:00:00 GMT.
+    let now = Date(timeIntervalSince1970: 1_800_000_000)
+    let tenMinutesAhead = "Fri, 15 Jan 2027 08:10:00 GMT"
+    /// Google's answer to an assertion whose `iat` is off by more than its leeway.
+    let google = #"""
+        {"error":"invalid_grant","error_description":"Invalid JWT: Token must be a short-lived token (60 minutes) \#
+        and in a reasonable timeframe. Check your iat and exp values in the JWT claim."}
+        """#
+
+    @Test("the provider's Date header against this host's clock: a skew only past a minute; garbage is ignored")
+    func skew() {
+        #expect(ProviderNumbers.clockSkew(date: tenMinutesAhead, now: now) == 600)
+        #expect(ProviderNumbers.clockSkew(date: "Fri, 15 Jan 2027 07:50:00 GMT", now: now) == -600)
+        #expect(ProviderNumbers.clockSkew(date: "Fri, 15 Jan 2027 08:00:30 GMT", now: now) == nil)
+        #expect(ProviderNumbers.clockSkew(date: "Fri, 15 Jan 2027 07:59:30 GMT", now: now) == nil)
+        for garbage in [nil, "", "yesterday", "1800000600", String(repeating: "Fri, ", count: 40)] {
+            #expect(ProviderNumbers.clockSkew(date: garbage, now: now) == nil)
+        }
+    }
+
+    @Test("token endpoint: 400 invalid_grant about iat/exp, or while its Date is 10 minutes off, is retried")
+    func tokenEndpoint() {
+        func decide(_ body: String, date: String?, status: Int = 400) -> OAuthTokenAnswer {
+            OAuthTokenAnswer.decide(status: status, body: Array(body.utf8), retryAfter: nil, date: date, now: now)
+        }
+        let clock = OAuthTokenAnswer.failed(.retry(reason: "clock_skew", retryAfter: nil))
+        #expect(decide(google, date: tenMinutesAhead) == clock)
+        #expect(decide(google, date: nil) == clock, "the wording alone: this host signs iat with its own clock")
+        #expect(decide(google, date: tenMinutesAhead, status: 401) == clock)
+        let signature = #"{"error":"invalid_grant","error_description":"Invalid JWT Signature."}"#
+        #expect(decide(signature, date: tenMinutesAhead) == clock, "while the clocks disagree, nothing is blamed")
+        // Clocks that agree (or say nothing): a rejection is the credential's.
+        let broken = OAuthTokenAnswer.failed(.credentialBroken(reason: "oauth_invalid_grant"))
+        #expect(decide(signature, date: "Fri, 15 Jan 2027 08:00:05 GMT") == broken)
+        #expect(decide(signature, date: nil) == broken)
+        #expect(
+            decide(#"{"error":"invalid_grant","error_description":"associated account deleted"}"#, date: nil) == broken)
+        #expect(
+            decide(#"{"error":"invalid_client"}"#, date: tenMinutesAhead)
+                == .failed(.credentialBroken(reason: "oauth_invalid_client")))
+    }
+
+    @Test("APNs: a provider token refused while APNs' Date is 10 minutes off is retried, never a broken credential")
+    func apns() {
+        func decide(_ reason: String, date: String?) -> DeliveryDecision {
+            APNsReason.decide(
+                status: 403, body: Array(#"{"reason":"\#(reason)"}"#.utf8), apnsID: nil, retryAfter: nil, date: date,
+                now: now)
+        }
+        let clock = DeliveryDecision.retry(reason: "clock_skew", retryAfter: nil)
+        #expect(decide("ExpiredProviderToken", date: tenMinutesAhead) == clock)
+        #expect(decide("InvalidProviderToken", date: tenMinutesAhead) == clock)
+        #expect(decide("ExpiredProviderToken", date: nil) == .refreshProviderToken(reason: "ExpiredProviderToken"))
+        #expect(decide("InvalidProviderToken", date: nil) == .credentialBroken(reason: "InvalidProviderToken"))
+        #expect(
+            decide("InvalidProviderToken", date: "Fri, 15 Jan 2027 08:00:05 GMT")
+                == .credentialBroken(reason: "InvalidProviderToken"))
+        // Not about the token's time: the credential's, whatever the clocks say.
+        #expect(decide("BadCertificate", date: tenMinutesAhead) == .credentialBroken(reason: "BadCertificate"))
+        #expect(DeliveryReason.metricLabel("clock_skew") == "clock_skew")
+    }
+}
+
 @Suite("MARQUEE_PROVIDER_HOSTS: where tenants' endpoints may point")
 struct ProviderHostsTests {
     @Test("the default is Apple's and Google's hosts, on any port, https only")

@@ -101,6 +101,19 @@ struct FCMTokenEndpointTests {
         await google.stop()
     }
 
+    @Test("Google's 400 invalid_grant about iat/exp is this host's clock: retried as clock_skew, not broken")
+    func clockSkew() async throws {
+        let google = try FakeGoogle()
+        let (provider, tokens) = try provider(google)
+        google.answer(
+            400,
+            #"{"error":"invalid_grant","error_description":"Invalid JWT: Token must be a short-lived token (60 "#
+                + #"minutes) and in a reasonable timeframe. Check your iat and exp values in the JWT claim."}"#)
+        #expect(await send(provider, tokens) == .retry(reason: "clock_skew", retryAfter: nil))
+        await provider.shutdown()
+        await google.stop()
+    }
+
     @Test("an oversized token-endpoint answer is a transport error, retried")
     func oversized() async throws {
         let google = try FakeGoogle()
