@@ -96,7 +96,9 @@ let package = Package(
         .testTarget(name: "ObservabilityTests", dependencies: ["Observability"], swiftSettings: swiftSettings),
         .testTarget(
             name: "MarqueeDeliveryTests",
-            dependencies: ["MarqueeDelivery", "MarqueeCore", "MarqueeStore", "Observability", "HTTP2", "Crypto"],
+            dependencies: [
+                "MarqueeDelivery", "MarqueeCore", "MarqueeStore", "Observability", "HTTP2", "Crypto", "PostgresClient",
+            ],
             swiftSettings: swiftSettings),
         .testTarget(
             name: "ProcessLifecycleTests", dependencies: ["ProcessLifecycle", "Observability"],

@@ -91,6 +91,8 @@ public final class DeliveryWorker: Sendable {
     let stopping = Atomic<Bool>(false)
     /// Set by `beginShutdown()`: when the sends still in flight are given up.
     let cutoff = SendCutoff()
+    /// The providers' connections closing, once (`closeProviders`).
+    let providersClosed = Mutex<Task<Void, Never>?>(nil)
     /// When each claim loop, express lane and the campaign runner last finished an iteration (`stalledLoops`). The
     /// campaign runner's iteration may take as long as its audience statement on top
     /// (`CampaignRunner.longestStatement`, 15 minutes): a start's first step resolves the whole audience in one
@@ -206,9 +208,8 @@ public final class DeliveryWorker: Sendable {
             group.cancelAll()
             while (try? await group.next()) != nil {}
         }
-        // Sends given up at the cutoff may still have requests open (a provider taking its time): not waited for.
-        await apns.shutdown(by: cutoff.instant)
-        await fcm.shutdown(by: cutoff.instant)
+        // Closed already if sends were still out at the cutoff; requests still open at it are not waited for.
+        await closeProviders()
         logger.info("worker stopped", metadata: ["worker.id": .string(configuration.workerID)])
     }
 
@@ -527,9 +528,13 @@ public final class DeliveryWorker: Sendable {
     static func shutdownCutoff(drain: Duration) -> Duration { drain - min(.seconds(5), drain / 2) }
 
     /// Waits until a batch's sends end: at its deadline (`deadline` after now, the reason `deadline`) or at the
-    /// shutdown cutoff (`shutdown`), whichever comes first; nil when cancelled (every send finished first).
+    /// shutdown cutoff (`shutdown`), whichever comes first; nil when cancelled (every send finished first). At the
+    /// cutoff it returns once the providers' connections are closed (`closeProviders`): the sends still out are then
+    /// recorded as retries, which another worker may send, so none of their requests may still be open, nor start
+    /// after (a token exchange answered late, then the push). Their deadline's own guarantee is the same
+    /// (`ProviderConnections.send(by:)`).
     func sendsEnd(after deadline: Duration) async -> String? {
-        await withTaskGroup(of: String?.self) { group in
+        let first = await withTaskGroup(of: String?.self) { group in
             group.addTask {
                 do { try await Task.sleep(for: deadline) } catch { return nil }
                 return "deadline"
@@ -537,8 +542,27 @@ public final class DeliveryWorker: Sendable {
             group.addTask { await self.cutoff.passed() ? "shutdown" : nil }
             let first = await group.next() ?? nil
             group.cancelAll()
-            return Task.isCancelled ? nil : first
+            return first
         }
+        if first == "shutdown" { await closeProviders() }
+        return Task.isCancelled ? nil : first
+    }
+
+    /// Closes both providers' connections, once, for every caller: at the cutoff (when shutdown began) requests still
+    /// open fail at once, and none is sent after (`ProviderConnections.shutdown`); without a shutdown (cancelled) they
+    /// finish first.
+    func closeProviders() async {
+        let closing = providersClosed.withLock { closing in
+            if let closing { return closing }
+            let (apns, fcm, at) = (self.apns, self.fcm, cutoff.instant)
+            let task = Task {
+                await apns.shutdown(by: at)
+                await fcm.shutdown(by: at)
+            }
+            closing = task
+            return task
+        }
+        await closing.value
     }
 
     /// How long a claim waits for its slowest sends before it commits the others' results and leaves the rest to

@@ -11,6 +11,8 @@ enum ProviderConnectionError: Error, Sendable, Equatable {
     case busy
     /// The delivery's send deadline passed before this request was sent; nothing was sent.
     case deadlinePassed
+    /// The connections were shut down (the worker is stopping); nothing was sent.
+    case shutDown
 }
 
 /// How the worker talks to one provider (APNs or FCM): trust, pool sizes, deadlines and where it may connect.
@@ -70,6 +72,8 @@ final class ProviderConnections: Sendable {
     let configuration: Configuration
     private let now: @Sendable () -> ContinuousClock.Instant
     private let clients = Mutex<[String: Entry]>([:])
+    /// Set by `shutdown`, under `clients`' lock: no pool is opened, and no request sent, after it.
+    private let closed = Atomic<Bool>(false)
     /// The I/O threads and TLS context every pool uses, started with the first pool.
     private let threads = Mutex<HTTP2ClientThreads?>(nil)
     private let threadName: String
@@ -146,6 +150,7 @@ final class ProviderConnections: Sendable {
         let current = now()
         let (result, evicted): (Result<HTTP2Client, any Error>, [HTTP2Client]) = clients.withLock { clients in
             var evicted: [HTTP2Client] = []
+            guard !closed.load(ordering: .relaxed) else { return (.failure(ProviderConnectionError.shutDown), []) }
             for (name, entry) in clients
             where name != key && entry.inFlight == 0 && current - entry.lastUsed >= configuration.poolIdleTimeout {
                 evicted.append(entry.client)
@@ -220,9 +225,12 @@ final class ProviderConnections: Sendable {
     }
 
     /// Closes every pool after its in-flight requests finish, then stops the I/O threads. With `deadline`, requests
-    /// still in flight then are not waited for: their connections close at once (the requests fail).
+    /// still in flight then are not waited for: their connections close at once (the requests fail). From the call on,
+    /// no pool is opened and no request sent (`shutDown`): a worker's shutdown records the sends it gave up as retries,
+    /// and none of them may still go out afterwards.
     func shutdown(by deadline: ContinuousClock.Instant? = nil) async {
         let all = clients.withLock { clients in
+            closed.store(true, ordering: .relaxed)
             defer { clients.removeAll() }
             return clients.values.map(\.client)
         }
@@ -247,6 +255,12 @@ enum TransportFailure {
         case ProviderConnectionError.deadlinePassed:
             // Not the provider's doing, and nothing was sent: the worker has recorded a retry already.
             return .retry(reason: "deadline", retryAfter: nil)
+        case ProviderConnectionError.shutDown:
+            // The worker is stopping (nothing was sent): its shutdown records the delivery as a retry.
+            return .retry(reason: "shutdown", retryAfter: nil)
+        case let error as HTTP2Error where error.code == .shutdown:
+            // Closed by the worker's shutdown while in flight: ended by the worker, not the provider's doing.
+            return .retry(reason: "shutdown", retryAfter: nil)
         case ProviderConnectionError.hostNotAllowed:
             decision = .credentialBroken(reason: "endpoint_not_allowed")
         case ProviderConnectionError.busy:

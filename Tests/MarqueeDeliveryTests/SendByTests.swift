@@ -2,6 +2,8 @@ import Crypto
 import Foundation
 import HTTP2
 import MarqueeCore
+import Observability
+import PostgresClient
 import Synchronization
 import Testing
 
@@ -109,6 +111,53 @@ struct SendByTests {
             token: "t", data: ["k": "v"], ttlSeconds: 60, collapseKey: nil, via: tokens, by: clock.now)
         #expect(late.decision == .retry(reason: "deadline", retryAfter: nil))
         #expect(google.gate.held.load(ordering: .relaxed) == 1)
+        await provider.shutdown()
+        await google.stop()
+    }
+
+    @Test("at the shutdown cutoff the providers' requests are closed before the sends are given up; none starts after")
+    func cutoffClosesRequests() async throws {
+        let google = try SlowGoogle()
+        let provider = FCMProvider(
+            configuration: .init(
+                caFile: google.caFile, connectionsPerHost: 1, requestTimeout: .seconds(30),
+                allowedHosts: ProviderHosts(entries: [.init(host: "127.0.0.1", port: google.server.boundPort)])))
+        let base = "https://127.0.0.1:\(google.server.boundPort)"
+        let tokens = provider.accessTokens(
+            for: FCMAccount(
+                projectID: "p", clientEmail: "a@p.iam.gserviceaccount.com", privateKeyID: "k",
+                tokenURI: base + "/token", endpoint: base, key: try RS256PrivateKey.generate()))
+        // A worker that never runs (nothing connects to its database): only its shutdown cutoff is used.
+        let worker = DeliveryWorker(
+            pool: PostgresPool(try PostgresConfiguration(url: "postgresql://nobody@127.0.0.1:1/none")),
+            listenerConfiguration: try PostgresConfiguration(url: "postgresql://nobody@127.0.0.1:1/none"),
+            apns: APNsProvider(configuration: .init()), fcm: provider,
+            keyRing: try SealingKeyRing(current: (id: "k1", key: [UInt8](repeating: 7, count: 32))),
+            configuration: .init(workerID: "test", drainTimeout: .milliseconds(200)), metrics: MetricsRegistry(),
+            logger: Logger(label: "test", sink: .discard))
+        // A push in flight (its deadline far away), held by the provider.
+        let clock = ContinuousClock()
+        let inFlight = Task {
+            await provider.send(
+                token: "t", data: ["k": "v"], ttlSeconds: 60, collapseKey: nil, via: tokens,
+                by: clock.now + .seconds(60))
+        }
+        let deadline = clock.now + .seconds(10)
+        while google.gate.held.load(ordering: .relaxed) < 1 && clock.now < deadline {
+            try await Task.sleep(for: .milliseconds(5))
+        }
+        try #require(google.gate.held.load(ordering: .relaxed) == 1)
+        worker.beginShutdown()
+        #expect(await worker.sendsEnd(after: .seconds(60)) == "shutdown")
+        // The sends still out are recorded as retries now. The provider answering later changes nothing: the request
+        // was closed before, so the push is not also sent by this worker while another takes the retry.
+        google.gate.open()
+        #expect(await inFlight.value.decision == .retry(reason: "shutdown", retryAfter: nil))
+        // Nor does a send that was on its way (a token exchange answered late) start a request after the cutoff.
+        let late = await provider.send(
+            token: "t", data: ["k": "v"], ttlSeconds: 60, collapseKey: nil, via: tokens, by: clock.now + .seconds(60))
+        #expect(late.decision == .retry(reason: "shutdown", retryAfter: nil))
+        #expect(google.gate.held.load(ordering: .relaxed) == 1, "no request reached the provider after the cutoff")
         await provider.shutdown()
         await google.stop()
     }
