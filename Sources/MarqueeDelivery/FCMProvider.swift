@@ -28,16 +28,32 @@ public struct FCMAccount: Sendable {
     }
 }
 
-/// OAuth2 access tokens for one service account (JWT-bearer grant), cached and refreshed 5 minutes before they
-/// expire. Concurrent senders share one refresh.
+/// OAuth2 access tokens for one service account (JWT-bearer grant), cached.
+///
+/// A refresh starts `refreshAhead` (5 minutes) before the token expires, in the background: senders go on with the
+/// current token until `margin` (1 minute) before its expiry, and keep it when the refresh fails. Only a sender without
+/// a usable token (none yet, about to expire, or the one FCM just rejected) waits, for the one exchange concurrent
+/// senders share. After a failed exchange no other starts before `notBefore` (the endpoint's `Retry-After`, at least
+/// `retryFloor`): a sender without a usable token meanwhile gets that failure at once, and a token endpoint in trouble
+/// is asked once per credential and wait, not once per claim.
 public final class FCMAccessTokens: Sendable {
     static let scope = "https://www.googleapis.com/auth/firebase.messaging"
+    /// How long before its expiry a token is refreshed in the background.
+    static let refreshAhead: TimeInterval = 300
+    /// How long before its expiry a token is no longer used.
+    static let margin: TimeInterval = 60
+    /// The shortest wait after a failed exchange before the next.
+    static let retryFloor: TimeInterval = 5
 
     private struct State {
         var token: String?
         var expires: Date = .distantPast
+        /// Set while an exchange runs: the senders waiting for it (none for a refresh ahead of expiry).
         var refreshing: [CheckedContinuation<String, any Error>]?
         var issued = 0
+        /// The last exchange failed: no other before `notBefore`, and senders without a usable token get `failure`.
+        var notBefore: Date = .distantPast
+        var failure: FCMAuthError?
     }
 
     let account: FCMAccount
@@ -54,6 +70,9 @@ public final class FCMAccessTokens: Sendable {
     /// How many tokens this cache obtained (for tests and metrics).
     public var tokensIssued: Int { state.withLock { $0.issued } }
 
+    /// Whether an exchange is running (for tests).
+    var isRefreshing: Bool { state.withLock { $0.refreshing != nil } }
+
     private let proven = Atomic(false)
 
     /// Whether FCM has accepted a push sent with this credential (as loaded). Until then a SENDER_ID_MISMATCH blames
@@ -67,63 +86,104 @@ public final class FCMAccessTokens: Sendable {
         !proven.exchange(true, ordering: .relaxed)
     }
 
-    /// A valid access token; refreshes when none is cached, it is within 5 minutes of expiry, or it equals `rejected`.
+    /// A usable access token: the cached one while it has more than `margin` left and is not `rejected` (starting a
+    /// refresh in the background within `refreshAhead` of its expiry); otherwise the shared exchange's, or, before
+    /// `notBefore`, the last exchange's failure (`FCMAuthError`).
     public func token(rejecting rejected: String? = nil) async throws -> String {
         enum Next {
-            case ready(String)
+            case ready(String, refreshAhead: Bool)
+            case failed(FCMAuthError)
             case wait
             case refresh
         }
         let current = now()
         return try await withCheckedThrowingContinuation { continuation in
             let next: Next = state.withLock { state in
-                if let token = state.token, token != rejected, state.expires.timeIntervalSince(current) > 300 {
-                    return .ready(token)
+                let mayExchange = state.refreshing == nil && current >= state.notBefore
+                if let token = state.token, token != rejected {
+                    let left = state.expires.timeIntervalSince(current)
+                    if left > Self.margin {
+                        let ahead = mayExchange && left <= Self.refreshAhead
+                        if ahead { state.refreshing = [] }
+                        return .ready(token, refreshAhead: ahead)
+                    }
                 }
                 if state.refreshing != nil {
                     state.refreshing!.append(continuation)
                     return .wait
                 }
+                if current < state.notBefore, let failure = state.failure {
+                    return .failed(failure.waiting(state.notBefore.timeIntervalSince(current)))
+                }
                 state.refreshing = [continuation]
                 return .refresh
             }
             switch next {
-            case .ready(let token): continuation.resume(returning: token)
-            case .wait: break
-            case .refresh:
-                // The refresh is shared by every waiter, so it must not die with whichever caller started it:
+            case .ready(let token, let ahead):
+                continuation.resume(returning: token)
+                // The refresh is shared by every later sender, so it must not die with whichever caller started it:
                 // an unstructured task, not a child of the first caller.
-                Task { await self.refresh() }
+                if ahead { Task { await self.refresh() } }
+            case .failed(let failure): continuation.resume(throwing: failure)
+            case .wait: break
+            case .refresh: Task { await self.refresh() }
             }
         }
     }
 
     private func refresh() async {
-        let result: Result<(String, Date), any Error>
+        let result: Result<(String, Date), FCMAuthError>
         do {
-            result = .success(try await provider.exchange(account))
+            result = .success(try await provider.exchange(account, at: now()))
         } catch {
             result = .failure(error)
         }
+        let current = now()
         let waiters = state.withLock { state in
-            if case .success(let (token, expires)) = result {
+            switch result {
+            case .success(let (token, expires)):
                 state.token = token
                 state.expires = expires
                 state.issued += 1
+                state.notBefore = .distantPast
+                state.failure = nil
+            case .failure(let failure):
+                // A token still valid is kept: senders use it until `margin` before its expiry.
+                state.failure = failure
+                state.notBefore = current.addingTimeInterval(failure.wait)
             }
             defer { state.refreshing = nil }
             return state.refreshing ?? []
         }
-        for waiter in waiters { waiter.resume(with: result.map(\.0)) }
+        for waiter in waiters { waiter.resume(with: result.map(\.0).mapError { $0 as any Error }) }
     }
 }
 
-/// An FCM token-endpoint failure, already classified (`OAuthTokenAnswer`).
+/// An FCM token-exchange failure, already classified: the endpoint's answer (`OAuthTokenAnswer`), a transport failure
+/// (`TransportFailure`, logged under the token endpoint's host) or an assertion that could not be signed.
 public struct FCMAuthError: Error, Sendable, CustomStringConvertible {
-    public var status: Int
+    /// The token endpoint's HTTP status; nil when it did not answer.
+    public var status: Int?
     /// What the delivery that needed the token should do.
     public var decision: DeliveryDecision
-    public var description: String { "token endpoint answered \(status): \(decision)" }
+    public var description: String {
+        (status.map { "token endpoint answered \($0)" } ?? "token exchange failed") + ": \(decision)"
+    }
+
+    /// How long no other exchange starts after this one: the endpoint's `Retry-After`, at least
+    /// `FCMAccessTokens.retryFloor`.
+    var wait: TimeInterval {
+        guard case .retry(_, let retryAfter?) = decision else { return FCMAccessTokens.retryFloor }
+        return max(retryAfter.inSeconds, FCMAccessTokens.retryFloor)
+    }
+
+    /// This failure given to a sender `left` seconds before the next exchange may start: a retry waits that long.
+    func waiting(_ left: TimeInterval) -> FCMAuthError {
+        guard case .retry(let reason, _) = decision else { return self }
+        return FCMAuthError(
+            status: status,
+            decision: .retry(reason: reason, retryAfter: .milliseconds(Int64((max(left, 0) * 1000).rounded()))))
+    }
 }
 
 /// Sends Android Live Update data messages through FCM HTTP v1 over the shared HTTP/2 pools.
@@ -157,25 +217,44 @@ public final class FCMProvider: Sendable {
         return (host, components.port ?? 443, path + (components.percentEncodedQuery.map { "?" + $0 } ?? ""))
     }
 
-    /// The JWT-bearer exchange: an RS256 assertion for `account` → an access token and its expiry.
-    func exchange(_ account: FCMAccount) async throws -> (String, Date) {
-        let iat = Int64(Date().timeIntervalSince1970)
+    /// The JWT-bearer exchange: an RS256 assertion for `account`, issued at `now` → an access token and its expiry.
+    /// Every failure is classified here: a signing failure breaks the credential; a transport failure is retried and
+    /// logged under the token endpoint's host.
+    func exchange(_ account: FCMAccount, at now: Date) async throws(FCMAuthError) -> (String, Date) {
+        let iat = Int64(now.timeIntervalSince1970)
         var header: [String: String] = [:]
         if let kid = account.privateKeyID { header["kid"] = kid }
-        let assertion = try JWT.sign(
-            claims: [
-                "iss": .string(account.clientEmail), "scope": .string(FCMAccessTokens.scope),
-                "aud": .string(account.tokenURI), "iat": .int(iat), "exp": .int(iat + 3600),
-            ], header: header, signer: account.key)
+        let assertion: String
+        do {
+            assertion = try JWT.sign(
+                claims: [
+                    "iss": .string(account.clientEmail), "scope": .string(FCMAccessTokens.scope),
+                    "aud": .string(account.tokenURI), "iat": .int(iat), "exp": .int(iat + 3600),
+                ], header: header, signer: account.key)
+        } catch let error as CryptoError {
+            throw FCMAuthError(status: nil, decision: .credentialBroken(reason: "signing failed: \(error.code)"))
+        } catch {
+            throw FCMAuthError(status: nil, decision: .credentialBroken(reason: "signing failed"))
+        }
         let form =
             "grant_type=" + Self.formEncode("urn:ietf:params:oauth:grant-type:jwt-bearer") + "&assertion="
             + Self.formEncode(assertion)
-        let target = try Self.target(account.tokenURI)
-        let response = try await connections.send(
-            HTTP2Request(
-                method: "POST", path: target.path, headers: [("content-type", "application/x-www-form-urlencoded")],
-                body: Array(form.utf8), timeout: configuration.requestTimeout),
-            host: target.host, port: target.port)
+        let target = try? Self.target(account.tokenURI)
+        let response: HTTP2Response
+        do {
+            guard let target else { throw ProviderConnectionError.hostNotAllowed }
+            response = try await connections.send(
+                HTTP2Request(
+                    method: "POST", path: target.path,
+                    headers: [("content-type", "application/x-www-form-urlencoded")], body: Array(form.utf8),
+                    timeout: configuration.requestTimeout),
+                host: target.host, port: target.port)
+        } catch {
+            throw FCMAuthError(
+                status: nil,
+                decision: TransportFailure.decision(
+                    error, provider: "fcm", host: target?.host ?? "", port: target?.port ?? 0, logger: logger))
+        }
         switch OAuthTokenAnswer.decide(
             status: response.status, body: response.body, retryAfter: response.header("retry-after"),
             date: response.header("date"))
@@ -185,7 +264,7 @@ public final class FCMProvider: Sendable {
         case .failed(let decision):
             if decision == DeliveryReason.clockSkewed {
                 ClockSkew.report(
-                    provider: "fcm", host: target.host, date: response.header("date"), logger: logger)
+                    provider: "fcm", host: target?.host ?? "", date: response.header("date"), logger: logger)
                 throw FCMAuthError(status: response.status, decision: decision)
             }
             logger?.warning(
@@ -238,11 +317,9 @@ public final class FCMProvider: Sendable {
             }
             return SendOutcome(.retry(reason: "token refresh loop", retryAfter: nil))
         } catch let error as FCMAuthError {
-            // 400 invalid_grant and friends break the credential; 429, 5xx and the like are retried. (The status is the
-            // token endpoint's, not FCM's: not recorded as the delivery's.)
+            // 400 invalid_grant and friends break the credential; 429, 5xx, transport failures and the like are
+            // retried. (The status is the token endpoint's, not FCM's: not recorded as the delivery's.)
             return SendOutcome(error.decision)
-        } catch let error as CryptoError {
-            return SendOutcome(.credentialBroken(reason: "signing failed: \(error.code)"))
         } catch {
             let target = try? Self.target(account.endpoint)
             return SendOutcome(

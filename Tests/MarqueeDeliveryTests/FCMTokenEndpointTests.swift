@@ -2,6 +2,7 @@ import Crypto
 import Foundation
 import HTTP2
 import MarqueeCore
+import Observability
 import Synchronization
 import Testing
 
@@ -54,18 +55,38 @@ private final class FakeGoogle: Sendable {
     }
 }
 
+/// A clock the test moves, from now.
+private final class Clock: Sendable {
+    let now = Mutex(Date())
+    func advance(_ seconds: TimeInterval) { now.withLock { $0 = $0.addingTimeInterval(seconds) } }
+    var read: @Sendable () -> Date { { self.now.withLock { $0 } } }
+}
+
+/// Waits until `condition` holds, for at most 10 s.
+private func eventually(_ condition: () -> Bool) async throws {
+    let deadline = ContinuousClock.now + .seconds(10)
+    while !condition() {
+        guard ContinuousClock.now < deadline else { throw CancellationError() }
+        try await Task.sleep(for: .milliseconds(5))
+    }
+}
+
 @Suite("FCM token endpoint: passing failures are retried, only a rejection breaks the credential", .serialized)
 struct FCMTokenEndpointTests {
-    private func provider(_ google: FakeGoogle) throws -> (FCMProvider, FCMAccessTokens) {
+    private func provider(
+        _ google: FakeGoogle, tokenURI: String? = nil, logger: Logger? = nil,
+        now: @escaping @Sendable () -> Date = Date.init
+    ) throws -> (FCMProvider, FCMAccessTokens) {
         let provider = FCMProvider(
             configuration: .init(
                 caFile: google.caFile, connectionsPerHost: 1, requestTimeout: .seconds(20),
-                allowedHosts: ProviderHosts(entries: [.init(host: "127.0.0.1", port: google.server.boundPort)])))
+                allowedHosts: ProviderHosts(entries: [.init(host: "127.0.0.1")])),
+            logger: logger)
         let base = "https://127.0.0.1:\(google.server.boundPort)"
         let account = FCMAccount(
-            projectID: "p", clientEmail: "a@p.iam.gserviceaccount.com", privateKeyID: "k", tokenURI: base + "/token",
-            endpoint: base, key: try RS256PrivateKey.generate())
-        return (provider, provider.accessTokens(for: account))
+            projectID: "p", clientEmail: "a@p.iam.gserviceaccount.com", privateKeyID: "k",
+            tokenURI: tokenURI ?? base + "/token", endpoint: base, key: try RS256PrivateKey.generate())
+        return (provider, provider.accessTokens(for: account, now: now))
     }
 
     private func send(_ provider: FCMProvider, _ tokens: FCMAccessTokens) async -> DeliveryDecision {
@@ -75,13 +96,17 @@ struct FCMTokenEndpointTests {
     @Test("429 (hostile Retry-After), 503 and 500 from the token endpoint are retried; then a token works")
     func passing() async throws {
         let google = try FakeGoogle()
-        let (provider, tokens) = try provider(google)
+        let clock = Clock()
+        let (provider, tokens) = try provider(google, now: clock.read)
         google.answer(429, #"{"error":"rate_limited"}"#, headers: [("retry-after", "1e16")])
         #expect(await send(provider, tokens) == .retry(reason: "oauth_unavailable", retryAfter: .seconds(3600)))
+        clock.advance(3600)
         google.answer(503, "<html>busy</html>", headers: [("retry-after", "2")])
         #expect(await send(provider, tokens) == .retry(reason: "oauth_unavailable", retryAfter: .seconds(2)))
+        clock.advance(FCMAccessTokens.retryFloor)
         google.answer(500, "")
         #expect(await send(provider, tokens) == .retry(reason: "oauth_unavailable", retryAfter: nil))
+        clock.advance(FCMAccessTokens.retryFloor)
         google.answer(200, #"{"access_token":"ya29.ok","expires_in":1e17,"token_type":"Bearer"}"#)
         #expect(await send(provider, tokens) == .sent(providerID: "projects/p/messages/1"))
         #expect(google.exchangeCount == 4)
@@ -89,12 +114,76 @@ struct FCMTokenEndpointTests {
         await google.stop()
     }
 
+    @Test("a failed exchange is not repeated before its Retry-After: senders without a token get its failure at once")
+    func notBefore() async throws {
+        let google = try FakeGoogle()
+        let clock = Clock()
+        let (provider, tokens) = try provider(google, now: clock.read)
+        google.answer(503, "", headers: [("retry-after", "30")])
+        #expect(await send(provider, tokens) == .retry(reason: "oauth_unavailable", retryAfter: .seconds(30)))
+        clock.advance(10)
+        #expect(await send(provider, tokens) == .retry(reason: "oauth_unavailable", retryAfter: .seconds(20)))
+        #expect(google.exchangeCount == 1, "the endpoint in trouble was not asked again before its Retry-After")
+        clock.advance(20)
+        google.answer(200, #"{"access_token":"ya29.ok","expires_in":3600}"#)
+        #expect(await send(provider, tokens) == .sent(providerID: "projects/p/messages/1"))
+        #expect(google.exchangeCount == 2)
+        await provider.shutdown()
+        await google.stop()
+    }
+
+    @Test("a token still valid is kept when its refresh fails, refreshed ahead without making senders wait")
+    func keptWhileValid() async throws {
+        let google = try FakeGoogle()
+        let clock = Clock()
+        let (provider, tokens) = try provider(google, now: clock.read)
+        google.answer(200, #"{"access_token":"ya29.first","expires_in":600}"#)
+        #expect(try await tokens.token() == "ya29.first")
+        google.answer(503, "", headers: [("retry-after", "30")])
+        // 299 s left: refreshed in the background, the current token used meanwhile (and kept: the refresh fails).
+        clock.advance(301)
+        #expect(try await tokens.token() == "ya29.first")
+        try await eventually { google.exchangeCount == 2 && !tokens.isRefreshing }
+        #expect(try await tokens.token() == "ya29.first")
+        #expect(google.exchangeCount == 2, "not again before the Retry-After")
+        // Past it, the next sender starts another refresh, which lands.
+        clock.advance(31)
+        google.answer(200, #"{"access_token":"ya29.second","expires_in":600}"#)
+        #expect(try await tokens.token() == "ya29.first")
+        try await eventually { google.exchangeCount == 3 && !tokens.isRefreshing }
+        #expect(try await tokens.token() == "ya29.second")
+        // A token within a minute of its expiry is not used: with the endpoint failing, the sender gets the failure.
+        google.answer(503, "")
+        clock.advance(541)
+        await #expect(throws: FCMAuthError.self) { try await tokens.token() }
+        await provider.shutdown()
+        await google.stop()
+    }
+
+    @Test("a transport failure of the exchange is logged under the token endpoint's host and port, not FCM's")
+    func exchangeFailureLogged() async throws {
+        let google = try FakeGoogle()
+        let lines = Mutex<[String]>([])
+        let logger = Logger(label: "test", sink: LogSink { line in lines.withLock { $0.append(line) } })
+        // Nothing listens on port 1.
+        let (provider, tokens) = try provider(google, tokenURI: "https://127.0.0.1:1/token", logger: logger)
+        #expect(await send(provider, tokens) == .retry(reason: "transport_error", retryAfter: nil))
+        let logged = lines.withLock { $0 }.filter { $0.contains("provider request failed") }
+        #expect(logged.count == 1)
+        #expect(logged.allSatisfy { $0.contains(#""provider.port":1"#) }, "\(logged)")
+        #expect(google.exchangeCount == 0)
+        await provider.shutdown()
+        await google.stop()
+    }
+
     @Test("400 invalid_grant and 401 invalid_client break the credential, with a fixed reason")
     func rejected() async throws {
         let google = try FakeGoogle()
-        let (provider, tokens) = try provider(google)
+        let clock = Clock()
+        let (provider, tokens) = try provider(google, now: clock.read)
         google.answer(400, #"{"error":"invalid_grant","error_description":"Invalid JWT Signature."}"#)
         #expect(await send(provider, tokens) == .credentialBroken(reason: "oauth_invalid_grant"))
+        clock.advance(FCMAccessTokens.retryFloor)
         google.answer(401, #"{"error":"invalid_client"}"#)
         #expect(await send(provider, tokens) == .credentialBroken(reason: "oauth_invalid_client"))
         await provider.shutdown()
