@@ -55,13 +55,16 @@ public enum ProviderNumbers {
     }
 
     /// A reason text from a provider's body, made safe to store and label metrics with: at most 64 characters of
-    /// `A-Z a-z 0-9 _ - .`; anything else gives nil.
+    /// `A-Z a-z 0-9 _ - .`, and not one of the worker's own reasons (`DeliveryReason.workerReasons`, `oauth_…`);
+    /// anything else gives nil. A provider cannot pass its answer off as the worker's: a 503 "shutdown" would
+    /// otherwise be retried as an attempt the worker ended itself (`RetryPolicy.uncounted`), for ever.
     public static func reasonText(_ text: String?) -> String? {
         guard let text, (1...64).contains(text.utf8.count),
             text.utf8.allSatisfy({
                 ($0 >= 0x30 && $0 <= 0x39) || ($0 >= 0x41 && $0 <= 0x5A) || ($0 >= 0x61 && $0 <= 0x7A) || $0 == 0x5F
                     || $0 == 0x2D || $0 == 0x2E
-            })
+            }),
+            !DeliveryReason.workerReasons.contains(text), !text.hasPrefix("oauth_")
         else { return nil }
         return text
     }

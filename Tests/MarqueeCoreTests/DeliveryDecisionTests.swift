@@ -174,6 +174,26 @@ struct RetryPolicyTests {
                 == .seconds(128))
     }
 
+    @Test("a provider cannot word its answer as the worker's own reason: a 503 'shutdown' still gives up")
+    func providerCannotSpendNoAttempt() {
+        let policy = RetryPolicy(maxAttempts: 10)
+        for own in ["shutdown", "credential_load", "deadline", "clock_skew", "oauth_unavailable"] {
+            let apns = APNsReason.decide(
+                status: 503, body: Array(#"{"reason":"\#(own)"}"#.utf8), apnsID: nil, retryAfter: nil)
+            #expect(apns == .retry(reason: "unreadable", retryAfter: nil), "\(own)")
+            let fcm = FCMErrorCode.decide(
+                status: 503, body: Array(#"{"error":{"status":"\#(own)"}}"#.utf8), retryAfter: nil)
+            #expect(fcm == .retry(reason: "unreadable", retryAfter: nil), "\(own)")
+            guard case .retry(let reason, let after) = apns else { continue }
+            #expect(policy.delay(afterAttempts: 10, retryAfter: after, reason: reason) == nil, "\(own): gives up")
+        }
+        // Apple's own "Shutdown" (a server going down) is Apple's reason, retried and counted.
+        #expect(
+            APNsReason.decide(status: 503, body: Array(#"{"reason":"Shutdown"}"#.utf8), apnsID: nil, retryAfter: nil)
+                == .retry(reason: "Shutdown", retryAfter: nil))
+        #expect(policy.delay(afterAttempts: 10, retryAfter: nil, reason: "Shutdown") == nil)
+    }
+
     @Test("Retry-After is a floor")
     func retryAfter() {
         let policy = RetryPolicy(initialDelay: .seconds(1))
