@@ -212,7 +212,7 @@ public struct RetryPolicy: Sendable, Equatable {
     /// Reasons of attempts the worker ended itself, before any answer: its shutdown (a rolling deploy must not fail a
     /// push on its last attempt that the provider never refused), and a credential it could not load (nothing was
     /// sent). Such a delivery still ends with its instance's expiry.
-    public static let uncounted: Set<String> = ["shutdown", "credential_load"]
+    public static let uncounted: Set<String> = [DeliveryReason.shutdown, "credential_load"]
 
     /// Whether an attempt that ended `status` with `reason` spends the budget: not a retry for a reason the worker
     /// gave itself (`uncounted`), nor a park (the provider refused the tenant's credential, not the push). The
@@ -275,10 +275,24 @@ public enum DeliveryReason {
     /// The decision for a time-based rejection that is the clocks' doing (`clockSkew`).
     public static let clockSkewed = DeliveryDecision.retry(reason: clockSkew, retryAfter: nil)
 
-    /// Reasons the worker gives itself (not a provider's words).
+    /// The send deadline passed before the provider answered (or before the request was sent).
+    public static let deadline = "deadline"
+    /// The worker's shutdown ended the attempt (`RetryPolicy.uncounted`).
+    public static let shutdown = "shutdown"
+    /// The provider could not be reached, or its answer not read (an oversized body, a reset stream, every pool busy).
+    public static let transportError = "transport_error"
+    /// The TLS handshake with the provider failed (certificate, ALPN).
+    public static let tlsError = "tls_error"
+    /// The provider did not answer within the request's timeout.
+    public static let timeout = "timeout"
+    /// The credential's endpoint (or token URI) is outside `MARQUEE_PROVIDER_HOSTS`.
+    public static let endpointNotAllowed = "endpoint_not_allowed"
+
+    /// Reasons the worker gives itself (not a provider's words): the only home of their spelling as metric labels,
+    /// and what `ProviderNumbers.reasonText` never takes from a provider.
     public static let workerReasons = Set([
-        clockSkew, "deadline", "shutdown", "instance_expired", "instance_ended", "credential_load",
-        "no_apns_credentials", "no_fcm_credentials", "channel_gone", "transport_error", "endpoint_not_allowed",
+        clockSkew, deadline, shutdown, transportError, tlsError, timeout, endpointNotAllowed, "instance_expired",
+        "instance_ended", "credential_load", "no_apns_credentials", "no_fcm_credentials", "channel_gone",
         "provider token refresh loop", "token refresh loop", "unreadable", "oauth_rejected", "oauth_unavailable",
     ]).union(ChannelReach.allCases.compactMap(\.failureReason))
 

@@ -537,14 +537,14 @@ public final class DeliveryWorker: Sendable {
         let first = await withTaskGroup(of: String?.self) { group in
             group.addTask {
                 do { try await Task.sleep(for: deadline) } catch { return nil }
-                return "deadline"
+                return DeliveryReason.deadline
             }
-            group.addTask { await self.cutoff.passed() ? "shutdown" : nil }
+            group.addTask { await self.cutoff.passed() ? DeliveryReason.shutdown : nil }
             let first = await group.next() ?? nil
             group.cancelAll()
             return first
         }
-        if first == "shutdown" { await closeProviders() }
+        if first == DeliveryReason.shutdown { await closeProviders() }
         return Task.isCancelled ? nil : first
     }
 
@@ -668,7 +668,7 @@ public final class DeliveryWorker: Sendable {
         by sendBy: ContinuousClock.Instant
     ) {
         guard let id = deadline.add(once, d) else {
-            once.resume((retry(d, reason: "deadline", retryAfter: nil), nil, nil))
+            once.resume((retry(d, reason: DeliveryReason.deadline, retryAfter: nil), nil, nil))
             return
         }
         Task {
@@ -875,9 +875,7 @@ public final class DeliveryWorker: Sendable {
         case .credentialBroken(let reason):
             // Parked, not failed: out of the queue until the credential is replaced (migration 0006's trigger).
             return (
-                DeliveryResult(
-                    tenantID: d.tenantID, id: d.id, instanceID: d.instanceID, status: .parked, httpStatus: http,
-                    reason: reason), nil,
+                result(d, .parked, http: http, reason: reason), nil,
                 BrokenCredential(
                     tenant: d.tenantID, provider: d.provider, reason: reason, credentialUpdatedAt: credentialUpdatedAt,
                     untilProven: d.provider == .fcm && FCMErrorCode(reason).blamesCredentialUntilProven)
@@ -906,6 +904,8 @@ public final class DeliveryWorker: Sendable {
         )
     }
 
+    /// An attempt's result, counted in `marquee_deliveries_total` (one per attempt: every result but a retry is
+    /// made here, and `retry` counts its own).
     func result(
         _ d: ClaimedDelivery, _ status: DeliveryResult.Status, providerID: String? = nil, http: Int? = nil,
         reason: String? = nil

@@ -254,21 +254,21 @@ enum TransportFailure {
         switch error {
         case ProviderConnectionError.deadlinePassed:
             // Not the provider's doing, and nothing was sent: the worker has recorded a retry already.
-            return .retry(reason: "deadline", retryAfter: nil)
+            return .retry(reason: DeliveryReason.deadline, retryAfter: nil)
         case ProviderConnectionError.shutDown:
             // The worker is stopping (nothing was sent): its shutdown records the delivery as a retry.
-            return .retry(reason: "shutdown", retryAfter: nil)
+            return .retry(reason: DeliveryReason.shutdown, retryAfter: nil)
         case let error as HTTP2Error where error.code == .shutdown:
             // Closed by the worker's shutdown while in flight: ended by the worker, not the provider's doing.
-            return .retry(reason: "shutdown", retryAfter: nil)
+            return .retry(reason: DeliveryReason.shutdown, retryAfter: nil)
         case ProviderConnectionError.hostNotAllowed:
-            decision = .credentialBroken(reason: "endpoint_not_allowed")
+            decision = .credentialBroken(reason: DeliveryReason.endpointNotAllowed)
         case ProviderConnectionError.busy:
-            decision = .retry(reason: "transport_error", retryAfter: nil)
+            decision = .retry(reason: DeliveryReason.transportError, retryAfter: nil)
         case let error as HTTP2Error:
             decision = .retry(reason: reason(error.code), retryAfter: nil)
         default:
-            decision = .retry(reason: "transport_error", retryAfter: nil)
+            decision = .retry(reason: DeliveryReason.transportError, retryAfter: nil)
         }
         logger?.warning(
             "provider request failed",
@@ -282,9 +282,9 @@ enum TransportFailure {
     /// The tenant-visible reason for an HTTP/2 error code.
     static func reason(_ code: HTTP2Error.Code) -> String {
         switch code {
-        case .timeout: "timeout"
-        case .tlsFailed, .certificateVerifyFailed, .alpnMismatch: "tls_error"
-        default: "transport_error"
+        case .timeout: DeliveryReason.timeout
+        case .tlsFailed, .certificateVerifyFailed, .alpnMismatch: DeliveryReason.tlsError
+        default: DeliveryReason.transportError
         }
     }
 }

@@ -1129,6 +1129,12 @@ struct DeliveryTests {
         }
         #expect(parked, "parked, not failed")
         #expect(t.fixture.simulator.pushes(token: token).isEmpty)
+        // The parked attempt is counted, as every attempt is.
+        let counted = try await HTTP.get(worker.baseURL + "/metrics").text.split(separator: "\n").filter {
+            $0.hasPrefix("marquee_deliveries_total{") && $0.contains(#"status="parked""#)
+                && $0.contains(#"reason="InvalidProviderToken""#) && !$0.hasSuffix(" 0")
+        }
+        #expect(counted.count == 1, "marquee_deliveries_total counts the parked attempt")
         // Replacing the credential resumes the tenant's sends.
         _ = try await t.api.call("PUT", "/v1/credentials/apns", key: t.tenant.app, json: good)
         let settled = try await t.settled(instance, count: 1, timeout: .seconds(30))

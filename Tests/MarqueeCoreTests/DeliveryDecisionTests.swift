@@ -225,6 +225,10 @@ struct DeliveryReasonLabelTests {
         #expect(label("UNAUTHENTICATED twice") == "UNAUTHENTICATED twice")
         #expect(label("Made-Up twice") == "other")
         #expect(label("signing failed: badKey") == "signing failed")
+        // The transport failures' reasons are the worker's own (`TransportFailure`), labelled as themselves.
+        for transport in ["timeout", "tls_error", "transport_error", "endpoint_not_allowed", "clock_skew", "shutdown"] {
+            #expect(label(transport) == transport)
+        }
         #expect(label(DeliveryReason.gaveUp(after: 10, "TooManyRequests")) == "gave up: TooManyRequests")
         #expect(label(DeliveryReason.gaveUp(after: 7, "Made-Up")) == "gave up: other")
         #expect(DeliveryReason.gaveUp(after: 10, "deadline") == "gave up after 10 attempts: deadline")
