@@ -124,12 +124,17 @@ struct SecretsTests {
         #expect(tables.contains { $0.0 == "apns_credentials" } && tables.contains { $0.0 == "fcm_credentials" })
         var scanned = 0
         for (table, tenanted) in tables {
-            let rows = try await fixture.pool.query(
-                tenanted
-                    ? "SELECT t::text AS row FROM \(identifier: table) t WHERE t.tenant_id = \(tenant.uuid)"
-                    : table == "tenants"
-                        ? "SELECT t::text AS row FROM tenants t WHERE t.id = \(tenant.uuid)"
-                        : "SELECT t::text AS row FROM \(identifier: table) t")
+            let rows: PostgresRows
+            do {
+                rows = try await fixture.pool.query(
+                    tenanted
+                        ? "SELECT t::text AS row FROM \(identifier: table) t WHERE t.tenant_id = \(tenant.uuid)"
+                        : table == "tenants"
+                            ? "SELECT t::text AS row FROM tenants t WHERE t.id = \(tenant.uuid)"
+                            : "SELECT t::text AS row FROM \(identifier: table) t")
+            } catch let error as PostgresError where error.code == .undefinedTable {
+                continue  // dropped since it was listed: a day partition retention dropped (other tests run passes)
+            }
             for row in rows {
                 let text = try row.decode(String.self, "row")
                 scanned += 1
