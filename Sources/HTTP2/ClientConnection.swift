@@ -22,7 +22,7 @@ typealias ClientEntry = ConnectionStateMachine<ClientPayload>.Entry
 typealias ClientAction = ConnectionAction<ClientPayload>
 
 /// A resolved socket address.
-struct ResolvedAddress: Sendable {
+struct ResolvedAddress: Sendable, Equatable {
     var bytes: [UInt8]
     var family: Int32
 }
@@ -72,6 +72,9 @@ final class ClientConnection: TLSConnection, LoopHandler {
     private var publishedActive = 0
     private var publishedQueued = 0
     private var reportedOpen = false
+    /// The resolved addresses not tried yet: a TCP connect that fails goes on to the next (a host with an IPv6
+    /// address that does not answer, and an IPv4 one that does).
+    private var untried: [ResolvedAddress] = []
 
     init(handle: ConnectionHandle, core: ClientCore, notBefore: ContinuousClock.Instant?, context: LoopContext) {
         self.handle = handle
@@ -104,7 +107,7 @@ final class ClientConnection: TLSConnection, LoopHandler {
             var length = socklen_t(MemoryLayout<Int32>.size)
             getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &length)
             if error != 0 {
-                lose(HTTP2Error(.connectFailed, "the TCP connection failed", details: errnoText(error)))
+                connectNext(after: HTTP2Error(.connectFailed, "the TCP connection failed", details: errnoText(error)))
             } else {
                 startTLS()
             }
@@ -155,33 +158,46 @@ final class ClientConnection: TLSConnection, LoopHandler {
         let special = core.configuration.allowsSpecialAddresses
         let loop = context.loop
         let id = self.id
+        let resolve = core.resolve
         if isIPAddress(host) {
-            connected(to: resolve(host: host, port: port, allowsSpecialAddresses: special))
+            connected(to: resolve(host, port, special))
             return
         }
         // getaddrinfo blocks, for seconds when DNS is slow: on a serial queue of its own (Dispatch's overcommitting
         // threads), not `DispatchQueue.global()`, whose threads (one per core) on Linux also run every Swift task.
         DispatchQueue(label: "http2.resolve").async {
-            let result = resolve(host: host, port: port, allowsSpecialAddresses: special)
+            let result = resolve(host, port, special)
             loop.execute { context in
                 (context.object(id: id) as? ClientConnection)?.connected(to: result)
             }
         }
     }
 
-    private func connected(to result: Result<ResolvedAddress, HTTP2Error>) {
+    private func connected(to result: Result<[ResolvedAddress], HTTP2Error>) {
         guard phase == .resolving else { return }
-        let address: ResolvedAddress
         switch result {
-        case .success(let value): address = value
+        case .success(let addresses):
+            untried = addresses
+            connectNext(after: HTTP2Error(.connectFailed, "the host has no address"))
         case .failure(let error):
+            lose(error)
+        }
+    }
+
+    /// Connects to the next address not tried yet, closing the socket of the last one; when none is left, the
+    /// connection is lost with `error` (the last address's failure). Only TCP failures go on to the next address: a
+    /// TLS failure is the server's answer.
+    private func connectNext(after error: HTTP2Error) {
+        releaseResources()
+        guard !untried.isEmpty else {
             lose(error)
             return
         }
+        let address = untried.removeFirst()
         let socketType = Int32(SOCK_STREAM.rawValue) | Int32(SOCK_NONBLOCK.rawValue) | Int32(SOCK_CLOEXEC.rawValue)
         fd = socket(address.family, socketType, 0)
         guard fd >= 0 else {
-            lose(HTTP2Error(.connectFailed, "cannot create a socket", details: errnoText()))
+            connectNext(after: HTTP2Error(.connectFailed, "cannot create a socket", details: errnoText()))
             return
         }
         var one: Int32 = 1
@@ -195,7 +211,7 @@ final class ClientConnection: TLSConnection, LoopHandler {
             phase = .connecting
             watch(self, writable: true)
         } else {
-            lose(HTTP2Error(.connectFailed, "the TCP connection failed", details: errnoText()))
+            connectNext(after: HTTP2Error(.connectFailed, "the TCP connection failed", details: errnoText()))
         }
     }
 
@@ -550,9 +566,9 @@ private func clientReadBody(
     connection(user).readBody(streamID: streamID, buffer, length, flags)
 }
 
-/// Resolves `host:port` (blocking; called off the loop thread for names). With `allowsSpecialAddresses` false, the
-/// first public address is chosen, and none is an `addressRefused` error.
-func resolve(host: String, port: Int, allowsSpecialAddresses: Bool = true) -> Result<ResolvedAddress, HTTP2Error> {
+/// Resolves `host:port` (blocking; called off the loop thread for names) to its addresses, in getaddrinfo's order.
+/// With `allowsSpecialAddresses` false, only public addresses are kept, and none is an `addressRefused` error.
+func resolve(host: String, port: Int, allowsSpecialAddresses: Bool = true) -> Result<[ResolvedAddress], HTTP2Error> {
     var hints = addrinfo()
     hints.ai_family = AF_UNSPEC
     hints.ai_socktype = Int32(SOCK_STREAM.rawValue)
@@ -564,14 +580,20 @@ func resolve(host: String, port: Int, allowsSpecialAddresses: Bool = true) -> Re
             HTTP2Error(.connectFailed, "cannot resolve the host", details: String(cString: gai_strerror(status))))
     }
     defer { freeaddrinfo(list) }
+    var addresses: [ResolvedAddress] = []
     var next = list
     while let entry = next {
         next = entry.pointee.ai_next
         let bytes = [UInt8](UnsafeRawBufferPointer(start: entry.pointee.ai_addr, count: Int(entry.pointee.ai_addrlen)))
         let address = ResolvedAddress(bytes: bytes, family: entry.pointee.ai_family)
-        if allowsSpecialAddresses || !address.isSpecialPurpose { return .success(address) }
+        if (allowsSpecialAddresses || !address.isSpecialPurpose) && !addresses.contains(address) {
+            addresses.append(address)
+        }
     }
-    return .failure(HTTP2Error(.addressRefused, "the host resolves only to special-purpose addresses"))
+    guard !addresses.isEmpty else {
+        return .failure(HTTP2Error(.addressRefused, "the host resolves only to special-purpose addresses"))
+    }
+    return .success(addresses)
 }
 
 extension ResolvedAddress {

@@ -61,7 +61,8 @@ public final class HTTP2Client: Sendable {
         public var maxResponseBodySize: Int?
         /// Whether the host may resolve to loopback, private, link-local, unspecified or other special-purpose
         /// addresses (default `true`). When `false` those addresses are skipped, and the connection goes to the very
-        /// address that was checked (no second lookup).
+        /// addresses that were checked (no second lookup). A connection tries the host's addresses in turn: one that
+        /// refuses or fails the TCP connect is left for the next.
         public var allowsSpecialAddresses: Bool
 
         /// Creates a configuration with the documented defaults.
@@ -117,6 +118,14 @@ public final class HTTP2Client: Sendable {
     /// Throws `invalidConfiguration` when the CA file cannot be loaded or the threads cannot be set up.
     public init(_ configuration: Configuration, threads: HTTP2ClientThreads? = nil) throws {
         core = try ClientCore(configuration, threads: threads)
+    }
+
+    /// A client whose host names resolve with `resolve` (tests: a host with several addresses).
+    init(
+        _ configuration: Configuration,
+        resolve: @escaping @Sendable (String, Int, Bool) -> Result<[ResolvedAddress], HTTP2Error>
+    ) throws {
+        core = try ClientCore(configuration, threads: nil, resolve: resolve)
     }
 
     deinit {
@@ -198,6 +207,8 @@ final class ClientCore: Sendable {
     }
 
     let configuration: HTTP2Client.Configuration
+    /// Resolves host, port and `allowsSpecialAddresses` to the addresses a connection tries in turn.
+    let resolve: @Sendable (String, Int, Bool) -> Result<[ResolvedAddress], HTTP2Error>
     let machineConfiguration: ConnectionStateMachine<ClientPayload>.Configuration
     let tls: TLSContext
     /// The `:authority` of requests without their own: the host, and the port unless it is 443.
@@ -216,13 +227,19 @@ final class ClientCore: Sendable {
     let connectsTotal = Atomic<Int>(0)
     let goAwaysTotal = Atomic<Int>(0)
 
-    init(_ configuration: HTTP2Client.Configuration, threads: HTTP2ClientThreads?) throws {
+    init(
+        _ configuration: HTTP2Client.Configuration, threads: HTTP2ClientThreads?,
+        resolve: @escaping @Sendable (String, Int, Bool) -> Result<[ResolvedAddress], HTTP2Error> = {
+            HTTP2.resolve(host: $0, port: $1, allowsSpecialAddresses: $2)
+        }
+    ) throws {
         guard configuration.connections > 0, configuration.ioThreads > 0,
             (1...65_535).contains(configuration.port)
         else {
             throw HTTP2Error(.invalidConfiguration, "connections, ioThreads and port must be positive")
         }
         self.configuration = configuration
+        self.resolve = resolve
         var machine = ConnectionStateMachine<ClientPayload>.Configuration()
         machine.maxQueued = configuration.maxQueuedRequests
         machine.maxRetries = configuration.maxRetries
