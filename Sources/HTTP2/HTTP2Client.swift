@@ -3,7 +3,8 @@ import Synchronization
 
 /// A pool of HTTP/2 connections to one `host:port` with one TLS configuration.
 ///
-/// Requests go to the least busy connection; connections open lazily up to `connections`, each carries many
+/// Requests go to the least busy open connection (to one still connecting only while none is open); connections open
+/// lazily up to `connections`, each carries many
 /// concurrent streams (up to the server's SETTINGS_MAX_CONCURRENT_STREAMS, the rest wait in a bounded queue), answer
 /// PINGs, close when idle and are re-opened with exponential backoff after failures. Requests refused by GOAWAY or
 /// REFUSED_STREAM are retried on a fresh connection. All socket work happens on dedicated I/O threads.
@@ -183,6 +184,9 @@ final class ConnectionHandle: Sendable {
     let loop: EventLoop
     /// Requests handed to this connection and not finished or handed back.
     let outstanding = Atomic<Int>(0)
+    /// Whether its TLS handshake finished (set by `ClientCore.connectionReady`); until then it is connecting, or waiting
+    /// out a backoff.
+    let isOpen = Atomic<Bool>(false)
 
     init(id: Int, slot: Int, loop: EventLoop) {
         self.id = id
@@ -278,24 +282,33 @@ final class ClientCore: Sendable {
         }
     }
 
-    /// Routes a request to the least busy connection, opening one in a free slot when every open one is busy.
+    /// Routes a request to the least busy open connection, or, while none is open, to the least busy one connecting.
+    /// When every connection is busy and a slot is free, one more opens there: it takes the request while none is
+    /// open; otherwise it opens beside them for later requests, and the request goes to an open one now (a connection
+    /// still connecting, resolving or waiting out a backoff holds a request for as long as that takes).
     func dispatch(_ entry: ClientEntry) {
         // Aborted: a request handed back by a closing connection (or not yet routed) is not given a new one.
         if aborted.load(ordering: .sequentiallyConsistent) {
             finish(entry, .failure(HTTP2Error(.shutdown, "the client was shut down")))
             return
         }
-        let choice: (handle: ConnectionHandle, create: Bool, notBefore: ContinuousClock.Instant?)? = state.withLock {
-            state in
+        typealias Choice = (
+            handle: ConnectionHandle, create: Bool, notBefore: ContinuousClock.Instant?,
+            beside: (handle: ConnectionHandle, notBefore: ContinuousClock.Instant?)?
+        )
+        let choice: Choice? = state.withLock { state in
             var best: ConnectionHandle?
             var bestLoad = Int.max
+            var bestOpen = false
             var free: Int?
             for index in state.slots.indices {
                 if let handle = state.slots[index].connection {
                     let load = handle.outstanding.load(ordering: .relaxed)
-                    if load < bestLoad {
+                    let open = handle.isOpen.load(ordering: .relaxed)
+                    if (open && !bestOpen) || (open == bestOpen && load < bestLoad) {
                         best = handle
                         bestLoad = load
+                        bestOpen = open
                     }
                 } else if free == nil {
                     free = index
@@ -305,16 +318,27 @@ final class ClientCore: Sendable {
                 let handle = ConnectionHandle(
                     id: makeObjectID(), slot: free, loop: loops[free % loops.count])
                 state.slots[free].connection = handle
+                if bestOpen, let best {
+                    best.outstanding.wrappingAdd(1, ordering: .relaxed)
+                    return (best, false, nil, (handle, state.slots[free].notBefore))
+                }
                 handle.outstanding.wrappingAdd(1, ordering: .relaxed)
-                return (handle, true, state.slots[free].notBefore)
+                return (handle, true, state.slots[free].notBefore, nil)
             }
             guard let best else { return nil }
             best.outstanding.wrappingAdd(1, ordering: .relaxed)
-            return (best, false, nil)
+            return (best, false, nil, nil)
         }
         guard let choice else {
             finish(entry, .failure(HTTP2Error(.shutdown, "the client has no connection slots")))
             return
+        }
+        if let (beside, notBefore) = choice.beside {
+            // Opens without a request: it takes requests once open (or closes when idle).
+            let started = beside.loop.execute { [self] context in
+                ClientConnection(handle: beside, core: self, notBefore: notBefore, context: context).start()
+            }
+            if !started { detach(beside) }
         }
         let handle = choice.handle
         let accepted: Bool
@@ -361,6 +385,7 @@ final class ClientCore: Sendable {
     }
 
     func connectionReady(_ handle: ConnectionHandle) {
+        handle.isOpen.store(true, ordering: .relaxed)
         state.withLock { state in
             state.slots[handle.slot].backoff.reset()
             state.slots[handle.slot].notBefore = nil
