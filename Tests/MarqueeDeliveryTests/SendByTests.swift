@@ -135,14 +135,16 @@ struct SendByTests {
             keyRing: try SealingKeyRing(current: (id: "k1", key: [UInt8](repeating: 7, count: 32))),
             configuration: .init(workerID: "test", drainTimeout: .milliseconds(200)), metrics: MetricsRegistry(),
             logger: Logger(label: "test", sink: .discard))
-        // A push in flight (its deadline far away), held by the provider.
+        // The access token first (the connection is then open), then a push in flight (its deadline far away), held
+        // by the provider.
+        _ = try await tokens.token()
         let clock = ContinuousClock()
         let inFlight = Task {
             await provider.send(
                 token: "t", data: ["k": "v"], ttlSeconds: 60, collapseKey: nil, via: tokens,
                 by: clock.now + .seconds(60))
         }
-        let deadline = clock.now + .seconds(10)
+        let deadline = clock.now + .seconds(60)
         while google.gate.held.load(ordering: .relaxed) < 1 && clock.now < deadline {
             try await Task.sleep(for: .milliseconds(5))
         }
