@@ -959,7 +959,10 @@ public struct CampaignRunner: Sendable {
                           AND (x.token IS NULL OR (q.operation <> 'start' AND q.token = x.token))
                           AND NOT marquee_being_sent(q.sending_until)
                         FOR UPDATE OF q SKIP LOCKED)
-                    OR (\(broadcast) AND NOT \(isEnd) AND d.id IN (
+                    -- An older broadcast of the campaign goes only when this statement queues the newer one (`bc`, from
+                    -- a changed instance): a change that changes nothing here must not leave the channel's devices
+                    -- without the older state.
+                    OR (\(broadcast) AND NOT \(isEnd) AND EXISTS (SELECT 1 FROM upd) AND d.id IN (
                         SELECT q.id FROM delivery_queue q
                         JOIN instances i ON i.tenant_id = q.tenant_id AND i.id = q.instance_id
                         WHERE q.tenant_id = \(tenant) AND q.token_kind = 'channel' AND q.token = \(apnsChannelID)

@@ -115,4 +115,64 @@ extension BroadcastInstanceTests {
             """)[0].decode(Int.self, "n")
         #expect(changed == 2)
     }
+
+    @Test("a channel change that changes no instance leaves the older change's queued broadcast in place")
+    func unchangedChangeKeepsQueuedBroadcast() async throws {
+        let (t, pool, campaign) = try await Self.channelCampaignStartedHere(fans: 2)
+        defer { pool.close() }
+        let tenant = t.tenant.uuid
+        /// Posts a campaign-wide update and runs it here to the end, as the runner does (first half, then the rest).
+        func update(home: Int) async throws {
+            let r = try await t.api.call(
+                "POST", "/v1/campaigns/\(campaign)/update", key: t.tenant.app,
+                json: ["content_state_patch": ["home": home]])
+            #expect(r.status == 202, "\(r.text)")
+            let row = try await pool.query(
+                """
+                SELECT id, change FROM campaign_schedules
+                WHERE tenant_id = \(tenant) AND campaign_id = \(campaign) AND operation = 'update' AND state = 'pending'
+                """)[0]
+            let scheduleID = try row.decode(UUID.self, "id")
+            let change = CampaignChange(operation: .update, json: try row.decode(JSONValue.self, "change"))
+            var step = try await CampaignTests.changeStep(
+                pool, tenant, campaign, change, scheduleID, progress: nil, chunk: 10)
+            var progress = step.result
+            if let representative = step.representative {
+                progress = .object([
+                    "phase": .string("broadcast"), "representative": .string(representative), "broadcast": step.result,
+                ])
+            }
+            var steps = 1
+            while !step.done || step.representative != nil {
+                step = try await CampaignTests.changeStep(
+                    pool, tenant, campaign, change, scheduleID, progress: progress, chunk: 10)
+                progress = step.result
+                steps += 1
+                try #require(steps < 5, "the change did not end: \(step.result)")
+            }
+            try await pool.execute(
+                "UPDATE campaign_schedules SET state = 'done' WHERE tenant_id = \(tenant) AND id = \(scheduleID)")
+        }
+        func queuedBroadcasts() async throws -> [JSONValue] {
+            try await pool.query(
+                """
+                SELECT content_state FROM delivery_queue
+                WHERE tenant_id = \(tenant) AND token_kind = 'channel' AND operation = 'update'
+                """
+            ).map { try $0.decode(JSONValue.self, "content_state") }
+        }
+        // The first change's broadcast waits (as a paced one, or one waiting out a Retry-After, would).
+        try await update(home: 1)
+        #expect(try await queuedBroadcasts().map { $0["home"]?.intValue } == [1])
+        // The same change again: every instance already shows it, nothing is written, nothing queued; the waiting
+        // broadcast must still go out.
+        try await update(home: 1)
+        #expect(try await queuedBroadcasts().map { $0["home"]?.intValue } == [1])
+        let superseded = try await pool.query(
+            """
+            SELECT count(*)::int AS n FROM delivery_history
+            WHERE tenant_id = \(tenant) AND token_kind = 'channel' AND status = 'superseded'
+            """)[0].decode(Int.self, "n")
+        #expect(superseded == 0)
+    }
 }
