@@ -73,12 +73,15 @@ struct Authenticator: Sendable {
         case .invalid?:
             return nil
         case nil:
+            // A request that comes after this process revoked a key (or changed settings) joins no lookup begun
+            // before: the lookups under way are told apart by the cache's generation too.
+            let generation = cache.generation
             return try await lookups.run(
-                hash, admit: { try rateGuard?.admitLookup(request) },
+                hash + withUnsafeBytes(of: generation.littleEndian, Array.init),
+                admit: { try rateGuard?.admitLookup(request) },
                 lookup: {
                     // A lookup that fails (the database unreachable) caches nothing; one that read the keys before
                     // this process revoked one or changed the tenant's settings answers, but caches nothing either.
-                    let generation = cache.generation
                     guard let checked = try await tenants.authenticate(presented) else {
                         cache.store(hash, .invalid, ifStill: generation)
                         return nil

@@ -54,6 +54,36 @@ struct KeyCacheTests {
         #expect(await Self.status(authenticator, otherForged) == 0)
     }
 
+    @Test("a request after this process forgot a tenant's keys (a revocation) joins no lookup begun before: its own")
+    func noJoiningAnOlderLookup() async throws {
+        let running = try await RegistryFixture.get()
+        let tenant = try await running.api.createTenant()
+        let pool = PostgresPool(try PostgresConfiguration(url: running.databaseURL), options: .init(maxConnections: 4))
+        defer { pool.close() }
+        let authenticator = Authenticator(
+            tenants: TenantStore(
+                database: TenantDatabase(pool: pool), keyRing: try SealingKeyRing.fromBase64(MarqueeProcess.masterKey)),
+            adminToken: nil, cacheTTL: .seconds(600))
+        // The key's lookup touches last_used_at when unset: a transaction holding the key's row makes it wait.
+        try await running.pool.execute(
+            "UPDATE api_keys SET last_used_at = NULL WHERE tenant_id = \(tenant.uuid) AND kind = 'sdk'")
+        let held = try await HeldTransaction.open(running.databaseURL) { c in
+            _ = try c.query("SELECT 1 FROM api_keys WHERE tenant_id = \(tenant.uuid) AND kind = 'sdk' FOR UPDATE")
+        }
+        let first = Task { await Self.status(authenticator, tenant.sdk) }
+        try await held.waitedOn(via: running.pool, "the first lookup waits for the key's row")
+        // This process revokes (forgets) the tenant's keys while that lookup is under way; the next request must not
+        // be answered by it.
+        authenticator.forgetKeys(of: tenant.uuid)
+        let second = Task { await Self.status(authenticator, tenant.sdk) }
+        let own =
+            (try? await held.waitedOn(by: 2, via: running.pool, "the second request looks the key up itself")) != nil
+        try await held.commit()
+        #expect(own, "the second request joined the lookup begun before the revocation")
+        let (one, two) = (await first.value, await second.value)
+        #expect(one == 200 && two == 200)
+    }
+
     @Test("a flood of made-up keys from one address gets 429 after its lookups, without asking the database again")
     func lookupsPerAddress() async throws {
         let running = try await RegistryFixture.get()
