@@ -717,11 +717,17 @@ public final class DeliveryWorker: Sendable {
         }
     }
 
-    /// Counts finished deliveries (outcomes of `deliveries`) out of the in-flight gauge, and the retirements among them.
+    /// Counts finished deliveries (outcomes of `deliveries`) out of the in-flight gauge, their attempts in
+    /// `marquee_deliveries_total` (and retries in `marquee_retries_total`), and the retirements among them. The one
+    /// place an attempt is counted: each delivery's outcome reaches it once, whichever of its send, its deadline or
+    /// the shutdown's cutoff came first, and after `settleBroken` has made it final.
     func countSettled(_ outcomes: [Outcome], of deliveries: [ClaimedDelivery]) {
-        let providers = Dictionary(deliveries.map { ($0.id, $0.provider) }, uniquingKeysWith: { first, _ in first })
+        let claimed = Dictionary(deliveries.map { ($0.id, $0) }, uniquingKeysWith: { first, _ in first })
         for outcome in outcomes {
-            if let provider = providers[outcome.0.id] { metrics.inFlight.add(-1, [provider.rawValue]) }
+            if let d = claimed[outcome.0.id] {
+                metrics.inFlight.add(-1, [d.provider.rawValue])
+                countAttempt(outcome.0, of: d)
+            }
             if let retirement = outcome.1 {
                 metrics.retired.inc(1, [retirement.kind == .fcm ? "fcm" : "apns", retirement.kind.rawValue])
             }
@@ -904,19 +910,25 @@ public final class DeliveryWorker: Sendable {
         )
     }
 
-    /// An attempt's result, counted in `marquee_deliveries_total` (one per attempt: every result but a retry is
-    /// made here, and `retry` counts its own).
+    /// One attempt's final result in `marquee_deliveries_total` (a retry as status `retry`, and in
+    /// `marquee_retries_total`), and a push sent in the accept-to-sent histogram. Called by `countSettled` only.
+    func countAttempt(_ r: DeliveryResult, of d: ClaimedDelivery) {
+        let status = r.status == .queued ? "retry" : r.status.rawValue
+        if r.status == .queued { metrics.retries.inc(1, [d.provider.rawValue]) }
+        metrics.deliveries.inc(
+            1, [d.provider.rawValue, d.operation.rawValue, status, DeliveryReason.metricLabel(r.reason)])
+        if r.status == .sent {
+            // Accept → sent, on the database's clock for the accept and this host's for the answer (never negative).
+            metrics.acceptToSent.observe(max(0, Date().timeIntervalSince(d.createdAt)), [d.provider.rawValue])
+        }
+    }
+
+    /// An attempt's result (counted once it is final: `countSettled`).
     func result(
         _ d: ClaimedDelivery, _ status: DeliveryResult.Status, providerID: String? = nil, http: Int? = nil,
         reason: String? = nil
     ) -> DeliveryResult {
-        metrics.deliveries.inc(
-            1, [d.provider.rawValue, d.operation.rawValue, status.rawValue, DeliveryReason.metricLabel(reason)])
-        if status == .sent {
-            // Accept → sent, on the database's clock for the accept and this host's for the answer (never negative).
-            metrics.acceptToSent.observe(max(0, Date().timeIntervalSince(d.createdAt)), [d.provider.rawValue])
-        }
-        return DeliveryResult(
+        DeliveryResult(
             tenantID: d.tenantID, id: d.id, instanceID: d.instanceID, status: status, providerID: providerID,
             httpStatus: http, reason: reason)
     }
@@ -928,9 +940,6 @@ public final class DeliveryWorker: Sendable {
         else {
             return result(d, .failed, reason: DeliveryReason.gaveUp(after: d.countedAttempts, reason))
         }
-        metrics.retries.inc(1, [d.provider.rawValue])
-        metrics.deliveries.inc(
-            1, [d.provider.rawValue, d.operation.rawValue, "retry", DeliveryReason.metricLabel(reason)])
         return DeliveryResult(
             tenantID: d.tenantID, id: d.id, instanceID: d.instanceID, status: .queued, reason: reason,
             retryDelay: delay)
