@@ -121,34 +121,10 @@ public final class GroupCommitter: Sendable {
                 return [Write.statement(tenant: tenant, writes)]
                     + [Write.afterwards(tenant: tenant, writes)].compactMap { $0 }
             })
-        var answer: Answer
-        do {
-            answer = try await batches.submit(submission) { await self.commit($0) }
-        } catch let deferral as Deferral {
-            // Its rows were locked past `lockTimeout`: written alone, outside the writers, waiting as long as it takes
-            // (after the batch's earlier deferred writes, in their order).
-            defer { deferral.done.fulfill(.success(())) }
-            if let previous = deferral.after { try? await previous.value() }
-            answer = try await settled([submission], lockTimeout: false)[0]
-        }
+        let answer = try await batches.submit(submission) { await self.commit($0) }
         guard answer.row < answer.rows.count else { throw SetWriteUnanswered() }
         return answer.rows[answer.row]
     }
-
-    /// A batch's write that met a row lock held past `lockTimeout` (a campaign's step holds a chunk of instances for
-    /// its whole transaction, an erasure a person's): its caller writes it alone, without the timeout, once the
-    /// batch's earlier deferred writes (`after`) are done, and then says so (`done`).
-    private struct Deferral: Error {
-        var after: Promise<Void>?
-        var done = Promise<Void>()
-    }
-
-    /// How long a batch's statements wait for a lock (`lock_timeout`; SQLSTATE 55P03 past it). A batch carries many
-    /// tenants' requests: one request meeting a row another transaction holds for seconds (a campaign's step locks a
-    /// chunk of up to 10,000 instances until it commits) held every one of them, and its writer, that long. Past it
-    /// the batch is written again a submission at a time (`commit`), and the one that meets the lock again is deferred
-    /// (`Deferral`), so the others are answered at once. Waits between the API's own writes last milliseconds.
-    static let lockTimeout: PostgresQuery = "SET LOCAL lock_timeout = '1s'"
 
     /// One tenant's statements, as `rounds` places its writes. Each member's statement and row.
     private static func statements(_ members: [(index: Int, submission: Submission)], tenant: UUID) -> (
@@ -188,7 +164,7 @@ public final class GroupCommitter: Sendable {
 
     private func commit(_ batch: [Submission]) async -> [Result<Answer, any Error>] {
         do {
-            let answers = try await settled(batch, lockTimeout: true)
+            let answers = try await settled(batch)
             return answers.map { .success($0) }
         } catch {
             // The database cannot be reached (no connection, the pool exhausted or closed): the batch never ran, and
@@ -197,36 +173,20 @@ public final class GroupCommitter: Sendable {
             if Self.unreachable(error) { return batch.map { _ in .failure(error) } }
             // The batch committed, or may have: writing its submissions again could apply them twice.
             if error is UnansweredCommit { return batch.map { _ in .failure(error) } }
-            // A lone write that met a held lock: it is the one.
-            if batch.count == 1, Self.lockTimedOut(error) { return [.failure(Deferral(after: nil))] }
-            // A statement failed, a lock was held past `lockTimeout`, or the connection was lost before the batch
-            // could commit (COMMIT not sent, or the server says it aborted): the batch was rolled back, and each is
-            // written alone, which reports each caller's own outcome.
+            // A statement failed, or the connection was lost before the batch could commit (COMMIT not sent, or the
+            // server says it aborted): the batch was rolled back, and each is written alone, which reports each
+            // caller's own outcome.
         }
         statisticsState.withLock { $0.fallbacks += 1 }
         var answers: [Result<Answer, any Error>] = []
-        // The deferred writes' keys: a later write sharing one is deferred after them, unwritten, so that writes of
-        // one key still go in the order they came.
-        var deferred: (last: Promise<Void>?, keys: Set<String>) = (nil, [])
         for item in batch {
             // Once the database cannot be reached, the rest fail with that at once, as above.
             if case .failure(let error)? = answers.last, Self.unreachable(error) {
                 answers.append(.failure(error))
                 continue
             }
-            func postpone() {
-                let deferral = Deferral(after: deferred.last)
-                deferred = (deferral.done, deferred.keys.union(item.keys))
-                answers.append(.failure(deferral))
-            }
-            if !deferred.keys.isDisjoint(with: item.keys) {
-                postpone()
-                continue
-            }
             do {
-                answers.append(.success(try await settled([item], lockTimeout: true)[0]))
-            } catch  where Self.lockTimedOut(error) {
-                postpone()
+                answers.append(.success(try await settled([item])[0]))
             } catch {
                 answers.append(.failure(error))
             }
@@ -234,17 +194,12 @@ public final class GroupCommitter: Sendable {
         return answers
     }
 
-    /// Whether `error` is a lock wait that `lockTimeout` ended.
-    static func lockTimedOut(_ error: any Error) -> Bool {
-        (error as? PostgresError)?.sqlState == "55P03"
-    }
-
-    /// Writes `batch` (`write`, its lock waits bounded by `lockTimeout` when asked) and counts it once committed. When its connection was lost with COMMIT in flight, asks
+    /// Writes `batch` (`write`) and counts it once committed. When its connection was lost with COMMIT in flight, asks
     /// whether it committed (`resolve`): throws `UnansweredCommit` if it did or if that cannot be learned, and the
     /// lost connection's error if it did not.
-    private func settled(_ batch: [Submission], lockTimeout: Bool) async throws -> [Answer] {
+    private func settled(_ batch: [Submission]) async throws -> [Answer] {
         do {
-            let answers = try await write(batch, lockTimeout: lockTimeout)
+            let answers = try await write(batch)
             committed(batch.count)
             return answers
         } catch let error as PostgresError {
@@ -317,8 +272,8 @@ public final class GroupCommitter: Sendable {
     /// (entering costs more than a short statement: it switches the role). The submissions of a batch are
     /// independent requests, committed together or written alone, so grouping them by tenant (and a tenant's writes
     /// into shared statements) changes no outcome.
-    private func write(_ batch: [Submission], lockTimeout: Bool) async throws -> [Answer] {
-        var queries: [PostgresQuery] = Self.planSettings + (lockTimeout ? [Self.lockTimeout] : [])
+    private func write(_ batch: [Submission]) async throws -> [Answer] {
+        var queries: [PostgresQuery] = Self.planSettings
         var position = [(statement: Int, row: Int)](repeating: (0, 0), count: batch.count)
         var tenants: [UUID] = []
         var byTenant: [UUID: [(index: Int, submission: Submission)]] = [:]
